@@ -1,0 +1,50 @@
+// Exceptions thrown by fullshard. Every message starts with "fullshard[rank R]" and names
+// what was wrong (variable, mesh dim, communicator, operation, module, parameter).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace fullshard {
+
+/// Base class of every exception fullshard throws.
+class Error : public std::runtime_error {
+ public:
+  /// `what` is prefixed with "fullshard[rank R]: " (R = MPI_COMM_WORLD rank, or "-" before
+  /// MPI is initialised) so that a message from any rank of a job says where it came from.
+  explicit Error(const std::string& what);
+  int rank() const noexcept { return rank_; }
+
+ private:
+  int rank_;
+};
+
+/// A bad setting: environment variable, option or argument value.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A bad argument to an API call (sizes, shapes, names).
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A failed communication call (MPI or NCCL); the message names communicator and operation.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+
+/// World rank of this process, or -1 when MPI is not (or no longer) initialised.
+int world_rank_or_minus_one() noexcept;
+
+/// Prints `message` to stderr and ends the whole job (MPI_Abort when MPI is up, else abort).
+/// Used where a blocked collective cannot be cancelled (timeouts); never returns.
+[[noreturn]] void abort_job(const std::string& message, int code = 3) noexcept;
+
+}  // namespace detail
+}  // namespace fullshard

@@ -1,0 +1,64 @@
+// The communicator interface: one group of ranks, collectives returning Work handles.
+// Backends: MPI for host memory (mpi_communicator.hpp), NCCL for device memory.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "fullshard/base/dtype.hpp"
+#include "fullshard/comm/stream.hpp"
+
+namespace fullshard::comm {
+
+enum class ReduceOp { sum, avg, max, min };
+const char* reduce_op_name(ReduceOp op) noexcept;
+
+/// Collectives over a fixed group of ranks. Buffers are raw pointers with an element count
+/// and a dtype, as in MPI and NCCL. Every call is collective: all ranks of the group must
+/// issue the same operations in the same order with the same counts.
+///
+/// In place, NCCL's convention: all_gather is in place when `send == recv + rank*count`
+/// (elements), reduce_scatter when `recv == send + rank*recv_count`, all_reduce when
+/// `send == recv`.
+///
+/// 16-bit reductions (f16, bf16): each pairwise combine converts both operands to f32,
+/// combines, and rounds to nearest even (what NCCL does); avg divides the final sum by the
+/// group size in f32 and rounds once more. The error of a sum over W ranks is therefore at
+/// most (W-1) roundings of partial sums plus one: |err| <= W * u * sum(|x|), u = 2^-8 (bf16)
+/// or 2^-11 (f16).
+///
+/// Operations of one communicator run in issue order. Operations on one communicator must
+/// not be in flight on two different worker streams at once (that would let MPI match
+/// them in different orders on different ranks): use dup() to get a communicator per
+/// stream; a violation is reported as InvalidArgument.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const noexcept = 0;
+  virtual int size() const noexcept = 0;
+  virtual const std::string& name() const noexcept = 0;
+
+  /// recv (size*count) <- concatenation of every rank's send (count), rank-major.
+  virtual Work all_gather(const void* send, void* recv, std::size_t count, DType dtype,
+                          Stream& stream) = 0;
+  /// recv (recv_count) <- op over ranks of chunk `rank` of send (size*recv_count).
+  virtual Work reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype,
+                              ReduceOp op, Stream& stream) = 0;
+  virtual Work all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
+                          ReduceOp op, Stream& stream) = 0;
+  virtual Work broadcast(void* buffer, std::size_t count, DType dtype, int root,
+                         Stream& stream) = 0;
+  virtual Work barrier(Stream& stream) = 0;
+
+  /// A new communicator over the same ranks (collective), e.g. one per stream.
+  virtual std::unique_ptr<Communicator> dup(const std::string& name) const = 0;
+
+ protected:
+  Communicator() = default;
+};
+
+}  // namespace fullshard::comm

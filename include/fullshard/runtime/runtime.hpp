@@ -1,0 +1,62 @@
+// The process runtime: MPI (MPI_THREAD_MULTIPLE) and Kokkos start/stop, rank placement,
+// device binding and settings. Create exactly one in main(), before anything else of
+// fullshard, and let it go out of scope last.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+
+#include "fullshard/runtime/settings.hpp"
+
+namespace fullshard {
+
+class Runtime {
+ public:
+  /// Starts MPI with MPI_THREAD_MULTIPLE, then Kokkos (passing argc/argv to both). If the host
+  /// application already initialised MPI (it must have asked for MPI_THREAD_MULTIPLE) or
+  /// Kokkos, that library is used as it is and not finalised by this Runtime. Throws
+  /// ConfigError on a bad FULLSHARD_* variable or when MPI cannot provide THREAD_MULTIPLE.
+  Runtime(int& argc, char**& argv);
+  /// Same, without command-line arguments.
+  Runtime();
+  /// Finalises Kokkos, then MPI, each only if this Runtime started it.
+  ~Runtime();
+
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+  Runtime(Runtime&&) = delete;
+  Runtime& operator=(Runtime&&) = delete;
+
+  MPI_Comm world() const noexcept { return MPI_COMM_WORLD; }
+  int rank() const noexcept { return rank_; }
+  int world_size() const noexcept { return world_size_; }
+  /// Rank among the ranks of this node (MPI_Comm_split_type SHARED, or the
+  /// FULLSHARD_RANKS_PER_NODE override).
+  int local_rank() const noexcept { return local_rank_; }
+  int local_size() const noexcept { return local_size_; }
+  /// CUDA device bound to this rank, or -1 (CUDA disabled, no GPU, or binding turned off).
+  int device() const noexcept { return device_; }
+  bool owns_mpi() const noexcept { return owns_mpi_; }
+  bool owns_kokkos() const noexcept { return owns_kokkos_; }
+  const Settings& settings() const noexcept { return settings_; }
+
+  /// One line: ranks, placement, MPI library, Kokkos version and backend, CUDA/NCCL state.
+  std::string describe() const;
+
+ private:
+  void start(int* argc, char*** argv);
+  void place_ranks();
+  void bind_device();
+
+  Settings settings_;
+  bool owns_mpi_ = false;
+  bool owns_kokkos_ = false;
+  int rank_ = 0;
+  int world_size_ = 1;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  int device_ = -1;
+};
+
+}  // namespace fullshard

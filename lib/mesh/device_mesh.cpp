@@ -1,0 +1,247 @@
+#include "fullshard/mesh/device_mesh.hpp"
+
+#include <algorithm>
+#include <array>
+#include <set>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/runtime/runtime.hpp"
+
+namespace fullshard {
+
+const char* channel_name(Channel c) noexcept {
+  switch (c) {
+    case Channel::main: return "main";
+    case Channel::all_gather: return "all_gather";
+    case Channel::reduce_scatter: return "reduce_scatter";
+    case Channel::all_reduce: return "all_reduce";
+  }
+  return "?";
+}
+
+namespace detail {
+
+constexpr int kChannels = 4;
+
+struct MeshState {
+  std::vector<int> shape;
+  std::vector<std::string> names;
+  std::vector<int> coords;
+  int rank = 0;
+  int size = 1;
+  double timeout_s = 0.0;
+  std::unique_ptr<comm::MpiCommunicator> world;
+  // dims[d][channel]
+  std::vector<std::array<std::unique_ptr<comm::MpiCommunicator>, kChannels>> dims;
+};
+
+}  // namespace detail
+
+namespace {
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+std::string shape_string(const std::vector<int>& shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+void validate(const std::vector<int>& shape, const std::vector<std::string>& names, int ranks) {
+  if (shape.empty()) throw InvalidArgument("DeviceMesh: the shape is empty; give at least one dim");
+  if (names.size() != shape.size())
+    throw InvalidArgument("DeviceMesh: shape " + shape_string(shape) + " has " +
+                          std::to_string(shape.size()) + " dims but " +
+                          std::to_string(names.size()) + " names were given (" +
+                          join(names, ", ") + ")");
+  std::set<std::string> seen;
+  long long product = 1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (names[i].empty()) throw InvalidArgument("DeviceMesh: dim " + std::to_string(i) + " has an empty name");
+    if (!seen.insert(names[i]).second)
+      throw InvalidArgument("DeviceMesh: duplicate dim name '" + names[i] + "'");
+    if (shape[i] < 1)
+      throw InvalidArgument("DeviceMesh: dim '" + names[i] + "' has size " +
+                            std::to_string(shape[i]) + "; sizes must be >= 1");
+    product *= shape[i];
+  }
+  if (product != ranks)
+    throw InvalidArgument("DeviceMesh: shape " + shape_string(shape) + " holds " +
+                          std::to_string(product) + " ranks but the communicator has " +
+                          std::to_string(ranks));
+}
+
+// Builds the state over `base`, whose rank order is the mesh's row-major order.
+std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
+                                         std::vector<std::string> names, double timeout_s) {
+  int ranks = 0;
+  int rank = 0;
+  MPI_Comm_size(base, &ranks);
+  MPI_Comm_rank(base, &rank);
+  validate(shape, names, ranks);
+
+  auto s = std::make_shared<detail::MeshState>();
+  s->shape = std::move(shape);
+  s->names = std::move(names);
+  s->rank = rank;
+  s->size = ranks;
+  s->timeout_s = timeout_s;
+  const int nd = static_cast<int>(s->shape.size());
+  s->coords.assign(nd, 0);
+  for (int d = nd - 1, r = rank; d >= 0; --d) {
+    s->coords[d] = r % s->shape[d];
+    r /= s->shape[d];
+  }
+  const std::string mesh_name = "mesh(" + join(s->names, ",") + ")";
+  s->world = comm::MpiCommunicator::duplicate(base, mesh_name, timeout_s);
+  s->dims.resize(nd);
+  for (int d = 0; d < nd; ++d) {
+    // Ranks that agree on every other coordinate share the dim's communicator; within it
+    // they are ordered by their coordinate along d.
+    int color = 0;
+    for (int e = 0; e < nd; ++e)
+      if (e != d) color = color * s->shape[e] + s->coords[e];
+    MPI_Comm split = MPI_COMM_NULL;
+    if (MPI_Comm_split(base, color, s->coords[d], &split) != MPI_SUCCESS)
+      throw CommError("DeviceMesh: MPI_Comm_split for dim '" + s->names[d] + "' failed");
+    const std::string dim_name = mesh_name + "." + s->names[d];
+    s->dims[d][0] = comm::MpiCommunicator::adopt(split, dim_name, timeout_s);
+    for (int c = 1; c < detail::kChannels; ++c)
+      s->dims[d][c] = comm::MpiCommunicator::duplicate(
+          split, dim_name + "." + channel_name(static_cast<Channel>(c)), timeout_s);
+  }
+  return s;
+}
+
+// A communicator over `base` with ranks reordered by `key` (collective).
+struct OwnedComm {
+  MPI_Comm c = MPI_COMM_NULL;
+  ~OwnedComm() {
+    if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+  }
+};
+
+}  // namespace
+
+DeviceMesh::DeviceMesh(const Runtime& runtime, std::vector<int> shape,
+                       std::vector<std::string> names)
+    : DeviceMesh(runtime.world(), std::move(shape), std::move(names),
+                 runtime.settings().timeout_s) {}
+
+DeviceMesh::DeviceMesh(MPI_Comm base, std::vector<int> shape, std::vector<std::string> names,
+                       double timeout_s)
+    : s_(build(base, std::move(shape), std::move(names), timeout_s)) {}
+
+DeviceMesh DeviceMesh::node_aware(const Runtime& runtime) {
+  return node_aware(runtime.world(), runtime.settings().ranks_per_node,
+                    runtime.settings().timeout_s);
+}
+
+DeviceMesh DeviceMesh::node_aware(MPI_Comm base, int ranks_per_node, double timeout_s) {
+  int rank = 0;
+  int ranks = 0;
+  MPI_Comm_rank(base, &rank);
+  MPI_Comm_size(base, &ranks);
+  int local_rank = 0;
+  int local_size = 0;
+  int node = 0;
+  if (ranks_per_node > 0) {
+    if (ranks % ranks_per_node != 0)
+      throw InvalidArgument("DeviceMesh::node_aware: " + std::to_string(ranks_per_node) +
+                            " ranks per node do not divide " + std::to_string(ranks) + " ranks");
+    local_rank = rank % ranks_per_node;
+    local_size = ranks_per_node;
+    node = rank / ranks_per_node;
+  } else {
+    OwnedComm shm;
+    MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shm.c);
+    MPI_Comm_rank(shm.c, &local_rank);
+    MPI_Comm_size(shm.c, &local_size);
+    // Number the nodes by their lowest rank: leaders (local rank 0) count themselves.
+    OwnedComm leaders;
+    MPI_Comm_split(base, local_rank == 0 ? 0 : MPI_UNDEFINED, rank, &leaders.c);
+    if (local_rank == 0) MPI_Comm_rank(leaders.c, &node);
+    MPI_Bcast(&node, 1, MPI_INT, 0, shm.c);
+  }
+  int min_local = 0;
+  int max_local = 0;
+  MPI_Allreduce(&local_size, &min_local, 1, MPI_INT, MPI_MIN, base);
+  MPI_Allreduce(&local_size, &max_local, 1, MPI_INT, MPI_MAX, base);
+  if (min_local != max_local)
+    throw InvalidArgument("DeviceMesh::node_aware: nodes run different numbers of ranks (" +
+                          std::to_string(min_local) + " to " + std::to_string(max_local) +
+                          "); launch the same number of ranks on every node");
+  OwnedComm ordered;  // ranks in (node, local) row-major order
+  MPI_Comm_split(base, 0, node * local_size + local_rank, &ordered.c);
+  return DeviceMesh(build(ordered.c, {ranks / local_size, local_size}, {"node", "local"}, timeout_s));
+}
+
+int DeviceMesh::ndim() const noexcept { return static_cast<int>(s_->shape.size()); }
+const std::vector<int>& DeviceMesh::shape() const noexcept { return s_->shape; }
+const std::vector<std::string>& DeviceMesh::names() const noexcept { return s_->names; }
+int DeviceMesh::size() const noexcept { return s_->size; }
+int DeviceMesh::rank() const noexcept { return s_->rank; }
+const std::vector<int>& DeviceMesh::coordinates() const noexcept { return s_->coords; }
+
+int DeviceMesh::dim_index(const std::string& dim) const {
+  const auto it = std::find(s_->names.begin(), s_->names.end(), dim);
+  if (it == s_->names.end())
+    throw InvalidArgument("DeviceMesh: unknown dim '" + dim + "' (this mesh has dims " +
+                          join(s_->names, ", ") + ")");
+  return static_cast<int>(it - s_->names.begin());
+}
+
+int DeviceMesh::size(const std::string& dim) const { return s_->shape[dim_index(dim)]; }
+int DeviceMesh::coordinate(const std::string& dim) const { return s_->coords[dim_index(dim)]; }
+
+comm::MpiCommunicator& DeviceMesh::comm(const std::string& dim, Channel channel) const {
+  return *s_->dims[dim_index(dim)][static_cast<int>(channel)];
+}
+
+comm::MpiCommunicator& DeviceMesh::world_comm() const { return *s_->world; }
+
+DeviceMesh DeviceMesh::sub_mesh(const std::string& dim) const {
+  const int d = dim_index(dim);
+  return DeviceMesh(build(s_->dims[d][0]->handle(), {s_->shape[d]}, {dim}, s_->timeout_s));
+}
+
+DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& dims, std::string name) const {
+  if (dims.empty()) throw InvalidArgument("DeviceMesh::flatten: no dims given");
+  std::set<std::string> seen;
+  std::vector<int> idx;
+  for (const auto& d : dims) {
+    if (!seen.insert(d).second)
+      throw InvalidArgument("DeviceMesh::flatten: dim '" + d + "' given twice");
+    idx.push_back(dim_index(d));
+  }
+  // Color: coordinates of the dims not flattened; key: row-major index over the given dims.
+  int color = 0;
+  int key = 0;
+  int size = 1;
+  for (int e = 0; e < ndim(); ++e)
+    if (!seen.count(s_->names[e])) color = color * s_->shape[e] + s_->coords[e];
+  for (int d : idx) {
+    key = key * s_->shape[d] + s_->coords[d];
+    size *= s_->shape[d];
+  }
+  OwnedComm split;
+  if (MPI_Comm_split(s_->world->handle(), color, key, &split.c) != MPI_SUCCESS)
+    throw CommError("DeviceMesh::flatten: MPI_Comm_split failed");
+  if (name.empty()) name = join(dims, "_");
+  return DeviceMesh(build(split.c, {size}, {name}, s_->timeout_s));
+}
+
+std::string DeviceMesh::describe() const {
+  std::string s = "(";
+  for (int d = 0; d < ndim(); ++d)
+    s += (d ? ", " : "") + s_->names[d] + "=" + std::to_string(s_->shape[d]);
+  s += ") rank " + std::to_string(s_->rank) + " at (";
+  for (int d = 0; d < ndim(); ++d) s += (d ? ", " : "") + std::to_string(s_->coords[d]);
+  return s + ")";
+}
+
+}  // namespace fullshard

@@ -1,0 +1,132 @@
+#include "fullshard/runtime/runtime.hpp"
+
+#include <Kokkos_Core.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/config.hpp"
+#include "lib/runtime/device_binding.hpp"
+
+namespace fullshard {
+namespace {
+
+// Reads an integer environment variable set by a launcher; -1 when unset or not a number.
+int launcher_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  return (*end == '\0' && n >= 0) ? static_cast<int>(n) : -1;
+}
+
+}  // namespace
+
+Runtime::Runtime() { start(nullptr, nullptr); }
+
+Runtime::Runtime(int& argc, char**& argv) { start(&argc, &argv); }
+
+void Runtime::start(int* argc, char*** argv) {
+  // Settings first: a bad variable must fail before anything is started.
+  settings_ = Settings::from_environment();
+
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = MPI_THREAD_SINGLE;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+      throw CommError("MPI_Init_thread failed");
+    owns_mpi_ = true;
+    if (provided < MPI_THREAD_MULTIPLE) {
+      MPI_Finalize();
+      owns_mpi_ = false;
+      throw ConfigError(
+          "the MPI library provides thread level " + std::to_string(provided) +
+          " but fullshard needs MPI_THREAD_MULTIPLE (communication streams call MPI from "
+          "their own threads); use an MPI built with thread support (Open MPI and MPICH "
+          "from Debian and Spack are)");
+    }
+  } else {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_MULTIPLE)
+      throw ConfigError(
+          "the host application initialised MPI without MPI_THREAD_MULTIPLE; call "
+          "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) before creating fullshard::Runtime");
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+  place_ranks();
+  bind_device();
+
+  if (!Kokkos::is_initialized()) {
+    int no_argc = 0;
+    char* no_argv[] = {nullptr};
+    if (argc && argv)
+      Kokkos::initialize(*argc, *argv);
+    else
+      Kokkos::initialize(no_argc, no_argv);
+    owns_kokkos_ = true;
+  }
+  if (rank_ == 0)
+    for (const auto& w : settings_.warnings) std::fprintf(stderr, "fullshard: warning: %s\n", w.c_str());
+}
+
+void Runtime::place_ranks() {
+  if (settings_.ranks_per_node > 0) {
+    const int rpn = settings_.ranks_per_node;
+    if (world_size_ % rpn != 0)
+      throw ConfigError("FULLSHARD_RANKS_PER_NODE=" + std::to_string(rpn) +
+                        " does not divide the world size " + std::to_string(world_size_));
+    local_rank_ = rank_ % rpn;
+    local_size_ = rpn;
+    return;
+  }
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &local_rank_);
+  MPI_Comm_size(node, &local_size_);
+  MPI_Comm_free(&node);
+  // Cross-check with what the launcher says; a difference means an unusual binding (or a
+  // container hiding the node), which users want to know about.
+  for (const char* var : {"SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"}) {
+    const int v = launcher_int(var);
+    if (v >= 0 && v != local_rank_ && settings_.log_level >= 1)
+      std::fprintf(stderr,
+                   "fullshard[rank %d]: warning: %s=%d but MPI's shared-memory split gives "
+                   "local rank %d; using %d\n",
+                   rank_, var, v, local_rank_, local_rank_);
+  }
+}
+
+void Runtime::bind_device() {
+  if (!settings_.bind_device) return;
+  device_ = detail::bind_local_device(local_rank_, local_size_);
+}
+
+Runtime::~Runtime() {
+  if (owns_kokkos_ && Kokkos::is_initialized()) Kokkos::finalize();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owns_mpi_ && !finalized) MPI_Finalize();
+}
+
+std::string Runtime::describe() const {
+  char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+  int len = 0;
+  MPI_Get_library_version(mpi_version, &len);
+  std::string mpi(mpi_version, static_cast<std::size_t>(len));
+  if (const auto nl = mpi.find_first_of("\n,"); nl != std::string::npos) mpi.resize(nl);
+  std::string s = std::to_string(world_size_) + " ranks (" + std::to_string(local_size_) +
+                  " per node), MPI: " + mpi + ", Kokkos " + std::to_string(KOKKOS_VERSION) +
+                  " (" + Kokkos::DefaultExecutionSpace::name() + ")";
+  s += ", CUDA: ";
+  s += FULLSHARD_HAS_CUDA ? (device_ >= 0 ? "device " + std::to_string(device_) : "no GPU")
+                          : "off";
+  s += ", NCCL: ";
+  s += FULLSHARD_HAS_NCCL ? "on" : "off";
+  return s;
+}
+
+}  // namespace fullshard

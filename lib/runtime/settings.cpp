@@ -1,0 +1,101 @@
+#include "fullshard/runtime/settings.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "fullshard/base/error.hpp"
+
+extern char** environ;
+
+namespace fullshard {
+namespace {
+
+constexpr const char* kLevels[] = {"error", "warn", "info", "debug"};
+
+const char* const kKnown[] = {"FULLSHARD_TIMEOUT", "FULLSHARD_LOG_LEVEL",
+                              "FULLSHARD_HOST_PROGRESS", "FULLSHARD_RANKS_PER_NODE",
+                              "FULLSHARD_BIND_DEVICE"};
+
+std::string known_list() {
+  std::string s;
+  for (const char* k : kKnown) s += (s.empty() ? "" : ", ") + std::string(k);
+  return s;
+}
+
+[[noreturn]] void bad(const std::string& var, const std::string& value, const std::string& want) {
+  throw ConfigError("environment variable " + var + "='" + value + "' is invalid: expected " +
+                    want);
+}
+
+double parse_positive_seconds(const std::string& var, const std::string& v) {
+  errno = 0;
+  char* end = nullptr;
+  const double d = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(d) || d <= 0)
+    bad(var, v, "a positive number of seconds");
+  return d;
+}
+
+long parse_int(const std::string& var, const std::string& v, long lo, long hi, const char* want) {
+  errno = 0;
+  char* end = nullptr;
+  const long n = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno != 0 || n < lo || n > hi) bad(var, v, want);
+  return n;
+}
+
+}  // namespace
+
+const char* log_level_name(int level) noexcept {
+  return level >= 0 && level < 4 ? kLevels[level] : "?";
+}
+
+Settings Settings::from_map(const std::map<std::string, std::string>& vars) {
+  Settings s;
+  for (const auto& [var, v] : vars) {
+    if (var.rfind("FULLSHARD_", 0) != 0) continue;
+    if (var == "FULLSHARD_TIMEOUT") {
+      s.timeout_s = parse_positive_seconds(var, v);
+    } else if (var == "FULLSHARD_LOG_LEVEL") {
+      int found = -1;
+      for (int i = 0; i < 4; ++i)
+        if (v == kLevels[i]) found = i;
+      if (found < 0) bad(var, v, "one of error, warn, info, debug");
+      s.log_level = found;
+    } else if (var == "FULLSHARD_HOST_PROGRESS") {
+      if (v == "thread") {
+        s.host_progress = HostProgress::thread;
+      } else if (v == "inline") {
+        s.host_progress = HostProgress::inline_;
+      } else {
+        bad(var, v, "thread or inline");
+      }
+    } else if (var == "FULLSHARD_RANKS_PER_NODE") {
+      s.ranks_per_node = static_cast<int>(parse_int(var, v, 1, 1 << 20, "an integer >= 1"));
+    } else if (var == "FULLSHARD_BIND_DEVICE") {
+      s.bind_device = parse_int(var, v, 0, 1, "0 or 1") == 1;
+    } else {
+      // Not an error: Spack modules set FULLSHARD_ROOT, sites set their own. But a typo must
+      // not pass unnoticed, so the runtime prints these on rank 0.
+      if (var != "FULLSHARD_ROOT" && var != "FULLSHARD_DIR")
+        s.warnings.push_back("unknown environment variable " + var + " is ignored (known: " +
+                             known_list() + ")");
+    }
+  }
+  return s;
+}
+
+Settings Settings::from_environment() {
+  std::map<std::string, std::string> vars;
+  for (char** e = environ; e && *e; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (!eq) continue;
+    std::string name(static_cast<const char*>(*e), eq);
+    if (name.rfind("FULLSHARD_", 0) == 0) vars.emplace(std::move(name), eq + 1);
+  }
+  return from_map(vars);
+}
+
+}  // namespace fullshard
