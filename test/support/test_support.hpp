@@ -1,0 +1,41 @@
+// Helpers shared by the test programs.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+
+#include "fullshard/runtime/runtime.hpp"
+
+namespace fullshard::test {
+
+/// The Runtime created by the test main.
+const Runtime& runtime();
+
+inline int world_rank() { return runtime().rank(); }
+inline int world_size() { return runtime().world_size(); }
+
+/// True on every rank if `ok` is true on every rank (so all ranks take the same branch).
+inline bool all_ranks(bool ok) {
+  int v = ok ? 1 : 0;
+  int all = 0;
+  MPI_Allreduce(&v, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+/// A deterministic, non-trivial value for (rank, index, salt): integers in [-64, 64) scaled by
+/// a power of two, so sums over a few ranks are exact in every dtype when `exact` is true,
+/// and spread-out non-integers otherwise.
+inline double sample(int rank, std::size_t i, int salt, bool exact) {
+  std::uint64_t x = (static_cast<std::uint64_t>(rank) + 1) * 0x9E3779B97F4A7C15ull ^
+                    (static_cast<std::uint64_t>(i) + 17) * 0xBF58476D1CE4E5B9ull ^
+                    static_cast<std::uint64_t>(salt) * 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  x *= 0xD6E8FEB86659FD93ull;
+  x ^= x >> 29;
+  const double v = static_cast<double>(static_cast<std::int64_t>(x % 128) - 64);
+  return exact ? v * 0.25 : v * 0.37 + static_cast<double>(x % 1000) * 1e-3;
+}
+
+}  // namespace fullshard::test

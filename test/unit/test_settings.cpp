@@ -1,0 +1,64 @@
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/runtime/settings.hpp"
+
+using fullshard::ConfigError;
+using fullshard::HostProgress;
+using fullshard::Settings;
+
+namespace {
+std::string error_of(const std::map<std::string, std::string>& vars) {
+  try {
+    Settings::from_map(vars);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("settings defaults and valid values") {
+  const Settings d = Settings::from_map({});
+  CHECK(d.timeout_s == 600.0);
+  CHECK(d.host_progress == HostProgress::thread);
+  CHECK(d.ranks_per_node == 0);
+  const Settings s = Settings::from_map({{"FULLSHARD_TIMEOUT", "2.5"},
+                                         {"FULLSHARD_LOG_LEVEL", "debug"},
+                                         {"FULLSHARD_HOST_PROGRESS", "inline"},
+                                         {"FULLSHARD_RANKS_PER_NODE", "2"},
+                                         {"FULLSHARD_BIND_DEVICE", "0"},
+                                         {"OTHER_VAR", "ignored"}});
+  CHECK(s.timeout_s == 2.5);
+  CHECK(s.log_level == 3);
+  CHECK(s.host_progress == HostProgress::inline_);
+  CHECK(s.ranks_per_node == 2);
+  CHECK_FALSE(s.bind_device);
+  CHECK(s.warnings.empty());
+}
+
+TEST_CASE("a bad setting is an error naming the variable and the value") {
+  for (const auto& [var, value] : std::map<std::string, std::string>{
+           {"FULLSHARD_TIMEOUT", "abc"},
+           {"FULLSHARD_LOG_LEVEL", "loud"},
+           {"FULLSHARD_HOST_PROGRESS", "async"},
+           {"FULLSHARD_RANKS_PER_NODE", "0"},
+           {"FULLSHARD_BIND_DEVICE", "yes"}}) {
+    const std::string msg = error_of({{var, value}});
+    CAPTURE(var);
+    CHECK(msg.find(var) != std::string::npos);
+    CHECK(msg.find("'" + value + "'") != std::string::npos);
+  }
+  CHECK(error_of({{"FULLSHARD_TIMEOUT", "-1"}}).find("positive") != std::string::npos);
+  CHECK(error_of({{"FULLSHARD_TIMEOUT", "inf"}}) != "");
+  CHECK(error_of({{"FULLSHARD_RANKS_PER_NODE", "3x"}}) != "");
+}
+
+TEST_CASE("an unknown FULLSHARD_ variable is reported, FULLSHARD_ROOT is not") {
+  const Settings s = Settings::from_map({{"FULLSHARD_TIMOUT", "5"}, {"FULLSHARD_ROOT", "/opt"}});
+  REQUIRE(s.warnings.size() == 1);
+  CHECK(s.warnings[0].find("FULLSHARD_TIMOUT") != std::string::npos);
+  CHECK(s.timeout_s == 600.0);
+}
