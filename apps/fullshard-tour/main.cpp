@@ -24,11 +24,11 @@ void print_ordered(MPI_Comm comm, const std::string& line) {
   MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, comm);
   std::vector<int> offs(size, 0);
   int total = 0;
-  for (int r = 0; r < size; ++r) offs[r] = (total += (r ? lens[r - 1] : 0));
+  for (int r = 0; r < size; ++r)
+    offs[r] = (total += (r ? lens[r - 1] : 0));
   if (rank == 0) total += lens[size - 1];
   std::vector<char> all(rank == 0 ? total : 0);
-  MPI_Gatherv(line.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, 0,
-              comm);
+  MPI_Gatherv(line.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, 0, comm);
   if (rank == 0)
     for (int r = 0; r < size; ++r)
       std::printf("  %.*s\n", lens[r], all.data() + offs[r]);
@@ -91,16 +91,19 @@ int main(int argc, char** argv) {
 
     const std::size_t n = 1 << 16;
     std::vector<float> gathered(n * W);
-    for (std::size_t i = 0; i < n; ++i) gathered[r * n + i] = float(r * 1000 + i % 997);
+    for (std::size_t i = 0; i < n; ++i)
+      gathered[r * n + i] = float(r * 1000 + i % 997);
     shard.all_gather(gathered.data() + r * n, gathered.data(), n, DType::f32, caller).wait();
     bool good = true;
     for (int q = 0; q < W; ++q)
-      for (std::size_t i = 0; i < n; i += 101) good &= gathered[q * n + i] == float(q * 1000 + i % 997);
+      for (std::size_t i = 0; i < n; i += 101)
+        good &= gathered[q * n + i] == float(q * 1000 + i % 997);
     ok &= verdict("all_gather (in place) of 64 Ki f32 per rank: every rank's slot arrived", good);
 
     auto& rs_comm = mesh.comm("shard", fullshard::Channel::reduce_scatter);
     std::vector<float> grads(n * W);
-    for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = float((r + 1) * (i % 13));
+    for (std::size_t i = 0; i < grads.size(); ++i)
+      grads[i] = float((r + 1) * (i % 13));
     std::vector<float> mine(n);
     rs_comm.reduce_scatter(grads.data(), mine.data(), n, DType::f32, ReduceOp::avg, caller).wait();
     good = true;
@@ -110,7 +113,8 @@ int main(int argc, char** argv) {
     ok &= verdict("reduce_scatter (avg) of gradients: each rank holds the mean of its chunk", good);
 
     std::vector<std::uint16_t> b(1024);
-    for (std::size_t i = 0; i < b.size(); ++i) b[i] = fullshard::float_to_bf16(float(r + i % 7));
+    for (std::size_t i = 0; i < b.size(); ++i)
+      b[i] = fullshard::float_to_bf16(float(r + i % 7));
     shard.all_reduce(b.data(), b.data(), b.size(), DType::bf16, ReduceOp::sum, caller).wait();
     good = true;
     for (std::size_t i = 0; i < b.size(); ++i)
@@ -125,8 +129,8 @@ int main(int argc, char** argv) {
     Stream ag_stream = Stream::worker("all_gather");
     Stream rs_stream = Stream::worker("reduce_scatter");
     auto w1 = shard.all_gather(gathered.data() + r * n, gathered.data(), n, DType::f32, ag_stream);
-    auto w2 = rs_comm.reduce_scatter(grads.data(), mine.data(), n, DType::f32, ReduceOp::sum,
-                                     rs_stream);
+    auto w2 =
+        rs_comm.reduce_scatter(grads.data(), mine.data(), n, DType::f32, ReduceOp::sum, rs_stream);
     w2.wait();
     w1.wait();
     good = true;

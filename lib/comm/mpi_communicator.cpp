@@ -11,10 +11,14 @@ namespace fullshard::comm {
 
 const char* reduce_op_name(ReduceOp op) noexcept {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::avg: return "avg";
-    case ReduceOp::max: return "max";
-    case ReduceOp::min: return "min";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
   }
   return "?";
 }
@@ -55,8 +59,7 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::duplicate(MPI_Comm parent,
                                                             double timeout_s) {
   MPI_Comm comm = MPI_COMM_NULL;
   if (const int rc = MPI_Comm_dup(parent, &comm); rc != MPI_SUCCESS)
-    throw CommError("MPI_Comm_dup for communicator '" + name + "' failed: " +
-                    mpi_error_string(rc));
+    throw CommError("MPI_Comm_dup for communicator '" + name + "' failed: " + mpi_error_string(rc));
   return adopt(comm, name, timeout_s);
 }
 
@@ -78,7 +81,6 @@ std::unique_ptr<Communicator> MpiCommunicator::dup(const std::string& name) cons
   d->ops_ = ops_;
   return d;
 }
-
 
 void MpiCommunicator::check_count(std::size_t count, const char* op) const {
   if (count > static_cast<std::size_t>(INT_MAX))
@@ -154,20 +156,22 @@ Work MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t r
   const int n = static_cast<int>(recv_count);
   const int rank = rank_;
   const int size = size_;
-  return launch("reduce_scatter", recv_count, dtype, stream, [=, comm = comm_](const std::string& label) {
-    if (in_place) {
-      // MPI's in-place form leaves the result at the start of the buffer; NCCL's (ours) at
-      // this rank's chunk. Move it there: 1/size of the bytes, only when rank > 0.
-      auto* buf = const_cast<void*>(send);
-      check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, n, type, mpi_op, comm),
-            "MPI_Reduce_scatter_block", label);
-      if (rank > 0) std::memmove(recv, buf, bytes);
-    } else {
-      check(MPI_Reduce_scatter_block(send, recv, n, type, mpi_op, comm),
-            "MPI_Reduce_scatter_block", label);
-    }
-    if (op == ReduceOp::avg) detail::divide_in_place(recv, recv_count, dtype, size);
-  });
+  return launch("reduce_scatter", recv_count, dtype, stream,
+                [=, comm = comm_](const std::string& label) {
+                  if (in_place) {
+                    // MPI's in-place form leaves the result at the start of the buffer; NCCL's
+                    // (ours) at this rank's chunk. Move it there: 1/size of the bytes, only when
+                    // rank > 0.
+                    auto* buf = const_cast<void*>(send);
+                    check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, n, type, mpi_op, comm),
+                          "MPI_Reduce_scatter_block", label);
+                    if (rank > 0) std::memmove(recv, buf, bytes);
+                  } else {
+                    check(MPI_Reduce_scatter_block(send, recv, n, type, mpi_op, comm),
+                          "MPI_Reduce_scatter_block", label);
+                  }
+                  if (op == ReduceOp::avg) detail::divide_in_place(recv, recv_count, dtype, size);
+                });
 }
 
 Work MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
@@ -196,8 +200,7 @@ Work MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, in
   check_count(count, "broadcast");
   if (root < 0 || root >= size_)
     throw InvalidArgument("broadcast on communicator '" + name_ + "': root " +
-                          std::to_string(root) + " is not in [0, " + std::to_string(size_) +
-                          ")");
+                          std::to_string(root) + " is not in [0, " + std::to_string(size_) + ")");
   if (count > 0 && !buffer)
     throw InvalidArgument("broadcast on communicator '" + name_ + "': null buffer");
   const MPI_Datatype type = detail::mpi_datatype(dtype);

@@ -30,14 +30,18 @@ void combine(void* in, void* inout, int* len, MPI_Datatype*) {
   const auto* a = static_cast<const std::uint16_t*>(in);
   auto* b = static_cast<std::uint16_t*>(inout);
   const int n = *len;
-  for (int i = 0; i < n; ++i) b[i] = T::store(Op::apply(T::load(a[i]), T::load(b[i])));
+  for (int i = 0; i < n; ++i)
+    b[i] = T::store(Op::apply(T::load(a[i]), T::load(b[i])));
 }
 
 int slot(ReduceOp op) noexcept {
   switch (op) {
-    case ReduceOp::max: return 1;
-    case ReduceOp::min: return 2;
-    default: return 0;  // sum, avg
+    case ReduceOp::max:
+      return 1;
+    case ReduceOp::min:
+      return 2;
+    default:
+      return 0;  // sum, avg
   }
 }
 
@@ -45,9 +49,12 @@ int slot(ReduceOp op) noexcept {
 
 MPI_Datatype mpi_datatype(DType t) noexcept {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    default: return MPI_UINT16_T;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    default:
+      return MPI_UINT16_T;
   }
 }
 
@@ -72,9 +79,12 @@ MPI_Op MpiReduceOps::get(DType t, ReduceOp op) const noexcept {
   if (t == DType::f16) return f16_[slot(op)];
   if (t == DType::bf16) return bf16_[slot(op)];
   switch (op) {
-    case ReduceOp::max: return MPI_MAX;
-    case ReduceOp::min: return MPI_MIN;
-    default: return MPI_SUM;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
+    default:
+      return MPI_SUM;
   }
 }
 
@@ -83,24 +93,28 @@ void divide_in_place(void* data, std::size_t count, DType t, double divisor) noe
     case DType::f32: {
       auto* p = static_cast<float*>(data);
       const float d = static_cast<float>(divisor);
-      for (std::size_t i = 0; i < count; ++i) p[i] /= d;
+      for (std::size_t i = 0; i < count; ++i)
+        p[i] /= d;
       break;
     }
     case DType::f64: {
       auto* p = static_cast<double*>(data);
-      for (std::size_t i = 0; i < count; ++i) p[i] /= divisor;
+      for (std::size_t i = 0; i < count; ++i)
+        p[i] /= divisor;
       break;
     }
     case DType::f16: {
       auto* p = static_cast<std::uint16_t*>(data);
       const float d = static_cast<float>(divisor);
-      for (std::size_t i = 0; i < count; ++i) p[i] = float_to_f16(f16_to_float(p[i]) / d);
+      for (std::size_t i = 0; i < count; ++i)
+        p[i] = float_to_f16(f16_to_float(p[i]) / d);
       break;
     }
     case DType::bf16: {
       auto* p = static_cast<std::uint16_t*>(data);
       const float d = static_cast<float>(divisor);
-      for (std::size_t i = 0; i < count; ++i) p[i] = float_to_bf16(bf16_to_float(p[i]) / d);
+      for (std::size_t i = 0; i < count; ++i)
+        p[i] = float_to_bf16(bf16_to_float(p[i]) / d);
       break;
     }
   }

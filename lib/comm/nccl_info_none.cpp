@@ -2,6 +2,8 @@
 
 namespace fullshard::comm {
 
-std::string nccl_version() { return {}; }
+std::string nccl_version() {
+  return {};
+}
 
 }  // namespace fullshard::comm

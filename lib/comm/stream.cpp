@@ -67,7 +67,8 @@ struct StreamImpl {
     return ++counter;
   }
 
-  StreamImpl(std::string n, bool run_inline) : name(std::move(n)), inline_(run_inline), id(next_id()) {
+  StreamImpl(std::string n, bool run_inline)
+      : name(std::move(n)), inline_(run_inline), id(next_id()) {
     if (!inline_) worker = std::thread([this] { run(); });
   }
 
@@ -106,7 +107,8 @@ struct StreamImpl {
     }
   }
 
-  std::shared_ptr<Completion> enqueue(std::string label, std::function<void()> op, double timeout_s) {
+  std::shared_ptr<Completion> enqueue(std::string label, std::function<void()> op,
+                                      double timeout_s) {
     auto c = std::make_shared<Completion>();
     c->label = std::move(label);
     c->timeout_s = timeout_s;
@@ -126,7 +128,9 @@ struct StreamImpl {
 
 }  // namespace detail
 
-bool Event::query() const noexcept { return !c_ || c_->done.load(std::memory_order_acquire); }
+bool Event::query() const noexcept {
+  return !c_ || c_->done.load(std::memory_order_acquire);
+}
 
 void Event::synchronize() const {
   if (c_) c_->block(false);
@@ -145,7 +149,9 @@ bool Work::test() const {
   return true;
 }
 
-std::string Work::label() const { return c_ ? c_->label : std::string("(none)"); }
+std::string Work::label() const {
+  return c_ ? c_->label : std::string("(none)");
+}
 
 Stream Stream::caller(std::string name) {
   return Stream(std::make_shared<detail::StreamImpl>(std::move(name), true));
@@ -159,9 +165,15 @@ Stream::Stream(std::string name, HostProgress progress)
     : impl_(std::make_shared<detail::StreamImpl>(std::move(name),
                                                  progress == HostProgress::inline_)) {}
 
-const std::string& Stream::name() const noexcept { return impl_->name; }
-bool Stream::runs_inline() const noexcept { return impl_->inline_; }
-std::uint64_t Stream::id() const noexcept { return impl_->id; }
+const std::string& Stream::name() const noexcept {
+  return impl_->name;
+}
+bool Stream::runs_inline() const noexcept {
+  return impl_->inline_;
+}
+std::uint64_t Stream::id() const noexcept {
+  return impl_->id;
+}
 
 Work Stream::submit(std::string label, std::function<void()> op, double timeout_s) {
   return Work(impl_->enqueue(std::move(label), std::move(op), timeout_s));
@@ -169,7 +181,8 @@ Work Stream::submit(std::string label, std::function<void()> op, double timeout_
 
 Event Stream::record() {
   if (impl_->inline_) return Event();
-  return Event(impl_->enqueue("record on stream '" + impl_->name + "'", [] {}, 0.0));
+  return Event(impl_->enqueue(
+      "record on stream '" + impl_->name + "'", [] {}, 0.0));
 }
 
 void Stream::wait(const Event& e) {
@@ -178,9 +191,12 @@ void Stream::wait(const Event& e) {
     e.synchronize();
     return;
   }
-  impl_->enqueue("wait on stream '" + impl_->name + "'", [e] { e.synchronize(); }, 0.0);
+  impl_->enqueue(
+      "wait on stream '" + impl_->name + "'", [e] { e.synchronize(); }, 0.0);
 }
 
-void Stream::synchronize() { record().synchronize(); }
+void Stream::synchronize() {
+  record().synchronize();
+}
 
 }  // namespace fullshard::comm

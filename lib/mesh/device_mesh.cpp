@@ -11,10 +11,14 @@ namespace fullshard {
 
 const char* channel_name(Channel c) noexcept {
   switch (c) {
-    case Channel::main: return "main";
-    case Channel::all_gather: return "all_gather";
-    case Channel::reduce_scatter: return "reduce_scatter";
-    case Channel::all_reduce: return "all_reduce";
+    case Channel::main:
+      return "main";
+    case Channel::all_gather:
+      return "all_gather";
+    case Channel::reduce_scatter:
+      return "reduce_scatter";
+    case Channel::all_reduce:
+      return "all_reduce";
   }
   return "?";
 }
@@ -41,13 +45,15 @@ namespace {
 
 std::string join(const std::vector<std::string>& v, const char* sep) {
   std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  for (const auto& x : v)
+    s += (s.empty() ? "" : sep) + x;
   return s;
 }
 
 std::string shape_string(const std::vector<int>& shape) {
   std::string s = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + ")";
 }
 
@@ -56,12 +62,13 @@ void validate(const std::vector<int>& shape, const std::vector<std::string>& nam
   if (names.size() != shape.size())
     throw InvalidArgument("DeviceMesh: shape " + shape_string(shape) + " has " +
                           std::to_string(shape.size()) + " dims but " +
-                          std::to_string(names.size()) + " names were given (" +
-                          join(names, ", ") + ")");
+                          std::to_string(names.size()) + " names were given (" + join(names, ", ") +
+                          ")");
   std::set<std::string> seen;
   long long product = 1;
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (names[i].empty()) throw InvalidArgument("DeviceMesh: dim " + std::to_string(i) + " has an empty name");
+    if (names[i].empty())
+      throw InvalidArgument("DeviceMesh: dim " + std::to_string(i) + " has an empty name");
     if (!seen.insert(names[i]).second)
       throw InvalidArgument("DeviceMesh: duplicate dim name '" + names[i] + "'");
     if (shape[i] < 1)
@@ -177,15 +184,28 @@ DeviceMesh DeviceMesh::node_aware(MPI_Comm base, int ranks_per_node, double time
                           "); launch the same number of ranks on every node");
   OwnedComm ordered;  // ranks in (node, local) row-major order
   MPI_Comm_split(base, 0, node * local_size + local_rank, &ordered.c);
-  return DeviceMesh(build(ordered.c, {ranks / local_size, local_size}, {"node", "local"}, timeout_s));
+  return DeviceMesh(
+      build(ordered.c, {ranks / local_size, local_size}, {"node", "local"}, timeout_s));
 }
 
-int DeviceMesh::ndim() const noexcept { return static_cast<int>(s_->shape.size()); }
-const std::vector<int>& DeviceMesh::shape() const noexcept { return s_->shape; }
-const std::vector<std::string>& DeviceMesh::names() const noexcept { return s_->names; }
-int DeviceMesh::size() const noexcept { return s_->size; }
-int DeviceMesh::rank() const noexcept { return s_->rank; }
-const std::vector<int>& DeviceMesh::coordinates() const noexcept { return s_->coords; }
+int DeviceMesh::ndim() const noexcept {
+  return static_cast<int>(s_->shape.size());
+}
+const std::vector<int>& DeviceMesh::shape() const noexcept {
+  return s_->shape;
+}
+const std::vector<std::string>& DeviceMesh::names() const noexcept {
+  return s_->names;
+}
+int DeviceMesh::size() const noexcept {
+  return s_->size;
+}
+int DeviceMesh::rank() const noexcept {
+  return s_->rank;
+}
+const std::vector<int>& DeviceMesh::coordinates() const noexcept {
+  return s_->coords;
+}
 
 int DeviceMesh::dim_index(const std::string& dim) const {
   const auto it = std::find(s_->names.begin(), s_->names.end(), dim);
@@ -195,14 +215,20 @@ int DeviceMesh::dim_index(const std::string& dim) const {
   return static_cast<int>(it - s_->names.begin());
 }
 
-int DeviceMesh::size(const std::string& dim) const { return s_->shape[dim_index(dim)]; }
-int DeviceMesh::coordinate(const std::string& dim) const { return s_->coords[dim_index(dim)]; }
+int DeviceMesh::size(const std::string& dim) const {
+  return s_->shape[dim_index(dim)];
+}
+int DeviceMesh::coordinate(const std::string& dim) const {
+  return s_->coords[dim_index(dim)];
+}
 
 comm::MpiCommunicator& DeviceMesh::comm(const std::string& dim, Channel channel) const {
   return *s_->dims[dim_index(dim)][static_cast<int>(channel)];
 }
 
-comm::MpiCommunicator& DeviceMesh::world_comm() const { return *s_->world; }
+comm::MpiCommunicator& DeviceMesh::world_comm() const {
+  return *s_->world;
+}
 
 DeviceMesh DeviceMesh::sub_mesh(const std::string& dim) const {
   const int d = dim_index(dim);
@@ -240,7 +266,8 @@ std::string DeviceMesh::describe() const {
   for (int d = 0; d < ndim(); ++d)
     s += (d ? ", " : "") + s_->names[d] + "=" + std::to_string(s_->shape[d]);
   s += ") rank " + std::to_string(s_->rank) + " at (";
-  for (int d = 0; d < ndim(); ++d) s += (d ? ", " : "") + std::to_string(s_->coords[d]);
+  for (int d = 0; d < ndim(); ++d)
+    s += (d ? ", " : "") + std::to_string(s_->coords[d]);
   return s + ")";
 }
 

@@ -22,8 +22,8 @@ int bind_local_device(int local_rank, int local_size) {
     throw ConfigError("this node runs " + std::to_string(local_size) + " ranks but only " +
                       std::to_string(count) +
                       " GPUs are visible (CUDA_VISIBLE_DEVICES); launch one rank per GPU, "
-                      "e.g. srun --ntasks-per-node=" + std::to_string(count) +
-                      ", or set FULLSHARD_BIND_DEVICE=0");
+                      "e.g. srun --ntasks-per-node=" +
+                      std::to_string(count) + ", or set FULLSHARD_BIND_DEVICE=0");
   if (const cudaError_t e = cudaSetDevice(local_rank); e != cudaSuccess)
     throw ConfigError("cudaSetDevice(" + std::to_string(local_rank) +
                       ") failed: " + cudaGetErrorString(e));

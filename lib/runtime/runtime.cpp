@@ -23,9 +23,13 @@ int launcher_int(const char* name) {
 
 }  // namespace
 
-Runtime::Runtime() { start(nullptr, nullptr); }
+Runtime::Runtime() {
+  start(nullptr, nullptr);
+}
 
-Runtime::Runtime(int& argc, char**& argv) { start(&argc, &argv); }
+Runtime::Runtime(int& argc, char**& argv) {
+  start(&argc, &argv);
+}
 
 void Runtime::start(int* argc, char*** argv) {
   // Settings first: a bad variable must fail before anything is started.
@@ -70,7 +74,8 @@ void Runtime::start(int* argc, char*** argv) {
     owns_kokkos_ = true;
   }
   if (rank_ == 0)
-    for (const auto& w : settings_.warnings) std::fprintf(stderr, "fullshard: warning: %s\n", w.c_str());
+    for (const auto& w : settings_.warnings)
+      std::fprintf(stderr, "fullshard: warning: %s\n", w.c_str());
 }
 
 void Runtime::place_ranks() {
@@ -119,11 +124,10 @@ std::string Runtime::describe() const {
   std::string mpi(mpi_version, static_cast<std::size_t>(len));
   if (const auto nl = mpi.find_first_of("\n,"); nl != std::string::npos) mpi.resize(nl);
   std::string s = std::to_string(world_size_) + " ranks (" + std::to_string(local_size_) +
-                  " per node), MPI: " + mpi + ", Kokkos " + std::to_string(KOKKOS_VERSION) +
-                  " (" + Kokkos::DefaultExecutionSpace::name() + ")";
+                  " per node), MPI: " + mpi + ", Kokkos " + std::to_string(KOKKOS_VERSION) + " (" +
+                  Kokkos::DefaultExecutionSpace::name() + ")";
   s += ", CUDA: ";
-  s += FULLSHARD_HAS_CUDA ? (device_ >= 0 ? "device " + std::to_string(device_) : "no GPU")
-                          : "off";
+  s += FULLSHARD_HAS_CUDA ? (device_ >= 0 ? "device " + std::to_string(device_) : "no GPU") : "off";
   s += ", NCCL: ";
   s += FULLSHARD_HAS_NCCL ? "on" : "off";
   return s;

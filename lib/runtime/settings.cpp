@@ -14,13 +14,13 @@ namespace {
 
 constexpr const char* kLevels[] = {"error", "warn", "info", "debug"};
 
-const char* const kKnown[] = {"FULLSHARD_TIMEOUT", "FULLSHARD_LOG_LEVEL",
-                              "FULLSHARD_HOST_PROGRESS", "FULLSHARD_RANKS_PER_NODE",
-                              "FULLSHARD_BIND_DEVICE"};
+const char* const kKnown[] = {"FULLSHARD_TIMEOUT", "FULLSHARD_LOG_LEVEL", "FULLSHARD_HOST_PROGRESS",
+                              "FULLSHARD_RANKS_PER_NODE", "FULLSHARD_BIND_DEVICE"};
 
 std::string known_list() {
   std::string s;
-  for (const char* k : kKnown) s += (s.empty() ? "" : ", ") + std::string(k);
+  for (const char* k : kKnown)
+    s += (s.empty() ? "" : ", ") + std::string(k);
   return s;
 }
 
@@ -80,8 +80,8 @@ Settings Settings::from_map(const std::map<std::string, std::string>& vars) {
       // Not an error: Spack modules set FULLSHARD_ROOT, sites set their own. But a typo must
       // not pass unnoticed, so the runtime prints these on rank 0.
       if (var != "FULLSHARD_ROOT" && var != "FULLSHARD_DIR")
-        s.warnings.push_back("unknown environment variable " + var + " is ignored (known: " +
-                             known_list() + ")");
+        s.warnings.push_back("unknown environment variable " + var +
+                             " is ignored (known: " + known_list() + ")");
     }
   }
   return s;

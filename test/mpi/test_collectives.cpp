@@ -24,7 +24,8 @@ const DType kDTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
 std::vector<unsigned char> make(DType t, std::size_t n, int rank, int salt, bool exact,
                                 std::size_t offset = 0) {
   std::vector<unsigned char> b(std::max<std::size_t>(n, 1) * dtype_size(t));
-  for (std::size_t i = 0; i < n; ++i) store_from_double(b.data(), t, i, sample(rank, offset + i, salt, exact));
+  for (std::size_t i = 0; i < n; ++i)
+    store_from_double(b.data(), t, i, sample(rank, offset + i, salt, exact));
   return b;
 }
 
@@ -52,9 +53,12 @@ Expected reference(DType t, ReduceOp op, int W, std::size_t i, int salt, bool ex
   }
   const double u = dtype_unit_roundoff(t);
   switch (op) {
-    case ReduceOp::max: return {mx, 0.0};
-    case ReduceOp::min: return {mn, 0.0};
-    case ReduceOp::sum: return {sum, exact ? 0.0 : W * u * abs_sum};
+    case ReduceOp::max:
+      return {mx, 0.0};
+    case ReduceOp::min:
+      return {mn, 0.0};
+    case ReduceOp::sum:
+      return {sum, exact ? 0.0 : W * u * abs_sum};
     case ReduceOp::avg: {
       const double avg = sum / W;
       const double tol = (exact ? 0.0 : u * abs_sum) + u * std::fabs(avg);
@@ -125,7 +129,8 @@ TEST_CASE("reduce_scatter and all_reduce, every dtype and op") {
             const Expected e = reference(t, op, W, r * n + i, 2, exact);
             const double v = load_as_double(got, t, i);
             if (!(std::fabs(v - e.value) <= e.tolerance)) {
-              if (bad++ < 3) MESSAGE("reduce_scatter element " << i << ": " << v << " vs " << e.value);
+              if (bad++ < 3)
+                MESSAGE("reduce_scatter element " << i << ": " << v << " vs " << e.value);
             }
           }
           CHECK(bad == 0);
@@ -169,10 +174,12 @@ TEST_CASE("broadcast from every root, and barrier") {
   Stream s = Stream::worker("bc");
   for (int root = 0; root < c.size(); ++root)
     for (DType t : kDTypes) {
-      auto buf = c.rank() == root ? make(t, 33, root, 4, false) : std::vector<unsigned char>(33 * dtype_size(t), 0);
+      auto buf = c.rank() == root ? make(t, 33, root, 4, false)
+                                  : std::vector<unsigned char>(33 * dtype_size(t), 0);
       c.broadcast(buf.data(), 33, t, root, s).wait();
       bool ok = true;
-      for (std::size_t i = 0; i < 33; ++i) ok &= load_as_double(buf.data(), t, i) == stored(t, root, i, 4, false);
+      for (std::size_t i = 0; i < 33; ++i)
+        ok &= load_as_double(buf.data(), t, i) == stored(t, root, i, 4, false);
       CHECK(ok);
     }
   c.barrier(s).wait();
@@ -184,7 +191,8 @@ TEST_CASE("bad arguments are errors that name the communicator and the operation
   Stream s = Stream::caller();
   std::vector<float> v(8 * c.size());
   CHECK_THROWS_WITH_AS(c.broadcast(v.data(), 1, DType::f32, c.size(), s),
-                       doctest::Contains("broadcast on communicator 'mesh(dp).dp'"), InvalidArgument);
+                       doctest::Contains("broadcast on communicator 'mesh(dp).dp'"),
+                       InvalidArgument);
   CHECK_THROWS_WITH_AS(c.all_gather(nullptr, v.data(), 4, DType::f32, s),
                        doctest::Contains("null buffer"), InvalidArgument);
   if (c.size() > 1) {

@@ -30,13 +30,15 @@ TEST_CASE("1-D mesh over the world") {
   CHECK(mesh.size("dp") == W);
   CHECK(mesh.rank() == test::world_rank());
   CHECK(mesh.coordinate("dp") == test::world_rank());
-  for (Channel ch : {Channel::main, Channel::all_gather, Channel::reduce_scatter, Channel::all_reduce}) {
+  for (Channel ch :
+       {Channel::main, Channel::all_gather, Channel::reduce_scatter, Channel::all_reduce}) {
     CHECK(mesh.comm("dp", ch).size() == W);
     CHECK(mesh.comm("dp", ch).rank() == test::world_rank());
     CHECK(rank_sum(mesh.comm("dp", ch)) == W * (W - 1) / 2);
   }
   // Every channel is its own MPI communicator.
-  CHECK(mesh.comm("dp", Channel::all_gather).handle() != mesh.comm("dp", Channel::reduce_scatter).handle());
+  CHECK(mesh.comm("dp", Channel::all_gather).handle() !=
+        mesh.comm("dp", Channel::reduce_scatter).handle());
 }
 
 TEST_CASE("2-D mesh: coordinates, dim communicators, sub-meshes and flattening") {
@@ -96,7 +98,8 @@ TEST_CASE("node-aware mesh, detected and with a pretend ranks-per-node") {
   CHECK(detected.names() == std::vector<std::string>{"node", "local"});
   CHECK(detected.size() == W);
   // One machine here, unless FULLSHARD_RANKS_PER_NODE says otherwise.
-  if (test::runtime().settings().ranks_per_node == 0) CHECK(detected.shape() == std::vector<int>{1, W});
+  if (test::runtime().settings().ranks_per_node == 0)
+    CHECK(detected.shape() == std::vector<int>{1, W});
   if (W % 2 == 0) {
     DeviceMesh two = DeviceMesh::node_aware(MPI_COMM_WORLD, 2, 30.0);
     CHECK(two.shape() == std::vector<int>{W / 2, 2});
@@ -111,20 +114,32 @@ TEST_CASE("node-aware mesh, detected and with a pretend ranks-per-node") {
 TEST_CASE("bad meshes are errors naming what is wrong") {
   const auto& rt = test::runtime();
   const int W = test::world_size();
-  CHECK_THROWS_WITH_AS(DeviceMesh(rt, {W + 1}, {"dp"}), doctest::Contains(("holds " + std::to_string(W + 1) + " ranks but the communicator has " + std::to_string(W)).c_str()), InvalidArgument);
-  CHECK_THROWS_WITH_AS(DeviceMesh(rt, {1, W}, {"dp", "dp"}), doctest::Contains("duplicate dim name 'dp'"), InvalidArgument);
-  CHECK_THROWS_WITH_AS(DeviceMesh(rt, {}, {}), doctest::Contains("shape is empty"), InvalidArgument);
-  CHECK_THROWS_WITH_AS(DeviceMesh(rt, {W}, {"a", "b"}), doctest::Contains("1 dims but 2 names"), InvalidArgument);
-  CHECK_THROWS_WITH_AS(DeviceMesh(rt, {0, W}, {"a", "b"}), doctest::Contains("dim 'a' has size 0"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(DeviceMesh(rt, {W + 1}, {"dp"}),
+                       doctest::Contains(("holds " + std::to_string(W + 1) +
+                                          " ranks but the communicator has " + std::to_string(W))
+                                             .c_str()),
+                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(DeviceMesh(rt, {1, W}, {"dp", "dp"}),
+                       doctest::Contains("duplicate dim name 'dp'"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(DeviceMesh(rt, {}, {}), doctest::Contains("shape is empty"),
+                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(DeviceMesh(rt, {W}, {"a", "b"}), doctest::Contains("1 dims but 2 names"),
+                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(DeviceMesh(rt, {0, W}, {"a", "b"}), doctest::Contains("dim 'a' has size 0"),
+                       InvalidArgument);
   DeviceMesh mesh(rt, {W}, {"dp"});
-  CHECK_THROWS_WITH_AS(mesh.comm("shard"), doctest::Contains("unknown dim 'shard' (this mesh has dims dp)"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(mesh.comm("shard"),
+                       doctest::Contains("unknown dim 'shard' (this mesh has dims dp)"),
+                       InvalidArgument);
   CHECK_THROWS_WITH_AS(mesh.size("tp"), doctest::Contains("unknown dim 'tp'"), InvalidArgument);
-  CHECK_THROWS_WITH_AS(mesh.flatten({"dp", "dp"}), doctest::Contains("given twice"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(mesh.flatten({"dp", "dp"}), doctest::Contains("given twice"),
+                       InvalidArgument);
   CHECK_THROWS_WITH_AS(mesh.sub_mesh("x"), doctest::Contains("unknown dim 'x'"), InvalidArgument);
   // Messages carry the rank.
   try {
     mesh.comm("nope");
   } catch (const Error& e) {
-    CHECK(std::string(e.what()).find("fullshard[rank " + std::to_string(test::world_rank()) + "]") == 0);
+    CHECK(std::string(e.what()).find("fullshard[rank " + std::to_string(test::world_rank()) +
+                                     "]") == 0);
   }
 }

@@ -27,9 +27,11 @@ TEST_CASE("two streams run collectives concurrently on separate communicators") 
   const std::size_t n = 1 << 14;
   for (int round = 0; round < 5; ++round) {
     std::vector<float> gathered(W * n, -1.0f);
-    for (std::size_t i = 0; i < n; ++i) gathered[r * n + i] = float(r * 10 + round);
+    for (std::size_t i = 0; i < n; ++i)
+      gathered[r * n + i] = float(r * 10 + round);
     std::vector<float> grads(W * n);
-    for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = float(r + 1) * float(i % 5);
+    for (std::size_t i = 0; i < grads.size(); ++i)
+      grads[i] = float(r + 1) * float(i % 5);
     std::vector<float> shard(n);
     comm::Work a, b;
     auto issue_ag = [&] {
@@ -52,8 +54,10 @@ TEST_CASE("two streams run collectives concurrently on separate communicators") 
     a.wait();
     b.wait();
     bool ok = true;
-    for (int q = 0; q < W; ++q) ok &= gathered[q * n + 7] == float(q * 10 + round);
-    for (std::size_t i = 0; i < n; ++i) ok &= shard[i] == float(W * (W + 1) / 2) * float((r * n + i) % 5);
+    for (int q = 0; q < W; ++q)
+      ok &= gathered[q * n + 7] == float(q * 10 + round);
+    for (std::size_t i = 0; i < n; ++i)
+      ok &= shard[i] == float(W * (W + 1) / 2) * float((r * n + i) % 5);
     CHECK(ok);
   }
 }
@@ -67,7 +71,8 @@ TEST_CASE("one communicator in flight on two streams is refused") {
   Stream gate = Stream::worker("gate");
   std::atomic<bool> open{false};
   gate.submit("gate", [&] {
-    while (!open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while (!open.load())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
   first.wait(gate.record());
   float x = 1.0f;
@@ -94,7 +99,8 @@ TEST_CASE("events order a collective after work on another stream") {
   std::vector<double> v(100, 0.0);
   compute.submit("produce", [&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    for (auto& x : v) x = r + 1;
+    for (auto& x : v)
+      x = r + 1;
   });
   comm_stream.wait(compute.record());
   c.all_reduce(v.data(), v.data(), v.size(), DType::f64, ReduceOp::sum, comm_stream).wait();

@@ -16,7 +16,9 @@ namespace fullshard::test {
 namespace {
 Runtime* g_runtime = nullptr;  // set for the lifetime of main() only
 }
-const Runtime& runtime() { return *g_runtime; }
+const Runtime& runtime() {
+  return *g_runtime;
+}
 }  // namespace fullshard::test
 
 int main(int argc, char** argv) {
@@ -31,7 +33,8 @@ int main(int argc, char** argv) {
   if (rt.rank() != 0 && result != 0) {
     std::istringstream lines(captured.str());
     std::string line;
-    while (std::getline(lines, line)) std::fprintf(stderr, "[rank %d] %s\n", rt.rank(), line.c_str());
+    while (std::getline(lines, line))
+      std::fprintf(stderr, "[rank %d] %s\n", rt.rank(), line.c_str());
   }
   int worst = 0;
   MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, rt.world());

@@ -13,8 +13,12 @@ namespace fullshard::test {
 /// The Runtime created by the test main.
 const Runtime& runtime();
 
-inline int world_rank() { return runtime().rank(); }
-inline int world_size() { return runtime().world_size(); }
+inline int world_rank() {
+  return runtime().rank();
+}
+inline int world_size() {
+  return runtime().world_size();
+}
 
 /// True on every rank if `ok` is true on every rank (so all ranks take the same branch).
 inline bool all_ranks(bool ok) {

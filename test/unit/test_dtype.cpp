@@ -14,8 +14,12 @@ using namespace fullshard;
 
 namespace {
 
-bool is_nan_bits_f16(std::uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu); }
-bool is_nan_bits_bf16(std::uint16_t h) { return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu); }
+bool is_nan_bits_f16(std::uint16_t h) {
+  return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu);
+}
+bool is_nan_bits_bf16(std::uint16_t h) {
+  return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu);
+}
 
 // Reference: the representable value nearest to x (ties to the even encoding), found by
 // binary search over the positive encodings [0, inf_bits], whose values increase with the bits.
@@ -26,17 +30,24 @@ std::uint16_t nearest(float x, std::uint16_t inf_bits, std::uint16_t sign_bit, D
   std::uint32_t hi = inf_bits;  // decode(hi) = +inf
   while (hi - lo > 1) {
     const std::uint32_t mid = (lo + hi) / 2;
-    if (static_cast<double>(decode(static_cast<std::uint16_t>(mid))) <= a) lo = mid; else hi = mid;
+    if (static_cast<double>(decode(static_cast<std::uint16_t>(mid))) <= a)
+      lo = mid;
+    else
+      hi = mid;
   }
   // a lies in [decode(lo), decode(hi)); hi may be inf: the overflow threshold is the midpoint
   // between the largest finite value and the next power of two (IEEE rounding).
   const double vlo = decode(static_cast<std::uint16_t>(lo));
   double vhi = decode(static_cast<std::uint16_t>(hi));
-  if (std::isinf(vhi)) vhi = 2.0 * vlo - static_cast<double>(decode(static_cast<std::uint16_t>(lo - 1)));
+  if (std::isinf(vhi))
+    vhi = 2.0 * vlo - static_cast<double>(decode(static_cast<std::uint16_t>(lo - 1)));
   std::uint32_t pick;
-  if (a - vlo < vhi - a) pick = lo;
-  else if (a - vlo > vhi - a) pick = hi;
-  else pick = (lo % 2 == 0) ? lo : hi;
+  if (a - vlo < vhi - a)
+    pick = lo;
+  else if (a - vlo > vhi - a)
+    pick = hi;
+  else
+    pick = (lo % 2 == 0) ? lo : hi;
   const bool neg = std::signbit(x);
   return static_cast<std::uint16_t>(pick | (neg ? sign_bit : 0u));
 }
@@ -80,7 +91,7 @@ TEST_CASE("float to bf16 and f16 rounds to nearest even") {
   }
   CHECK(checked > 150000);
   // Exact ties.
-  CHECK(float_to_bf16(1.0f + 1.0f / 256) == float_to_bf16(1.0f));          // tie -> even
+  CHECK(float_to_bf16(1.0f + 1.0f / 256) == float_to_bf16(1.0f));  // tie -> even
   CHECK(float_to_bf16(1.0f + 3.0f / 256) == float_to_bf16(1.0f + 4.0f / 256));
   CHECK(float_to_f16(2049.0f) == float_to_f16(2048.0f));
   CHECK(float_to_f16(2051.0f) == float_to_f16(2052.0f));

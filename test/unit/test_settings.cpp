@@ -40,12 +40,12 @@ TEST_CASE("settings defaults and valid values") {
 }
 
 TEST_CASE("a bad setting is an error naming the variable and the value") {
-  for (const auto& [var, value] : std::map<std::string, std::string>{
-           {"FULLSHARD_TIMEOUT", "abc"},
-           {"FULLSHARD_LOG_LEVEL", "loud"},
-           {"FULLSHARD_HOST_PROGRESS", "async"},
-           {"FULLSHARD_RANKS_PER_NODE", "0"},
-           {"FULLSHARD_BIND_DEVICE", "yes"}}) {
+  for (const auto& [var, value] :
+       std::map<std::string, std::string>{{"FULLSHARD_TIMEOUT", "abc"},
+                                          {"FULLSHARD_LOG_LEVEL", "loud"},
+                                          {"FULLSHARD_HOST_PROGRESS", "async"},
+                                          {"FULLSHARD_RANKS_PER_NODE", "0"},
+                                          {"FULLSHARD_BIND_DEVICE", "yes"}}) {
     const std::string msg = error_of({{var, value}});
     CAPTURE(var);
     CHECK(msg.find(var) != std::string::npos);

@@ -27,7 +27,8 @@ TEST_CASE("a worker stream runs its operations in submit order, off the calling 
     }));
   works.back().wait();
   REQUIRE(order.size() == 100);
-  for (int i = 0; i < 100; ++i) CHECK(order[i] == i);
+  for (int i = 0; i < 100; ++i)
+    CHECK(order[i] == i);
   CHECK(off_thread.load());
 }
 
@@ -46,7 +47,8 @@ TEST_CASE("Stream::wait orders one stream after another's event") {
   std::atomic<int> stage{0};
   std::atomic<bool> release{false};
   a.submit("slow", [&] {
-    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while (!release.load())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     stage = 1;
   });
   Event e = a.record();
@@ -82,11 +84,13 @@ TEST_CASE("test() is false while running and true, once, on completion") {
   Stream s = Stream::worker("w");
   std::atomic<bool> go{false};
   Work w = s.submit("gate", [&] {
-    while (!go.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while (!go.load())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
   CHECK_FALSE(w.test());
   go = true;
-  while (!w.test()) std::this_thread::yield();
+  while (!w.test())
+    std::this_thread::yield();
   CHECK(w.test());  // stays true
   Work empty;
   CHECK(empty.test());

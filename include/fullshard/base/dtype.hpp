@@ -31,10 +31,14 @@ DType parse_dtype(const std::string& name, const std::string& what = "dtype");
 /// Unit roundoff of a dtype: the largest relative error of one rounding to nearest.
 constexpr double dtype_unit_roundoff(DType t) noexcept {
   switch (t) {
-    case DType::f64: return 1.1102230246251565e-16;  // 2^-53
-    case DType::f32: return 5.960464477539063e-08;   // 2^-24
-    case DType::f16: return 4.8828125e-04;           // 2^-11
-    case DType::bf16: return 3.90625e-03;            // 2^-8
+    case DType::f64:
+      return 1.1102230246251565e-16;  // 2^-53
+    case DType::f32:
+      return 5.960464477539063e-08;  // 2^-24
+    case DType::f16:
+      return 4.8828125e-04;  // 2^-11
+    case DType::bf16:
+      return 3.90625e-03;  // 2^-8
   }
   return 0.0;
 }
@@ -72,7 +76,7 @@ FULLSHARD_HOST_DEVICE inline std::uint16_t float_to_f16(float f) noexcept {
   const std::uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x1ffu));
   if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to >= 65520
-  if (a < 0x38800000u) {                                                      // |f| < 2^-14
+  if (a < 0x38800000u) {                                                    // |f| < 2^-14
     if (a < 0x33000000u) return sign;  // below half the smallest subnormal: +-0
     // Subnormal: value = mantissa * 2^-24. Shift the full significand, round to nearest even.
     const std::uint32_t exp = a >> 23;

@@ -48,8 +48,8 @@ class Communicator {
   /// recv (recv_count) <- op over ranks of chunk `rank` of send (size*recv_count).
   virtual Work reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype,
                               ReduceOp op, Stream& stream) = 0;
-  virtual Work all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
-                          ReduceOp op, Stream& stream) = 0;
+  virtual Work all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                          Stream& stream) = 0;
   virtual Work broadcast(void* buffer, std::size_t count, DType dtype, int root,
                          Stream& stream) = 0;
   virtual Work barrier(Stream& stream) = 0;

@@ -41,8 +41,7 @@ class MpiCommunicator final : public Communicator {
                       ReduceOp op, Stream& stream) override;
   Work all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                   Stream& stream) override;
-  Work broadcast(void* buffer, std::size_t count, DType dtype, int root,
-                 Stream& stream) override;
+  Work broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override;
   Work barrier(Stream& stream) override;
   std::unique_ptr<Communicator> dup(const std::string& name) const override;
 
