@@ -13,6 +13,67 @@
 namespace fullshard::comm {
 namespace detail {
 
+[[noreturn]] void report_timeout(const std::string& label, double timeout_s) {
+  fullshard::detail::abort_job(
+      label + " did not finish within FULLSHARD_TIMEOUT=" + std::to_string(timeout_s) +
+      " s; another rank is probably not calling the same collective (different order, "
+      "sizes or communicator). Aborting the job.");
+}
+
+// Watches operations that run on the calling thread (caller streams): nobody waits on them,
+// so a thread of its own aborts the job when one runs past its timeout. Started with the
+// first timed operation of the stream.
+class Watchdog {
+ public:
+  Watchdog() : thread_([this] { loop(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void arm(const std::string& label, double timeout_s) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      armed_ = true;
+      label_ = &label;
+      timeout_s_ = timeout_s;
+      deadline_ = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(timeout_s));
+    }
+    cv_.notify_all();
+  }
+  void disarm() {
+    std::lock_guard<std::mutex> lock(m_);
+    armed_ = false;
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(m_);
+    while (!stop_) {
+      if (!armed_) {
+        cv_.wait(lock);
+      } else if (cv_.wait_until(lock, deadline_) == std::cv_status::timeout && armed_ &&
+                 std::chrono::steady_clock::now() >= deadline_) {
+        report_timeout(*label_, timeout_s_);
+      }
+    }
+  }
+
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool armed_ = false;
+  const std::string* label_ = nullptr;
+  double timeout_s_ = 0.0;
+  std::chrono::steady_clock::time_point deadline_;
+  std::thread thread_;
+};
+
 struct Completion {
   std::string label;
   double timeout_s = 0.0;
@@ -39,11 +100,7 @@ struct Completion {
       return;
     }
     const auto limit = std::chrono::duration<double>(timeout_s);
-    if (!cv.wait_for(lock, limit, is_done))
-      fullshard::detail::abort_job(
-          label + " did not finish within FULLSHARD_TIMEOUT=" + std::to_string(timeout_s) +
-          " s; another rank is probably not calling the same collective (different order, "
-          "sizes or communicator). Aborting the job.");
+    if (!cv.wait_for(lock, limit, is_done)) report_timeout(label, timeout_s);
   }
 };
 
@@ -61,6 +118,7 @@ struct StreamImpl {
   std::deque<Task> queue;
   bool stopping = false;
   std::thread worker;
+  std::unique_ptr<Watchdog> watchdog;  // caller streams only, created on first use
 
   static std::uint64_t next_id() {
     static std::atomic<std::uint64_t> counter{0};
@@ -114,7 +172,14 @@ struct StreamImpl {
     c->timeout_s = timeout_s;
     Task t{std::move(op), c};
     if (inline_) {
-      execute(t);
+      if (timeout_s > 0) {
+        if (!watchdog) watchdog = std::make_unique<Watchdog>();
+        watchdog->arm(c->label, timeout_s);
+        execute(t);
+        watchdog->disarm();
+      } else {
+        execute(t);
+      }
     } else {
       {
         std::lock_guard<std::mutex> lock(m);
