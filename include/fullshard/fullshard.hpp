@@ -11,3 +11,8 @@
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/runtime/runtime.hpp"
 #include "fullshard/runtime/settings.hpp"
+#include "fullshard/tensor/buffer_pool.hpp"
+#include "fullshard/tensor/placement.hpp"
+#include "fullshard/tensor/shape.hpp"
+#include "fullshard/tensor/sharding.hpp"
+#include "fullshard/tensor/tensor.hpp"
