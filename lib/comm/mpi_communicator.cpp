@@ -82,6 +82,17 @@ std::unique_ptr<Communicator> MpiCommunicator::dup(const std::string& name) cons
   return d;
 }
 
+std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key,
+                                                        const std::string& name) const {
+  MPI_Comm comm = MPI_COMM_NULL;
+  if (const int rc = MPI_Comm_split(comm_, color, key, &comm); rc != MPI_SUCCESS)
+    throw CommError("MPI_Comm_split of communicator '" + name_ + "' into '" + name +
+                    "' failed: " + mpi_error_string(rc));
+  auto s = adopt(comm, name, timeout_s_);
+  s->ops_ = ops_;
+  return s;
+}
+
 void MpiCommunicator::check_count(std::size_t count, const char* op) const {
   if (count > static_cast<std::size_t>(INT_MAX))
     throw InvalidArgument(std::string(op) + " on communicator '" + name_ + "': count " +

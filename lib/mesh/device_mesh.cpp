@@ -34,6 +34,7 @@ struct MeshState {
   int rank = 0;
   int size = 1;
   double timeout_s = 0.0;
+  HostProgress host_progress = HostProgress::thread;
   std::unique_ptr<comm::MpiCommunicator> world;
   // dims[d][channel]
   std::vector<std::array<std::unique_ptr<comm::MpiCommunicator>, kChannels>> dims;
@@ -84,7 +85,8 @@ void validate(const std::vector<int>& shape, const std::vector<std::string>& nam
 
 // Builds the state over `base`, whose rank order is the mesh's row-major order.
 std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
-                                         std::vector<std::string> names, double timeout_s) {
+                                         std::vector<std::string> names, double timeout_s,
+                                         HostProgress progress) {
   int ranks = 0;
   int rank = 0;
   MPI_Comm_size(base, &ranks);
@@ -97,6 +99,7 @@ std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
   s->rank = rank;
   s->size = ranks;
   s->timeout_s = timeout_s;
+  s->host_progress = progress;
   const int nd = static_cast<int>(s->shape.size());
   s->coords.assign(nd, 0);
   for (int d = nd - 1, r = rank; d >= 0; --d) {
@@ -136,19 +139,20 @@ struct OwnedComm {
 
 DeviceMesh::DeviceMesh(const Runtime& runtime, std::vector<int> shape,
                        std::vector<std::string> names)
-    : DeviceMesh(runtime.world(), std::move(shape), std::move(names),
-                 runtime.settings().timeout_s) {}
+    : DeviceMesh(runtime.world(), std::move(shape), std::move(names), runtime.settings().timeout_s,
+                 runtime.settings().host_progress) {}
 
 DeviceMesh::DeviceMesh(MPI_Comm base, std::vector<int> shape, std::vector<std::string> names,
-                       double timeout_s)
-    : s_(build(base, std::move(shape), std::move(names), timeout_s)) {}
+                       double timeout_s, HostProgress progress)
+    : s_(build(base, std::move(shape), std::move(names), timeout_s, progress)) {}
 
 DeviceMesh DeviceMesh::node_aware(const Runtime& runtime) {
   return node_aware(runtime.world(), runtime.settings().ranks_per_node,
-                    runtime.settings().timeout_s);
+                    runtime.settings().timeout_s, runtime.settings().host_progress);
 }
 
-DeviceMesh DeviceMesh::node_aware(MPI_Comm base, int ranks_per_node, double timeout_s) {
+DeviceMesh DeviceMesh::node_aware(MPI_Comm base, int ranks_per_node, double timeout_s,
+                                  HostProgress progress) {
   int rank = 0;
   int ranks = 0;
   MPI_Comm_rank(base, &rank);
@@ -185,7 +189,7 @@ DeviceMesh DeviceMesh::node_aware(MPI_Comm base, int ranks_per_node, double time
   OwnedComm ordered;  // ranks in (node, local) row-major order
   MPI_Comm_split(base, 0, node * local_size + local_rank, &ordered.c);
   return DeviceMesh(
-      build(ordered.c, {ranks / local_size, local_size}, {"node", "local"}, timeout_s));
+      build(ordered.c, {ranks / local_size, local_size}, {"node", "local"}, timeout_s, progress));
 }
 
 int DeviceMesh::ndim() const noexcept {
@@ -232,7 +236,8 @@ comm::MpiCommunicator& DeviceMesh::world_comm() const {
 
 DeviceMesh DeviceMesh::sub_mesh(const std::string& dim) const {
   const int d = dim_index(dim);
-  return DeviceMesh(build(s_->dims[d][0]->handle(), {s_->shape[d]}, {dim}, s_->timeout_s));
+  return DeviceMesh(
+      build(s_->dims[d][0]->handle(), {s_->shape[d]}, {dim}, s_->timeout_s, s_->host_progress));
 }
 
 DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& dims, std::string name) const {
@@ -258,7 +263,14 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& dims, std::string
   if (MPI_Comm_split(s_->world->handle(), color, key, &split.c) != MPI_SUCCESS)
     throw CommError("DeviceMesh::flatten: MPI_Comm_split failed");
   if (name.empty()) name = join(dims, "_");
-  return DeviceMesh(build(split.c, {size}, {name}, s_->timeout_s));
+  return DeviceMesh(build(split.c, {size}, {name}, s_->timeout_s, s_->host_progress));
+}
+
+double DeviceMesh::timeout_s() const noexcept {
+  return s_->timeout_s;
+}
+HostProgress DeviceMesh::host_progress() const noexcept {
+  return s_->host_progress;
 }
 
 std::string DeviceMesh::describe() const {

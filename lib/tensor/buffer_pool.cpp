@@ -81,6 +81,8 @@ void BufferPool::trim() {
   }
 }
 
-MemorySpace BufferPool::space() const noexcept { return s_->space; }
+MemorySpace BufferPool::space() const noexcept {
+  return s_->space;
+}
 
 }  // namespace fullshard

@@ -20,7 +20,8 @@ ShardLayout shard_layout(const Shape& global_shape, Placement placement, int wor
   if (global_shape.empty())
     throw InvalidArgument(what + ": a 0-d (scalar) tensor cannot be sharded; give it shape (1,)");
   for (auto e : global_shape)
-    if (e < 0) throw InvalidArgument(what + ": negative extent in shape " + shape_string(global_shape));
+    if (e < 0)
+      throw InvalidArgument(what + ": negative extent in shape " + shape_string(global_shape));
 
   ShardLayout l;
   l.global_shape = global_shape;
@@ -33,7 +34,8 @@ ShardLayout shard_layout(const Shape& global_shape, Placement placement, int wor
   if (placement.is_replicate()) {
     l.chunk = global_shape[0];
     l.local_rows = l.chunk;
-    for (int i = 1; i < nd; ++i) l.inner *= global_shape[i];
+    for (int i = 1; i < nd; ++i)
+      l.inner *= global_shape[i];
     return l;
   }
   const int d = placement.dim();
@@ -50,8 +52,10 @@ ShardLayout shard_layout(const Shape& global_shape, Placement placement, int wor
   l.local_rows = l.rows_of(rank);
   l.local_shape[d] = l.local_rows;
   l.global_offset[d] = std::min<std::int64_t>(static_cast<std::int64_t>(rank) * l.chunk, D);
-  for (int i = 0; i < d; ++i) l.outer *= global_shape[i];
-  for (int i = d + 1; i < nd; ++i) l.inner *= global_shape[i];
+  for (int i = 0; i < d; ++i)
+    l.outer *= global_shape[i];
+  for (int i = d + 1; i < nd; ++i)
+    l.inner *= global_shape[i];
   return l;
 }
 

@@ -103,7 +103,8 @@ void Tensor::set(std::int64_t i, double v) {
 
 void Tensor::fill(double v) {
   require_host(*this, "fill");
-  for (std::int64_t i = 0; i < numel(); ++i) set(i, v);
+  for (std::int64_t i = 0; i < numel(); ++i)
+    set(i, v);
 }
 
 void copy_bytes(const Tensor& dst, const Tensor& src) {

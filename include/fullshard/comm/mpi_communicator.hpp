@@ -44,6 +44,8 @@ class MpiCommunicator final : public Communicator {
   Work broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override;
   Work barrier(Stream& stream) override;
   std::unique_ptr<Communicator> dup(const std::string& name) const override;
+  /// The ranks with the same `color`, ordered by `key`, as a new communicator (collective).
+  std::unique_ptr<MpiCommunicator> split(int color, int key, const std::string& name) const;
 
  private:
   MpiCommunicator(MPI_Comm comm, std::string name, double timeout_s);

@@ -32,8 +32,8 @@ class Tensor {
   static Tensor wrap(void* data, const Shape& shape, DType dtype,
                      MemorySpace space = MemorySpace::host);
   /// A view of bytes kept alive by `owner`.
-  static Tensor from_owner(std::shared_ptr<void> owner, void* data, const Shape& shape,
-                           DType dtype, MemorySpace space);
+  static Tensor from_owner(std::shared_ptr<void> owner, void* data, const Shape& shape, DType dtype,
+                           MemorySpace space);
 
   bool defined() const noexcept { return data_ != nullptr || numel() == 0; }
   void* data() const noexcept { return data_; }

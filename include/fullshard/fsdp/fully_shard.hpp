@@ -1,0 +1,120 @@
+// fully_shard: FSDP2's entry point for a declared module graph.
+//
+// Call it bottom-up (each layer, then the root). Each call forms one communication group of
+// the module's parameters not already grouped by an earlier call on a submodule; a list
+// forms one group of several modules. The parameters are replaced by their local shards
+// (Parameter::data() becomes this rank's shard; FQNs never change); the hooks
+// (hooks.hpp) all-gather them around forward and backward and reduce-scatter the gradients.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fullshard/fsdp/options.hpp"
+#include "fullshard/graph/module.hpp"
+#include "fullshard/kernels/shard_copy.hpp"
+#include "fullshard/mesh/device_mesh.hpp"
+
+namespace fullshard::fsdp {
+
+namespace detail {
+class ParamGroup;
+class CommContext;
+}  // namespace detail
+
+/// Returned by FSDPModule::unshard(true): wait() completes the all-gather and registers the
+/// unsharded parameters.
+class UnshardHandle {
+ public:
+  UnshardHandle() = default;
+  void wait();
+
+ private:
+  friend class FSDPModule;
+  explicit UnshardHandle(std::shared_ptr<detail::ParamGroup> g) : group_(std::move(g)) {}
+  std::shared_ptr<detail::ParamGroup> group_;
+};
+
+/// The FSDP controls of a module fully_shard was applied to (FSDP2's FSDPModule methods).
+/// Methods that take `recurse` apply to every FSDP module of the subtree when it is true.
+class FSDPModule {
+ public:
+  graph::Module& module() const noexcept { return *module_; }
+
+  /// All-gathers this module's group and registers the unsharded parameters until reshard().
+  /// With async_op the all-gather is only issued; the returned handle's wait() finishes it.
+  UnshardHandle unshard(bool async_op = false);
+  /// Frees the unsharded parameters and registers the shards again (not recursive).
+  void reshard();
+
+  void set_reshard_after_forward(ReshardAfterForward value, bool recurse = true);
+  void set_reshard_after_backward(bool value, bool recurse = true);
+  /// false: backward accumulates unsharded gradients without communication (no_sync).
+  void set_requires_gradient_sync(bool value, bool recurse = true);
+  /// HSDP: false reduce-scatters but defers the replicate all-reduce (accumulating).
+  void set_requires_all_reduce(bool value, bool recurse = true);
+  /// Gradients are divided by this factor instead of the data-parallel size.
+  void set_gradient_divide_factor(double factor);
+  void set_modules_to_forward_prefetch(const std::vector<graph::Module*>& modules);
+  void set_modules_to_backward_prefetch(const std::vector<graph::Module*>& modules);
+  /// false: skip the all-gather in backward (the module's backward needs no parameters).
+  void set_unshard_in_backward(bool value);
+  /// Reduce-scatter input buffers in flight at once (default 1).
+  void set_reduce_scatter_max_input_buffers(int k);
+  /// false: the root's end of backward does not finalise (more micro-batches follow).
+  void set_is_last_backward(bool value);
+  /// After an exception in a user callback: waits for in-flight collectives, reshards every
+  /// group and clears the iteration's state; the iteration's gradients are discarded.
+  /// Root only.
+  void reset_iter_state();
+  /// Drops the sharded gradients of this module's subtree (the optimizer's zero_grad).
+  void zero_grad();
+
+  bool is_root() const;
+  std::optional<DType> output_dtype() const noexcept { return options_.mp_policy.output_dtype; }
+  const FullyShardOptions& options() const noexcept { return options_; }
+  /// FQNs of the parameters in this module's communication group, in layout order.
+  std::vector<std::string> group_fqns() const;
+  const kernels::GroupLayout& group_layout() const;
+  const DeviceMesh& mesh() const noexcept { return mesh_; }
+
+  // Internals shared with the hooks and state-dict code.
+  FSDPModule(graph::Module& module, DeviceMesh mesh, FullyShardOptions options,
+             std::shared_ptr<detail::ParamGroup> group);
+  const std::shared_ptr<detail::ParamGroup>& group() const noexcept { return group_; }
+  std::vector<FSDPModule*> subtree_states();  // self first, pre-order
+  std::vector<graph::Module*> forward_prefetch;
+  std::vector<graph::Module*> backward_prefetch;
+  bool explicit_backward_prefetch = false;
+
+ private:
+  graph::Module* module_;
+  DeviceMesh mesh_;
+  FullyShardOptions options_;
+  std::shared_ptr<detail::ParamGroup> group_;
+};
+
+/// Applies FSDP to `module` over `mesh` (1-D: FSDP; 2-D: HSDP with dims (replicate, shard)).
+/// Collective: every rank of the mesh must make the same calls in the same order. Errors:
+/// applying twice to one module, an ignored parameter that does not exist, Shard(d > 0) on a
+/// dim not divisible by the shard group size, a bad reshard_after_forward, parameters of
+/// different dtypes in one group (give them separate groups).
+FSDPModule& fully_shard(graph::Module& module, const DeviceMesh& mesh,
+                        const FullyShardOptions& options = {});
+/// One communication group for several modules (e.g. tied or chunked-loss modules).
+FSDPModule& fully_shard(const std::vector<graph::Module*>& modules, const DeviceMesh& mesh,
+                        const FullyShardOptions& options = {});
+
+/// The FSDP state of a module, or nullptr when fully_shard was not applied to it.
+FSDPModule* fsdp_state(graph::Module& module) noexcept;
+
+/// Applies fully_shard, bottom-up, to every module whose graph JSON asked for it
+/// ("fully_shard": true or an object of options: reshard_after_forward (bool or int),
+/// param_dtype, reduce_dtype, output_dtype, ignored_params). Options missing from a module's
+/// object come from `defaults`. Returns the number of calls made.
+int apply_fully_shard_requests(graph::Module& root, const DeviceMesh& mesh,
+                               const FullyShardOptions& defaults = {});
+
+}  // namespace fullshard::fsdp

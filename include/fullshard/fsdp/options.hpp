@@ -1,0 +1,64 @@
+// Options of fully_shard: the C++ counterparts of FSDP2's keyword arguments.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fullshard/base/dtype.hpp"
+#include "fullshard/tensor/placement.hpp"
+
+namespace fullshard::graph {
+class Parameter;
+}
+
+namespace fullshard::fsdp {
+
+/// FSDP2's reshard_after_forward: None (automatic), a bool, or an int k (after forward each
+/// rank keeps a 1/k slice of the unsharded parameters and the backward all-gather runs
+/// inside a k-rank group; k must divide the shard group size; 1 means false, the shard group
+/// size means true).
+class ReshardAfterForward {
+ public:
+  /// True for every group except the root's (whose parameters are needed again first).
+  static ReshardAfterForward automatic() { return ReshardAfterForward(0); }
+  static ReshardAfterForward always() { return ReshardAfterForward(-1); }
+  static ReshardAfterForward never() { return ReshardAfterForward(1); }
+  static ReshardAfterForward group_size(int k) { return ReshardAfterForward(k); }
+  ReshardAfterForward(bool b) : ReshardAfterForward(b ? -1 : 1) {}  // NOLINT: implicit on purpose
+
+  bool is_automatic() const noexcept { return v_ == 0; }
+  /// The int form's k (>= 1), or -1 for true, 0 for automatic.
+  int value() const noexcept { return v_; }
+  std::string to_string() const;
+
+ private:
+  explicit ReshardAfterForward(int v) : v_(v) {}
+  int v_;
+};
+
+/// Mixed precision: unset dtypes keep the parameter's own dtype.
+struct MixedPrecisionPolicy {
+  /// dtype of the all-gathered (unsharded) parameters and so of the compute.
+  std::optional<DType> param_dtype;
+  /// dtype of the gradient reduce-scatter (default: the compute dtype).
+  std::optional<DType> reduce_dtype;
+  /// dtype the module's callbacks should give their outputs (advisory: activations belong to
+  /// the user's callbacks; read it with FSDPModule::output_dtype()).
+  std::optional<DType> output_dtype;
+  bool cast_forward_inputs = true;
+};
+
+struct FullyShardOptions {
+  ReshardAfterForward reshard_after_forward = ReshardAfterForward::automatic();
+  MixedPrecisionPolicy mp_policy;
+  /// FQNs (relative to the module given to fully_shard) of parameters that are never sharded
+  /// nor reduced.
+  std::vector<std::string> ignored_params;
+  /// Per-parameter placement (default Shard(0)); Shard(d > 0) needs dim d divisible by the
+  /// shard group size.
+  std::function<std::optional<Placement>(const graph::Parameter&)> shard_placement_fn;
+};
+
+}  // namespace fullshard::fsdp

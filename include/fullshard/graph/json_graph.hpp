@@ -1,0 +1,30 @@
+// Model graphs from JSON files (schema: docs/graph-format.md).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "fullshard/graph/module.hpp"
+
+namespace fullshard::graph {
+
+/// Builds the module tree described by `text`. Every module gets its json_path(); parameter
+/// order is the order of the keys of each "params" object. Throws ConfigError
+/// "<source>: <JSON path>: <problem>" on invalid JSON (with the byte position), unknown keys,
+/// wrong types, bad shapes or dtypes, and duplicate names.
+std::unique_ptr<Module> parse_graph_json(const std::string& text,
+                                         const std::string& source = "<string>");
+
+/// parse_graph_json on the contents of the file at `path` (the path is the source name).
+/// ConfigError naming the path when the file cannot be read.
+std::unique_ptr<Module> load_graph_json(const std::string& path);
+
+/// The tree as a document of the same schema; parse_graph_json(graph_to_json(m).dump()) gives
+/// an equal tree (names, order, shapes, dtypes, requires_grad, costs, fully_shard requests).
+/// An ordered_json, so that parameter order survives dump(); it converts implicitly to
+/// nlohmann::json, which sorts object keys and so loses parameter order.
+nlohmann::ordered_json graph_to_json(const Module& root);
+
+}  // namespace fullshard::graph

@@ -1,0 +1,203 @@
+// The model graph: a tree of modules holding named parameters, like a torch.nn.Module tree.
+// A module runs its children in the order they were added; FSDP (the fsdp layer) shards the
+// parameters of the modules it is applied to and swaps the tensors registered on each
+// Parameter. Names follow torch: the root's name is not part of any fully qualified name (FQN),
+// a child of the root is "layers", a grandchild "layers.0", its parameter "layers.0.w1".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fullshard/base/dtype.hpp"
+#include "fullshard/tensor/shape.hpp"
+#include "fullshard/tensor/tensor.hpp"
+
+namespace fullshard::graph {
+
+/// Declared cost of running a module (its own work, without its children), in milliseconds.
+/// `declared` is true when the cost came from the graph file (a "cost" key) or the user set it.
+struct Cost {
+  double forward_ms = 0.0;
+  double backward_ms = 0.0;
+  bool declared = false;
+};
+
+class Module;
+/// A user callback run with the module it is attached to.
+using Callback = std::function<void(Module&)>;
+
+/// A named tensor of a module. Its shape and dtype are the global (unsharded) ones and never
+/// change; the tensors registered on it (data, grad) are swapped by the fsdp layer.
+class Parameter {
+ public:
+  Parameter(const Parameter&) = delete;
+  Parameter& operator=(const Parameter&) = delete;
+
+  /// Local name, e.g. "weight".
+  const std::string& name() const noexcept { return name_; }
+  /// Fully qualified name, e.g. "layers.0.weight"; a parameter of the root: just its name.
+  const std::string& fqn() const noexcept { return fqn_; }
+  /// Global (unsharded) shape.
+  const Shape& shape() const noexcept { return shape_; }
+  /// Original dtype.
+  DType dtype() const noexcept { return dtype_; }
+  bool requires_grad() const noexcept { return requires_grad_; }
+  /// The module that owns this parameter.
+  Module& module() const noexcept { return *module_; }
+
+  /// The tensor registered now. Before fully_shard: the full initial values the user set (or an
+  /// undefined tensor); while sharded: the local shard; between unshard and reshard: the
+  /// unsharded tensor.
+  const Tensor& data() const noexcept { return data_; }
+  /// The gradient registered now: unsharded during backward, the sharded gradient after the
+  /// reduce-scatter; undefined when there is none.
+  const Tensor& grad() const noexcept { return grad_; }
+  /// Registers `t` as the data. Checks nothing about its shape or dtype: the fsdp layer swaps
+  /// shards and unsharded tensors in here.
+  void set_data(Tensor t) noexcept { data_ = std::move(t); }
+  /// Registers `t` as the gradient (an undefined tensor clears it). Checks nothing.
+  void set_grad(Tensor t) noexcept { grad_ = std::move(t); }
+
+  /// Convenience for users before sharding: allocates a host tensor of shape()/dtype() and sets
+  /// element i (flat, row-major) to fn(i), rounded to the dtype. Returns *this.
+  Parameter& init(const std::function<double(std::int64_t)>& fn);
+
+ private:
+  friend class Module;
+  Parameter(Module* module, std::string name, Shape shape, DType dtype, bool requires_grad);
+
+  Module* module_;
+  std::string name_;
+  std::string fqn_;
+  Shape shape_;
+  DType dtype_;
+  bool requires_grad_;
+  Tensor data_;
+  Tensor grad_;
+};
+
+/// A node of the model graph. Modules are created by make_root (or load_graph_json) and
+/// add_module; the root owns the whole tree, and references to modules and parameters stay
+/// valid while it lives. Not copyable or movable.
+///
+/// Names (of child modules and parameters) are non-empty, contain no '.', and are unique among
+/// the children and parameters of one module. Errors are InvalidArgument naming the module
+/// ("root module 'model'" for the root, else "module '<fqn>'") and the offending name.
+class Module {
+ public:
+  /// A root module. Its name (e.g. "model") is not part of any FQN (torch semantics); it must
+  /// not be empty.
+  static std::unique_ptr<Module> make_root(std::string name = "model");
+
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  ~Module();
+
+  const std::string& name() const noexcept { return name_; }
+  /// "" for the root, "layers" for a child of the root, "layers.0" for a grandchild.
+  const std::string& fqn() const noexcept { return fqn_; }
+  Module* parent() const noexcept { return parent_; }
+  bool is_root() const noexcept { return parent_ == nullptr; }
+  Module& root() noexcept;
+
+  /// Appends a child; children run in the order they are added.
+  Module& add_module(const std::string& name);
+  /// Adds a parameter (declaration order defines the flat layout). The shape needs at least one
+  /// dim (use (1,) for a scalar) and extents >= 0.
+  Parameter& add_param(const std::string& name, Shape shape, DType dtype = DType::f32,
+                       bool requires_grad = true);
+
+  std::size_t num_children() const noexcept { return children_.size(); }
+  /// Child i in execution order; InvalidArgument when out of range.
+  Module& child(std::size_t i) const;
+  std::size_t num_params() const noexcept { return params_.size(); }
+  /// Parameter i in declaration order; InvalidArgument when out of range.
+  Parameter& param(std::size_t i) const;
+  /// This module's own parameter by local name; InvalidArgument listing the names it has.
+  Parameter& param(const std::string& name) const;
+
+  /// The descendant at `relative_fqn` ("layers.0"), or *this for "". InvalidArgument naming the
+  /// missing part.
+  Module& module(const std::string& relative_fqn);
+  /// As module(), but nullptr when there is no such descendant.
+  Module* find_module(const std::string& relative_fqn) noexcept;
+  /// The parameter at `relative_fqn` ("layers.0.w1", or "w1" for an own parameter);
+  /// InvalidArgument naming the missing module or parameter.
+  Parameter& find_param(const std::string& relative_fqn) const;
+  /// As find_param(), but nullptr when there is no such parameter.
+  Parameter* try_find_param(const std::string& relative_fqn) const noexcept;
+
+  /// Every module of the subtree, self first, children in order.
+  std::vector<Module*> modules_preorder();
+  /// Every module of the subtree, children (in order) before their parent; self last.
+  std::vector<Module*> modules_postorder();
+  /// Every parameter of the subtree: own parameters first, then each child's, recursively
+  /// (torch's named_parameters order).
+  std::vector<Parameter*> parameters();
+
+  /// Sets (replaces) the callback run when this module's forward runs; an empty `fn` removes
+  /// it. Returns *this.
+  Module& on_forward(Callback fn);
+  /// Sets (replaces) the callback run when this module's backward runs; an empty `fn` removes it.
+  Module& on_backward(Callback fn);
+  /// module(relative_fqn).on_forward(fn); returns *this (the module called on).
+  Module& on_forward(const std::string& relative_fqn, Callback fn);
+  /// module(relative_fqn).on_backward(fn); returns *this (the module called on).
+  Module& on_backward(const std::string& relative_fqn, Callback fn);
+  /// The callbacks set; empty when none.
+  const Callback& forward_callback() const noexcept { return forward_callback_; }
+  const Callback& backward_callback() const noexcept { return backward_callback_; }
+
+  /// Declared cost of this module's own work.
+  Cost& cost() noexcept { return cost_; }
+  const Cost& cost() const noexcept { return cost_; }
+
+  /// What the graph file asked of fully_shard for this module: null when absent, true/false, or
+  /// an object of options (validated by the fsdp layer, which names json_path() in its errors).
+  const nlohmann::json& fully_shard_request() const noexcept { return fully_shard_request_; }
+  /// Sets the request: null, a boolean or an object; InvalidArgument for anything else.
+  void set_fully_shard_request(nlohmann::json r);
+
+  /// JSON path of this module in the file it came from, e.g. "modules[1].modules[0]"; "" for
+  /// the root or a module built in C++.
+  const std::string& json_path() const noexcept { return json_path_; }
+  /// Set by the graph loader.
+  void set_json_path(std::string path) { json_path_ = std::move(path); }
+
+  /// Reserved for fullshard: the fsdp layer attaches its per-module state here. User code must
+  /// not set it.
+  std::shared_ptr<void>& extension() noexcept { return extension_; }
+  const std::shared_ptr<void>& extension() const noexcept { return extension_; }
+
+ private:
+  Module(std::string name, Module* parent);
+  /// "root module 'model'" or "module 'layers.0'", for messages.
+  std::string describe() const;
+  void check_new_name(const std::string& name, const char* what) const;
+  /// The descendant at relative_fqn, or nullptr with *error saying what is missing.
+  const Module* walk(const std::string& relative_fqn, std::string* error) const;
+  const Parameter* own_param(const std::string& name) const noexcept;
+  void collect_preorder(std::vector<Module*>& out);
+  void collect_postorder(std::vector<Module*>& out);
+  void collect_parameters(std::vector<Parameter*>& out);
+
+  std::string name_;
+  std::string fqn_;
+  Module* parent_;
+  std::vector<std::unique_ptr<Module>> children_;
+  std::vector<std::unique_ptr<Parameter>> params_;
+  Callback forward_callback_;
+  Callback backward_callback_;
+  Cost cost_;
+  nlohmann::json fully_shard_request_;
+  std::string json_path_;
+  std::shared_ptr<void> extension_;
+};
+
+}  // namespace fullshard::graph

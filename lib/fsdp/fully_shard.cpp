@@ -1,0 +1,343 @@
+#include "fullshard/fsdp/fully_shard.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "fullshard/base/error.hpp"
+#include "lib/fsdp/param_group.hpp"
+
+namespace fullshard::fsdp {
+
+std::string ReshardAfterForward::to_string() const {
+  if (v_ == 0) return "automatic";
+  if (v_ == -1) return "true";
+  if (v_ == 1) return "false";
+  return std::to_string(v_);
+}
+
+namespace {
+
+// The per-module slot of graph::Module holds a shared_ptr<FSDPModule>.
+std::shared_ptr<FSDPModule> state_ptr(graph::Module& m) {
+  return std::static_pointer_cast<FSDPModule>(m.extension());
+}
+
+std::string group_name(const std::vector<graph::Module*>& modules) {
+  std::string s;
+  for (auto* m : modules)
+    s += (s.empty() ? "" : "+") + (m->fqn().empty() ? "<root>" : m->fqn());
+  return s;
+}
+
+// Parameters already in a group (from earlier calls on submodules).
+std::set<const graph::Parameter*> grouped_params(graph::Module& m) {
+  std::set<const graph::Parameter*> out;
+  for (auto* sub : m.modules_preorder())
+    if (auto st = state_ptr(*sub))
+      for (auto* p : st->group()->params())
+        out.insert(p);
+  return out;
+}
+
+}  // namespace
+
+FSDPModule::FSDPModule(graph::Module& module, DeviceMesh mesh, FullyShardOptions options,
+                       std::shared_ptr<detail::ParamGroup> group)
+    : module_(&module),
+      mesh_(std::move(mesh)),
+      options_(std::move(options)),
+      group_(std::move(group)) {}
+
+FSDPModule* fsdp_state(graph::Module& module) noexcept {
+  return state_ptr(module).get();
+}
+
+FSDPModule& fully_shard(graph::Module& module, const DeviceMesh& mesh,
+                        const FullyShardOptions& options) {
+  return fully_shard(std::vector<graph::Module*>{&module}, mesh, options);
+}
+
+FSDPModule& fully_shard(const std::vector<graph::Module*>& modules, const DeviceMesh& mesh,
+                        const FullyShardOptions& options) {
+  if (modules.empty()) throw InvalidArgument("fully_shard: no module given");
+  const std::string name = group_name(modules);
+  if (mesh.ndim() > 2)
+    throw InvalidArgument("fully_shard(" + name + "): the mesh has " + std::to_string(mesh.ndim()) +
+                          " dims; use a 1-D mesh (FSDP) or a 2-D (replicate, shard) mesh (HSDP)");
+  std::set<graph::Module*> seen;
+  for (auto* m : modules) {
+    if (!seen.insert(m).second)
+      throw InvalidArgument("fully_shard(" + name + "): module '" + m->fqn() + "' is listed twice");
+    if (state_ptr(*m))
+      throw InvalidArgument("fully_shard has already been applied to module '" +
+                            (m->fqn().empty() ? m->name() : m->fqn()) + "'");
+    for (auto* sub : m->modules_preorder())
+      if (auto st = state_ptr(*sub); st && st->group()->attached())
+        throw InvalidArgument("fully_shard(" + name + "): submodule '" + sub->fqn() +
+                              "' has already run forward; apply fully_shard bottom-up to every "
+                              "module before the first forward");
+  }
+
+  // Ignored parameters, by FQN relative to the (first) module.
+  std::set<const graph::Parameter*> ignored;
+  for (const auto& fqn : options.ignored_params) {
+    const graph::Parameter* p = nullptr;
+    for (auto* m : modules)
+      if ((p = m->try_find_param(fqn))) break;
+    if (!p)
+      throw InvalidArgument("fully_shard(" + name + "): ignored parameter '" + fqn +
+                            "' does not exist in the module");
+    ignored.insert(p);
+  }
+
+  // The group: every parameter of the modules not grouped by an earlier call on a submodule,
+  // in the modules' parameter order.
+  std::set<const graph::Parameter*> taken;
+  for (auto* m : modules) {
+    auto g = grouped_params(*m);
+    taken.insert(g.begin(), g.end());
+  }
+  std::vector<graph::Parameter*> params;
+  std::vector<ShardLayout> layouts;
+  std::set<const graph::Parameter*> in_group;
+  const std::string shard_dim = mesh.names().back();
+  const int W = mesh.size(shard_dim);
+  const int rank = mesh.coordinate(shard_dim);
+  for (auto* m : modules)
+    for (auto* p : m->parameters()) {
+      if (taken.count(p) || ignored.count(p) || !in_group.insert(p).second) continue;
+      Placement pl = Placement::Shard(0);
+      if (options.shard_placement_fn)
+        if (auto chosen = options.shard_placement_fn(*p)) pl = *chosen;
+      if (!pl.is_shard())
+        throw InvalidArgument("fully_shard(" + name + "): parameter '" + p->fqn() +
+                              "': shard_placement_fn must return a Shard placement (ignore the "
+                              "parameter to keep it replicated)");
+      layouts.push_back(shard_layout(p->shape(), pl, W, rank, "parameter '" + p->fqn() + "'"));
+      params.push_back(p);
+    }
+
+  auto group = std::make_shared<detail::ParamGroup>(name, modules, std::move(params),
+                                                    std::move(layouts), mesh, options);
+  FSDPModule* first = nullptr;
+  for (auto* m : modules) {
+    auto st = std::make_shared<FSDPModule>(*m, mesh, options, group);
+    m->extension() = st;
+    if (!first) first = st.get();
+  }
+  return *first;
+}
+
+// ---- Lazy initialisation ----------------------------------------------------------------
+
+namespace detail {
+
+// The root is the outermost module with FSDP state above (or at) `m`; it creates the comm
+// context shared by every group of its subtree. Runs at the first forward or unshard.
+void ensure_initialized(FSDPModule& st) {
+  if (st.group()->attached()) return;
+  graph::Module* root = &st.module();
+  for (graph::Module* m = root->parent(); m; m = m->parent())
+    if (fsdp_state(*m)) root = m;
+  FSDPModule* root_state = fsdp_state(*root);
+  auto ctx = std::make_shared<CommContext>(root_state->mesh().host_progress());
+  for (FSDPModule* s : root_state->subtree_states())
+    if (!s->group()->attached()) s->group()->attach(ctx, s->group() == root_state->group());
+}
+
+}  // namespace detail
+
+std::vector<FSDPModule*> FSDPModule::subtree_states() {
+  std::vector<FSDPModule*> out;
+  for (auto* m : module_->modules_preorder())
+    if (auto* s = fsdp_state(*m)) out.push_back(s);
+  return out;
+}
+
+bool FSDPModule::is_root() const {
+  for (graph::Module* m = module_->parent(); m; m = m->parent())
+    if (fsdp_state(*m)) return false;
+  return true;
+}
+
+std::vector<std::string> FSDPModule::group_fqns() const {
+  std::vector<std::string> out;
+  for (auto* p : group_->params())
+    out.push_back(p->fqn());
+  return out;
+}
+
+const kernels::GroupLayout& FSDPModule::group_layout() const {
+  return group_->layout();
+}
+
+// ---- Controls -------------------------------------------------------------------------------
+
+void UnshardHandle::wait() {
+  if (group_) group_->wait_unshard();
+  group_.reset();
+}
+
+UnshardHandle FSDPModule::unshard(bool async_op) {
+  detail::ensure_initialized(*this);
+  group_->issue_unshard();
+  UnshardHandle h(group_);
+  if (!async_op) h.wait();
+  return h;
+}
+
+void FSDPModule::reshard() {
+  group_->reshard();
+}
+
+namespace {
+template <class F>
+void for_states(FSDPModule& self, bool recurse, F&& f) {
+  if (!recurse) {
+    f(self);
+    return;
+  }
+  for (FSDPModule* s : self.subtree_states())
+    f(*s);
+}
+}  // namespace
+
+void FSDPModule::set_reshard_after_forward(ReshardAfterForward v, bool recurse) {
+  for_states(*this, recurse, [&](FSDPModule& s) { s.group()->set_reshard_after_forward(v); });
+}
+void FSDPModule::set_reshard_after_backward(bool v, bool recurse) {
+  for_states(*this, recurse, [&](FSDPModule& s) { s.group()->reshard_after_backward = v; });
+}
+void FSDPModule::set_requires_gradient_sync(bool v, bool recurse) {
+  for_states(*this, recurse, [&](FSDPModule& s) { s.group()->reduce_grads = v; });
+}
+void FSDPModule::set_requires_all_reduce(bool v, bool recurse) {
+  for_states(*this, recurse, [&](FSDPModule& s) { s.group()->all_reduce_grads = v; });
+}
+void FSDPModule::set_gradient_divide_factor(double factor) {
+  if (!(factor > 0))
+    throw InvalidArgument("set_gradient_divide_factor(" + std::to_string(factor) + ") on '" +
+                          module_->fqn() + "': the factor must be > 0");
+  group_->divide_factor = factor;
+}
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<graph::Module*>& modules) {
+  for (auto* m : modules)
+    if (!fsdp_state(*m))
+      throw InvalidArgument("set_modules_to_forward_prefetch on '" + module_->fqn() +
+                            "': module '" + m->fqn() + "' is not fully_shard'ed");
+  forward_prefetch = modules;
+}
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<graph::Module*>& modules) {
+  for (auto* m : modules)
+    if (!fsdp_state(*m))
+      throw InvalidArgument("set_modules_to_backward_prefetch on '" + module_->fqn() +
+                            "': module '" + m->fqn() + "' is not fully_shard'ed");
+  backward_prefetch = modules;
+  explicit_backward_prefetch = true;
+}
+void FSDPModule::set_unshard_in_backward(bool v) {
+  group_->unshard_in_backward = v;
+}
+void FSDPModule::set_reduce_scatter_max_input_buffers(int k) {
+  if (k < 1)
+    throw InvalidArgument("set_reduce_scatter_max_input_buffers(" + std::to_string(k) +
+                          "): at least 1 buffer is needed");
+  detail::ensure_initialized(*this);
+  group_->context()->max_reduce_buffers = k;
+}
+void FSDPModule::set_is_last_backward(bool v) {
+  detail::ensure_initialized(*this);
+  group_->context()->is_last_backward = v;
+}
+
+void FSDPModule::reset_iter_state() {
+  if (!is_root())
+    throw InvalidArgument("reset_iter_state() must be called on the root FSDP module, not on '" +
+                          module_->fqn() + "'");
+  if (!group_->attached()) return;
+  auto* ctx = group_->context();
+  try {
+    ctx->wait_reduces(0);
+  } catch (...) {  // the failed iteration's reductions are discarded
+  }
+  ctx->post_forward_order.clear();
+  ctx->in_backward = false;
+  for (FSDPModule* s : subtree_states())
+    s->group()->discard_iteration_state();
+}
+
+void FSDPModule::zero_grad() {
+  if (group_->attached()) group_->context()->wait_reduces(0);
+  for (FSDPModule* s : subtree_states())
+    s->group()->zero_grad();
+}
+
+}  // namespace fullshard::fsdp
+
+// ---- Graph JSON requests --------------------------------------------------------------------
+
+namespace fullshard::fsdp {
+
+namespace {
+
+FullyShardOptions options_from_json(const nlohmann::json& req, const FullyShardOptions& defaults,
+                                    const std::string& where) {
+  FullyShardOptions o = defaults;
+  if (req.is_boolean()) return o;
+  for (auto it = req.begin(); it != req.end(); ++it) {
+    const std::string& key = it.key();
+    const auto& v = it.value();
+    const std::string path = where + "." + key;
+    if (key == "reshard_after_forward") {
+      if (v.is_null())
+        o.reshard_after_forward = ReshardAfterForward::automatic();
+      else if (v.is_boolean())
+        o.reshard_after_forward = ReshardAfterForward(v.get<bool>());
+      else if (v.is_number_integer() && v.get<long long>() >= 1)
+        o.reshard_after_forward = ReshardAfterForward::group_size(v.get<int>());
+      else
+        throw ConfigError(path + ": expected true, false, null or an integer >= 1");
+    } else if (key == "param_dtype" || key == "reduce_dtype" || key == "output_dtype") {
+      if (!v.is_string()) throw ConfigError(path + ": expected a dtype name such as \"bf16\"");
+      const DType t = parse_dtype(v.get<std::string>(), path);
+      (key == "param_dtype"    ? o.mp_policy.param_dtype
+       : key == "reduce_dtype" ? o.mp_policy.reduce_dtype
+                               : o.mp_policy.output_dtype) = t;
+    } else if (key == "ignored_params") {
+      if (!v.is_array()) throw ConfigError(path + ": expected an array of parameter FQNs");
+      o.ignored_params.clear();
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (!v[i].is_string())
+          throw ConfigError(path + "[" + std::to_string(i) + "]: expected a parameter FQN string");
+        o.ignored_params.push_back(v[i].get<std::string>());
+      }
+    } else {
+      throw ConfigError(path +
+                        ": unknown fully_shard option (allowed: reshard_after_forward, "
+                        "param_dtype, reduce_dtype, output_dtype, ignored_params)");
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+int apply_fully_shard_requests(graph::Module& root, const DeviceMesh& mesh,
+                               const FullyShardOptions& defaults) {
+  int calls = 0;
+  for (graph::Module* m : root.modules_postorder()) {
+    const nlohmann::json& req = m->fully_shard_request();
+    if (req.is_null() || (req.is_boolean() && !req.get<bool>())) continue;
+    const std::string where =
+        (m->json_path().empty() ? (m->is_root() ? std::string("(root)") : m->fqn())
+                                : m->json_path()) +
+        ".fully_shard";
+    if (!req.is_boolean() && !req.is_object())
+      throw ConfigError(where + ": expected true, false or an object of options");
+    fully_shard(*m, mesh, options_from_json(req, defaults, where));
+    ++calls;
+  }
+  return calls;
+}
+
+}  // namespace fullshard::fsdp

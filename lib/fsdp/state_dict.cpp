@@ -1,0 +1,186 @@
+#include "fullshard/fsdp/state_dict.hpp"
+
+#include <cstring>
+#include <set>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/fully_shard.hpp"
+#include "lib/fsdp/param_group.hpp"
+
+namespace fullshard::fsdp {
+
+namespace detail {
+void ensure_initialized(FSDPModule& st);
+}
+
+namespace {
+
+struct Located {
+  detail::ParamGroup* group = nullptr;  // nullptr: not sharded (ignored)
+  std::size_t index = 0;
+};
+
+// The group holding `p`: the innermost FSDP module at or above p's module whose group has it.
+Located locate(graph::Parameter& p) {
+  for (graph::Module* m = &p.module(); m; m = m->parent())
+    if (FSDPModule* st = fsdp_state(*m)) {
+      const auto& ps = st->group()->params();
+      for (std::size_t i = 0; i < ps.size(); ++i)
+        if (ps[i] == &p) return {st->group().get(), i};
+    }
+  return {};
+}
+
+std::string relative(const graph::Module& m, const graph::Parameter& p) {
+  const std::string& prefix = m.fqn();
+  if (prefix.empty()) return p.fqn();
+  return p.fqn().substr(prefix.size() + 1);
+}
+
+void* slot_of(const detail::ParamGroup& g, std::size_t i) {
+  const auto& mem = g.layout().members[i];
+  return static_cast<std::byte*>(g.sharded_storage().data()) +
+         static_cast<std::size_t>(mem.slot_offset) * dtype_size(g.orig_dtype());
+}
+
+template <class Map>
+void check_keys(graph::Module& module, const Map& state, const char* what) {
+  std::set<std::string> expected;
+  for (auto* p : module.parameters())
+    expected.insert(relative(module, *p));
+  for (const auto& kv : state)
+    if (!expected.count(kv.first))
+      throw InvalidArgument(std::string(what) + ": unexpected key '" + kv.first +
+                            "' (no such parameter in module '" + module.fqn() + "')");
+  for (const auto& k : expected)
+    if (!state.count(k)) throw InvalidArgument(std::string(what) + ": missing key '" + k + "'");
+}
+
+void check_tensor(const Tensor& t, const Shape& shape, DType dtype, const std::string& key,
+                  const char* what) {
+  if (t.shape() != shape || t.dtype() != dtype || t.space() != MemorySpace::host ||
+      (!t.data() && t.numel() > 0))
+    throw InvalidArgument(std::string(what) + ": '" + key + "' is a " + dtype_name(t.dtype()) +
+                          " tensor of shape " + shape_string(t.shape()) + ", expected " +
+                          dtype_name(dtype) + " " + shape_string(shape));
+}
+
+void require_sharded(const detail::ParamGroup& g, const char* what) {
+  if (g.state() != detail::ShardedState::sharded)
+    throw InvalidArgument(std::string(what) + ": group " + g.name() +
+                          " is unsharded; call reshard() before loading");
+}
+
+// Copies this rank's shard of a full tensor into the group's slot.
+void copy_shard(const Tensor& full, const ShardLayout& l, void* slot) {
+  const std::size_t es = dtype_size(full.dtype());
+  const std::int64_t D = l.global_shape[static_cast<std::size_t>(l.placement.dim())];
+  const auto* src = static_cast<const std::byte*>(full.data());
+  auto* dst = static_cast<std::byte*>(slot);
+  for (std::int64_t o = 0; o < l.outer; ++o)
+    std::memcpy(
+        dst + static_cast<std::size_t>(o * l.chunk * l.inner) * es,
+        src + static_cast<std::size_t>((o * D + l.global_offset[l.placement.dim()]) * l.inner) * es,
+        static_cast<std::size_t>(l.local_rows * l.inner) * es);
+}
+
+int detail_world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+}  // namespace
+
+std::map<std::string, ShardedTensor> sharded_state_dict(graph::Module& module) {
+  std::map<std::string, ShardedTensor> out;
+  for (auto* p : module.parameters()) {
+    const Located at = locate(*p);
+    if (!at.group) {
+      out[relative(module, *p)] = {
+          p->data(), shard_layout(p->shape(), Placement::Replicate(), 1, 0, p->fqn())};
+      continue;
+    }
+    const auto& mem = at.group->layout().members[at.index];
+    out[relative(module, *p)] = {
+        at.group->sharded_storage().flat_view(mem.slot_offset, mem.layout.local_shape), mem.layout};
+  }
+  return out;
+}
+
+std::map<std::string, Tensor> full_state_dict(graph::Module& module, bool rank0_only) {
+  std::map<std::string, Tensor> out;
+  std::map<detail::ParamGroup*, Tensor> gathered;  // one gather per group, in first-use order
+  for (auto* p : module.parameters()) {
+    const Located at = locate(*p);
+    const std::string key = relative(module, *p);
+    if (!at.group) {  // not sharded: every rank holds it
+      if (rank0_only && detail_world_rank() != 0) continue;
+      Tensor copy = Tensor::empty(p->shape(), p->dtype(), MemorySpace::host, "fsdp.full");
+      copy_bytes(copy, p->data());
+      out[key] = copy;
+      continue;
+    }
+    auto it = gathered.find(at.group);
+    if (it == gathered.end()) it = gathered.emplace(at.group, at.group->gather_full()).first;
+    if (rank0_only && at.group->shard_rank() != 0) continue;
+    out[key] = it->second.flat_view(at.group->layout().members[at.index].arena_offset, p->shape());
+  }
+  return out;
+}
+
+void load_sharded_state_dict(graph::Module& module,
+                             const std::map<std::string, ShardedTensor>& state) {
+  const char* what = "load_sharded_state_dict";
+  check_keys(module, state, what);
+  std::vector<std::pair<graph::Parameter*, const ShardedTensor*>> todo;
+  for (auto* p : module.parameters()) {
+    const std::string key = relative(module, *p);
+    const ShardedTensor& st = state.at(key);
+    const Located at = locate(*p);
+    if (st.global_shape() != p->shape())
+      throw InvalidArgument(std::string(what) + ": '" + key + "' has global shape " +
+                            shape_string(st.global_shape()) + ", the parameter is " +
+                            shape_string(p->shape()));
+    if (at.group) {
+      require_sharded(*at.group, what);
+      const auto& l = at.group->layout().members[at.index].layout;
+      if (st.placement() != l.placement)
+        throw InvalidArgument(std::string(what) + ": '" + key + "' is " +
+                              st.placement().to_string() + ", the parameter is sharded " +
+                              l.placement.to_string());
+      check_tensor(st.local, l.local_shape, p->dtype(), key, what);
+    } else {
+      check_tensor(st.local, p->shape(), p->dtype(), key, what);
+    }
+    todo.emplace_back(p, &st);
+  }
+  for (auto& [p, st] : todo) {
+    const Located at = locate(*p);
+    if (at.group)
+      std::memcpy(slot_of(*at.group, at.index), st->local.data(), st->local.nbytes());
+    else
+      copy_bytes(p->data(), st->local);
+  }
+}
+
+void load_full_state_dict(graph::Module& module, const std::map<std::string, Tensor>& state) {
+  const char* what = "load_full_state_dict";
+  check_keys(module, state, what);
+  for (auto* p : module.parameters()) {
+    const std::string key = relative(module, *p);
+    check_tensor(state.at(key), p->shape(), p->dtype(), key, what);
+    const Located at = locate(*p);
+    if (at.group) require_sharded(*at.group, what);
+  }
+  for (auto* p : module.parameters()) {
+    const Tensor& full = state.at(relative(module, *p));
+    const Located at = locate(*p);
+    if (at.group)
+      copy_shard(full, at.group->layout().members[at.index].layout, slot_of(*at.group, at.index));
+    else
+      copy_bytes(p->data(), full);
+  }
+}
+
+}  // namespace fullshard::fsdp
