@@ -1,1 +1,111 @@
-// placeholder
+// Group layouts and the copy runs of the all-gather copy-out and the reduce-scatter copy-in.
+// Pure index arithmetic on the host, done once per group; the kernels only follow the runs.
+#include <algorithm>
+#include <string>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/kernels/shard_copy.hpp"
+
+namespace fullshard::kernels {
+namespace {
+
+std::string member_name(std::size_t i, const ShardLayout& l) {
+  return "make_group_layout: member " + std::to_string(i) + " " + shape_string(l.global_shape) +
+         " " + l.placement.to_string();
+}
+
+// Appends r to runs, merged into the last run when the two are one contiguous copy (or the
+// new run only adds zeros right after the last one's).
+void append(std::vector<CopyRun>& runs, const CopyRun& r) {
+  if (r.len == 0 && r.pad == 0) return;
+  if (!runs.empty()) {
+    CopyRun& last = runs.back();
+    const std::int64_t dst_end = last.dst_offset + last.len + last.pad;
+    if (r.dst_offset == dst_end) {
+      if (last.pad == 0 && r.src_offset == last.src_offset + last.len) {
+        last.len += r.len;
+        last.pad = r.pad;
+        return;
+      }
+      if (r.len == 0) {
+        last.pad += r.pad;
+        return;
+      }
+    }
+  }
+  runs.push_back(r);
+}
+
+// The size of the sharded dim.
+std::int64_t dim_size(const ShardLayout& l) {
+  return l.global_shape[static_cast<std::size_t>(l.placement.dim())];
+}
+
+}  // namespace
+
+GroupLayout make_group_layout(const std::vector<ShardLayout>& layouts) {
+  GroupLayout g;
+  if (!layouts.empty()) g.world = layouts.front().world;
+  g.members.reserve(layouts.size());
+  for (std::size_t i = 0; i < layouts.size(); ++i) {
+    const ShardLayout& l = layouts[i];
+    if (l.placement.is_replicate())
+      throw InvalidArgument(member_name(i, l) +
+                            ": Replicate placement is not supported in a sharded group "
+                            "(replicated parameters are all-reduced, not sharded)");
+    if (l.world != g.world)
+      throw InvalidArgument(member_name(i, l) + ": sharded over " + std::to_string(l.world) +
+                            " ranks, but member 0 over " + std::to_string(g.world) +
+                            "; a group has one world");
+    GroupMember m;
+    m.layout = l;
+    m.slot_offset = g.shard_numel;
+    m.arena_offset = g.arena_numel;
+    g.shard_numel += l.padded_numel();
+    g.arena_numel += numel(l.global_shape);
+    g.members.push_back(std::move(m));
+  }
+  return g;
+}
+
+std::vector<CopyRun> all_gather_copy_out_runs(const GroupLayout& g) {
+  std::vector<CopyRun> runs;
+  for (const GroupMember& m : g.members) {
+    const ShardLayout& l = m.layout;
+    const std::int64_t d = dim_size(l);
+    for (std::int64_t o = 0; o < l.outer; ++o) {
+      for (int q = 0; q < g.world; ++q) {
+        const std::int64_t rows = l.rows_of(q);
+        if (rows <= 0) continue;
+        CopyRun r;
+        r.src_offset = q * g.shard_numel + m.slot_offset + o * l.chunk * l.inner;
+        r.dst_offset = m.arena_offset + (o * d + q * l.chunk) * l.inner;
+        r.len = rows * l.inner;
+        append(runs, r);
+      }
+    }
+  }
+  return runs;
+}
+
+std::vector<CopyRun> reduce_scatter_copy_in_runs(const GroupLayout& g) {
+  std::vector<CopyRun> runs;
+  for (const GroupMember& m : g.members) {
+    const ShardLayout& l = m.layout;
+    const std::int64_t d = dim_size(l);
+    for (std::int64_t o = 0; o < l.outer; ++o) {
+      for (int q = 0; q < g.world; ++q) {
+        const std::int64_t rows = l.rows_of(q);
+        CopyRun r;  // rows == 0: only zeros, src unused (kept inside the member's range)
+        r.src_offset = m.arena_offset + (o * d + std::min(q * l.chunk, d)) * l.inner;
+        r.dst_offset = q * g.shard_numel + m.slot_offset + o * l.chunk * l.inner;
+        r.len = rows * l.inner;
+        r.pad = (l.chunk - rows) * l.inner;
+        append(runs, r);
+      }
+    }
+  }
+  return runs;
+}
+
+}  // namespace fullshard::kernels
