@@ -78,6 +78,21 @@ FSDPModule& fully_shard(const std::vector<graph::Module*>& modules, const Device
                               "module before the first forward");
   }
 
+  // A parameter already in the group of a module outside these subtrees (an ancestor or a
+  // sibling list) would be in two groups.
+  for (auto* m : modules)
+    for (graph::Module* up = m->parent(); up; up = up->parent())
+      if (auto st = state_ptr(*up))
+        for (auto* p : st->group()->params())
+          for (auto* mine : m->parameters())
+            if (p == mine)
+              throw InvalidArgument("fully_shard(" + name + "): parameter '" + p->fqn() +
+                                    "' is already in the communication group of module '" +
+                                    (up->fqn().empty() ? up->name() : up->fqn()) +
+                                    "'; a parameter can be in one group only (apply fully_shard "
+                                    "bottom-up, or group modules that share parameters in one "
+                                    "list call)");
+
   // Ignored parameters, by FQN relative to the (first) module.
   std::set<const graph::Parameter*> ignored;
   for (const auto& fqn : options.ignored_params) {

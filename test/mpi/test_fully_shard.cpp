@@ -658,6 +658,14 @@ TEST_CASE("errors name the module and the parameter") {
                        doctest::Contains("fully_shard has already been applied to module 'm'"),
                        InvalidArgument);
 
+  // Top-down: the root's group already holds m2's parameter.
+  auto top = Module::make_root();
+  top->add_module("m2").add_param("b", {3});
+  fsdp::fully_shard(*top, mesh);
+  CHECK_THROWS_WITH_AS(fsdp::fully_shard(top->module("m2"), mesh),
+                       doctest::Contains("parameter 'm2.b' is already in the communication group of module 'model'"),
+                       InvalidArgument);
+
   Module& mixed = root->add_module("mixed");
   mixed.add_param("a", {4});
   mixed.add_param("h", {4}, DType::bf16);
