@@ -155,6 +155,9 @@ struct StreamImpl {
     } catch (...) {
       err = std::current_exception();
     }
+    // Release what the operation captured (buffers) before signalling completion: a waiter
+    // that then drops its own references frees the memory at a deterministic point.
+    t.op = nullptr;
     t.done->finish(std::move(err));
   }
 

@@ -155,7 +155,7 @@ void ensure_initialized(FSDPModule& st) {
   for (graph::Module* m = root->parent(); m; m = m->parent())
     if (fsdp_state(*m)) root = m;
   FSDPModule* root_state = fsdp_state(*root);
-  auto ctx = std::make_shared<CommContext>(root_state->mesh().host_progress());
+  auto ctx = std::make_shared<CommContext>();
   for (FSDPModule* s : root_state->subtree_states())
     if (!s->group()->attached()) s->group()->attach(ctx, s->group() == root_state->group());
 }

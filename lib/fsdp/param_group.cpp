@@ -9,11 +9,7 @@ namespace fullshard::fsdp::detail {
 
 using kernels::ExecTarget;
 
-CommContext::CommContext(HostProgress progress)
-    : ag_stream("fsdp.all_gather", progress),
-      rs_stream("fsdp.reduce_scatter", progress),
-      ar_stream("fsdp.all_reduce", progress),
-      pool(MemorySpace::host, "fsdp") {}
+CommContext::CommContext() : pool(MemorySpace::host, "fsdp") {}
 
 CommContext::~CommContext() {
   try {
@@ -162,15 +158,17 @@ void ParamGroup::issue_unshard() {
   if (state_ == ShardedState::sharded_post_forward) {
     const std::int64_t block = (W_ / post_forward_k_) * gsn;
     gather_work_ = post_forward_comm_->all_gather(post_forward_shard_.data(), out, block,
-                                                  param_dtype_, ctx_->ag_stream);
+                                                  param_dtype_, mesh_.stream(Channel::all_gather));
   } else if (param_dtype_ == orig_dtype_) {
     // No copy-in: the shard storage is the send buffer.
-    gather_work_ = ag_comm_->all_gather(sharded_.data(), out, gsn, param_dtype_, ctx_->ag_stream);
+    gather_work_ = ag_comm_->all_gather(sharded_.data(), out, gsn, param_dtype_,
+                                        mesh_.stream(Channel::all_gather));
   } else {
     // Copy-in: cast the group shard into this rank's slot, then gather in place.
     void* slot = out + static_cast<std::size_t>(rank_ * gsn) * es;
     kernels::cast_copy(ExecTarget::host, sharded_.data(), orig_dtype_, slot, param_dtype_, gsn);
-    gather_work_ = ag_comm_->all_gather(slot, out, gsn, param_dtype_, ctx_->ag_stream);
+    gather_work_ =
+        ag_comm_->all_gather(slot, out, gsn, param_dtype_, mesh_.stream(Channel::all_gather));
   }
   gather_in_flight_ = true;
 }
@@ -259,11 +257,11 @@ void ParamGroup::reduce_gradients() {
   if (!accumulate)
     sharded_grads_ = Tensor::zeros({gsn}, orig_dtype_, MemorySpace::host, "fsdp.grads:" + name_);
   Tensor output = input;  // one rank: the input is the reduced shard
-  comm::Stream* last = &ctx_->rs_stream;
+  comm::Stream* last = &mesh_.stream(Channel::reduce_scatter);
   if (W_ > 1) {
     output = ctx_->pool.acquire({gsn}, reduce_dtype_, "reduce_scatter.out");
     rs_comm_->reduce_scatter(input.data(), output.data(), gsn, reduce_dtype_, comm::ReduceOp::sum,
-                             ctx_->rs_stream);
+                             mesh_.stream(Channel::reduce_scatter));
   }
   if (ar_comm_ && replicate_size_ > 1) {
     const DType rd = reduce_dtype_;
@@ -274,25 +272,26 @@ void ParamGroup::reduce_gradients() {
         std::memset(partial_reduce_.data(), 0, partial_reduce_.nbytes());
       }
       Tensor partial = partial_reduce_;
-      comm::Work done = ctx_->rs_stream.submit(label("partial accumulate"), [=] {
-        kernels::reduce_copy_out(ExecTarget::host, output.data(), rd, partial.data(), rd, gsn, 1.0,
-                                 true);
-      });
+      comm::Work done =
+          mesh_.stream(Channel::reduce_scatter).submit(label("partial accumulate"), [=] {
+            kernels::reduce_copy_out(ExecTarget::host, output.data(), rd, partial.data(), rd, gsn,
+                                     1.0, true);
+          });
       ctx_->pending_reduces.push_back({done, input, output});
       return;  // the sharded gradients change only with the all-reduce
     }
     if (partial_reduce_.data()) {
       Tensor partial = partial_reduce_;
       partial_reduce_ = Tensor();
-      ctx_->rs_stream.submit(label("partial add"), [=] {
+      mesh_.stream(Channel::reduce_scatter).submit(label("partial add"), [=] {
         kernels::reduce_copy_out(ExecTarget::host, partial.data(), rd, output.data(), rd, gsn, 1.0,
                                  true);
       });
     }
-    ctx_->ar_stream.wait(ctx_->rs_stream.record());
+    mesh_.stream(Channel::all_reduce).wait(mesh_.stream(Channel::reduce_scatter).record());
     ar_comm_->all_reduce(output.data(), output.data(), gsn, rd, comm::ReduceOp::sum,
-                         ctx_->ar_stream);
-    last = &ctx_->ar_stream;
+                         mesh_.stream(Channel::all_reduce));
+    last = &mesh_.stream(Channel::all_reduce);
   }
   // Copy-out: divide, cast, accumulate into the sharded gradients, after the collectives.
   const double divisor =
@@ -344,8 +343,7 @@ Tensor ParamGroup::gather_full() {
   Tensor gathered = sharded_;
   if (W_ > 1) {
     gathered = Tensor::empty({W_ * gsn}, orig_dtype_, MemorySpace::host, "fsdp.full_gather");
-    comm::Stream caller = comm::Stream::caller("fsdp.state_dict");
-    comm::Stream& s = ctx_ ? ctx_->ag_stream : caller;
+    comm::Stream& s = mesh_.stream(Channel::all_gather);
     ag_comm_->all_gather(sharded_.data(), gathered.data(), gsn, orig_dtype_, s).wait();
   }
   kernels::run_copies(copy_out_, gathered.data(), orig_dtype_, arena.data(), orig_dtype_);

@@ -19,16 +19,14 @@ namespace fullshard::fsdp::detail {
 
 class ParamGroup;
 
-/// Shared by every group under one root: the streams, the buffer pool (whose accounting is
-/// the memory the plan predicts), the post-forward order and the reduce-scatters in flight.
+/// Shared by every group under one root: the buffer pool (whose accounting is the memory the
+/// plan predicts), the post-forward order and the reduce-scatters in flight. The streams are
+/// the groups' meshes' channel streams (DeviceMesh::stream).
 class CommContext {
  public:
-  explicit CommContext(HostProgress progress);
+  CommContext();
   ~CommContext();
 
-  comm::Stream ag_stream;
-  comm::Stream rs_stream;
-  comm::Stream ar_stream;
   BufferPool pool;
   std::vector<ParamGroup*> post_forward_order;
   int max_reduce_buffers = 1;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <mutex>
 #include <set>
 
 #include "fullshard/base/error.hpp"
@@ -38,6 +39,9 @@ struct MeshState {
   std::unique_ptr<comm::MpiCommunicator> world;
   // dims[d][channel]
   std::vector<std::array<std::unique_ptr<comm::MpiCommunicator>, kChannels>> dims;
+  // Declared after the communicators: destroyed (drained) before them.
+  std::mutex stream_mutex;
+  std::array<std::unique_ptr<comm::Stream>, kChannels> streams;
 };
 
 }  // namespace detail
@@ -232,6 +236,16 @@ comm::MpiCommunicator& DeviceMesh::comm(const std::string& dim, Channel channel)
 
 comm::MpiCommunicator& DeviceMesh::world_comm() const {
   return *s_->world;
+}
+
+comm::Stream& DeviceMesh::stream(Channel channel) const {
+  auto& st = const_cast<detail::MeshState&>(*s_);
+  std::lock_guard<std::mutex> lock(st.stream_mutex);
+  auto& slot = st.streams[static_cast<int>(channel)];
+  if (!slot)
+    slot = std::make_unique<comm::Stream>(std::string("mesh.") + channel_name(channel),
+                                          st.host_progress);
+  return *slot;
 }
 
 DeviceMesh DeviceMesh::sub_mesh(const std::string& dim) const {

@@ -61,6 +61,11 @@ class DeviceMesh {
 
   /// The communicator along `dim` (ranks that differ only in that dim) for `channel`.
   comm::MpiCommunicator& comm(const std::string& dim, Channel channel = Channel::main) const;
+  /// The stream that the collectives of `channel` run on: one per channel per mesh (copies of
+  /// a mesh share it), created on first use as a worker or caller stream (host_progress()).
+  /// Using a channel's communicators only on the channel's stream is what keeps two streams
+  /// from ever sharing an MPI communicator.
+  comm::Stream& stream(Channel channel) const;
   /// Communicator over all ranks of the mesh.
   comm::MpiCommunicator& world_comm() const;
 

@@ -1,0 +1,99 @@
+// The cost model of a plan: alpha-beta times for each collective on each mesh dim, a copy
+// bandwidth for the shard copy kernels, and the graph's declared compute times.
+// JSON schema: docs/plan-format.md.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace fullshard::comm {
+class MpiCommunicator;
+}
+
+namespace fullshard::schedule {
+
+/// The collectives a plan uses.
+enum class CollectiveKind { all_gather, reduce_scatter, all_reduce };
+/// The mesh dims: shard (FSDP's dim) and replicate (HSDP's outer dim).
+enum class MeshDim { shard, replicate };
+
+const char* collective_kind_name(CollectiveKind k) noexcept;
+const char* mesh_dim_name(MeshDim d) noexcept;
+
+/// A data-parallel mesh as the planner sees it: `shard` ranks share the parameters,
+/// `replicate` copies of that group (1: FSDP; > 1: HSDP).
+struct MeshShape {
+  int shard = 1;
+  int replicate = 1;
+  int world() const noexcept { return shard * replicate; }
+};
+
+/// time_ms(bytes) = alpha_ms + bytes * beta_ms_per_byte.
+struct AlphaBeta {
+  double alpha_ms = 0.0;
+  double beta_ms_per_byte = 0.0;
+  double time_ms(double bytes) const noexcept { return alpha_ms + bytes * beta_ms_per_byte; }
+};
+
+class CostModel {
+ public:
+  /// Defaults for the development host (documented in docs/plan-format.md): alpha 20 us for
+  /// every collective, 1 GB/s bus bandwidth, 10 GB/s copy bandwidth, beta derived from the
+  /// bus bandwidth for the mesh: all-gather and reduce-scatter over n ranks move
+  /// bytes_per_rank * (n - 1) bytes over the bus (beta = (n-1) / bus_bw), an all-reduce
+  /// 2 * bytes * (n-1) / n (beta = 2 (n-1) / n / bus_bw); a dim of one rank costs alpha only.
+  static CostModel defaults(const MeshShape& mesh, double alpha_ms = 0.02,
+                            double bus_gb_per_s = 1.0, double copy_gb_per_s = 10.0);
+  /// defaults(MeshShape{2, 2}).
+  CostModel();
+
+  const AlphaBeta& collective(CollectiveKind k, MeshDim d) const noexcept;
+  AlphaBeta& collective(CollectiveKind k, MeshDim d) noexcept;
+  /// alpha + beta * bytes_per_rank. bytes_per_rank: the shard a rank contributes to an
+  /// all-gather, the shard it receives from a reduce-scatter, the buffer of an all-reduce.
+  double time_ms(CollectiveKind k, MeshDim d, double bytes_per_rank) const noexcept;
+
+  /// Copy kernels (copy-in, copy-out, casts, gradient zeroing): bytes written / bandwidth.
+  double copy_gb_per_s() const noexcept { return copy_gb_per_s_; }
+  void set_copy_gb_per_s(double v);
+  double copy_ms(double bytes) const noexcept { return bytes / (copy_gb_per_s_ * 1e6); }
+
+  /// The JSON form (every key written).
+  nlohmann::json to_json() const;
+  /// Reads `j` over `base`: keys present replace base's values. ConfigError
+  /// "<source>: <JSON path>: <problem>" on unknown keys, wrong types, negative or non-finite
+  /// numbers, a non-positive copy bandwidth.
+  static CostModel from_json(const nlohmann::json& j, const CostModel& base,
+                             const std::string& source = "<cost>");
+  /// from_json on parsed text; ConfigError "<source>: invalid JSON ..." when it does not parse.
+  static CostModel parse_json(const std::string& text, const CostModel& base,
+                              const std::string& source = "<cost>");
+  /// parse_json on a file's contents; ConfigError naming the path when it cannot be read.
+  static CostModel load_json(const std::string& path, const CostModel& base);
+
+  /// Measures all_gather and reduce_scatter on (a dup of) `shard_comm`, and all_reduce on
+  /// `replicate_comm` when given, at each of `sizes` (bytes per rank, f32), `reps` times
+  /// (the fastest counts), agrees on the slowest rank's times (all ranks get the same model),
+  /// and fits alpha, beta by least squares (clamped at 0). The copy bandwidth is measured
+  /// with a memcpy of the largest size. Collective over the communicators: every rank calls
+  /// it with the same arguments. Values not measured come from `base`.
+  static CostModel calibrate(const comm::MpiCommunicator& shard_comm, const CostModel& base,
+                             const comm::MpiCommunicator* replicate_comm = nullptr,
+                             const std::vector<std::size_t>& sizes = {1 << 16, 1 << 20, 1 << 22},
+                             int reps = 3);
+
+  bool operator==(const CostModel& o) const noexcept;
+  bool operator!=(const CostModel& o) const noexcept { return !(*this == o); }
+
+ private:
+  AlphaBeta c_[3][2];
+  double copy_gb_per_s_ = 10.0;
+};
+
+/// Least-squares fit of t = alpha + beta * x (alpha, beta clamped at >= 0).
+AlphaBeta fit_alpha_beta(const std::vector<double>& x, const std::vector<double>& t);
+
+}  // namespace fullshard::schedule

@@ -1,0 +1,79 @@
+// Communication groups without communication: the groups fsdp::apply_fully_shard_requests
+// would form for a module graph, with their layouts and resolved options, computed from the
+// graph alone (no MPI, no DeviceMesh). The scheduler plans on these.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fullshard/base/dtype.hpp"
+#include "fullshard/fsdp/options.hpp"
+#include "fullshard/graph/module.hpp"
+#include "fullshard/kernels/shard_copy.hpp"
+
+namespace fullshard::schedule {
+
+/// One communication group, as fully_shard would form it.
+struct PlannedGroup {
+  /// The module FQN, "<root>" for the graph's root module (fully_shard's group name).
+  std::string name;
+  /// The modules of the group (one: groups from graph requests are single-module groups).
+  std::vector<const graph::Module*> modules;
+  /// FQNs of the group's parameters, in layout order.
+  std::vector<std::string> param_fqns;
+  /// Layout of rank 0 (shard_numel and arena_numel are the same on every rank).
+  kernels::GroupLayout layout;
+  DType orig_dtype = DType::f32;
+  DType param_dtype = DType::f32;
+  DType reduce_dtype = DType::f32;
+  /// Resolved reshard_after_forward, as the engine keeps it: -1 true (reshard to the shards),
+  /// 1 false (keep unsharded), k in (1, W) keep a 1/k slice and gather backward in k ranks.
+  int reshard_after_forward = -1;
+  /// True for the group of an outermost fully_shard'ed module (FSDP's root: it owns the
+  /// buffer pool and the streams of every group under it).
+  bool is_root = false;
+  /// Index (in the plan_groups result) of the root group this group belongs to.
+  int root_group = 0;
+  /// The options fully_shard was called with (defaults overridden by the request object).
+  fsdp::FullyShardOptions options;
+  /// Where the request came from, e.g. "modules[1].fully_shard" (for messages).
+  std::string where;
+
+  /// Shard group size the layout was computed for.
+  int shard_size() const noexcept { return layout.world; }
+  /// gsn * sizeof(orig dtype): the persistent sharded storage (padded, slot layout) per rank.
+  std::size_t shard_bytes() const noexcept;
+  /// arena_numel * sizeof(param dtype): the unsharded parameters (and unsharded gradients).
+  std::size_t unsharded_bytes() const noexcept;
+  /// The all-gather buffer the engine takes from the pool when it issues the all-gather:
+  /// W * gsn * sizeof(param dtype); with W == 1, gsn * sizeof(param dtype) when a cast is
+  /// needed and 0 (no buffer: the shards are read directly) otherwise.
+  std::size_t gather_bytes() const noexcept;
+  /// "true", "false" or the int k.
+  std::string reshard_string() const;
+};
+
+/// The groups fsdp::apply_fully_shard_requests(root, mesh, defaults) forms on a mesh whose
+/// shard dim has `shard_size` ranks, in the order it forms them (post-order over modules
+/// whose fully_shard request is true or an object). A group holds the module's parameters
+/// not already grouped by a submodule's group, minus its ignored_params. Errors are those of
+/// fully_shard and of the request parsing: ConfigError naming the JSON path of a bad option,
+/// InvalidArgument naming the group for an unknown ignored parameter, mixed dtypes, a
+/// reshard_after_forward that does not divide `shard_size`, or a bad Shard(d) placement.
+std::vector<PlannedGroup> plan_groups(const graph::Module& root, int shard_size,
+                                      const fsdp::FullyShardOptions& defaults = {});
+
+/// The options of one graph request ("fully_shard": true or an object of options), `defaults`
+/// overridden by the keys present: reshard_after_forward (bool, null or int >= 1),
+/// param_dtype, reduce_dtype, output_dtype (dtype names), ignored_params (array of FQNs).
+/// ConfigError "<where>.<key>: <problem>" otherwise. Same keys, values and messages as the
+/// parsing inside lib/fsdp/fully_shard.cpp (which is duplicated here, not shared).
+fsdp::FullyShardOptions fully_shard_options_from_json(const nlohmann::json& request,
+                                                      const fsdp::FullyShardOptions& defaults,
+                                                      const std::string& where);
+
+}  // namespace fullshard::schedule

@@ -1,0 +1,164 @@
+// The plan of one training iteration: which collectives and copies run on which stream in
+// which order, which pool buffers the engine acquires and releases when, and what that
+// costs (predicted step time, peak memory per rank). Computed from the module graph alone:
+// deterministic, no communication, identical on every rank. Formats: docs/plan-format.md.
+//
+// The memory model mirrors lib/fsdp (param_group.cpp, hooks.cpp) driven by fsdp::forward /
+// fsdp::backward on the root: the buffer events are the pool acquisitions and releases in the
+// engine's order, so the executor's measured BufferPool peak equals peak_bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fullshard/fsdp/options.hpp"
+#include "fullshard/graph/module.hpp"
+#include "fullshard/schedule/cost_model.hpp"
+#include "fullshard/schedule/groups.hpp"
+
+namespace fullshard::schedule {
+
+/// Backward prefetch policy.
+enum class BackwardPrefetch {
+  /// FSDP2's default: at a group's pre-backward, issue the all-gather of the group that ran
+  /// forward just before it (reverse post-forward order).
+  reverse_post_forward,
+  /// No backward prefetch (set_modules_to_backward_prefetch({}) on every module).
+  none,
+};
+
+struct PlanOptions {
+  /// Options of every fully_shard call; a request object overrides them key by key.
+  fsdp::FullyShardOptions defaults;
+  /// 0: implicit prefetch only (a group's all-gather is issued by its own pre-forward, as
+  /// FSDP2); d >= 1: the pre-forward of group i also issues groups i+1..i+d (in forward
+  /// order), i.e. set_modules_to_forward_prefetch with those d modules.
+  int forward_prefetch_depth = 0;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::reverse_post_forward;
+  /// set_reduce_scatter_max_input_buffers (>= 1).
+  int reduce_scatter_max_input_buffers = 1;
+  /// HSDP: false defers the replicate all-reduce (set_requires_all_reduce(false)).
+  bool requires_all_reduce = true;
+  /// The cost model; unset: CostModel::defaults(mesh).
+  std::optional<CostModel> cost;
+};
+
+enum class StreamKind { compute, all_gather, reduce_scatter, all_reduce };
+const char* stream_name(StreamKind s) noexcept;
+
+enum class OpKind {
+  all_gather,       // the all-gather collective (all_gather stream)
+  copy_in,          // all-gather cast copy-in (all_gather stream) / reduce-scatter chunk-cat
+                    // copy-in (reduce_scatter stream)
+  copy_out,         // all-gather copy-out into the unsharded arena (compute stream)
+  forward,          // a module's own forward work (compute)
+  backward,         // a module's own backward work (compute)
+  reduce_scatter,   // the reduce-scatter collective (reduce_scatter stream)
+  all_reduce,       // HSDP replicate all-reduce (all_reduce stream)
+  reduce_copy_out,  // divide/cast/accumulate into the sharded gradients, or HSDP's deferred
+                    // accumulation (stream of the last collective)
+  reshard,          // frees unsharded parameters after forward / backward (compute, 0 ms)
+  grad_init,        // zeroes the unsharded gradient arena at pre-backward (compute)
+  wait,             // the root's end of backward waits for the pending reduce-scatters
+};
+const char* op_kind_name(OpKind k) noexcept;
+
+enum class Phase { forward, backward };
+
+struct Op {
+  int id = 0;
+  StreamKind stream = StreamKind::compute;
+  OpKind kind = OpKind::forward;
+  /// Index into Plan::groups, or -1 (compute of a module outside every group).
+  int group = -1;
+  /// FQN of the module the op belongs to, "<root>" for the root module.
+  std::string module;
+  /// Bytes: per rank for collectives (the shard), written bytes for copies.
+  std::size_t bytes = 0;
+  /// Ops that must finish before this one starts (besides the previous op of its stream).
+  std::vector<int> deps;
+  Phase phase = Phase::forward;
+  double start_ms = 0.0;
+  double end_ms = 0.0;
+  /// "AG(layers.0)", "fwd(layers.0)", "RS(<root>)", ...
+  std::string label;
+};
+
+enum class BufferAction { alloc, free };
+
+/// One acquisition from / release to the buffer pool, in the engine's order.
+struct BufferEvent {
+  /// The op at which the engine does it (the op being issued or just issued).
+  int op = 0;
+  /// "ag_buffer[m2]", "unsharded[m2]", "post_forward[m2]", "grads[m2]", "rs_input[m2]",
+  /// "rs_output[m2]", "partial_reduce[m2]".
+  std::string buffer;
+  std::size_t bytes = 0;
+  BufferAction action = BufferAction::alloc;
+  /// Index of the root group whose pool it is (one pool per FSDP root).
+  int pool = 0;
+  /// Bytes in use in every pool together right after the event.
+  std::size_t in_use = 0;
+};
+
+/// A plan refers to the graph it was made from (groups[i].modules): keep the graph alive.
+class Plan {
+ public:
+  MeshShape mesh;
+  PlanOptions options;  // options.cost is set (resolved)
+  std::vector<PlannedGroup> groups;
+  /// Per group: the groups its pre-forward prefetches (the forward_prefetch_depth targets).
+  std::vector<std::vector<int>> forward_prefetch;
+  /// Group indices in forward order (order of their first pre-forward).
+  std::vector<int> forward_order;
+  /// Every op in issue (program) order; ids are indices.
+  std::vector<Op> ops;
+  std::vector<BufferEvent> events;
+
+  /// Predicted time of the iteration: the latest op end.
+  double step_ms = 0.0;
+  /// Peak bytes in use of the buffer pool(s) per rank, over the iteration and per phase.
+  std::size_t peak_bytes = 0;
+  std::size_t forward_peak_bytes = 0;
+  std::size_t backward_peak_bytes = 0;
+  /// Per pool (index: the root group's position among roots, see pool_roots).
+  std::vector<std::size_t> pool_peak_bytes;
+  std::vector<int> pool_roots;
+  /// Bytes in use when the iteration ends (HSDP's deferred partial reductions stay).
+  std::size_t end_bytes = 0;
+  /// Persistent, outside the pool: sharded parameters and sharded gradients per rank.
+  std::size_t sharded_bytes = 0;
+  std::size_t grad_bytes = 0;
+
+  /// The ops of one stream, in order.
+  std::vector<const Op*> stream_ops(StreamKind s) const;
+  /// The ops of one kind (optionally of one group), in issue order.
+  std::vector<const Op*> find(OpKind k, int group = -2) const;
+  /// Index of the group named `name` (module FQN or "<root>"), or -1.
+  int group_index(const std::string& name) const noexcept;
+
+  /// Groups, then the schedule per stream, the buffer events, step time and peak memory.
+  std::string to_text() const;
+  /// Chrome / Perfetto trace-event JSON: one thread per stream, "X" events (ts, dur in us)
+  /// with args bytes/group/module/op/deps, "C" counter events of the pool bytes in use.
+  nlohmann::json to_chrome_trace() const;
+  /// 64-bit FNV-1a over to_text(), for a cross-rank equality check.
+  std::uint64_t fingerprint() const;
+};
+
+class Scheduler {
+ public:
+  /// Plans one training iteration (forward then backward over the whole graph) of `root`
+  /// on `mesh`. InvalidArgument for a bad mesh or option, plus the errors of plan_groups.
+  static Plan plan(const graph::Module& root, MeshShape mesh, const PlanOptions& options = {});
+};
+
+/// 64-bit FNV-1a.
+std::uint64_t fnv1a64(const std::string& s) noexcept;
+
+}  // namespace fullshard::schedule

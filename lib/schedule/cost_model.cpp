@@ -1,0 +1,304 @@
+#include "fullshard/schedule/cost_model.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/comm/mpi_communicator.hpp"
+#include "fullshard/comm/stream.hpp"
+
+namespace fullshard::schedule {
+
+const char* collective_kind_name(CollectiveKind k) noexcept {
+  switch (k) {
+    case CollectiveKind::all_gather:
+      return "all_gather";
+    case CollectiveKind::reduce_scatter:
+      return "reduce_scatter";
+    case CollectiveKind::all_reduce:
+      return "all_reduce";
+  }
+  return "?";
+}
+
+const char* mesh_dim_name(MeshDim d) noexcept {
+  return d == MeshDim::shard ? "shard" : "replicate";
+}
+
+namespace {
+
+constexpr CollectiveKind kKinds[] = {CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
+                                     CollectiveKind::all_reduce};
+constexpr MeshDim kDims[] = {MeshDim::shard, MeshDim::replicate};
+
+[[noreturn]] void fail(const std::string& source, const std::string& path,
+                       const std::string& what) {
+  throw ConfigError(source + ": " + (path.empty() ? std::string("(top level)") : path) + ": " +
+                    what);
+}
+
+std::string member(const std::string& path, const std::string& key) {
+  return path.empty() ? key : path + "." + key;
+}
+
+double non_negative(const nlohmann::json& v, const std::string& source, const std::string& path) {
+  if (!v.is_number()) fail(source, path, "expected a number, got " + v.dump());
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || d < 0)
+    fail(source, path, "expected a finite number >= 0, got " + v.dump());
+  return d;
+}
+
+void check_object(const nlohmann::json& v, const std::string& source, const std::string& path) {
+  if (!v.is_object()) fail(source, path, "expected an object, got " + v.dump());
+}
+
+}  // namespace
+
+CostModel CostModel::defaults(const MeshShape& mesh, double alpha_ms, double bus_gb_per_s,
+                              double copy_gb_per_s) {
+  if (!(bus_gb_per_s > 0) || !(copy_gb_per_s > 0) || !(alpha_ms >= 0))
+    throw InvalidArgument("CostModel::defaults: alpha must be >= 0 and bandwidths > 0");
+  CostModel c;
+  const double bus = bus_gb_per_s * 1e6;  // bytes per ms
+  for (MeshDim d : kDims) {
+    const int n = d == MeshDim::shard ? mesh.shard : mesh.replicate;
+    const double n1 = n > 1 ? n - 1 : 0;
+    c.collective(CollectiveKind::all_gather, d) = {alpha_ms, n1 / bus};
+    c.collective(CollectiveKind::reduce_scatter, d) = {alpha_ms, n1 / bus};
+    c.collective(CollectiveKind::all_reduce, d) = {alpha_ms, n > 1 ? 2.0 * n1 / n / bus : 0.0};
+  }
+  c.copy_gb_per_s_ = copy_gb_per_s;
+  return c;
+}
+
+CostModel::CostModel() {
+  // Base values for defaults(); replaced there. Mesh {2, 2}: 1 GB/s bus, alpha 20 us.
+  for (CollectiveKind k : kKinds)
+    for (MeshDim d : kDims)
+      collective(k, d) = {0.02, 1e-6};
+}
+
+const AlphaBeta& CostModel::collective(CollectiveKind k, MeshDim d) const noexcept {
+  return c_[static_cast<int>(k)][static_cast<int>(d)];
+}
+AlphaBeta& CostModel::collective(CollectiveKind k, MeshDim d) noexcept {
+  return c_[static_cast<int>(k)][static_cast<int>(d)];
+}
+
+double CostModel::time_ms(CollectiveKind k, MeshDim d, double bytes_per_rank) const noexcept {
+  return collective(k, d).time_ms(bytes_per_rank);
+}
+
+void CostModel::set_copy_gb_per_s(double v) {
+  if (!(v > 0) || !std::isfinite(v))
+    throw InvalidArgument("CostModel: the copy bandwidth must be > 0 GB/s, got " +
+                          std::to_string(v));
+  copy_gb_per_s_ = v;
+}
+
+bool CostModel::operator==(const CostModel& o) const noexcept {
+  for (CollectiveKind k : kKinds)
+    for (MeshDim d : kDims)
+      if (collective(k, d).alpha_ms != o.collective(k, d).alpha_ms ||
+          collective(k, d).beta_ms_per_byte != o.collective(k, d).beta_ms_per_byte)
+        return false;
+  return copy_gb_per_s_ == o.copy_gb_per_s_;
+}
+
+nlohmann::json CostModel::to_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (CollectiveKind k : kKinds) {
+    nlohmann::json per = nlohmann::json::object();
+    for (MeshDim d : kDims)
+      per[mesh_dim_name(d)] = {{"alpha_ms", collective(k, d).alpha_ms},
+                               {"beta_ms_per_byte", collective(k, d).beta_ms_per_byte}};
+    j[collective_kind_name(k)] = per;
+  }
+  j["copy_gb_per_s"] = copy_gb_per_s_;
+  return j;
+}
+
+CostModel CostModel::from_json(const nlohmann::json& j, const CostModel& base,
+                               const std::string& source) {
+  CostModel c = base;
+  check_object(j, source, "");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    const std::string path = key;
+    if (key == "copy_gb_per_s") {
+      const double v = non_negative(it.value(), source, path);
+      if (v <= 0) fail(source, path, "expected a bandwidth > 0");
+      c.copy_gb_per_s_ = v;
+      continue;
+    }
+    const CollectiveKind* kind = nullptr;
+    for (const CollectiveKind& k : kKinds)
+      if (key == collective_kind_name(k)) kind = &k;
+    if (!kind)
+      fail(source, path,
+           "unknown key '" + key +
+               "' (allowed: all_gather, reduce_scatter, all_reduce, "
+               "copy_gb_per_s)");
+    check_object(it.value(), source, path);
+    for (auto dt = it.value().begin(); dt != it.value().end(); ++dt) {
+      const std::string dpath = member(path, dt.key());
+      const MeshDim* dim = nullptr;
+      for (const MeshDim& d : kDims)
+        if (dt.key() == mesh_dim_name(d)) dim = &d;
+      if (!dim) fail(source, dpath, "unknown key '" + dt.key() + "' (allowed: shard, replicate)");
+      check_object(dt.value(), source, dpath);
+      AlphaBeta& ab = c.collective(*kind, *dim);
+      for (auto f = dt.value().begin(); f != dt.value().end(); ++f) {
+        const std::string fpath = member(dpath, f.key());
+        if (f.key() == "alpha_ms")
+          ab.alpha_ms = non_negative(f.value(), source, fpath);
+        else if (f.key() == "beta_ms_per_byte")
+          ab.beta_ms_per_byte = non_negative(f.value(), source, fpath);
+        else
+          fail(source, fpath,
+               "unknown key '" + f.key() + "' (allowed: alpha_ms, beta_ms_per_byte)");
+      }
+    }
+  }
+  return c;
+}
+
+CostModel CostModel::parse_json(const std::string& text, const CostModel& base,
+                                const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ConfigError(source + ": invalid JSON at byte " + std::to_string(e.byte) + ": " +
+                      e.what());
+  }
+  return from_json(j, base, source);
+}
+
+CostModel CostModel::load_json(const std::string& path, const CostModel& base) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot read the cost model file");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return parse_json(s.str(), base, path);
+}
+
+AlphaBeta fit_alpha_beta(const std::vector<double>& x, const std::vector<double>& t) {
+  if (x.size() != t.size() || x.empty())
+    throw InvalidArgument("fit_alpha_beta: need as many times as sizes, at least one");
+  const double n = static_cast<double>(x.size());
+  double sx = 0, st = 0, sxx = 0, sxt = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    sx += x[i];
+    st += t[i];
+    sxx += x[i] * x[i];
+    sxt += x[i] * t[i];
+  }
+  const double den = n * sxx - sx * sx;
+  AlphaBeta ab;
+  if (den > 0) {
+    ab.beta_ms_per_byte = (n * sxt - sx * st) / den;
+    ab.alpha_ms = (st - ab.beta_ms_per_byte * sx) / n;
+  } else {
+    ab.alpha_ms = st / n;
+  }
+  if (ab.beta_ms_per_byte < 0) {  // noise: all latency
+    ab.beta_ms_per_byte = 0;
+    ab.alpha_ms = st / n;
+  }
+  if (ab.alpha_ms < 0) {  // through the origin
+    ab.alpha_ms = 0;
+    ab.beta_ms_per_byte = sxx > 0 ? std::max(0.0, sxt / sxx) : 0.0;
+  }
+  return ab;
+}
+
+namespace {
+
+// Slowest rank's value over the communicator (every rank gets it).
+double agree_max(comm::Communicator& c, comm::Stream& s, double v) {
+  double out = v;
+  c.all_reduce(&v, &out, 1, DType::f64, comm::ReduceOp::max, s).wait();
+  return out;
+}
+
+}  // namespace
+
+CostModel CostModel::calibrate(const comm::MpiCommunicator& shard_comm, const CostModel& base,
+                               const comm::MpiCommunicator* replicate_comm,
+                               const std::vector<std::size_t>& sizes, int reps) {
+  if (sizes.empty() || reps < 1)
+    throw InvalidArgument("CostModel::calibrate: need at least one size and one repetition");
+  comm::Stream s = comm::Stream::caller("fullshard.calibrate");
+  std::unique_ptr<comm::Communicator> sc = shard_comm.dup(shard_comm.name() + ".calibrate");
+  std::unique_ptr<comm::Communicator> rc =
+      replicate_comm ? replicate_comm->dup(replicate_comm->name() + ".calibrate") : nullptr;
+  auto agree = [&](double v) {
+    v = agree_max(*sc, s, v);
+    if (rc) v = agree_max(*rc, s, v);
+    return v;
+  };
+
+  std::size_t largest = 0;
+  for (std::size_t b : sizes)
+    largest = std::max(largest, b);
+  const std::size_t max_count = (largest + 3) / 4;
+  const int n = std::max(sc->size(), rc ? rc->size() : 1);
+  std::vector<float> a(max_count * static_cast<std::size_t>(n), 1.0f);
+  std::vector<float> b(max_count * static_cast<std::size_t>(n), 0.0f);
+
+  // Time of `op` at each size: fastest of reps, slowest rank.
+  auto measure = [&](comm::Communicator& c, auto op) {
+    std::vector<double> x, t;
+    for (std::size_t bytes : sizes) {
+      const std::size_t count = std::max<std::size_t>(1, (bytes + 3) / 4);
+      double best = 1e300;
+      op(c, count);  // warm-up
+      for (int r = 0; r < reps; ++r) {
+        c.barrier(s).wait();
+        const double t0 = MPI_Wtime();
+        op(c, count);
+        best = std::min(best, (MPI_Wtime() - t0) * 1e3);
+      }
+      x.push_back(static_cast<double>(count * 4));
+      t.push_back(agree(best));
+    }
+    return fit_alpha_beta(x, t);
+  };
+
+  CostModel m = base;
+  m.collective(CollectiveKind::all_gather, MeshDim::shard) =
+      measure(*sc, [&](comm::Communicator& c, std::size_t count) {
+        c.all_gather(a.data(), b.data(), count, DType::f32, s).wait();
+      });
+  m.collective(CollectiveKind::reduce_scatter, MeshDim::shard) =
+      measure(*sc, [&](comm::Communicator& c, std::size_t count) {
+        c.reduce_scatter(a.data(), b.data(), count, DType::f32, comm::ReduceOp::sum, s).wait();
+      });
+  if (rc)
+    m.collective(CollectiveKind::all_reduce, MeshDim::replicate) =
+        measure(*rc, [&](comm::Communicator& c, std::size_t count) {
+          c.all_reduce(a.data(), b.data(), count, DType::f32, comm::ReduceOp::sum, s).wait();
+        });
+
+  // Copy bandwidth: a memcpy of the largest size, fastest of reps.
+  double best = 1e300;
+  const std::size_t bytes = max_count * 4;
+  for (int r = 0; r < reps + 1; ++r) {
+    const double t0 = MPI_Wtime();
+    std::memcpy(b.data(), a.data(), bytes);
+    best = std::min(best, (MPI_Wtime() - t0) * 1e3);
+  }
+  best = agree(std::max(best, 1e-6));
+  m.copy_gb_per_s_ = static_cast<double>(bytes) / best / 1e6;
+  return m;
+}
+
+}  // namespace fullshard::schedule

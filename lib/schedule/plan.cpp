@@ -1,0 +1,265 @@
+// Plan: lookups and the text / Chrome-trace forms (docs/plan-format.md).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "fullshard/schedule/plan.hpp"
+
+namespace fullshard::schedule {
+
+const char* stream_name(StreamKind s) noexcept {
+  switch (s) {
+    case StreamKind::compute:
+      return "compute";
+    case StreamKind::all_gather:
+      return "all_gather";
+    case StreamKind::reduce_scatter:
+      return "reduce_scatter";
+    case StreamKind::all_reduce:
+      return "all_reduce";
+  }
+  return "?";
+}
+
+const char* op_kind_name(OpKind k) noexcept {
+  switch (k) {
+    case OpKind::all_gather:
+      return "all_gather";
+    case OpKind::copy_in:
+      return "copy_in";
+    case OpKind::copy_out:
+      return "copy_out";
+    case OpKind::forward:
+      return "forward";
+    case OpKind::backward:
+      return "backward";
+    case OpKind::reduce_scatter:
+      return "reduce_scatter";
+    case OpKind::all_reduce:
+      return "all_reduce";
+    case OpKind::reduce_copy_out:
+      return "reduce_copy_out";
+    case OpKind::reshard:
+      return "reshard";
+    case OpKind::grad_init:
+      return "grad_init";
+    case OpKind::wait:
+      return "wait";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr StreamKind kStreams[] = {StreamKind::compute, StreamKind::all_gather,
+                                   StreamKind::reduce_scatter, StreamKind::all_reduce};
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i)
+    s += (i ? sep : "") + v[i];
+  return s;
+}
+
+std::string pad(std::string s, std::size_t w) {
+  if (s.size() < w) s.append(w - s.size(), ' ');
+  return s;
+}
+
+std::string rpad(const std::string& s, std::size_t w) {
+  return s.size() < w ? std::string(w - s.size(), ' ') + s : s;
+}
+
+std::string backward_prefetch_name(BackwardPrefetch b) {
+  return b == BackwardPrefetch::none ? "none" : "reverse_post_forward";
+}
+
+}  // namespace
+
+std::vector<const Op*> Plan::stream_ops(StreamKind s) const {
+  std::vector<const Op*> out;
+  for (const Op& op : ops)
+    if (op.stream == s) out.push_back(&op);
+  return out;
+}
+
+std::vector<const Op*> Plan::find(OpKind k, int group) const {
+  std::vector<const Op*> out;
+  for (const Op& op : ops)
+    if (op.kind == k && (group == -2 || op.group == group)) out.push_back(&op);
+  return out;
+}
+
+int Plan::group_index(const std::string& name) const noexcept {
+  for (std::size_t g = 0; g < groups.size(); ++g)
+    if (groups[g].name == name) return static_cast<int>(g);
+  return -1;
+}
+
+std::string Plan::to_text() const {
+  std::string t;
+  auto line = [&](const std::string& s) { t += s + "\n"; };
+  const CostModel& c = *options.cost;
+
+  line("fullshard plan");
+  line("mesh: shard=" + std::to_string(mesh.shard) + " replicate=" +
+       std::to_string(mesh.replicate) + (mesh.replicate > 1 ? " (HSDP)" : " (FSDP)"));
+  line("options: forward_prefetch_depth=" + std::to_string(options.forward_prefetch_depth) +
+       " backward_prefetch=" + backward_prefetch_name(options.backward_prefetch) +
+       " reduce_scatter_max_input_buffers=" +
+       std::to_string(options.reduce_scatter_max_input_buffers) +
+       " requires_all_reduce=" + (options.requires_all_reduce ? "true" : "false"));
+  {
+    std::vector<std::string> parts;
+    for (CollectiveKind k :
+         {CollectiveKind::all_gather, CollectiveKind::reduce_scatter, CollectiveKind::all_reduce})
+      for (MeshDim d : {MeshDim::shard, MeshDim::replicate})
+        parts.push_back(std::string(collective_kind_name(k)) + "." + mesh_dim_name(d) + "=" +
+                        fmt("%.6g", c.collective(k, d).alpha_ms) + "ms+" +
+                        fmt("%.6g", c.collective(k, d).beta_ms_per_byte) + "ms/B");
+    parts.push_back("copy=" + fmt("%.6g", c.copy_gb_per_s()) + "GB/s");
+    line("cost: " + join(parts, " "));
+  }
+
+  line("groups: " + std::to_string(groups.size()));
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const PlannedGroup& g = groups[i];
+    line("  [" + std::to_string(i) + "] " + g.name + ": params=" +
+         std::to_string(g.param_fqns.size()) + " shard=" + std::to_string(g.shard_bytes()) +
+         " B/rank unsharded=" + std::to_string(g.unsharded_bytes()) +
+         " B gather=" + std::to_string(g.gather_bytes()) + " B dtypes=" + dtype_name(g.orig_dtype) +
+         "/" + dtype_name(g.param_dtype) + "/" + dtype_name(g.reduce_dtype) +
+         " reshard_after_forward=" + g.reshard_string() + (g.is_root ? " root" : ""));
+    line("      params: " +
+         (g.param_fqns.empty() ? std::string("(none)") : join(g.param_fqns, ", ")));
+    if (!forward_prefetch[i].empty()) {
+      std::vector<std::string> names;
+      for (int tg : forward_prefetch[i])
+        names.push_back(groups[static_cast<std::size_t>(tg)].name);
+      line("      forward prefetch: " + join(names, ", "));
+    }
+  }
+
+  line("schedule (per stream, in order; times in ms):");
+  for (StreamKind s : kStreams) {
+    auto list = stream_ops(s);
+    if (list.empty()) continue;
+    line("  " + std::string(stream_name(s)) + ": " + std::to_string(list.size()) + " ops");
+    for (const Op* op : list) {
+      std::vector<std::string> deps;
+      for (int d : op->deps)
+        deps.push_back("#" + std::to_string(d));
+      line("    " + rpad("#" + std::to_string(op->id), 5) + " " +
+           rpad(fmt("%.3f", op->start_ms), 9) + " .. " + rpad(fmt("%.3f", op->end_ms), 9) + "  " +
+           pad(op_kind_name(op->kind), 15) + " " + pad(op->label, 28) + " " +
+           rpad(std::to_string(op->bytes), 10) + " B" +
+           (deps.empty() ? std::string() : "  after " + join(deps, " ")));
+    }
+  }
+
+  line("buffers (pool bytes in use after each event):");
+  for (const BufferEvent& e : events)
+    line("    " + rpad("#" + std::to_string(e.op), 5) + " " +
+         pad(e.action == BufferAction::alloc ? "alloc" : "free", 5) + " " + pad(e.buffer, 28) +
+         " " + rpad(std::to_string(e.bytes), 10) + " B  in use " + std::to_string(e.in_use) + " B");
+
+  line("step time: " + fmt("%.3f", step_ms) + " ms");
+  line("peak memory per rank: pool=" + std::to_string(peak_bytes) + " B (forward=" +
+       std::to_string(forward_peak_bytes) + " B backward=" + std::to_string(backward_peak_bytes) +
+       " B end=" + std::to_string(end_bytes) + " B) sharded_params=" +
+       std::to_string(sharded_bytes) + " B sharded_grads=" + std::to_string(grad_bytes) + " B");
+  if (pool_roots.size() > 1) {
+    std::vector<std::string> parts;
+    for (std::size_t i = 0; i < pool_roots.size(); ++i)
+      parts.push_back(groups[static_cast<std::size_t>(pool_roots[i])].name + "=" +
+                      std::to_string(pool_peak_bytes[i]) + " B");
+    line("pool peaks per FSDP root: " + join(parts, " "));
+  }
+  return t;
+}
+
+nlohmann::json Plan::to_chrome_trace() const {
+  using nlohmann::json;
+  json ev = json::array();
+  ev.push_back({{"name", "process_name"},
+                {"ph", "M"},
+                {"pid", 0},
+                {"tid", 0},
+                {"args", {{"name", "fullshard plan"}}}});
+  for (StreamKind s : kStreams) {
+    const int tid = static_cast<int>(s);
+    ev.push_back({{"name", "thread_name"},
+                  {"ph", "M"},
+                  {"pid", 0},
+                  {"tid", tid},
+                  {"args", {{"name", stream_name(s)}}}});
+    ev.push_back({{"name", "thread_sort_index"},
+                  {"ph", "M"},
+                  {"pid", 0},
+                  {"tid", tid},
+                  {"args", {{"sort_index", tid}}}});
+  }
+  for (const Op& op : ops) {
+    json args = {{"op", op.id},
+                 {"kind", op_kind_name(op.kind)},
+                 {"bytes", op.bytes},
+                 {"group", op.group >= 0 ? groups[static_cast<std::size_t>(op.group)].name : ""},
+                 {"module", op.module},
+                 {"phase", op.phase == Phase::forward ? "forward" : "backward"},
+                 {"deps", op.deps}};
+    ev.push_back({{"name", op.label},
+                  {"cat", op_kind_name(op.kind)},
+                  {"ph", "X"},
+                  {"pid", 0},
+                  {"tid", static_cast<int>(op.stream)},
+                  {"ts", op.start_ms * 1000.0},
+                  {"dur", (op.end_ms - op.start_ms) * 1000.0},
+                  {"args", args}});
+  }
+  double ts = 0.0;
+  ev.push_back({{"name", "pool bytes in use"},
+                {"ph", "C"},
+                {"pid", 0},
+                {"ts", 0.0},
+                {"args", {{"bytes", 0}}}});
+  for (const BufferEvent& e : events) {
+    ts = std::max(ts, ops[static_cast<std::size_t>(e.op)].start_ms * 1000.0);
+    ev.push_back({{"name", "pool bytes in use"},
+                  {"ph", "C"},
+                  {"pid", 0},
+                  {"ts", ts},
+                  {"args", {{"bytes", e.in_use}}}});
+  }
+  char fp[32];
+  std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(fingerprint()));
+  return {{"traceEvents", ev},
+          {"displayTimeUnit", "ms"},
+          {"otherData",
+           {{"generator", "fullshard-plan"},
+            {"fingerprint", fp},
+            {"step_ms", step_ms},
+            {"peak_bytes", peak_bytes},
+            {"sharded_bytes", sharded_bytes},
+            {"grad_bytes", grad_bytes}}}};
+}
+
+std::uint64_t fnv1a64(const std::string& s) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : s) {
+    h ^= ch;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+std::uint64_t Plan::fingerprint() const {
+  return fnv1a64(to_text());
+}
+
+}  // namespace fullshard::schedule

@@ -1,0 +1,736 @@
+// The planning half of the scheduler: groups without communication, the plan's orders,
+// overlaps and memory (against hand-computed values, and against the engine's measured pool
+// peak), determinism, the cost model and its JSON form.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/comm/mpi_communicator.hpp"
+#include "fullshard/fsdp/fully_shard.hpp"
+#include "fullshard/fsdp/hooks.hpp"
+#include "fullshard/graph/json_graph.hpp"
+#include "fullshard/mesh/device_mesh.hpp"
+#include "fullshard/schedule/plan.hpp"
+#include "lib/fsdp/param_group.hpp"  // the engine's pool, for the measured peak
+#include "test_support.hpp"
+
+using namespace fullshard;
+using namespace fullshard::schedule;
+
+namespace {
+
+template <class E>
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    FAIL_CHECK("unexpected exception type: " << e.what());
+    return "";
+  }
+  FAIL_CHECK("no exception thrown");
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// The seed's example: model[m1[a] -> m2[b] -> m3[c] -> m4[d]], fully_shard on m2, m3 and the
+// root (same as test/data/seed_m1m4.json).
+const char* const kSeed = R"({
+  "name": "model",
+  "fully_shard": true,
+  "modules": [
+    {"name": "m1", "params": {"a": {"shape": [64, 256]}},
+     "cost": {"forward_ms": 1.0, "backward_ms": 2.0}},
+    {"name": "m2", "fully_shard": true, "params": {"b": {"shape": [1024, 256]}},
+     "cost": {"forward_ms": 1.0, "backward_ms": 2.0}},
+    {"name": "m3", "fully_shard": true, "params": {"c": {"shape": [1024, 256]}},
+     "cost": {"forward_ms": 1.0, "backward_ms": 2.0}},
+    {"name": "m4", "params": {"d": {"shape": [64, 256]}},
+     "cost": {"forward_ms": 1.0, "backward_ms": 2.0}}
+  ]
+})";
+
+// Uneven shards, nested groups, an ignored parameter, a module outside every group's own
+// request, mixed precision on one group.
+const char* const kMixed = R"({
+  "name": "net",
+  "fully_shard": {"ignored_params": ["bias"]},
+  "params": {"bias": {"shape": [5]}, "scale": {"shape": [3, 2]}},
+  "modules": [
+    {"name": "embed", "params": {"weight": {"shape": [37, 8]}},
+     "cost": {"forward_ms": 0.5, "backward_ms": 1.0}},
+    {"name": "blocks", "modules": [
+      {"name": "0", "fully_shard": true, "params": {"w": {"shape": [13, 7]}},
+       "cost": {"forward_ms": 0.3, "backward_ms": 0.6},
+       "modules": [{"name": "inner", "fully_shard": {"reshard_after_forward": false},
+                    "params": {"v": {"shape": [5, 3]}}}]},
+      {"name": "1", "fully_shard": {"param_dtype": "bf16"},
+       "params": {"w": {"shape": [13, 7]}, "u": {"shape": [2]}}}
+    ]},
+    {"name": "head", "fully_shard": true, "params": {"w": {"shape": [3, 8]}}}
+  ]
+})";
+
+// No request on the graph's root: two FSDP roots, each with its own pool.
+const char* const kTwoRoots = R"({
+  "name": "pair",
+  "params": {"free": {"shape": [4]}},
+  "modules": [
+    {"name": "enc", "fully_shard": true, "params": {"w": {"shape": [33, 4]}},
+     "modules": [{"name": "l", "fully_shard": true, "params": {"w": {"shape": [9, 9]}}}]},
+    {"name": "dec", "fully_shard": true, "params": {"w": {"shape": [17, 4]}},
+     "cost": {"forward_ms": 0.2, "backward_ms": 0.4}}
+  ]
+})";
+
+std::unique_ptr<graph::Module> load(const char* text) {
+  return graph::parse_graph_json(text, "graph.json");
+}
+
+std::vector<const Op*> phase_ops(const Plan& p, OpKind k, Phase ph) {
+  std::vector<const Op*> out;
+  for (const Op* op : p.find(k))
+    if (op->phase == ph) out.push_back(op);
+  return out;
+}
+
+std::vector<std::string> group_names(const Plan& p, const std::vector<const Op*>& ops) {
+  std::vector<std::string> out;
+  for (const Op* op : ops)
+    out.push_back(p.groups[static_cast<std::size_t>(op->group)].name);
+  return out;
+}
+
+const Op& only(const Plan& p, OpKind k, Phase ph, const std::string& module) {
+  const Op* found = nullptr;
+  for (const Op* op : phase_ops(p, k, ph))
+    if (op->module == module) {
+      REQUIRE_MESSAGE(!found, "two ops of kind " << op_kind_name(k) << " for " << module);
+      found = op;
+    }
+  REQUIRE_MESSAGE(found, "no op of kind " << op_kind_name(k) << " for " << module);
+  return *found;
+}
+
+const Op& group_op(const Plan& p, OpKind k, Phase ph, const std::string& group) {
+  const int g = p.group_index(group);
+  REQUIRE(g >= 0);
+  const Op* found = nullptr;
+  for (const Op* op : phase_ops(p, k, ph))
+    if (op->group == g) {
+      REQUIRE(!found);
+      found = op;
+    }
+  REQUIRE_MESSAGE(found, "no op of kind " << op_kind_name(k) << " for group " << group);
+  return *found;
+}
+
+bool overlaps(const Op& a, const Op& b) {
+  return a.start_ms < b.end_ms && b.start_ms < a.end_ms;
+}
+
+// Largest number of gather buffers alive at once during `phase`.
+int max_live_gathers(const Plan& p, Phase ph) {
+  int live = 0;
+  int best = 0;
+  for (const BufferEvent& e : p.events) {
+    if (e.buffer.rfind("ag_buffer[", 0) != 0) continue;
+    live += e.action == BufferAction::alloc ? 1 : -1;
+    if (p.ops[static_cast<std::size_t>(e.op)].phase == ph) best = std::max(best, live);
+  }
+  return best;
+}
+
+constexpr std::size_t R = 131072;   // the root group's gather buffer / unsharded bytes (W=4)
+constexpr std::size_t M = 1048576;  // m2's and m3's
+
+}  // namespace
+
+TEST_CASE("plan_groups forms the groups apply_fully_shard_requests forms") {
+  auto g = load(kSeed);
+  const auto groups = plan_groups(*g, 4);
+  REQUIRE(groups.size() == 3);
+  CHECK(groups[0].name == "m2");
+  CHECK(groups[1].name == "m3");
+  CHECK(groups[2].name == "<root>");
+  CHECK(groups[2].param_fqns == std::vector<std::string>{"m1.a", "m4.d"});
+  CHECK(groups[0].param_fqns == std::vector<std::string>{"m2.b"});
+  CHECK(groups[2].is_root);
+  CHECK(!groups[0].is_root);
+  CHECK(groups[0].root_group == 2);
+  CHECK(groups[2].reshard_after_forward == 1);   // root: false
+  CHECK(groups[0].reshard_after_forward == -1);  // others: true
+  CHECK(groups[2].layout.shard_numel == 2 * 16 * 256);
+  CHECK(groups[2].layout.arena_numel == 2 * 64 * 256);
+  CHECK(groups[2].shard_bytes() == 32768);
+  CHECK(groups[2].unsharded_bytes() == R);
+  CHECK(groups[2].gather_bytes() == R);
+  CHECK(groups[0].gather_bytes() == M);
+
+  // Uneven shards (torch.chunk padding), nested groups, ignored params, mixed precision.
+  auto mixed = load(kMixed);
+  const auto mg = plan_groups(*mixed, 4);
+  REQUIRE(mg.size() == 5);
+  CHECK(mg[0].name == "blocks.0.inner");
+  CHECK(mg[1].name == "blocks.0");
+  CHECK(mg[1].param_fqns == std::vector<std::string>{"blocks.0.w"});
+  CHECK(mg[1].layout.shard_numel == 4 * 7);  // ceil(13/4) = 4 rows of 7
+  CHECK(mg[1].layout.arena_numel == 13 * 7);
+  CHECK(mg[0].reshard_after_forward == 1);
+  CHECK(mg[0].root_group == 4);
+  CHECK(mg[2].name == "blocks.1");
+  CHECK(mg[2].param_dtype == DType::bf16);
+  CHECK(mg[2].reduce_dtype == DType::bf16);
+  CHECK(mg[2].gather_bytes() == 4 * (4 * 7 + 1) * 2);
+  CHECK(mg[3].name == "head");
+  CHECK(mg[4].name == "<root>");
+  // The root's own "bias" is ignored; head's parameter went to head's group first.
+  CHECK(mg[4].param_fqns == std::vector<std::string>{"scale", "embed.weight"});
+  CHECK(mg[4].is_root);
+
+  // Defaults apply to every group; a request's keys override them.
+  fsdp::FullyShardOptions d;
+  d.mp_policy.param_dtype = DType::bf16;
+  d.mp_policy.reduce_dtype = DType::f32;
+  d.reshard_after_forward = fsdp::ReshardAfterForward(true);
+  const auto dg = plan_groups(*mixed, 4, d);
+  CHECK(dg[4].reshard_after_forward == -1);  // root set explicitly: true
+  CHECK(dg[0].reshard_after_forward == 1);   // its request says false
+  CHECK(dg[4].param_dtype == DType::bf16);
+  CHECK(dg[4].reduce_dtype == DType::f32);
+}
+
+TEST_CASE("plan_groups reports bad requests like fully_shard") {
+  auto bad = [](const std::string& req, int W = 4) {
+    auto g = graph::parse_graph_json(
+        R"({"name": "m", "fully_shard": true, "modules": [{"name": "l", "fully_shard": )" + req +
+            R"(, "params": {"w": {"shape": [8, 2]}, "h": {"shape": [4], "dtype": "f64"}}}]})",
+        "g.json");
+    plan_groups(*g, W);
+  };
+  CHECK(contains(error_of<ConfigError>([&] { bad(R"({"reshard_aftr_forward": true})"); }),
+                 "modules[0].fully_shard.reshard_aftr_forward: unknown fully_shard option"));
+  CHECK(contains(error_of<ConfigError>([&] { bad(R"({"reshard_after_forward": 0})"); }),
+                 "modules[0].fully_shard.reshard_after_forward: expected true, false, null or "
+                 "an integer >= 1"));
+  CHECK(contains(error_of<ConfigError>([&] { bad(R"({"param_dtype": "f8"})"); }),
+                 "modules[0].fully_shard.param_dtype"));
+  CHECK(contains(error_of<ConfigError>([&] { bad(R"({"ignored_params": "h"})"); }),
+                 "modules[0].fully_shard.ignored_params: expected an array"));
+  CHECK(contains(error_of<InvalidArgument>([&] { bad(R"({"ignored_params": ["x"]})"); }),
+                 "fully_shard(l): ignored parameter 'x' does not exist in the module"));
+  CHECK(contains(error_of<InvalidArgument>([&] { bad("true"); }),
+                 "fully_shard(l): parameters 'l.w' (f32) and 'l.h' (f64) have different dtypes"));
+  CHECK(contains(error_of<InvalidArgument>(
+                     [&] { bad(R"({"ignored_params": ["h"], "reshard_after_forward": 3})"); }),
+                 "fully_shard(l): reshard_after_forward=3 must divide the shard group size 4"));
+  CHECK_NOTHROW(bad(R"({"ignored_params": ["h"], "reshard_after_forward": 2})"));
+  CHECK(contains(error_of<InvalidArgument>([] {
+                   auto g = load(kSeed);
+                   plan_groups(*g, 0);
+                 }),
+                 "shard group size must be >= 1"));
+}
+
+TEST_CASE("seed m1..m4: FSDP2's orders, overlaps and memory (root not resharded)") {
+  auto g = load(kSeed);
+  const Plan p = Scheduler::plan(*g, {4, 1});
+
+  // Forward: AG(a,d) [root], AG(b), AG(c); compute fwd(m1) | fwd(m2) | fwd(m3,m4).
+  const auto fwd_ag = phase_ops(p, OpKind::all_gather, Phase::forward);
+  CHECK(group_names(p, fwd_ag) == std::vector<std::string>{"<root>", "m2", "m3"});
+  CHECK(overlaps(group_op(p, OpKind::all_gather, Phase::forward, "m2"),
+                 only(p, OpKind::forward, Phase::forward, "m1")));
+  CHECK(overlaps(group_op(p, OpKind::all_gather, Phase::forward, "m3"),
+                 only(p, OpKind::forward, Phase::forward, "m2")));
+  // Compute waits for the first all-gather only.
+  CHECK(group_op(p, OpKind::copy_out, Phase::forward, "<root>").start_ms ==
+        doctest::Approx(group_op(p, OpKind::all_gather, Phase::forward, "<root>").end_ms));
+
+  // Backward: the root group kept its parameters, so only AG(c) then AG(b); AG(c) is
+  // prefetched by the root's pre-backward and runs under bwd(m4), AG(b) under bwd(m3).
+  const auto bwd_ag = phase_ops(p, OpKind::all_gather, Phase::backward);
+  CHECK(group_names(p, bwd_ag) == std::vector<std::string>{"m3", "m2"});
+  CHECK(p.find(OpKind::all_gather).size() == 5);
+  CHECK(overlaps(group_op(p, OpKind::all_gather, Phase::backward, "m3"),
+                 only(p, OpKind::backward, Phase::backward, "m4")));
+  CHECK(overlaps(group_op(p, OpKind::all_gather, Phase::backward, "m2"),
+                 only(p, OpKind::backward, Phase::backward, "m3")));
+  // RS(c) after bwd(m3), overlapping bwd(m2); RS(b) overlapping bwd(m1); then RS(root).
+  const auto rs = p.find(OpKind::reduce_scatter);
+  CHECK(group_names(p, rs) == std::vector<std::string>{"m3", "m2", "<root>"});
+  const Op& rs_c = group_op(p, OpKind::reduce_scatter, Phase::backward, "m3");
+  CHECK(rs_c.start_ms >= only(p, OpKind::backward, Phase::backward, "m3").end_ms);
+  CHECK(overlaps(rs_c, only(p, OpKind::backward, Phase::backward, "m2")));
+  CHECK(overlaps(group_op(p, OpKind::reduce_scatter, Phase::backward, "m2"),
+                 only(p, OpKind::backward, Phase::backward, "m1")));
+  CHECK(group_op(p, OpKind::reduce_scatter, Phase::backward, "<root>").start_ms >=
+        only(p, OpKind::backward, Phase::backward, "m1").end_ms);
+  // Backward compute in reverse: bwd(m4), bwd(m3), bwd(m2), bwd(m1).
+  std::vector<std::string> bwd;
+  for (const Op* op : p.find(OpKind::backward))
+    bwd.push_back(op->module);
+  CHECK(bwd == std::vector<std::string>{"m4", "m3", "m2", "m1"});
+
+  // Memory, by hand (docs/plan-format.md walks through it): forward holds the root's
+  // parameters plus one group's gather buffer and unsharded parameters; the backward peak is
+  // at m3's reduce-scatter: root params + root grads + m3 params + m3 grads + AG(b)'s buffer
+  // (prefetched) + m3's reduce-scatter input + output.
+  CHECK(p.forward_peak_bytes == R + 2 * M);
+  CHECK(p.peak_bytes == 2 * R + 4 * M + M / 4);
+  CHECK(p.backward_peak_bytes == p.peak_bytes);
+  CHECK(p.end_bytes == 0);
+  CHECK(p.sharded_bytes == 2 * 262144 + 32768);
+  CHECK(p.grad_bytes == p.sharded_bytes);
+  // Step time: the last op (the root's wait for its reduce-scatter).
+  CHECK(p.step_ms == doctest::Approx(p.ops.back().end_ms));
+  CHECK(p.ops.back().kind == OpKind::wait);
+}
+
+TEST_CASE("seed m1..m4 with the root resharded after forward (the seed's picture)") {
+  auto g = load(kSeed);
+  PlanOptions o;
+  o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(true);
+  const Plan p = Scheduler::plan(*g, {4, 1}, o);
+  CHECK(p.groups[static_cast<std::size_t>(p.group_index("<root>"))].reshard_after_forward == -1);
+  // The seed draws backward AG(c), AG(b), AG(a,d). m4's parameter d is in the root group, so
+  // the root's pre-backward gathers (a,d) before bwd(m4) can run, and prefetches AG(c).
+  const auto bwd_ag = phase_ops(p, OpKind::all_gather, Phase::backward);
+  CHECK(group_names(p, bwd_ag) == std::vector<std::string>{"<root>", "m3", "m2"});
+  CHECK(p.find(OpKind::all_gather).size() == 6);
+  CHECK(only(p, OpKind::backward, Phase::backward, "m4").start_ms >=
+        group_op(p, OpKind::all_gather, Phase::backward, "<root>").end_ms);
+  // The rest of the picture holds: AG(c) before bwd(m3), AG(b) prefetched while bwd(m4, m3)
+  // run, RS(c) after bwd(m3) overlapping bwd(m2), RS order c, b, (a,d).
+  const Op& ag_c = group_op(p, OpKind::all_gather, Phase::backward, "m3");
+  CHECK(ag_c.end_ms <= only(p, OpKind::backward, Phase::backward, "m3").start_ms);
+  CHECK(overlaps(ag_c, only(p, OpKind::backward, Phase::backward, "m4")));
+  CHECK(overlaps(group_op(p, OpKind::all_gather, Phase::backward, "m2"),
+                 only(p, OpKind::backward, Phase::backward, "m3")));
+  CHECK(overlaps(group_op(p, OpKind::reduce_scatter, Phase::backward, "m3"),
+                 only(p, OpKind::backward, Phase::backward, "m2")));
+  CHECK(group_names(p, p.find(OpKind::reduce_scatter)) ==
+        std::vector<std::string>{"m3", "m2", "<root>"});
+  // The root's parameters are freed after forward: the forward ends with nothing in the pool.
+  std::size_t at_forward_end = 0;
+  for (const BufferEvent& e : p.events)
+    if (p.ops[static_cast<std::size_t>(e.op)].phase == Phase::forward) at_forward_end = e.in_use;
+  CHECK(at_forward_end == 0);
+  CHECK(p.forward_peak_bytes == R + 2 * M);
+  CHECK(p.peak_bytes == 2 * R + 4 * M + M / 4);
+}
+
+TEST_CASE("reshard_after_forward false / automatic / true: 3, 5, 6 all-gathers") {
+  auto g = load(kSeed);
+  PlanOptions o;
+  o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(false);
+  const Plan keep = Scheduler::plan(*g, {4, 1}, o);
+  const Plan automatic = Scheduler::plan(*g, {4, 1});
+  o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(true);
+  const Plan all = Scheduler::plan(*g, {4, 1}, o);
+  CHECK(keep.find(OpKind::all_gather).size() == 3);
+  CHECK(phase_ops(keep, OpKind::all_gather, Phase::backward).empty());
+  CHECK(automatic.find(OpKind::all_gather).size() == 5);
+  CHECK(all.find(OpKind::all_gather).size() == 6);
+  // Keeping everything holds m2's and m3's parameters to the end of forward.
+  CHECK(keep.forward_peak_bytes == R + 3 * M);
+  CHECK(automatic.forward_peak_bytes == R + 2 * M);
+  CHECK(keep.forward_peak_bytes > automatic.forward_peak_bytes);
+  // Overall, equal here: where the default holds AG(b)'s prefetched buffer at m3's
+  // reduce-scatter, keeping holds m2's unsharded parameters, of the same size (no padding).
+  CHECK(keep.peak_bytes == automatic.peak_bytes);
+  CHECK(keep.step_ms < automatic.step_ms);
+
+  // reshard_after_forward=2 on 4 ranks: a 2-slot slice kept after forward, backward gathers
+  // in 2-rank groups; the slice lives until the post-backward reshard.
+  o.defaults.reshard_after_forward = fsdp::ReshardAfterForward::group_size(2);
+  const Plan k2 = Scheduler::plan(*g, {4, 1}, o);
+  CHECK(k2.find(OpKind::all_gather).size() == 6);
+  const Op& ag = group_op(k2, OpKind::all_gather, Phase::backward, "m2");
+  CHECK(ag.bytes == 2 * 262144);
+  CHECK(ag.label == "AG(m2)/2");
+  bool slice = false;
+  for (const BufferEvent& e : k2.events)
+    if (e.buffer == "post_forward[m2]") slice = true;
+  CHECK(slice);
+  CHECK(k2.forward_peak_bytes > automatic.forward_peak_bytes);
+}
+
+TEST_CASE("forward prefetch depth 2 keeps two all-gathers in flight") {
+  auto g = load(kSeed);
+  PlanOptions o;
+  o.forward_prefetch_depth = 1;
+  const Plan d1 = Scheduler::plan(*g, {4, 1}, o);
+  o.forward_prefetch_depth = 2;
+  const Plan d2 = Scheduler::plan(*g, {4, 1}, o);
+  const Plan d0 = Scheduler::plan(*g, {4, 1});
+
+  const int root = d2.group_index("<root>");
+  CHECK(d2.forward_prefetch[static_cast<std::size_t>(root)] ==
+        std::vector<int>{d2.group_index("m2"), d2.group_index("m3")});
+  CHECK(d1.forward_prefetch[static_cast<std::size_t>(root)] ==
+        std::vector<int>{d1.group_index("m2")});
+
+  CHECK(max_live_gathers(d0, Phase::forward) == 1);
+  CHECK(max_live_gathers(d1, Phase::forward) == 1);
+  CHECK(max_live_gathers(d2, Phase::forward) == 2);
+  // In flight together: AG(c) issued (by the root's pre-forward) before AG(b)'s copy-out,
+  // and its interval from issue to copy-out overlaps AG(b)'s.
+  const Op& ag_b = group_op(d2, OpKind::all_gather, Phase::forward, "m2");
+  const Op& ag_c = group_op(d2, OpKind::all_gather, Phase::forward, "m3");
+  const Op& out_b = group_op(d2, OpKind::copy_out, Phase::forward, "m2");
+  const Op& out_c = group_op(d2, OpKind::copy_out, Phase::forward, "m3");
+  CHECK(ag_c.id < out_b.id);
+  CHECK(ag_c.start_ms < out_b.start_ms);
+  CHECK(ag_b.start_ms < out_c.start_ms);
+  // Both gathers start as soon as the root's copy-out ends, back to back on the AG stream.
+  CHECK(ag_c.start_ms == doctest::Approx(ag_b.end_ms));
+  // Exactly one more gather buffer at the forward peak; the iteration's peak is backward's.
+  CHECK(d2.forward_peak_bytes == d1.forward_peak_bytes + M);
+  CHECK(d1.forward_peak_bytes == d0.forward_peak_bytes);
+  CHECK(d2.peak_bytes == std::max(d2.forward_peak_bytes, d2.backward_peak_bytes));
+  // Prefetching earlier never slows the step down in this model.
+  CHECK(d2.step_ms <= d0.step_ms + 1e-9);
+}
+
+TEST_CASE("reduce-scatter buffer cap, no backward prefetch, HSDP") {
+  auto g = load(kSeed);
+  PlanOptions o;
+  o.reduce_scatter_max_input_buffers = 2;
+  const Plan k2 = Scheduler::plan(*g, {4, 1}, o);
+  const Plan k1 = Scheduler::plan(*g, {4, 1});
+  // With K=2, m3's reduce-scatter buffers are still held at m2's: m2's input and output come
+  // on top of them, where K=1 waited for m3's first (peak at m2's: +M/4 over m3's).
+  CHECK(k2.peak_bytes == k1.peak_bytes + M / 4);
+
+  o = PlanOptions{};
+  o.backward_prefetch = BackwardPrefetch::none;
+  const Plan none = Scheduler::plan(*g, {4, 1}, o);
+  CHECK(phase_ops(none, OpKind::all_gather, Phase::backward).size() == 2);
+  CHECK(max_live_gathers(none, Phase::backward) == 1);
+  CHECK(none.peak_bytes == k1.peak_bytes - M);  // no AG(b) buffer at m3's reduce-scatter
+  CHECK(none.step_ms > k1.step_ms);
+
+  // HSDP 2 x 2: an all-reduce after each reduce-scatter, on its own stream.
+  const Plan h = Scheduler::plan(*g, {2, 2});
+  CHECK(h.find(OpKind::all_reduce).size() == 3);
+  for (const Op* ar : h.find(OpKind::all_reduce)) {
+    CHECK(ar->stream == StreamKind::all_reduce);
+    REQUIRE(ar->deps.size() == 1);
+    CHECK(h.ops[static_cast<std::size_t>(ar->deps[0])].kind == OpKind::reduce_scatter);
+  }
+  CHECK(h.end_bytes == 0);
+  o = PlanOptions{};
+  o.requires_all_reduce = false;
+  const Plan defer = Scheduler::plan(*g, {2, 2}, o);
+  CHECK(defer.find(OpKind::all_reduce).empty());
+  // The deferred partial reductions stay in the pool: one reduce-scatter output per group.
+  CHECK(defer.end_bytes == 2 * (2 * 65536 * 4) + 2 * 8192 * 4);
+}
+
+TEST_CASE("several FSDP roots: one pool each") {
+  auto g = load(kTwoRoots);
+  const Plan p = Scheduler::plan(*g, {2, 1});
+  REQUIRE(p.groups.size() == 3);
+  CHECK(p.groups[0].name == "enc.l");
+  CHECK(p.groups[1].name == "enc");
+  CHECK(p.groups[2].name == "dec");
+  CHECK(p.pool_roots == std::vector<int>{1, 2});
+  CHECK(p.groups[1].is_root);
+  CHECK(p.groups[2].is_root);
+  CHECK(p.groups[0].root_group == 1);
+  CHECK(p.groups[2].reshard_after_forward == 1);  // a root: kept
+  REQUIRE(p.pool_peak_bytes.size() == 2);
+  CHECK(p.peak_bytes >= std::max(p.pool_peak_bytes[0], p.pool_peak_bytes[1]));
+  CHECK(p.peak_bytes <= p.pool_peak_bytes[0] + p.pool_peak_bytes[1]);
+  // Each root's end of backward waits for its own reduce-scatters.
+  CHECK(p.find(OpKind::wait).size() == 2);
+  CHECK(contains(p.to_text(), "pool peaks per FSDP root: enc="));
+}
+
+TEST_CASE("the plan is deterministic") {
+  auto g1 = load(kMixed);
+  auto g2 = load(kMixed);
+  PlanOptions o;
+  o.forward_prefetch_depth = 1;
+  const Plan a = Scheduler::plan(*g1, {2, 2}, o);
+  const Plan b = Scheduler::plan(*g1, {2, 2}, o);
+  const Plan c = Scheduler::plan(*g2, {2, 2}, o);
+  CHECK(a.to_text() == b.to_text());
+  CHECK(a.to_text() == c.to_text());
+  CHECK(a.fingerprint() == c.fingerprint());
+  CHECK(a.fingerprint() == fnv1a64(a.to_text()));
+  CHECK(a.to_chrome_trace() == c.to_chrome_trace());
+  o.forward_prefetch_depth = 0;
+  CHECK(Scheduler::plan(*g1, {2, 2}, o).fingerprint() != a.fingerprint());
+  CHECK(fnv1a64("") == 0xcbf29ce484222325ull);
+  CHECK(fnv1a64("a") == 0xaf63dc4c8601ec8cull);
+
+  const std::string text = a.to_text();
+  CHECK(contains(
+      text,
+      "[2] blocks.1: params=2 shard=200 B/rank unsharded=186 B gather=200 B dtypes=f32/bf16/bf16"));
+  CHECK(contains(text, "step time: "));
+  CHECK(contains(text, "peak memory per rank: pool="));
+}
+
+TEST_CASE("Chrome trace: one thread per stream, X events, pool counter") {
+  auto g = load(kSeed);
+  const Plan p = Scheduler::plan(*g, {4, 1});
+  const nlohmann::json t = p.to_chrome_trace();
+  REQUIRE(t.contains("traceEvents"));
+  const auto parsed = nlohmann::json::parse(t.dump());
+  std::size_t x = 0;
+  std::size_t counters = 0;
+  std::size_t peak = 0;
+  for (const auto& e : parsed["traceEvents"]) {
+    if (e["ph"] == "X") {
+      ++x;
+      CHECK(e["dur"].get<double>() >= 0);
+      CHECK(e["args"].contains("bytes"));
+      CHECK(e["args"].contains("group"));
+      CHECK(e["args"].contains("module"));
+    } else if (e["ph"] == "C") {
+      ++counters;
+      peak = std::max(peak, e["args"]["bytes"].get<std::size_t>());
+    }
+  }
+  CHECK(x == p.ops.size());
+  CHECK(counters == p.events.size() + 1);
+  CHECK(peak == p.peak_bytes);
+  const Op& ag = group_op(p, OpKind::all_gather, Phase::forward, "m2");
+  bool found = false;
+  for (const auto& e : parsed["traceEvents"])
+    if (e["ph"] == "X" && e["args"]["op"] == ag.id) {
+      found = true;
+      CHECK(e["tid"] == 1);
+      CHECK(e["ts"].get<double>() == doctest::Approx(ag.start_ms * 1000));
+      CHECK(e["args"]["group"] == "m2");
+    }
+  CHECK(found);
+}
+
+TEST_CASE("cost model: defaults, JSON round trip and errors, one all-gather's time") {
+  const CostModel d = CostModel::defaults({4, 2});
+  CHECK(d.collective(CollectiveKind::all_gather, MeshDim::shard).alpha_ms == doctest::Approx(0.02));
+  CHECK(d.collective(CollectiveKind::all_gather, MeshDim::shard).beta_ms_per_byte ==
+        doctest::Approx(3e-6));
+  CHECK(d.collective(CollectiveKind::all_reduce, MeshDim::replicate).beta_ms_per_byte ==
+        doctest::Approx(1e-6));
+  CHECK(d.copy_ms(1e7) == doctest::Approx(1.0));
+  CHECK(d.time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, 1e6) == doctest::Approx(3.02));
+
+  CostModel c = d;
+  c.collective(CollectiveKind::reduce_scatter, MeshDim::replicate) = {0.125, 2.5e-7};
+  c.set_copy_gb_per_s(42.0);
+  const CostModel back = CostModel::from_json(nlohmann::json::parse(c.to_json().dump()), d);
+  CHECK(back == c);
+  CHECK(CostModel::from_json(nlohmann::json::object(), c) == c);
+  const CostModel partial = CostModel::parse_json(
+      R"({"all_gather": {"shard": {"alpha_ms": 0.5}}, "copy_gb_per_s": 20})", d, "cost.json");
+  CHECK(partial.collective(CollectiveKind::all_gather, MeshDim::shard).alpha_ms == 0.5);
+  CHECK(partial.collective(CollectiveKind::all_gather, MeshDim::shard).beta_ms_per_byte ==
+        doctest::Approx(3e-6));
+  CHECK(partial.copy_gb_per_s() == 20);
+
+  auto err = [&](const std::string& text) {
+    return error_of<ConfigError>([&] { CostModel::parse_json(text, d, "cost.json"); });
+  };
+  CHECK(contains(err(R"({"all_gathr": {}})"),
+                 "cost.json: all_gathr: unknown key 'all_gathr' (allowed: all_gather, "
+                 "reduce_scatter, all_reduce, copy_gb_per_s)"));
+  CHECK(contains(err(R"({"all_gather": {"shrd": {}}})"),
+                 "cost.json: all_gather.shrd: unknown key 'shrd' (allowed: shard, replicate)"));
+  CHECK(contains(err(R"({"all_reduce": {"replicate": {"alpha": 1}}})"),
+                 "cost.json: all_reduce.replicate.alpha: unknown key 'alpha'"));
+  CHECK(
+      contains(err(R"({"reduce_scatter": {"shard": {"beta_ms_per_byte": -1}}})"),
+               "cost.json: reduce_scatter.shard.beta_ms_per_byte: expected a finite number >= 0"));
+  CHECK(contains(err(R"({"all_gather": {"shard": {"alpha_ms": "fast"}}})"),
+                 "cost.json: all_gather.shard.alpha_ms: expected a number"));
+  CHECK(contains(err(R"({"copy_gb_per_s": 0})"),
+                 "cost.json: copy_gb_per_s: expected a bandwidth > 0"));
+  CHECK(contains(err(R"({"all_gather": 3})"), "cost.json: all_gather: expected an object"));
+  CHECK(contains(err(R"([1, 2])"), "cost.json: (top level): expected an object"));
+  CHECK(contains(err(R"({"all_gather": )"), "cost.json: invalid JSON at byte"));
+  CHECK(contains(error_of<ConfigError>([&] { CostModel::load_json("/nonexistent/cost.json", d); }),
+                 "/nonexistent/cost.json: cannot read the cost model file"));
+
+  // A graph with one group: its all-gather takes exactly alpha + beta * shard bytes.
+  auto g = graph::parse_graph_json(
+      R"({"name": "one", "fully_shard": true, "params": {"w": {"shape": [10, 100]}}})");
+  PlanOptions o;
+  CostModel cm = CostModel::defaults({4, 1});
+  cm.collective(CollectiveKind::all_gather, MeshDim::shard) = {0.5, 1e-3};
+  o.cost = cm;
+  const Plan p = Scheduler::plan(*g, {4, 1}, o);
+  const auto ags = p.find(OpKind::all_gather);
+  REQUIRE(ags.size() == 1);
+  const std::size_t shard_bytes = 3 * 100 * 4;  // ceil(10/4) = 3 rows
+  CHECK(ags[0]->bytes == shard_bytes);
+  CHECK(ags[0]->start_ms == 0.0);
+  CHECK(ags[0]->end_ms - ags[0]->start_ms == doctest::Approx(0.5 + 1e-3 * shard_bytes));
+
+  // Least squares.
+  const AlphaBeta ab = fit_alpha_beta({1000, 2000, 4000}, {1.5, 2.5, 4.5});
+  CHECK(ab.alpha_ms == doctest::Approx(0.5));
+  CHECK(ab.beta_ms_per_byte == doctest::Approx(1e-3));
+  const AlphaBeta flat = fit_alpha_beta({1000, 2000}, {2.0, 1.0});
+  CHECK(flat.beta_ms_per_byte == 0.0);
+  CHECK(flat.alpha_ms == doctest::Approx(1.5));
+}
+
+TEST_CASE("cost model calibration over MPI") {
+  auto comm = comm::MpiCommunicator::duplicate(MPI_COMM_WORLD, "calib", 60.0);
+  const CostModel base = CostModel::defaults({test::world_size(), 1});
+  const CostModel c = CostModel::calibrate(*comm, base, nullptr, {4096, 65536}, 2);
+  const AlphaBeta ag = c.collective(CollectiveKind::all_gather, MeshDim::shard);
+  const AlphaBeta rs = c.collective(CollectiveKind::reduce_scatter, MeshDim::shard);
+  CHECK(ag.alpha_ms >= 0);
+  CHECK(ag.beta_ms_per_byte >= 0);
+  CHECK(rs.alpha_ms >= 0);
+  CHECK(c.copy_gb_per_s() > 0);
+  // Untouched values come from the base.
+  CHECK(c.collective(CollectiveKind::all_reduce, MeshDim::replicate).alpha_ms ==
+        base.collective(CollectiveKind::all_reduce, MeshDim::replicate).alpha_ms);
+  CHECK(c.collective(CollectiveKind::all_reduce, MeshDim::replicate).beta_ms_per_byte ==
+        base.collective(CollectiveKind::all_reduce, MeshDim::replicate).beta_ms_per_byte);
+  // Every rank got the same model.
+  const std::string j = c.to_json().dump();
+  unsigned long long h = fnv1a64(j);
+  unsigned long long hmax = 0;
+  MPI_Allreduce(&h, &hmax, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  CHECK(h == hmax);
+}
+
+TEST_CASE("Scheduler::plan rejects bad meshes and options") {
+  auto g = load(kSeed);
+  CHECK(contains(error_of<InvalidArgument>([&] {
+                   Scheduler::plan(*g, {0, 1});
+                 }),
+                 "mesh sizes must be >= 1"));
+  PlanOptions o;
+  o.forward_prefetch_depth = -1;
+  CHECK(contains(error_of<InvalidArgument>([&] {
+                   Scheduler::plan(*g, {2, 1}, o);
+                 }),
+                 "forward_prefetch_depth must be >= 0"));
+  o = PlanOptions{};
+  o.reduce_scatter_max_input_buffers = 0;
+  CHECK(contains(error_of<InvalidArgument>([&] {
+                   Scheduler::plan(*g, {2, 1}, o);
+                 }),
+                 "reduce_scatter_max_input_buffers must be >= 1"));
+}
+
+namespace {
+
+// Runs one iteration of the engine (fsdp::forward / fsdp::backward on the root, configured as
+// the plan says) and compares its pool's peak and end bytes with the plan's.
+void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOptions& o,
+                          const std::string& what, HostProgress progress);
+
+// Both ways of running host streams must free memory at the same points.
+void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOptions& o,
+                          const std::string& what) {
+  check_engine_matches(json, mesh, o, what + " (worker threads)", HostProgress::thread);
+  check_engine_matches(json, mesh, o, what + " (inline)", HostProgress::inline_);
+}
+
+void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOptions& o,
+                          const std::string& what, HostProgress progress) {
+  CAPTURE(what);
+  auto root = load(json);
+  const Plan plan = Scheduler::plan(*root, mesh, o);
+
+  auto g = load(json);
+  const DeviceMesh dm = mesh.replicate > 1
+                            ? DeviceMesh(MPI_COMM_WORLD, {mesh.replicate, mesh.shard},
+                                         {"replicate", "shard"}, 60.0, progress)
+                            : DeviceMesh(MPI_COMM_WORLD, {mesh.shard}, {"shard"}, 60.0, progress);
+  REQUIRE(fsdp::apply_fully_shard_requests(*g, dm, o.defaults) ==
+          static_cast<int>(plan.groups.size()));
+  std::vector<graph::Module*> modules;
+  for (const PlannedGroup& pg : plan.groups) {
+    graph::Module& m = g->module(pg.modules.front()->fqn());
+    fsdp::FSDPModule* st = fsdp::fsdp_state(m);
+    REQUIRE(st);
+    CHECK(st->group_fqns() == pg.param_fqns);
+    CHECK(st->group_layout().shard_numel == pg.layout.shard_numel);
+    CHECK(st->group_layout().arena_numel == pg.layout.arena_numel);
+    modules.push_back(&m);
+  }
+  for (std::size_t i = 0; i < plan.groups.size(); ++i) {
+    fsdp::FSDPModule* st = fsdp::fsdp_state(*modules[i]);
+    std::vector<graph::Module*> targets;
+    for (int t : plan.forward_prefetch[i])
+      targets.push_back(modules[static_cast<std::size_t>(t)]);
+    if (!targets.empty()) st->set_modules_to_forward_prefetch(targets);
+    if (o.backward_prefetch == BackwardPrefetch::none) st->set_modules_to_backward_prefetch({});
+  }
+  std::vector<fsdp::FSDPModule*> roots;
+  for (int r : plan.pool_roots) {
+    fsdp::FSDPModule* st = fsdp::fsdp_state(*modules[static_cast<std::size_t>(r)]);
+    REQUIRE(st->is_root());
+    st->set_reduce_scatter_max_input_buffers(o.reduce_scatter_max_input_buffers);
+    if (!o.requires_all_reduce) st->set_requires_all_reduce(false);
+    roots.push_back(st);
+  }
+
+  fsdp::forward(*g);
+  fsdp::backward(*g);
+  std::size_t end = 0;
+  for (std::size_t i = 0; i < roots.size(); ++i) {
+    auto& pool = roots[i]->group()->context()->pool;
+    CHECK(pool.peak_bytes_in_use() == plan.pool_peak_bytes[i]);
+    end += pool.bytes_in_use();
+  }
+  if (roots.size() == 1) CHECK(plan.pool_peak_bytes[0] == plan.peak_bytes);
+  CHECK(end == plan.end_bytes);
+}
+
+}  // namespace
+
+TEST_CASE("the engine's measured pool peak equals the plan's, byte for byte") {
+  const int W = test::world_size();
+  for (const char* json : {kSeed, kMixed, kTwoRoots}) {
+    PlanOptions o;
+    check_engine_matches(json, {W, 1}, o, "default");
+    o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(false);
+    check_engine_matches(json, {W, 1}, o, "reshard false");
+    o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(true);
+    check_engine_matches(json, {W, 1}, o, "reshard true");
+    o = PlanOptions{};
+    o.forward_prefetch_depth = 2;
+    check_engine_matches(json, {W, 1}, o, "prefetch 2");
+    o.forward_prefetch_depth = 1;
+    o.reduce_scatter_max_input_buffers = 2;
+    check_engine_matches(json, {W, 1}, o, "prefetch 1, 2 reduce buffers");
+    o = PlanOptions{};
+    o.backward_prefetch = BackwardPrefetch::none;
+    o.defaults.mp_policy.param_dtype = DType::bf16;
+    o.defaults.mp_policy.reduce_dtype = DType::f32;
+    check_engine_matches(json, {W, 1}, o, "no backward prefetch, bf16 params, f32 reduce");
+    if (W % 2 == 0 && W > 2) {
+      o = PlanOptions{};
+      o.defaults.reshard_after_forward = fsdp::ReshardAfterForward::group_size(2);
+      check_engine_matches(json, {W, 1}, o, "reshard_after_forward=2");
+    }
+    if (W % 2 == 0) {  // HSDP (with W = 2: shard groups of one rank)
+      o = PlanOptions{};
+      check_engine_matches(json, {W / 2, 2}, o, "HSDP");
+      o.requires_all_reduce = false;
+      o.defaults.mp_policy.param_dtype = DType::bf16;
+      check_engine_matches(json, {W / 2, 2}, o, "HSDP without all-reduce, bf16 params");
+    }
+  }
+}
