@@ -293,12 +293,11 @@ void FSDPModule::zero_grad() {
 
 namespace fullshard::fsdp {
 
-namespace {
-
-FullyShardOptions options_from_json(const nlohmann::json& req, const FullyShardOptions& defaults,
-                                    const std::string& where) {
+FullyShardOptions options_from_request(const nlohmann::json& req, const FullyShardOptions& defaults,
+                                       const std::string& where) {
   FullyShardOptions o = defaults;
   if (req.is_boolean()) return o;
+  if (!req.is_object()) throw ConfigError(where + ": expected true, false or an object of options");
   for (auto it = req.begin(); it != req.end(); ++it) {
     const std::string& key = it.key();
     const auto& v = it.value();
@@ -335,8 +334,6 @@ FullyShardOptions options_from_json(const nlohmann::json& req, const FullyShardO
   return o;
 }
 
-}  // namespace
-
 int apply_fully_shard_requests(graph::Module& root, const DeviceMesh& mesh,
                                const FullyShardOptions& defaults) {
   int calls = 0;
@@ -347,9 +344,7 @@ int apply_fully_shard_requests(graph::Module& root, const DeviceMesh& mesh,
         (m->json_path().empty() ? (m->is_root() ? std::string("(root)") : m->fqn())
                                 : m->json_path()) +
         ".fully_shard";
-    if (!req.is_boolean() && !req.is_object())
-      throw ConfigError(where + ": expected true, false or an object of options");
-    fully_shard(*m, mesh, options_from_json(req, defaults, where));
+    fully_shard(*m, mesh, options_from_request(req, defaults, where));
     ++calls;
   }
   return calls;

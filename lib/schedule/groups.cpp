@@ -1,5 +1,7 @@
 #include "fullshard/schedule/groups.hpp"
 
+#include "fullshard/fsdp/fully_shard.hpp"
+
 #include <map>
 #include <set>
 
@@ -27,50 +29,6 @@ std::string PlannedGroup::reshard_string() const {
   if (reshard_after_forward == -1) return "true";
   if (reshard_after_forward == 1) return "false";
   return std::to_string(reshard_after_forward);
-}
-
-// Same keys, values and messages as options_from_json in lib/fsdp/fully_shard.cpp.
-fsdp::FullyShardOptions fully_shard_options_from_json(const nlohmann::json& req,
-                                                      const fsdp::FullyShardOptions& defaults,
-                                                      const std::string& where) {
-  using fsdp::ReshardAfterForward;
-  fsdp::FullyShardOptions o = defaults;
-  if (req.is_boolean()) return o;
-  if (!req.is_object()) throw ConfigError(where + ": expected true, false or an object of options");
-  for (auto it = req.begin(); it != req.end(); ++it) {
-    const std::string& key = it.key();
-    const auto& v = it.value();
-    const std::string path = where + "." + key;
-    if (key == "reshard_after_forward") {
-      if (v.is_null())
-        o.reshard_after_forward = ReshardAfterForward::automatic();
-      else if (v.is_boolean())
-        o.reshard_after_forward = ReshardAfterForward(v.get<bool>());
-      else if (v.is_number_integer() && v.get<long long>() >= 1)
-        o.reshard_after_forward = ReshardAfterForward::group_size(v.get<int>());
-      else
-        throw ConfigError(path + ": expected true, false, null or an integer >= 1");
-    } else if (key == "param_dtype" || key == "reduce_dtype" || key == "output_dtype") {
-      if (!v.is_string()) throw ConfigError(path + ": expected a dtype name such as \"bf16\"");
-      const DType t = parse_dtype(v.get<std::string>(), path);
-      (key == "param_dtype"    ? o.mp_policy.param_dtype
-       : key == "reduce_dtype" ? o.mp_policy.reduce_dtype
-                               : o.mp_policy.output_dtype) = t;
-    } else if (key == "ignored_params") {
-      if (!v.is_array()) throw ConfigError(path + ": expected an array of parameter FQNs");
-      o.ignored_params.clear();
-      for (std::size_t i = 0; i < v.size(); ++i) {
-        if (!v[i].is_string())
-          throw ConfigError(path + "[" + std::to_string(i) + "]: expected a parameter FQN string");
-        o.ignored_params.push_back(v[i].get<std::string>());
-      }
-    } else {
-      throw ConfigError(path +
-                        ": unknown fully_shard option (allowed: reshard_after_forward, "
-                        "param_dtype, reduce_dtype, output_dtype, ignored_params)");
-    }
-  }
-  return o;
 }
 
 namespace {
@@ -118,7 +76,7 @@ std::vector<PlannedGroup> plan_groups(const graph::Module& root, int shard_size,
     if (!req.is_boolean() && !req.is_object())
       throw ConfigError(where + ": expected true, false or an object of options");
     PlannedGroup g;
-    g.options = fully_shard_options_from_json(req, defaults, where);
+    g.options = fsdp::options_from_request(req, defaults, where);
     g.where = where;
     g.name = m->fqn().empty() ? "<root>" : m->fqn();
     g.modules = {m};

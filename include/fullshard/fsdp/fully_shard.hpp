@@ -110,6 +110,13 @@ FSDPModule& fully_shard(const std::vector<graph::Module*>& modules, const Device
 /// The FSDP state of a module, or nullptr when fully_shard was not applied to it.
 FSDPModule* fsdp_state(graph::Module& module) noexcept;
 
+/// The options of one graph request ("fully_shard": true or an object of options):
+/// `defaults` overridden by the keys present: reshard_after_forward (bool, null or int >= 1),
+/// param_dtype, reduce_dtype, output_dtype (dtype names), ignored_params (array of FQNs).
+/// ConfigError "<where>.<key>: <problem>" for anything else.
+FullyShardOptions options_from_request(const nlohmann::json& request,
+                                       const FullyShardOptions& defaults, const std::string& where);
+
 /// Applies fully_shard, bottom-up, to every module whose graph JSON asked for it
 /// ("fully_shard": true or an object of options: reshard_after_forward (bool or int),
 /// param_dtype, reduce_dtype, output_dtype, ignored_params). Options missing from a module's

@@ -67,13 +67,4 @@ struct PlannedGroup {
 std::vector<PlannedGroup> plan_groups(const graph::Module& root, int shard_size,
                                       const fsdp::FullyShardOptions& defaults = {});
 
-/// The options of one graph request ("fully_shard": true or an object of options), `defaults`
-/// overridden by the keys present: reshard_after_forward (bool, null or int >= 1),
-/// param_dtype, reduce_dtype, output_dtype (dtype names), ignored_params (array of FQNs).
-/// ConfigError "<where>.<key>: <problem>" otherwise. Same keys, values and messages as the
-/// parsing inside lib/fsdp/fully_shard.cpp (which is duplicated here, not shared).
-fsdp::FullyShardOptions fully_shard_options_from_json(const nlohmann::json& request,
-                                                      const fsdp::FullyShardOptions& defaults,
-                                                      const std::string& where);
-
 }  // namespace fullshard::schedule
