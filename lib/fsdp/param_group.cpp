@@ -173,9 +173,7 @@ void ParamGroup::issue_unshard() {
   gather_in_flight_ = true;
 }
 
-void ParamGroup::wait_unshard() {
-  if (state_ == ShardedState::unsharded) return;
-  issue_unshard();
+void ParamGroup::await_gather() {
   try {
     gather_work_.wait();
   } catch (...) {
@@ -183,6 +181,12 @@ void ParamGroup::wait_unshard() {
     gather_in_flight_ = false;
     throw;
   }
+}
+
+void ParamGroup::wait_unshard() {
+  if (state_ == ShardedState::unsharded) return;
+  issue_unshard();
+  await_gather();
   const std::int64_t gsn = layout_.shard_numel;
   arena_ = ctx_->pool.acquire({layout_.arena_numel}, param_dtype_, "unsharded");
   kernels::run_copies(copy_out_, gather_buffer_.data(), param_dtype_, arena_.data(), param_dtype_);
@@ -204,13 +208,7 @@ void ParamGroup::wait_unshard() {
 
 void ParamGroup::reshard() {
   if (gather_in_flight_) {
-    try {
-      gather_work_.wait();
-    } catch (...) {
-      gather_buffer_ = Tensor();
-      gather_in_flight_ = false;
-      throw;
-    }
+    await_gather();
     gather_buffer_ = Tensor();
     gather_in_flight_ = false;
   }

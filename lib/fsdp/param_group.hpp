@@ -107,6 +107,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   std::vector<std::size_t> post_forward_indices;
 
  private:
+  // Waits for the all-gather in flight; on error drops its buffer and rethrows.
+  void await_gather();
   void register_sharded();
   void register_unsharded();
   std::string label(const char* op) const;

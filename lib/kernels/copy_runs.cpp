@@ -68,43 +68,42 @@ GroupLayout make_group_layout(const std::vector<ShardLayout>& layouts) {
   return g;
 }
 
-std::vector<CopyRun> all_gather_copy_out_runs(const GroupLayout& g) {
-  std::vector<CopyRun> runs;
+namespace {
+
+// Calls f(slot, arena, rows, chunk_elems) for every (member, outer index, rank) block, in
+// layout order: `slot` is the block's offset in the rank-major buffer, `arena` its offset in
+// the unsharded arena (clamped to the member's end for ranks with no rows), `rows * inner`
+// its valid elements and `chunk * inner` its padded size.
+template <class F>
+void for_each_block(const GroupLayout& g, F&& f) {
   for (const GroupMember& m : g.members) {
     const ShardLayout& l = m.layout;
     const std::int64_t d = dim_size(l);
-    for (std::int64_t o = 0; o < l.outer; ++o) {
-      for (int q = 0; q < g.world; ++q) {
-        const std::int64_t rows = l.rows_of(q);
-        if (rows <= 0) continue;
-        CopyRun r;
-        r.src_offset = q * g.shard_numel + m.slot_offset + o * l.chunk * l.inner;
-        r.dst_offset = m.arena_offset + (o * d + q * l.chunk) * l.inner;
-        r.len = rows * l.inner;
-        append(runs, r);
-      }
-    }
+    for (std::int64_t o = 0; o < l.outer; ++o)
+      for (int q = 0; q < g.world; ++q)
+        f(q * g.shard_numel + m.slot_offset + o * l.chunk * l.inner,
+          m.arena_offset + (o * d + std::min(q * l.chunk, d)) * l.inner, l.rows_of(q) * l.inner,
+          l.chunk * l.inner);
   }
+}
+
+}  // namespace
+
+std::vector<CopyRun> all_gather_copy_out_runs(const GroupLayout& g) {
+  std::vector<CopyRun> runs;
+  for_each_block(g, [&](std::int64_t slot, std::int64_t arena, std::int64_t valid, std::int64_t) {
+    if (valid > 0) append(runs, CopyRun{slot, arena, valid, 0});
+  });
   return runs;
 }
 
 std::vector<CopyRun> reduce_scatter_copy_in_runs(const GroupLayout& g) {
   std::vector<CopyRun> runs;
-  for (const GroupMember& m : g.members) {
-    const ShardLayout& l = m.layout;
-    const std::int64_t d = dim_size(l);
-    for (std::int64_t o = 0; o < l.outer; ++o) {
-      for (int q = 0; q < g.world; ++q) {
-        const std::int64_t rows = l.rows_of(q);
-        CopyRun r;  // rows == 0: only zeros, src unused (kept inside the member's range)
-        r.src_offset = m.arena_offset + (o * d + std::min(q * l.chunk, d)) * l.inner;
-        r.dst_offset = q * g.shard_numel + m.slot_offset + o * l.chunk * l.inner;
-        r.len = rows * l.inner;
-        r.pad = (l.chunk - rows) * l.inner;
-        append(runs, r);
-      }
-    }
-  }
+  // Ranks with no rows get a run of zeros only (src unused, kept inside the member's range).
+  for_each_block(
+      g, [&](std::int64_t slot, std::int64_t arena, std::int64_t valid, std::int64_t padded) {
+        append(runs, CopyRun{arena, slot, valid, padded - valid});
+      });
   return runs;
 }
 

@@ -2,6 +2,8 @@
 // (docs/graph-format.md).
 #include <doctest/doctest.h>
 
+#include "error_check.hpp"
+
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -17,24 +19,8 @@ using namespace fullshard::graph;
 
 namespace {
 
-/// The message of the E thrown by fn ("" and a failed check when none or another type is thrown).
-template <class E>
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    FAIL_CHECK("unexpected exception type: " << e.what());
-    return "";
-  }
-  FAIL_CHECK("no exception thrown");
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using fullshard::test::contains;
+using fullshard::test::error_of;
 
 /// The ConfigError message of parsing `text` as source "graph.json".
 std::string json_error(const std::string& text) {

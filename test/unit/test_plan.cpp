@@ -3,6 +3,8 @@
 // peak), determinism, the cost model and its JSON form.
 #include <doctest/doctest.h>
 
+#include "error_check.hpp"
+
 #include <algorithm>
 #include <functional>
 #include <memory>
@@ -24,23 +26,8 @@ using namespace fullshard::schedule;
 
 namespace {
 
-template <class E>
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    FAIL_CHECK("unexpected exception type: " << e.what());
-    return "";
-  }
-  FAIL_CHECK("no exception thrown");
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using fullshard::test::contains;
+using fullshard::test::error_of;
 
 // The seed's example: model[m1[a] -> m2[b] -> m3[c] -> m4[d]], fully_shard on m2, m3 and the
 // root (same as test/data/seed_m1m4.json).
