@@ -115,6 +115,7 @@ struct StreamImpl {
   struct Task {
     std::function<void()> op;
     std::shared_ptr<Completion> done;
+    std::shared_ptr<const Stream::Recorder> recorder;  // set when the stream records
   };
 
   std::string name;
@@ -125,7 +126,8 @@ struct StreamImpl {
   std::deque<Task> queue;
   bool stopping = false;
   std::thread worker;
-  std::unique_ptr<Watchdog> watchdog;  // caller streams only, created on first use
+  std::unique_ptr<Watchdog> watchdog;                // caller streams only, created on first use
+  std::shared_ptr<const Stream::Recorder> recorder;  // guarded by m
 
   static std::uint64_t next_id() {
     static std::atomic<std::uint64_t> counter{0};
@@ -150,10 +152,18 @@ struct StreamImpl {
 
   static void execute(Task& t) noexcept {
     std::exception_ptr err;
+    const auto start =
+        t.recorder ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     try {
       t.op();
     } catch (...) {
       err = std::current_exception();
+    }
+    if (t.recorder) {
+      try {
+        (*t.recorder)(t.done->label, start, std::chrono::steady_clock::now());
+      } catch (...) {  // a failing recorder must not fail the operation
+      }
     }
     // Release what the operation captured (buffers) before signalling completion: a waiter
     // that then drops its own references frees the memory at a deterministic point.
@@ -180,7 +190,11 @@ struct StreamImpl {
     auto c = std::make_shared<Completion>();
     c->label = std::move(label);
     c->timeout_s = timeout_s;
-    Task t{std::move(op), c};
+    Task t{std::move(op), c, nullptr};
+    {
+      std::lock_guard<std::mutex> lock(m);
+      t.recorder = recorder;
+    }
     if (inline_) {
       if (timeout_s > 0) {
         if (!watchdog) watchdog = std::make_unique<Watchdog>();
@@ -272,6 +286,11 @@ void Stream::wait(const Event& e) {
 
 void Stream::synchronize() {
   record().synchronize();
+}
+
+void Stream::set_recorder(Recorder recorder) {
+  std::lock_guard<std::mutex> lock(impl_->m);
+  impl_->recorder = recorder ? std::make_shared<const Recorder>(std::move(recorder)) : nullptr;
 }
 
 }  // namespace fullshard::comm

@@ -5,10 +5,6 @@
 
 namespace fullshard::fsdp {
 
-namespace detail {
-void ensure_initialized(FSDPModule& st);
-}
-
 namespace {
 
 // Resets the per-pass bookkeeping of every group under a root.

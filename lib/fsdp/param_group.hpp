@@ -15,9 +15,17 @@
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/tensor/buffer_pool.hpp"
 
+namespace fullshard::fsdp {
+class FSDPModule;
+}
+
 namespace fullshard::fsdp::detail {
 
 class ParamGroup;
+
+/// Creates the comm context of the root above `st` and attaches every group of its subtree
+/// (the first forward or unshard does this; the executor does it up front).
+void ensure_initialized(FSDPModule& st);
 
 /// Shared by every group under one root: the buffer pool (whose accounting is the memory the
 /// plan predicts), the post-forward order and the reduce-scatters in flight. The streams are

@@ -9,10 +9,6 @@
 
 namespace fullshard::fsdp {
 
-namespace detail {
-void ensure_initialized(FSDPModule& st);
-}
-
 namespace {
 
 struct Located {

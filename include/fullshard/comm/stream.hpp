@@ -4,6 +4,7 @@
 // stream: an operation runs when it is enqueued).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -85,6 +86,13 @@ class Stream {
   void wait(const Event& e);
   /// Blocks until everything submitted so far has run.
   void synchronize();
+
+  /// Called after every operation with its label and its start and end times (for measured
+  /// timelines); empty to stop. Runs on the thread that ran the operation.
+  using Recorder =
+      std::function<void(const std::string& label, std::chrono::steady_clock::time_point start,
+                         std::chrono::steady_clock::time_point end)>;
+  void set_recorder(Recorder recorder);
 
  private:
   explicit Stream(std::shared_ptr<detail::StreamImpl> impl) : impl_(std::move(impl)) {}

@@ -1,0 +1,80 @@
+// The executor: runs a plan's iteration over a fully_shard'ed graph (the user's callbacks on
+// the calling thread, collectives on the mesh's channel streams), applies the plan's
+// policies, and records the measured timeline in the plan's trace format.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fullshard/graph/module.hpp"
+#include "fullshard/mesh/device_mesh.hpp"
+#include "fullshard/schedule/plan.hpp"
+
+namespace fullshard::schedule {
+
+/// One measured interval.
+struct MeasuredOp {
+  std::string label;
+  StreamKind stream = StreamKind::compute;
+  double start_us = 0.0;  // since the timeline's origin
+  double end_us = 0.0;
+};
+
+/// Measured intervals of one or more iterations; thread-safe.
+class Timeline {
+ public:
+  Timeline();
+  void record(const std::string& label, StreamKind stream,
+              std::chrono::steady_clock::time_point start,
+              std::chrono::steady_clock::time_point end);
+  std::vector<MeasuredOp> ops() const;
+  void clear();
+  /// The same trace-event format as Plan::to_chrome_trace (one thread per stream), as process
+  /// `pid` so that a plan (pid 0) and a measurement can be merged into one file.
+  nlohmann::json to_chrome_trace(int pid = 1, const std::string& name = "fullshard measured") const;
+
+ private:
+  mutable std::mutex m_;
+  std::chrono::steady_clock::time_point origin_;
+  std::vector<MeasuredOp> ops_;
+};
+
+class Executor {
+ public:
+  /// `root` must be fully_shard'ed over `mesh` as the plan describes (e.g. with
+  /// fsdp::apply_fully_shard_requests and the plan's options.defaults); the executor applies
+  /// the plan's forward and backward prefetch, reduce-scatter buffer cap and HSDP all-reduce
+  /// policy to the FSDP modules, and records every channel stream of `mesh`.
+  Executor(graph::Module& root, const DeviceMesh& mesh, const Plan& plan);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  /// Forward then backward over the graph (fsdp::forward / fsdp::backward semantics).
+  void step();
+  void forward();
+  void backward();
+
+  const Timeline& timeline() const noexcept { return timeline_; }
+  /// Largest pool bytes in use of the roots' buffer pools since construction (or the last
+  /// reset_measurement), summed over the roots: the quantity Plan::peak_bytes predicts.
+  std::size_t measured_peak_bytes() const;
+  void reset_measurement();
+
+ private:
+  void run_forward(graph::Module& m);
+  void run_backward(graph::Module& m);
+  template <class F>
+  void timed(const std::string& label, F&& f);
+
+  graph::Module* root_;
+  DeviceMesh mesh_;
+  Timeline timeline_;
+};
+
+}  // namespace fullshard::schedule

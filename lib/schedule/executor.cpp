@@ -1,0 +1,174 @@
+#include "fullshard/schedule/executor.hpp"
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/fully_shard.hpp"
+#include "fullshard/fsdp/hooks.hpp"
+#include "lib/fsdp/param_group.hpp"
+
+namespace fullshard::schedule {
+
+// ---- Timeline ---------------------------------------------------------------------------
+
+Timeline::Timeline() : origin_(std::chrono::steady_clock::now()) {}
+
+void Timeline::record(const std::string& label, StreamKind stream,
+                      std::chrono::steady_clock::time_point start,
+                      std::chrono::steady_clock::time_point end) {
+  using us = std::chrono::duration<double, std::micro>;
+  std::lock_guard<std::mutex> lock(m_);
+  ops_.push_back({label, stream, us(start - origin_).count(), us(end - origin_).count()});
+}
+
+std::vector<MeasuredOp> Timeline::ops() const {
+  std::lock_guard<std::mutex> lock(m_);
+  return ops_;
+}
+
+void Timeline::clear() {
+  std::lock_guard<std::mutex> lock(m_);
+  ops_.clear();
+  origin_ = std::chrono::steady_clock::now();
+}
+
+nlohmann::json Timeline::to_chrome_trace(int pid, const std::string& name) const {
+  using nlohmann::json;
+  json ev = json::array();
+  ev.push_back({{"name", "process_name"},
+                {"ph", "M"},
+                {"pid", pid},
+                {"tid", 0},
+                {"args", {{"name", name}}}});
+  for (StreamKind s : {StreamKind::compute, StreamKind::all_gather, StreamKind::reduce_scatter,
+                       StreamKind::all_reduce})
+    ev.push_back({{"name", "thread_name"},
+                  {"ph", "M"},
+                  {"pid", pid},
+                  {"tid", static_cast<int>(s)},
+                  {"args", {{"name", stream_name(s)}}}});
+  for (const MeasuredOp& op : ops())
+    ev.push_back({{"name", op.label},
+                  {"ph", "X"},
+                  {"pid", pid},
+                  {"tid", static_cast<int>(op.stream)},
+                  {"ts", op.start_us},
+                  {"dur", op.end_us - op.start_us}});
+  return {{"traceEvents", ev}, {"displayTimeUnit", "ms"}};
+}
+
+// ---- Executor ---------------------------------------------------------------------------
+
+namespace {
+
+const std::pair<Channel, StreamKind> kChannels[] = {
+    {Channel::all_gather, StreamKind::all_gather},
+    {Channel::reduce_scatter, StreamKind::reduce_scatter},
+    {Channel::all_reduce, StreamKind::all_reduce}};
+
+// Stream bookkeeping tasks (records, waits) are not operations of the plan.
+bool bookkeeping(const std::string& label) {
+  return label.rfind("record on stream", 0) == 0 || label.rfind("wait on stream", 0) == 0;
+}
+
+std::vector<fsdp::FSDPModule*> roots_of(graph::Module& root) {
+  std::vector<fsdp::FSDPModule*> out;
+  for (graph::Module* m : root.modules_preorder())
+    if (fsdp::FSDPModule* s = fsdp::fsdp_state(*m); s && s->is_root()) out.push_back(s);
+  return out;
+}
+
+}  // namespace
+
+Executor::Executor(graph::Module& root, const DeviceMesh& mesh, const Plan& plan)
+    : root_(&root), mesh_(mesh) {
+  // Plan group i -> the FSDP module of its first module.
+  std::vector<fsdp::FSDPModule*> states;
+  for (const PlannedGroup& g : plan.groups) {
+    graph::Module& m = root.module(g.modules.front()->fqn());
+    fsdp::FSDPModule* st = fsdp::fsdp_state(m);
+    if (!st || st->group_fqns() != g.param_fqns)
+      throw InvalidArgument("Executor: module '" + g.name +
+                            "' is not fully_shard'ed as the plan says; apply the plan's "
+                            "fully_shard calls (fsdp::apply_fully_shard_requests) first");
+    states.push_back(st);
+  }
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    std::vector<graph::Module*> targets;
+    for (int t : plan.forward_prefetch[i])
+      targets.push_back(&states[static_cast<std::size_t>(t)]->module());
+    if (!targets.empty()) states[i]->set_modules_to_forward_prefetch(targets);
+    if (plan.options.backward_prefetch == BackwardPrefetch::none)
+      states[i]->set_modules_to_backward_prefetch({});
+  }
+  for (fsdp::FSDPModule* r : roots_of(root)) {
+    r->set_reduce_scatter_max_input_buffers(plan.options.reduce_scatter_max_input_buffers);
+    r->set_requires_all_reduce(plan.options.requires_all_reduce);
+  }
+  for (const auto& [channel, kind] : kChannels) {
+    const StreamKind k = kind;
+    mesh_.stream(channel).set_recorder([this, k](const std::string& label,
+                                                 std::chrono::steady_clock::time_point t0,
+                                                 std::chrono::steady_clock::time_point t1) {
+      if (!bookkeeping(label)) timeline_.record(label, k, t0, t1);
+    });
+  }
+  reset_measurement();
+}
+
+Executor::~Executor() {
+  for (const auto& cs : kChannels)
+    mesh_.stream(cs.first).set_recorder(nullptr);
+}
+
+template <class F>
+void Executor::timed(const std::string& label, F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  timeline_.record(label, StreamKind::compute, t0, std::chrono::steady_clock::now());
+}
+
+void Executor::run_forward(graph::Module& m) {
+  const std::string name = m.fqn().empty() ? "<root>" : m.fqn();
+  timed("pre_forward(" + name + ")", [&] { fsdp::pre_forward(m); });
+  if (m.forward_callback()) timed("fwd(" + name + ")", [&] { m.forward_callback()(m); });
+  for (std::size_t i = 0; i < m.num_children(); ++i)
+    run_forward(m.child(i));
+  timed("post_forward(" + name + ")", [&] { fsdp::post_forward(m); });
+}
+
+void Executor::run_backward(graph::Module& m) {
+  const std::string name = m.fqn().empty() ? "<root>" : m.fqn();
+  timed("pre_backward(" + name + ")", [&] { fsdp::pre_backward(m); });
+  for (std::size_t i = m.num_children(); i-- > 0;)
+    run_backward(m.child(i));
+  if (m.backward_callback()) timed("bwd(" + name + ")", [&] { m.backward_callback()(m); });
+  timed("post_backward(" + name + ")", [&] { fsdp::post_backward(m); });
+}
+
+void Executor::forward() {
+  run_forward(*root_);
+}
+void Executor::backward() {
+  run_backward(*root_);
+}
+
+void Executor::step() {
+  forward();
+  backward();
+}
+
+std::size_t Executor::measured_peak_bytes() const {
+  std::size_t peak = 0;
+  for (fsdp::FSDPModule* r : roots_of(*root_))
+    if (auto* ctx = r->group()->context()) peak += ctx->pool.peak_bytes_in_use();
+  return peak;
+}
+
+void Executor::reset_measurement() {
+  timeline_.clear();
+  for (fsdp::FSDPModule* r : roots_of(*root_)) {
+    fsdp::detail::ensure_initialized(*r);
+    r->group()->context()->pool.reset_peak();
+  }
+}
+
+}  // namespace fullshard::schedule
