@@ -1,0 +1,99 @@
+// fullshard-calibrate: measures the alpha-beta cost model of this machine's collectives and
+// writes it as JSON for `fullshard-plan --cost`.
+//   mpirun -n 8 fullshard-calibrate --mesh 8 --out cost.json        (FSDP)
+//   mpirun -n 8 fullshard-calibrate --mesh 2x4 --out cost.json      (HSDP: replicate x shard)
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "fullshard/fullshard.hpp"
+#include "fullshard/schedule/cost_model.hpp"
+
+namespace {
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::fprintf(stderr,
+               "fullshard-calibrate: error: %s\n"
+               "usage: mpirun -n N fullshard-calibrate --mesh N|RxS --out FILE "
+               "[--sizes BYTES,BYTES,...] [--reps K]\n",
+               msg.c_str());
+  std::exit(2);
+}
+
+std::vector<std::size_t> parse_sizes(const std::string& s) {
+  std::vector<std::size_t> out;
+  std::size_t pos = 0;
+  while (pos <= s.size()) {
+    const std::size_t comma = s.find(',', pos);
+    const std::string item =
+        s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v == 0 || v % 4 != 0)
+      usage_error("--sizes: '" + item + "' is not a positive byte count divisible by 4");
+    out.push_back(static_cast<std::size_t>(v));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    fullshard::Runtime rt(argc, argv);
+    std::string mesh_arg, out;
+    std::vector<std::size_t> sizes = {1 << 16, 1 << 20, 1 << 22};
+    int reps = 5;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto value = [&]() -> std::string {
+        if (i + 1 >= argc) usage_error(a + " needs a value");
+        return argv[++i];
+      };
+      if (a == "--mesh")
+        mesh_arg = value();
+      else if (a == "--out")
+        out = value();
+      else if (a == "--sizes")
+        sizes = parse_sizes(value());
+      else if (a == "--reps")
+        reps = std::atoi(value().c_str());
+      else
+        usage_error("unknown option '" + a + "'");
+    }
+    if (mesh_arg.empty() || out.empty()) usage_error("--mesh and --out are required");
+    if (reps < 1) usage_error("--reps must be >= 1");
+    int replicate = 1, shard = 0;
+    if (const auto x = mesh_arg.find('x'); x != std::string::npos) {
+      replicate = std::atoi(mesh_arg.substr(0, x).c_str());
+      shard = std::atoi(mesh_arg.substr(x + 1).c_str());
+    } else {
+      shard = std::atoi(mesh_arg.c_str());
+    }
+    if (replicate < 1 || shard < 1 || replicate * shard != rt.world_size())
+      usage_error("--mesh " + mesh_arg + " does not describe the " +
+                  std::to_string(rt.world_size()) + " ranks of this job");
+    const fullshard::schedule::MeshShape shape{shard, replicate};
+    fullshard::DeviceMesh mesh =
+        replicate > 1 ? fullshard::DeviceMesh(rt, {replicate, shard}, {"replicate", "shard"})
+                      : fullshard::DeviceMesh(rt, {shard}, {"shard"});
+    const auto model = fullshard::schedule::CostModel::calibrate(
+        mesh.comm("shard"), fullshard::schedule::CostModel::defaults(shape),
+        replicate > 1 ? &mesh.comm("replicate") : nullptr, sizes, reps);
+    if (rt.rank() == 0) {
+      std::ofstream f(out);
+      f << model.to_json().dump(2) << "\n";
+      if (!f) throw fullshard::ConfigError(out + ": cannot write the cost model");
+      std::printf("fullshard-calibrate: wrote %s (%d ranks, mesh %s)\n", out.c_str(),
+                  rt.world_size(), mesh_arg.c_str());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fullshard-calibrate: error: %s\n", e.what());
+    return 2;
+  }
+}
