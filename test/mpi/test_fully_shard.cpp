@@ -18,6 +18,7 @@
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/graph/json_graph.hpp"
+#include "lib/fsdp/param_group.hpp"
 #include "test_support.hpp"
 
 using namespace fullshard;
@@ -552,6 +553,30 @@ TEST_CASE("reset_iter_state after an exception in a forward callback") {
   check_shards_and_grads(bag, {{0}}, W());
 }
 
+TEST_CASE("reset_iter_state after an exception in a backward callback") {
+  Bag bag;
+  Module& l0 = bag.add("l0", {{"w", {5, 2}}});
+  Module& l1 = bag.add("l1", {{"w", {3}}});
+  auto mesh = world_mesh();
+  fsdp::fully_shard(l0, mesh);
+  fsdp::fully_shard(l1, mesh);
+  auto& root = fsdp::fully_shard(*bag.root, mesh);
+  bool fail = true;
+  auto ok_backward = l0.backward_callback();
+  l0.on_backward([&](Module& m) {
+    if (fail) throw std::runtime_error("backward failed");
+    ok_backward(m);
+  });
+  fsdp::forward(*bag.root);
+  CHECK_THROWS_WITH(fsdp::backward(*bag.root), "backward failed");  // l1 already reduced
+  root.reset_iter_state();
+  root.zero_grad();  // the failed iteration's gradients are discarded
+  fail = false;
+  bag.step(0);
+  CHECK(bag.forward_mismatches == 0);
+  check_shards_and_grads(bag, {{0}}, W());
+}
+
 TEST_CASE("unshard(async) and the pool returns every transient buffer") {
   Bag bag;
   Module& l0 = bag.add("l0", {{"w", {11, 3}}});
@@ -568,6 +593,11 @@ TEST_CASE("unshard(async) and the pool returns every transient buffer") {
   bag.step(0);
   bag.step(0);
   check_shards_and_grads(bag, {{0}, {0}}, W());
+  // Every pooled buffer (gathers, unsharded parameters, gradients, reduce-scatter buffers) is
+  // back in the pool after the iteration; the peak is what one iteration needs.
+  auto& pool = fsdp::fsdp_state(*bag.root)->group()->context()->pool;
+  CHECK(pool.bytes_in_use() == 0);
+  CHECK(pool.peak_bytes_in_use() > 0);
 }
 
 TEST_CASE("state dicts: sharded and full, saved and loaded back") {
