@@ -6,6 +6,7 @@
 #include <string>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/comm/nccl_info.hpp"
 #include "fullshard/config.hpp"
 #include "lib/runtime/device_binding.hpp"
 
@@ -127,9 +128,11 @@ std::string Runtime::describe() const {
                   " per node), MPI: " + mpi + ", Kokkos " + std::to_string(KOKKOS_VERSION) + " (" +
                   Kokkos::DefaultExecutionSpace::name() + ")";
   s += ", CUDA: ";
-  s += FULLSHARD_HAS_CUDA ? (device_ >= 0 ? "device " + std::to_string(device_) : "no GPU") : "off";
-  s += ", NCCL: ";
-  s += FULLSHARD_HAS_NCCL ? "on" : "off";
+  s += FULLSHARD_HAS_CUDA ? (device_ >= 0 ? "device " + std::to_string(device_)
+                                          : std::string("built, no GPU visible"))
+                          : std::string("not built");
+  const std::string nccl = comm::nccl_version();
+  s += ", NCCL: " + (nccl.empty() ? std::string("not built") : "built (" + nccl + ")");
   return s;
 }
 
