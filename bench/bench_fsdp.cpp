@@ -234,15 +234,7 @@ int calibrate(const fs::DeviceMesh& mesh, double mib) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool warm = true;
-  if (!fs::bench::take_malloc_flag(argc, argv, warm) ||
-      fs::bench::random_interleaving_requested(argc, argv)) {
-    std::fprintf(stderr,
-                 "fullshard-bench-fsdp: --fullshard_malloc takes warm or default; "
-                 "--benchmark_enable_random_interleaving is not supported under MPI\n");
-    return 1;
-  }
-  benchmark::AddCustomContext("malloc", fs::bench::warm_up_allocator(warm));
+  if (!fs::bench::early_flags(argc, argv, "fullshard-bench-fsdp")) return 1;
   fs::Runtime rt(argc, argv);
   int result = 0;
   {

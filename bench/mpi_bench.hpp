@@ -154,6 +154,22 @@ inline std::string mpi_library() {
   return s;
 }
 
+/// Before the Runtime starts: takes --fullshard_malloc=warm|default (and applies it, recording
+/// it in the benchmark context) and refuses random interleaving. False (after printing why)
+/// on a bad flag.
+inline bool early_flags(int& argc, char** argv, const char* program) {
+  bool warm = true;
+  if (!take_malloc_flag(argc, argv, warm) || random_interleaving_requested(argc, argv)) {
+    std::fprintf(stderr,
+                 "%s: --fullshard_malloc takes warm or default; "
+                 "--benchmark_enable_random_interleaving is not supported under MPI\n",
+                 program);
+    return false;
+  }
+  benchmark::AddCustomContext("malloc", warm_up_allocator(warm));
+  return true;
+}
+
 /// Runs the registered benchmarks with rank 0 reporting; call after the Runtime is up.
 inline int run_benchmarks(int argc, char** argv) {
   MPI_Comm_dup(MPI_COMM_WORLD, &control_comm());

@@ -86,10 +86,9 @@ void Module::check_new_name(const std::string& name, const char* what) const {
   if (name.find('.') != std::string::npos)
     throw InvalidArgument(describe() + ": invalid " + what + " name '" + name +
                           "' (names must not contain '.')");
-  for (const auto& c : children_)
-    if (c->name() == name)
-      throw InvalidArgument(describe() + ": cannot add " + what + " '" + name +
-                            "': a child module of that name exists");
+  if (child_by_name_.count(name))
+    throw InvalidArgument(describe() + ": cannot add " + what + " '" + name +
+                          "': a child module of that name exists");
   if (own_param(name) != nullptr)
     throw InvalidArgument(describe() + ": cannot add " + what + " '" + name +
                           "': a parameter of that name exists");
@@ -98,6 +97,7 @@ void Module::check_new_name(const std::string& name, const char* what) const {
 Module& Module::add_module(const std::string& name) {
   check_new_name(name, "child module");
   children_.push_back(std::unique_ptr<Module>(new Module(name, this)));
+  child_by_name_[name] = children_.back().get();
   return *children_.back();
 }
 
@@ -114,6 +114,7 @@ Parameter& Module::add_param(const std::string& name, Shape shape, DType dtype,
                             std::to_string(shape[d]) + " in dim " + std::to_string(d));
   params_.push_back(std::unique_ptr<Parameter>(
       new Parameter(this, name, std::move(shape), dtype, requires_grad)));
+  param_by_name_[name] = params_.back().get();
   return *params_.back();
 }
 
@@ -134,9 +135,8 @@ Parameter& Module::param(std::size_t i) const {
 }
 
 const Parameter* Module::own_param(const std::string& name) const noexcept {
-  for (const auto& p : params_)
-    if (p->name() == name) return p.get();
-  return nullptr;
+  const auto it = param_by_name_.find(name);
+  return it == param_by_name_.end() ? nullptr : it->second;
 }
 
 Parameter& Module::param(const std::string& name) const {
@@ -158,9 +158,8 @@ const Module* Module::walk(const std::string& relative_fqn, std::string* error) 
         *error = describe() + ": invalid module path '" + relative_fqn + "' (empty name part)";
       return nullptr;
     }
-    const Module* next = nullptr;
-    for (const auto& c : m->children_)
-      if (c->name() == part) next = c.get();
+    const auto found = m->child_by_name_.find(part);
+    const Module* next = found == m->child_by_name_.end() ? nullptr : found->second;
     if (next == nullptr) {
       if (error) {
         *error = describe() + " has no submodule '" + relative_fqn + "'";

@@ -35,7 +35,7 @@ struct MeshState {
   int rank = 0;
   int size = 1;
   double timeout_s = 0.0;
-  HostProgress host_progress = HostProgress::thread;
+  HostProgress host_progress = HostProgress::inline_;
   std::unique_ptr<comm::MpiCommunicator> world;
   // dims[d][channel]
   std::vector<std::array<std::unique_ptr<comm::MpiCommunicator>, kChannels>> dims;

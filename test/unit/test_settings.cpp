@@ -23,17 +23,17 @@ std::string error_of(const std::map<std::string, std::string>& vars) {
 TEST_CASE("settings defaults and valid values") {
   const Settings d = Settings::from_map({});
   CHECK(d.timeout_s == 600.0);
-  CHECK(d.host_progress == HostProgress::thread);
+  CHECK(d.host_progress == HostProgress::inline_);
   CHECK(d.ranks_per_node == 0);
   const Settings s = Settings::from_map({{"FULLSHARD_TIMEOUT", "2.5"},
                                          {"FULLSHARD_LOG_LEVEL", "debug"},
-                                         {"FULLSHARD_HOST_PROGRESS", "inline"},
+                                         {"FULLSHARD_HOST_PROGRESS", "thread"},
                                          {"FULLSHARD_RANKS_PER_NODE", "2"},
                                          {"FULLSHARD_BIND_DEVICE", "0"},
                                          {"OTHER_VAR", "ignored"}});
   CHECK(s.timeout_s == 2.5);
   CHECK(s.log_level == 3);
-  CHECK(s.host_progress == HostProgress::inline_);
+  CHECK(s.host_progress == HostProgress::thread);
   CHECK(s.ranks_per_node == 2);
   CHECK_FALSE(s.bind_device);
   CHECK(s.warnings.empty());

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -192,6 +193,9 @@ class Module {
   Module* parent_;
   std::vector<std::unique_ptr<Module>> children_;
   std::vector<std::unique_ptr<Parameter>> params_;
+  // Name lookups: graphs of 100,000 modules are built and searched in linear time.
+  std::unordered_map<std::string, Module*> child_by_name_;
+  std::unordered_map<std::string, Parameter*> param_by_name_;
   Callback forward_callback_;
   Callback backward_callback_;
   Cost cost_;

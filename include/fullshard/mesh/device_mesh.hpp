@@ -33,7 +33,7 @@ class DeviceMesh {
   /// Mesh over the ranks of `base` (any communicator, e.g. the training ranks of a coupled
   /// simulation). `timeout_s` is the collective timeout of its communicators.
   DeviceMesh(MPI_Comm base, std::vector<int> shape, std::vector<std::string> names,
-             double timeout_s, HostProgress progress = HostProgress::thread);
+             double timeout_s, HostProgress progress = HostProgress::inline_);
   /// Node-aware 2-D mesh ("node", "local"): the local dim holds the ranks of one node
   /// (MPI shared-memory split, or the runtime's FULLSHARD_RANKS_PER_NODE override).
   /// Every node must run the same number of ranks.
@@ -41,7 +41,7 @@ class DeviceMesh {
   /// Same over `base`, pretending `ranks_per_node` consecutive ranks share a node when it is
   /// > 0 (tests), else detecting nodes with MPI_Comm_split_type.
   static DeviceMesh node_aware(MPI_Comm base, int ranks_per_node, double timeout_s,
-                               HostProgress progress = HostProgress::thread);
+                               HostProgress progress = HostProgress::inline_);
 
   int ndim() const noexcept;
   const std::vector<int>& shape() const noexcept;
@@ -77,8 +77,7 @@ class DeviceMesh {
 
   /// Collective timeout of the mesh's communicators (seconds, 0 = none).
   double timeout_s() const noexcept;
-  /// How host streams made for this mesh's collectives run (the Runtime's setting; thread
-  /// for meshes built from a bare communicator).
+  /// How the mesh's channel streams run (the Runtime's setting, or the constructor's).
   HostProgress host_progress() const noexcept;
 
   /// "(replicate=2, shard=2) rank 3 at (1, 1)".
