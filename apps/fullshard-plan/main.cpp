@@ -38,6 +38,17 @@ const char* const kUsage =
     "                          automatic: false for the root group, true for the others)\n"
     "  --max-rs-buffers K      reduce-scatter input buffers in flight (default 1)\n"
     "  --no-all-reduce         HSDP: defer the replicate all-reduce (requires_all_reduce false)\n"
+    "  --no-reshard-after-backward\n"
+    "                          keep every group's unsharded parameters after its backward\n"
+    "                          (reshard_after_backward false)\n"
+    "  --no-gradient-sync      a gradient-accumulation micro-batch: no reduce-scatter or\n"
+    "                          all-reduce, the gradients stay unsharded\n"
+    "                          (requires_gradient_sync false)\n"
+    "  --no-unshard-in-backward NAME\n"
+    "                          no backward all-gather or backward prefetch of group NAME (module\n"
+    "                          FQN or <root>; unshard_in_backward false); repeatable\n"
+    "  --not-last-backward     the root's end of backward does not wait for the pending\n"
+    "                          reduce-scatters (is_last_backward false)\n"
     "  --param-dtype T         mixed precision: dtype of the unsharded parameters (f32, bf16, "
     "...)\n"
     "  --reduce-dtype T        mixed precision: dtype of the gradient reduction\n"
@@ -143,6 +154,17 @@ int run(int argc, char** argv) {
     } else if (flag == "--no-all-reduce") {
       no_value();
       opt.requires_all_reduce = false;
+    } else if (flag == "--no-reshard-after-backward") {
+      no_value();
+      opt.reshard_after_backward = false;
+    } else if (flag == "--no-gradient-sync") {
+      no_value();
+      opt.requires_gradient_sync = false;
+    } else if (flag == "--no-unshard-in-backward") {
+      opt.no_unshard_in_backward.insert(value());
+    } else if (flag == "--not-last-backward") {
+      no_value();
+      opt.is_last_backward = false;
     } else if (flag == "--param-dtype") {
       opt.defaults.mp_policy.param_dtype = fullshard::parse_dtype(value(), flag);
     } else if (flag == "--reduce-dtype") {

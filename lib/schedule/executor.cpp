@@ -98,10 +98,15 @@ Executor::Executor(graph::Module& root, const DeviceMesh& mesh, const Plan& plan
     if (!targets.empty()) states[i]->set_modules_to_forward_prefetch(targets);
     if (plan.options.backward_prefetch == BackwardPrefetch::none)
       states[i]->set_modules_to_backward_prefetch({});
+    states[i]->set_unshard_in_backward(
+        plan.options.no_unshard_in_backward.count(plan.groups[i].name) == 0);
   }
   for (fsdp::FSDPModule* r : roots_of(root)) {
     r->set_reduce_scatter_max_input_buffers(plan.options.reduce_scatter_max_input_buffers);
     r->set_requires_all_reduce(plan.options.requires_all_reduce);
+    r->set_reshard_after_backward(plan.options.reshard_after_backward);
+    r->set_requires_gradient_sync(plan.options.requires_gradient_sync);
+    r->set_is_last_backward(plan.options.is_last_backward);
   }
   for (const auto& [channel, kind] : kChannels) {
     const StreamKind k = kind;

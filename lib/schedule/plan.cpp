@@ -114,7 +114,14 @@ std::string Plan::to_text() const {
        " backward_prefetch=" + backward_prefetch_name(options.backward_prefetch) +
        " reduce_scatter_max_input_buffers=" +
        std::to_string(options.reduce_scatter_max_input_buffers) +
-       " requires_all_reduce=" + (options.requires_all_reduce ? "true" : "false"));
+       " requires_all_reduce=" + (options.requires_all_reduce ? "true" : "false") +
+       " reshard_after_backward=" + (options.reshard_after_backward ? "true" : "false") +
+       " requires_gradient_sync=" + (options.requires_gradient_sync ? "true" : "false") +
+       " is_last_backward=" + (options.is_last_backward ? "true" : "false"));
+  if (!options.no_unshard_in_backward.empty())
+    line(
+        "unshard_in_backward=false: " +
+        join({options.no_unshard_in_backward.begin(), options.no_unshard_in_backward.end()}, ", "));
   {
     std::vector<std::string> parts;
     for (CollectiveKind k :
@@ -135,7 +142,9 @@ std::string Plan::to_text() const {
          " B/rank unsharded=" + std::to_string(g.unsharded_bytes()) +
          " B gather=" + std::to_string(g.gather_bytes()) + " B dtypes=" + dtype_name(g.orig_dtype) +
          "/" + dtype_name(g.param_dtype) + "/" + dtype_name(g.reduce_dtype) +
-         " reshard_after_forward=" + g.reshard_string() + (g.is_root ? " root" : ""));
+         " reshard_after_forward=" + g.reshard_string() +
+         (options.no_unshard_in_backward.count(g.name) ? " unshard_in_backward=false" : "") +
+         (g.is_root ? " root" : ""));
     line("      params: " +
          (g.param_fqns.empty() ? std::string("(none)") : join(g.param_fqns, ", ")));
     if (!forward_prefetch[i].empty()) {

@@ -66,6 +66,9 @@ class Simulator {
     index_modules(root_, -1);
     const auto& G = p_.groups;
     st_.assign(G.size(), GroupState{});
+    unshard_in_backward_.assign(G.size(), true);
+    for (std::size_t g = 0; g < G.size(); ++g)
+      if (p_.options.no_unshard_in_backward.count(G[g].name)) unshard_in_backward_[g] = false;
     // One context (pool) per root group, in group order.
     std::map<int, int> ctx_of_root;
     for (std::size_t g = 0; g < G.size(); ++g)
@@ -110,6 +113,9 @@ class Simulator {
   }
 
   GroupState& st(int g) { return st_[static_cast<std::size_t>(g)]; }
+  bool unshard_in_backward(int g) const {
+    return unshard_in_backward_[static_cast<std::size_t>(g)];
+  }
   const PlannedGroup& grp(int g) const { return p_.groups[static_cast<std::size_t>(g)]; }
   Context& ctx(int g) {
     return ctx_[static_cast<std::size_t>(ctx_of_[static_cast<std::size_t>(g)])];
@@ -263,7 +269,8 @@ class Simulator {
 
   // ParamGroup::reshard: frees (in this order) a gather still in flight, the post-forward
   // slice, the unsharded parameters (released when the parameters' views go), then the
-  // gradient arena if the parameters' grad() still viewed it.
+  // gradient arena if the parameters' grad() still viewed it and the group no longer holds
+  // it (it does without gradient sync).
   void reshard(int g) {
     GroupState& s = st(g);
     const int op = emit(StreamKind::compute, OpKind::reshard, g, display(*grp(g).modules[0]), 0,
@@ -278,9 +285,11 @@ class Simulator {
     s.post_forward = false;
     if (s.arena) release(op, g, "unsharded", grp(g).unsharded_bytes());
     s.arena = false;
-    if (s.grads_on_params) release(op, g, "grads", grp(g).unsharded_bytes());
+    // Without gradient sync ParamGroup::grad_arena_ still holds the arena: it stays.
+    if (s.grads_on_params && !s.grad_arena) release(op, g, "grads", grp(g).unsharded_bytes());
     s.grads_on_params = false;
     s.state = State::sharded;
+    s.ready_op = -1;  // compute from here on runs without the unsharded parameters
   }
 
   void post_forward_reshard(int g) {
@@ -293,6 +302,7 @@ class Simulator {
       if (s.arena) release(op, g, "unsharded", grp(g).unsharded_bytes());
       s.arena = false;
       s.state = State::sharded_post_forward;
+      s.ready_op = -1;
       return;
     }
     reshard(g);
@@ -331,6 +341,8 @@ class Simulator {
   void reduce_gradients(int g) {
     GroupState& s = st(g);
     if (!s.grad_arena) return;
+    // no_sync: no communication; the unsharded gradients keep accumulating in the arena.
+    if (!p_.options.requires_gradient_sync) return;
     const PlannedGroup& G = grp(g);
     Context& c = ctx(g);
     const std::string mod = display(*G.modules[0]);
@@ -440,13 +452,16 @@ class Simulator {
     Context& c = ctx(g);
     c.in_backward = true;
     if (s.backward_calls++ > 0) return;
-    wait_unshard(g);
+    if (unshard_in_backward(g)) wait_unshard(g);
     prepare_gradients(g);
     if (p_.options.backward_prefetch == BackwardPrefetch::none) return;
     if (!s.post_forward_indices.empty()) {
       const std::size_t i = s.post_forward_indices.back();
       s.post_forward_indices.pop_back();
-      if (i > 0) issue_unshard(c.post_forward_order[i - 1]);
+      if (i > 0) {
+        const int next = c.post_forward_order[i - 1];
+        if (unshard_in_backward(next)) issue_unshard(next);
+      }
     }
   }
 
@@ -458,19 +473,21 @@ class Simulator {
     if (++s.backward_done >= static_cast<int>(grp(g).modules.size())) {
       s.backward_calls = s.backward_done = 0;
       reduce_gradients(g);
-      reshard(g);  // reshard_after_backward
+      if (p_.options.reshard_after_backward) reshard(g);
     }
     if (!grp(g).is_root) return;
     for (int other : c.subtree_groups)
-      if (other != g && st(other).state != State::sharded) reshard(other);
-    // is_last_backward: wait for every reduce-scatter.
-    std::vector<Pending> waited = take_pending(c, 0);
-    std::vector<int> deps;
-    for (const Pending& d : waited)
-      deps.push_back(d.last_op);
-    const int op = emit(StreamKind::compute, OpKind::wait, g, display(m), 0, 0.0, deps,
-                        "wait(" + gname(g) + ")");
-    release_pending(op, waited);
+      if (other != g && p_.options.reshard_after_backward && st(other).state != State::sharded)
+        reshard(other);
+    if (p_.options.is_last_backward) {  // wait for every reduce-scatter
+      std::vector<Pending> waited = take_pending(c, 0);
+      std::vector<int> deps;
+      for (const Pending& d : waited)
+        deps.push_back(d.last_op);
+      const int op = emit(StreamKind::compute, OpKind::wait, g, display(m), 0, 0.0, deps,
+                          "wait(" + gname(g) + ")");
+      release_pending(op, waited);
+    }  // else the pending reduce-scatters keep their buffers (a later K cap or root waits)
     clear_iteration(c);
   }
 
@@ -531,6 +548,7 @@ class Simulator {
   std::map<const graph::Module*, int> group_at_;
   std::map<const graph::Module*, int> owner_;
   std::vector<GroupState> st_;
+  std::vector<bool> unshard_in_backward_;
   std::vector<Context> ctx_;
   std::vector<int> ctx_of_;
   std::map<int, int> pending_group_;  // last op of a pending reduce -> its group
@@ -578,6 +596,14 @@ Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOption
   p.options = options;
   if (!p.options.cost) p.options.cost = CostModel::defaults(mesh);
   p.groups = plan_groups(root, mesh.shard, options.defaults);
+  for (const std::string& name : options.no_unshard_in_backward)
+    if (p.group_index(name) < 0) {
+      std::string names;
+      for (const auto& g : p.groups)
+        names += (names.empty() ? "" : ", ") + g.name;
+      throw InvalidArgument("Scheduler::plan: no_unshard_in_backward: no group named '" + name +
+                            "' (groups: " + (names.empty() ? "none" : names) + ")");
+    }
   for (const auto& g : p.groups) {
     p.sharded_bytes += g.shard_bytes();
     p.grad_bytes += g.shard_bytes();

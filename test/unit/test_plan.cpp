@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/graph/json_graph.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
+#include "fullshard/schedule/executor.hpp"
 #include "fullshard/schedule/plan.hpp"
 #include "lib/fsdp/param_group.hpp"  // the engine's pool, for the measured peak
 #include "test_support.hpp"
@@ -424,6 +426,203 @@ TEST_CASE("reduce-scatter buffer cap, no backward prefetch, HSDP") {
   CHECK(defer.end_bytes == 2 * (2 * 65536 * 4) + 2 * 8192 * 4);
 }
 
+namespace {
+
+std::size_t sum_unsharded(const Plan& p) {
+  std::size_t n = 0;
+  for (const PlannedGroup& g : p.groups)
+    n += g.unsharded_bytes();
+  return n;
+}
+
+std::vector<std::string> ops_text(const Plan& p, Phase ph) {
+  std::vector<std::string> out;
+  for (const Op& op : p.ops)
+    if (op.phase == ph) out.push_back(op.label);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("reshard_after_backward false keeps every group's parameters to the end") {
+  for (const char* json : {kSeed, kMixed}) {
+    auto g = load(json);
+    const Plan base = Scheduler::plan(*g, {4, 1});
+    PlanOptions o;
+    o.reshard_after_backward = false;
+    const Plan p = Scheduler::plan(*g, {4, 1}, o);
+    CHECK(ops_text(p, Phase::forward) == ops_text(base, Phase::forward));
+    CHECK(!phase_ops(base, OpKind::reshard, Phase::backward).empty());
+    CHECK(phase_ops(p, OpKind::reshard, Phase::backward).empty());
+    CHECK(p.find(OpKind::all_gather).size() == base.find(OpKind::all_gather).size());
+    CHECK(p.find(OpKind::reduce_scatter).size() == base.find(OpKind::reduce_scatter).size());
+    // Every group was unsharded in backward and stays so: its arena is in the pool at the end.
+    CHECK(base.end_bytes == 0);
+    CHECK(p.end_bytes == sum_unsharded(p));
+    CHECK(p.peak_bytes >= base.peak_bytes);
+    CHECK(contains(p.to_text(), "reshard_after_backward=false"));
+    CHECK(contains(base.to_text(), "reshard_after_backward=true"));
+  }
+  // Seed, by hand: m3's parameters stay while m2's backward runs; the backward peak is then
+  // at m2's reduce-scatter: root params + grads, m3 params, m2 params + grads, m2's
+  // reduce-scatter input and output (m3's were waited for: K = 1).
+  auto g = load(kSeed);
+  PlanOptions o;
+  o.reshard_after_backward = false;
+  const Plan p = Scheduler::plan(*g, {4, 1}, o);
+  CHECK(p.end_bytes == R + 2 * M);
+  CHECK(p.peak_bytes == 2 * R + 4 * M + M / 4);
+}
+
+TEST_CASE("requires_gradient_sync false: no reduction, the unsharded gradients stay") {
+  for (const char* json : {kSeed, kMixed}) {
+    for (MeshShape mesh : {MeshShape{4, 1}, MeshShape{2, 2}}) {
+      auto g = load(json);
+      PlanOptions o;
+      o.requires_gradient_sync = false;
+      const Plan p = Scheduler::plan(*g, mesh, o);
+      const Plan base = Scheduler::plan(*g, mesh);
+      CHECK(!base.find(OpKind::reduce_scatter).empty());
+      CHECK(p.find(OpKind::reduce_scatter).empty());
+      CHECK(p.find(OpKind::all_reduce).empty());
+      CHECK(p.find(OpKind::reduce_copy_out).empty());
+      CHECK(p.stream_ops(StreamKind::reduce_scatter).empty());
+      CHECK(p.stream_ops(StreamKind::all_reduce).empty());
+      for (const BufferEvent& e : p.events)
+        CHECK(e.buffer.rfind("rs_", 0) != 0);
+      // The gathers and the gradient arenas are the same; the arenas stay.
+      CHECK(p.find(OpKind::all_gather).size() == base.find(OpKind::all_gather).size());
+      CHECK(p.find(OpKind::grad_init).size() == p.groups.size());
+      CHECK(p.end_bytes == sum_unsharded(p));
+      CHECK(p.find(OpKind::wait).size() == 1);  // the root still waits (for nothing)
+      CHECK(p.find(OpKind::wait)[0]->deps.empty());
+      CHECK(contains(p.to_text(), "requires_gradient_sync=false"));
+    }
+  }
+  // Seed: without the reduce-scatter buffers, the backward peak is lower.
+  auto g = load(kSeed);
+  PlanOptions o;
+  o.requires_gradient_sync = false;
+  const Plan p = Scheduler::plan(*g, {4, 1}, o);
+  CHECK(p.peak_bytes < Scheduler::plan(*g, {4, 1}).peak_bytes);
+  CHECK(p.end_bytes == R + 2 * M);
+  // And with the parameters kept too: both arenas of every group stay.
+  o.reshard_after_backward = false;
+  CHECK(Scheduler::plan(*g, {4, 1}, o).end_bytes == 2 * (R + 2 * M));
+}
+
+TEST_CASE("unshard_in_backward false: no backward all-gather, never prefetched in backward") {
+  auto g = load(kSeed);
+  PlanOptions o;
+  o.no_unshard_in_backward = {"m2"};
+  const Plan p = Scheduler::plan(*g, {4, 1}, o);
+  CHECK(group_names(p, phase_ops(p, OpKind::all_gather, Phase::backward)) ==
+        std::vector<std::string>{"m3"});
+  CHECK(group_names(p, phase_ops(p, OpKind::all_gather, Phase::forward)) ==
+        std::vector<std::string>{"<root>", "m2", "m3"});
+  // m2's backward runs without parameters: no copy-out to wait for.
+  CHECK(only(p, OpKind::backward, Phase::backward, "m2").deps.empty());
+  CHECK(!only(p, OpKind::backward, Phase::backward, "m3").deps.empty());
+  // Its gradients are still made and reduced.
+  CHECK(group_names(p, p.find(OpKind::reduce_scatter)) ==
+        std::vector<std::string>{"m3", "m2", "<root>"});
+  CHECK(p.end_bytes == 0);
+  CHECK(contains(p.to_text(), "unshard_in_backward=false: m2\n"));
+  CHECK(contains(p.to_text(), "reshard_after_forward=true unshard_in_backward=false\n"));
+
+  // m3 is what the root's pre-backward prefetches: excluded, nothing is prefetched there;
+  // m3's own pre-backward prefetches m2.
+  o.no_unshard_in_backward = {"m3"};
+  const Plan q = Scheduler::plan(*g, {4, 1}, o);
+  const auto bwd = phase_ops(q, OpKind::all_gather, Phase::backward);
+  CHECK(group_names(q, bwd) == std::vector<std::string>{"m2"});
+  REQUIRE(bwd.size() == 1);
+  CHECK(bwd[0]->id < only(q, OpKind::backward, Phase::backward, "m3").id);
+
+  // The root resharded after forward and excluded: m4's and m1's backward run without
+  // parameters; the other two still gather (m3 prefetched by the root's pre-backward).
+  o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(true);
+  o.no_unshard_in_backward = {"<root>"};
+  const Plan r = Scheduler::plan(*g, {4, 1}, o);
+  CHECK(group_names(r, phase_ops(r, OpKind::all_gather, Phase::backward)) ==
+        std::vector<std::string>{"m3", "m2"});
+  CHECK(only(r, OpKind::backward, Phase::backward, "m4").deps.empty());
+  CHECK(only(r, OpKind::backward, Phase::backward, "m1").deps.empty());
+
+  // Mixed: excluded groups never gather in backward; the others do as before.
+  auto mixed = load(kMixed);
+  PlanOptions m;
+  m.no_unshard_in_backward = {"blocks.0", "head"};
+  const Plan mp = Scheduler::plan(*mixed, {4, 1}, m);
+  const Plan mbase = Scheduler::plan(*mixed, {4, 1});
+  auto bwd_names = group_names(mp, phase_ops(mp, OpKind::all_gather, Phase::backward));
+  auto base_names = group_names(mbase, phase_ops(mbase, OpKind::all_gather, Phase::backward));
+  CHECK(std::count(base_names.begin(), base_names.end(), "head") == 1);
+  CHECK(std::count(base_names.begin(), base_names.end(), "blocks.0") == 1);
+  base_names.erase(
+      std::remove_if(base_names.begin(), base_names.end(),
+                     [](const std::string& n) { return n == "head" || n == "blocks.0"; }),
+      base_names.end());
+  CHECK(bwd_names == base_names);
+  CHECK(mp.backward_peak_bytes <= mbase.backward_peak_bytes);
+
+  // Unknown names are errors.
+  m.no_unshard_in_backward = {"blocks.7"};
+  CHECK(contains(error_of<InvalidArgument>([&] {
+                   Scheduler::plan(*mixed, {4, 1}, m);
+                 }),
+                 "no_unshard_in_backward: no group named 'blocks.7' (groups: blocks.0.inner, "
+                 "blocks.0, blocks.1, head, <root>)"));
+}
+
+TEST_CASE("is_last_backward false: no final wait, the pending reduce-scatters stay") {
+  auto g = load(kSeed);
+  PlanOptions o;
+  o.is_last_backward = false;
+  const Plan p = Scheduler::plan(*g, {4, 1}, o);
+  const Plan base = Scheduler::plan(*g, {4, 1});
+  CHECK(base.find(OpKind::wait).size() == 1);
+  CHECK(p.find(OpKind::wait).empty());
+  CHECK(p.find(OpKind::reduce_scatter).size() == 3);
+  // K = 1: each reduce-scatter still waits for the one before; the root's stays: its input
+  // (R: 4 x 8192 f32) and output (R/4).
+  CHECK(p.end_bytes == R + R / 4);
+  CHECK(p.peak_bytes == base.peak_bytes);
+  CHECK(p.ops.size() == base.ops.size() - 1);
+  CHECK(contains(p.to_text(), "is_last_backward=false"));
+  // K = 2: m2's and the root's stay; the cap still waited for m3's at the root's.
+  o.reduce_scatter_max_input_buffers = 2;
+  const Plan k2 = Scheduler::plan(*g, {4, 1}, o);
+  CHECK(k2.end_bytes == (M + M / 4) + (R + R / 4));
+  const Op& rs_in_root = [&]() -> const Op& {
+    for (const Op* op : k2.find(OpKind::copy_in, k2.group_index("<root>")))
+      if (op->stream == StreamKind::reduce_scatter) return *op;
+    FAIL("no reduce-scatter copy-in of the root");
+    return k2.ops[0];
+  }();
+  bool waits_for_m3 = false;
+  for (int d : rs_in_root.deps)
+    waits_for_m3 |= k2.ops[static_cast<std::size_t>(d)].group == k2.group_index("m3");
+  CHECK(waits_for_m3);
+  // K large enough for all three: nothing is waited for.
+  o.reduce_scatter_max_input_buffers = 3;
+  CHECK(Scheduler::plan(*g, {4, 1}, o).end_bytes == 2 * (M + M / 4) + (R + R / 4));
+
+  // Mixed: exactly the last K groups' reduce-scatter buffers remain.
+  auto mixed = load(kMixed);
+  o = PlanOptions{};
+  o.is_last_backward = false;
+  const Plan mp = Scheduler::plan(*mixed, {4, 1}, o);
+  CHECK(mp.find(OpKind::wait).empty());
+  const auto rs = mp.find(OpKind::reduce_scatter);
+  REQUIRE(!rs.empty());
+  const PlannedGroup& last = mp.groups[static_cast<std::size_t>(rs.back()->group)];
+  CHECK(last.name == "<root>");
+  const std::size_t rb = dtype_size(last.reduce_dtype);
+  CHECK(mp.end_bytes == 4 * static_cast<std::size_t>(last.layout.shard_numel) * rb +
+                            static_cast<std::size_t>(last.layout.shard_numel) * rb);
+}
+
 TEST_CASE("several FSDP roots: one pool each") {
   auto g = load(kTwoRoots);
   const Plan p = Scheduler::plan(*g, {2, 1});
@@ -663,6 +862,7 @@ void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOpt
       targets.push_back(modules[static_cast<std::size_t>(t)]);
     if (!targets.empty()) st->set_modules_to_forward_prefetch(targets);
     if (o.backward_prefetch == BackwardPrefetch::none) st->set_modules_to_backward_prefetch({});
+    if (o.no_unshard_in_backward.count(plan.groups[i].name)) st->set_unshard_in_backward(false);
   }
   std::vector<fsdp::FSDPModule*> roots;
   for (int r : plan.pool_roots) {
@@ -670,6 +870,9 @@ void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOpt
     REQUIRE(st->is_root());
     st->set_reduce_scatter_max_input_buffers(o.reduce_scatter_max_input_buffers);
     if (!o.requires_all_reduce) st->set_requires_all_reduce(false);
+    if (!o.reshard_after_backward) st->set_reshard_after_backward(false);
+    if (!o.requires_gradient_sync) st->set_requires_gradient_sync(false);
+    if (!o.is_last_backward) st->set_is_last_backward(false);
     roots.push_back(st);
   }
 
@@ -683,6 +886,9 @@ void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOpt
   }
   if (roots.size() == 1) CHECK(plan.pool_peak_bytes[0] == plan.peak_bytes);
   CHECK(end == plan.end_bytes);
+  // Not the last backward: the reduce-scatters are still pending; finish them here.
+  for (fsdp::FSDPModule* r : roots)
+    r->zero_grad();
 }
 
 }  // namespace
@@ -719,5 +925,116 @@ TEST_CASE("the engine's measured pool peak equals the plan's, byte for byte") {
       o.defaults.mp_policy.param_dtype = DType::bf16;
       check_engine_matches(json, {W / 2, 2}, o, "HSDP without all-reduce, bf16 params");
     }
+  }
+}
+
+namespace {
+
+// Every other group (by index), and every group but the roots.
+std::set<std::string> every_other_group(const char* json, int W) {
+  auto g = load(json);
+  std::set<std::string> out;
+  const auto groups = plan_groups(*g, W);
+  for (std::size_t i = 0; i < groups.size(); i += 2)
+    out.insert(groups[i].name);
+  return out;
+}
+std::set<std::string> non_root_groups(const char* json, int W) {
+  auto g = load(json);
+  std::set<std::string> out;
+  for (const PlannedGroup& pg : plan_groups(*g, W))
+    if (!pg.is_root) out.insert(pg.name);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the engine's pool equals the plan's with the backward and accumulation policies") {
+  const int W = test::world_size();
+  for (const char* json : {kSeed, kMixed, kTwoRoots}) {
+    PlanOptions o;
+    o.reshard_after_backward = false;
+    check_engine_matches(json, {W, 1}, o, "no reshard after backward");
+    o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(true);
+    o.forward_prefetch_depth = 1;
+    check_engine_matches(json, {W, 1}, o, "no reshard after backward, reshard after forward");
+
+    o = PlanOptions{};
+    o.requires_gradient_sync = false;
+    check_engine_matches(json, {W, 1}, o, "no gradient sync");
+    o.defaults.mp_policy.param_dtype = DType::bf16;
+    o.reshard_after_backward = false;
+    check_engine_matches(json, {W, 1}, o, "no gradient sync, no reshard after backward, bf16");
+
+    o = PlanOptions{};
+    o.no_unshard_in_backward = every_other_group(json, W);
+    check_engine_matches(json, {W, 1}, o, "no unshard in backward (every other group)");
+    o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(true);
+    check_engine_matches(json, {W, 1}, o, "no unshard in backward, reshard after forward");
+    o.no_unshard_in_backward = non_root_groups(json, W);
+    o.backward_prefetch = BackwardPrefetch::none;
+    check_engine_matches(json, {W, 1}, o, "no unshard in backward (non-roots), no prefetch");
+
+    o = PlanOptions{};
+    o.is_last_backward = false;
+    check_engine_matches(json, {W, 1}, o, "not the last backward");
+    o.reduce_scatter_max_input_buffers = 2;
+    o.defaults.mp_policy.reduce_dtype = DType::bf16;
+    check_engine_matches(json, {W, 1}, o, "not the last backward, 2 reduce buffers, bf16 reduce");
+    o.reduce_scatter_max_input_buffers = 8;
+    o.reshard_after_backward = false;
+    check_engine_matches(json, {W, 1}, o, "not the last backward, 8 reduce buffers, kept");
+
+    if (W % 2 == 0 && W > 2) {
+      o = PlanOptions{};
+      o.defaults.reshard_after_forward = fsdp::ReshardAfterForward::group_size(2);
+      o.no_unshard_in_backward = every_other_group(json, W);
+      o.is_last_backward = false;
+      check_engine_matches(json, {W, 1}, o, "reshard_after_forward=2, no unshard, not last");
+      o.reshard_after_backward = false;
+      check_engine_matches(json, {W, 1}, o, "reshard_after_forward=2, kept after backward");
+    }
+    if (W % 2 == 0) {  // HSDP
+      o = PlanOptions{};
+      o.requires_gradient_sync = false;
+      check_engine_matches(json, {W / 2, 2}, o, "HSDP, no gradient sync");
+      o = PlanOptions{};
+      o.is_last_backward = false;
+      o.reshard_after_backward = false;
+      o.no_unshard_in_backward = every_other_group(json, W / 2);
+      check_engine_matches(json, {W / 2, 2}, o, "HSDP, not last, kept, no unshard");
+      o.requires_all_reduce = false;
+      o.reduce_scatter_max_input_buffers = 2;
+      check_engine_matches(json, {W / 2, 2}, o, "HSDP deferred, not last, kept, no unshard");
+    }
+  }
+}
+
+TEST_CASE("the executor applies the backward and accumulation policies") {
+  const int W = test::world_size();
+  PlanOptions o;
+  o.reshard_after_backward = false;
+  o.is_last_backward = false;
+  o.reduce_scatter_max_input_buffers = 2;
+  o.no_unshard_in_backward = {"m2"};
+  o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(true);
+  for (bool sync : {true, false}) {
+    CAPTURE(sync);
+    o.requires_gradient_sync = sync;
+    auto graph = load(kSeed);
+    const Plan plan = Scheduler::plan(*graph, {W, 1}, o);
+    DeviceMesh mesh(test::runtime(), {W}, {"dp"});
+    REQUIRE(fsdp::apply_fully_shard_requests(*graph, mesh, o.defaults) == 3);
+    Executor ex(*graph, mesh, plan);
+    ex.step();
+    CHECK(ex.measured_peak_bytes() == plan.peak_bytes);
+    fsdp::FSDPModule* root = fsdp::fsdp_state(*graph);
+    CHECK(root->group()->context()->pool.bytes_in_use() == plan.end_bytes);
+    root->zero_grad();  // finishes the reduce-scatters the last backward would have waited for
+    int collectives = 0;
+    for (const MeasuredOp& op : ex.timeline().ops())
+      collectives +=
+          op.stream == StreamKind::reduce_scatter && op.label.rfind("reduce_scatter on", 0) == 0;
+    CHECK(collectives == static_cast<int>(plan.find(OpKind::reduce_scatter).size()));
   }
 }

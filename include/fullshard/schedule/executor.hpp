@@ -48,8 +48,9 @@ class Executor {
  public:
   /// `root` must be fully_shard'ed over `mesh` as the plan describes (e.g. with
   /// fsdp::apply_fully_shard_requests and the plan's options.defaults); the executor applies
-  /// the plan's forward and backward prefetch, reduce-scatter buffer cap and HSDP all-reduce
-  /// policy to the FSDP modules, and records every channel stream of `mesh`.
+  /// the plan's policies to the FSDP modules (forward and backward prefetch, reduce-scatter
+  /// buffer cap, HSDP all-reduce, reshard after backward, gradient sync, last backward,
+  /// unshard in backward) and records every channel stream of `mesh`.
   Executor(graph::Module& root, const DeviceMesh& mesh, const Plan& plan);
   ~Executor();
   Executor(const Executor&) = delete;

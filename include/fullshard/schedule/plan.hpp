@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,21 @@ struct PlanOptions {
   int reduce_scatter_max_input_buffers = 1;
   /// HSDP: false defers the replicate all-reduce (set_requires_all_reduce(false)).
   bool requires_all_reduce = true;
+  /// set_reshard_after_backward on every FSDP module: false keeps each group's unsharded
+  /// parameters after its post-backward (they are still in the pool at the end).
+  bool reshard_after_backward = true;
+  /// set_requires_gradient_sync on the roots (recursively): false is a micro-batch of
+  /// gradient accumulation (no_sync): no reduce-scatter or all-reduce; each group's unsharded
+  /// gradients stay in the pool at the end.
+  bool requires_gradient_sync = true;
+  /// Groups (names as in Plan::groups: module FQN, "<root>", "a+b" for a list) on whose
+  /// module set_unshard_in_backward(false) is called: no backward all-gather for them (a
+  /// group resharded after forward runs its backward without parameters) and they are never
+  /// prefetched in backward. An unknown name is an InvalidArgument.
+  std::set<std::string> no_unshard_in_backward;
+  /// set_is_last_backward on the roots: false skips the root's final wait for the pending
+  /// reduce-scatters (more micro-batches follow): their buffers are in use at the end.
+  bool is_last_backward = true;
   /// The cost model; unset: CostModel::defaults(mesh).
   std::optional<CostModel> cost;
 };
@@ -65,6 +81,7 @@ enum class OpKind {
   reshard,          // frees unsharded parameters after forward / backward (compute, 0 ms)
   grad_init,        // zeroes the unsharded gradient arena at pre-backward (compute)
   wait,             // the root's end of backward waits for the pending reduce-scatters
+                    // (only with is_last_backward)
 };
 const char* op_kind_name(OpKind k) noexcept;
 
@@ -129,7 +146,8 @@ class Plan {
   /// Per pool (index: the root group's position among roots, see pool_roots).
   std::vector<std::size_t> pool_peak_bytes;
   std::vector<int> pool_roots;
-  /// Bytes in use when the iteration ends (HSDP's deferred partial reductions stay).
+  /// Bytes in use when the iteration ends: HSDP's deferred partial reductions, and what
+  /// reshard_after_backward / requires_gradient_sync / is_last_backward = false keep.
   std::size_t end_bytes = 0;
   /// Persistent, outside the pool: sharded parameters and sharded gradients per rank.
   std::size_t sharded_bytes = 0;
