@@ -4,6 +4,8 @@
 
 #include <map>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/tensor/sharding.hpp"
@@ -61,8 +63,8 @@ std::vector<PlannedGroup> plan_groups(const graph::Module& root, int shard_size,
                           std::to_string(shard_size));
   const int W = shard_size;
   std::vector<PlannedGroup> groups;
-  std::map<const graph::Parameter*, int> grouped;  // parameter -> group
-  std::map<const graph::Module*, int> group_of;    // module with a request -> group
+  std::unordered_map<const graph::Parameter*, int> grouped;  // parameter -> group
+  std::unordered_map<const graph::Module*, int> group_of;    // module with a request -> group
 
   std::vector<const graph::Module*> order;
   postorder(root, order);
@@ -81,7 +83,7 @@ std::vector<PlannedGroup> plan_groups(const graph::Module& root, int shard_size,
     g.name = m->fqn().empty() ? "<root>" : m->fqn();
     g.modules = {m};
 
-    std::set<const graph::Parameter*> ignored;
+    std::unordered_set<const graph::Parameter*> ignored;
     for (const auto& fqn : g.options.ignored_params) {
       const graph::Parameter* p = m->try_find_param(fqn);
       if (!p)
