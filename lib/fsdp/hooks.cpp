@@ -98,8 +98,9 @@ void post_backward(graph::Module& module) {
   for (FSDPModule* s : st->subtree_states()) {
     auto& other = *s->group();
     // Groups prefetched but never used in backward: finish their gather and reshard.
-    if (&other != &g && other.reshard_after_backward &&
-        other.state() != detail::ShardedState::sharded)
+    if (&other != &g &&
+        ((other.reshard_after_backward && other.state() != detail::ShardedState::sharded) ||
+         other.gather_in_flight()))
       other.reshard();
   }
   if (ctx->is_last_backward) ctx->wait_reduces(0);

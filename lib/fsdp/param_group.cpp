@@ -105,6 +105,15 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
   register_sharded();
 }
 
+ParamGroup::~ParamGroup() {
+  if (gather_in_flight_) {
+    try {
+      gather_work_.wait();  // the collective writes into gather_buffer_
+    } catch (...) {         // a destructor only cleans up
+    }
+  }
+}
+
 void ParamGroup::set_reshard_after_forward(ReshardAfterForward v) {
   const int k = v.value();
   if (k >= 1) {
@@ -113,6 +122,14 @@ void ParamGroup::set_reshard_after_forward(ReshardAfterForward v) {
                             "): reshard_after_forward=" + std::to_string(k) +
                             " must divide the shard group size " + std::to_string(W_));
     if (k > 1 && k < W_ && post_forward_k_ != k) {
+      if (state_ == ShardedState::sharded_post_forward)
+        throw InvalidArgument("group " + name_ +
+                              ": reshard_after_forward cannot change between forward and "
+                              "backward; call reshard() first");
+      // The split is a collective on the all-gather communicator: nothing may be in flight on
+      // its stream (every rank makes this call at the same point of the program).
+      if (gather_in_flight_) reshard();
+      mesh_.stream(Channel::all_gather).synchronize();
       // Consecutive groups of k ranks (e.g. the ranks of a node); collective over the shard
       // group, made here while every rank makes the same call.
       post_forward_comm_ = ag_comm_->split(rank_ / k, rank_ % k,
@@ -256,10 +273,19 @@ void ParamGroup::reduce_gradients() {
     sharded_grads_ = Tensor::zeros({gsn}, orig_dtype_, MemorySpace::host, "fsdp.grads:" + name_);
   Tensor output = input;  // one rank: the input is the reduced shard
   comm::Stream* last = &mesh_.stream(Channel::reduce_scatter);
+  // The collectives this reduction depends on: a task after them re-raises their errors
+  // (Work::test on a finished operation) instead of using a buffer they did not fill.
+  std::vector<comm::Work> collectives;
+  const double timeout = rs_comm_->timeout_s();
+  auto check = [](const std::vector<comm::Work>& ws) {
+    for (const auto& w : ws)
+      w.test();
+  };
   if (W_ > 1) {
     output = ctx_->pool.acquire({gsn}, reduce_dtype_, "reduce_scatter.out");
-    rs_comm_->reduce_scatter(input.data(), output.data(), gsn, reduce_dtype_, comm::ReduceOp::sum,
-                             mesh_.stream(Channel::reduce_scatter));
+    collectives.push_back(rs_comm_->reduce_scatter(input.data(), output.data(), gsn, reduce_dtype_,
+                                                   comm::ReduceOp::sum,
+                                                   mesh_.stream(Channel::reduce_scatter)));
   }
   if (ar_comm_ && replicate_size_ > 1) {
     const DType rd = reduce_dtype_;
@@ -270,11 +296,15 @@ void ParamGroup::reduce_gradients() {
         std::memset(partial_reduce_.data(), 0, partial_reduce_.nbytes());
       }
       Tensor partial = partial_reduce_;
-      comm::Work done =
-          mesh_.stream(Channel::reduce_scatter).submit(label("partial accumulate"), [=] {
-            kernels::reduce_copy_out(ExecTarget::host, output.data(), rd, partial.data(), rd, gsn,
-                                     1.0, true);
-          });
+      comm::Work done = mesh_.stream(Channel::reduce_scatter)
+                            .submit(
+                                label("partial accumulate"),
+                                [=] {
+                                  check(collectives);
+                                  kernels::reduce_copy_out(ExecTarget::host, output.data(), rd,
+                                                           partial.data(), rd, gsn, 1.0, true);
+                                },
+                                timeout);
       ctx_->pending_reduces.push_back({done, input, output});
       return;  // the sharded gradients change only with the all-reduce
     }
@@ -282,13 +312,15 @@ void ParamGroup::reduce_gradients() {
       Tensor partial = partial_reduce_;
       partial_reduce_ = Tensor();
       mesh_.stream(Channel::reduce_scatter).submit(label("partial add"), [=] {
+        check(collectives);
         kernels::reduce_copy_out(ExecTarget::host, partial.data(), rd, output.data(), rd, gsn, 1.0,
                                  true);
       });
     }
     mesh_.stream(Channel::all_reduce).wait(mesh_.stream(Channel::reduce_scatter).record());
-    ar_comm_->all_reduce(output.data(), output.data(), gsn, rd, comm::ReduceOp::sum,
-                         mesh_.stream(Channel::all_reduce));
+    collectives.push_back(ar_comm_->all_reduce(output.data(), output.data(), gsn, rd,
+                                               comm::ReduceOp::sum,
+                                               mesh_.stream(Channel::all_reduce)));
     last = &mesh_.stream(Channel::all_reduce);
   }
   // Copy-out: divide, cast, accumulate into the sharded gradients, after the collectives.
@@ -297,10 +329,14 @@ void ParamGroup::reduce_gradients() {
   Tensor grads = sharded_grads_;
   const DType rd = reduce_dtype_;
   const DType od = orig_dtype_;
-  comm::Work done = last->submit(label("reduce_scatter copy-out"), [=] {
-    kernels::reduce_copy_out(ExecTarget::host, output.data(), rd, grads.data(), od, gsn, divisor,
-                             accumulate);
-  });
+  comm::Work done = last->submit(
+      label("reduce_scatter copy-out"),
+      [=] {
+        check(collectives);
+        kernels::reduce_copy_out(ExecTarget::host, output.data(), rd, grads.data(), od, gsn,
+                                 divisor, accumulate);
+      },
+      timeout);
   ctx_->pending_reduces.push_back({done, input, output});
   for (std::size_t i = 0; i < params_.size(); ++i)
     params_[i]->set_grad(sharded_grads_.flat_view(layout_.members[i].slot_offset,

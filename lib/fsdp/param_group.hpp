@@ -61,7 +61,13 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
              std::vector<graph::Parameter*> params, std::vector<ShardLayout> layouts,
              const DeviceMesh& mesh, const FullyShardOptions& options);
 
+  ~ParamGroup();
+  ParamGroup(const ParamGroup&) = delete;
+  ParamGroup& operator=(const ParamGroup&) = delete;
+
   const std::string& name() const noexcept { return name_; }
+  bool gather_in_flight() const noexcept { return gather_in_flight_; }
+  int mesh_rank() const noexcept { return mesh_.rank(); }
   const std::vector<graph::Module*>& modules() const noexcept { return modules_; }
   const std::vector<graph::Parameter*>& params() const noexcept { return params_; }
   const kernels::GroupLayout& layout() const noexcept { return layout_; }

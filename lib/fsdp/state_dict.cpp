@@ -62,9 +62,9 @@ void check_tensor(const Tensor& t, const Shape& shape, DType dtype, const std::s
 }
 
 void require_sharded(const detail::ParamGroup& g, const char* what) {
-  if (g.state() != detail::ShardedState::sharded)
+  if (g.state() != detail::ShardedState::sharded || g.gather_in_flight())
     throw InvalidArgument(std::string(what) + ": group " + g.name() +
-                          " is unsharded; call reshard() before loading");
+                          " is unsharded or being gathered; call reshard() before loading");
 }
 
 // Copies this rank's shard of a full tensor into the group's slot.
@@ -106,12 +106,16 @@ std::map<std::string, ShardedTensor> sharded_state_dict(graph::Module& module) {
 
 std::map<std::string, Tensor> full_state_dict(graph::Module& module, bool rank0_only) {
   std::map<std::string, Tensor> out;
+  // "Rank 0" is rank 0 of the mesh the module is sharded over (the world without FSDP).
+  int mesh_rank0 = detail_world_rank();
+  for (graph::Module* m = &module; m; m = m->parent())
+    if (FSDPModule* st = fsdp_state(*m)) mesh_rank0 = st->mesh().rank();
   std::map<detail::ParamGroup*, Tensor> gathered;  // one gather per group, in first-use order
   for (auto* p : module.parameters()) {
     const Located at = locate(*p);
     const std::string key = relative(module, *p);
     if (!at.group) {  // not sharded: every rank holds it
-      if (rank0_only && detail_world_rank() != 0) continue;
+      if (rank0_only && mesh_rank0 != 0) continue;
       Tensor copy = Tensor::empty(p->shape(), p->dtype(), MemorySpace::host, "fsdp.full");
       copy_bytes(copy, p->data());
       out[key] = copy;
@@ -119,7 +123,7 @@ std::map<std::string, Tensor> full_state_dict(graph::Module& module, bool rank0_
     }
     auto it = gathered.find(at.group);
     if (it == gathered.end()) it = gathered.emplace(at.group, at.group->gather_full()).first;
-    if (rank0_only && at.group->shard_rank() != 0) continue;
+    if (rank0_only && at.group->mesh_rank() != 0) continue;
     out[key] = it->second.flat_view(at.group->layout().members[at.index].arena_offset, p->shape());
   }
   return out;
@@ -148,6 +152,7 @@ void load_sharded_state_dict(graph::Module& module,
       check_tensor(st.local, l.local_shape, p->dtype(), key, what);
     } else {
       check_tensor(st.local, p->shape(), p->dtype(), key, what);
+      check_tensor(p->data(), p->shape(), p->dtype(), key + "' (the parameter's own tensor)", what);
     }
     todo.emplace_back(p, &st);
   }
@@ -167,7 +172,10 @@ void load_full_state_dict(graph::Module& module, const std::map<std::string, Ten
     const std::string key = relative(module, *p);
     check_tensor(state.at(key), p->shape(), p->dtype(), key, what);
     const Located at = locate(*p);
-    if (at.group) require_sharded(*at.group, what);
+    if (at.group)
+      require_sharded(*at.group, what);
+    else
+      check_tensor(p->data(), p->shape(), p->dtype(), key + "' (the parameter's own tensor)", what);
   }
   for (auto* p : module.parameters()) {
     const Tensor& full = state.at(relative(module, *p));

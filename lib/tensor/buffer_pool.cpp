@@ -35,12 +35,15 @@ Tensor BufferPool::acquire(const Shape& shape, DType dtype, const std::string& l
       it->second.pop_back();
       s_->cached -= bytes;
     }
+  }
+  if (!block.data())  // a new block: f32 words covering `bytes`
+    block = Tensor::empty({static_cast<std::int64_t>((bytes + 3) / 4)}, DType::f32, s_->space,
+                          label.empty() ? s_->name : s_->name + ":" + label);
+  {
+    std::lock_guard<std::mutex> lock(s_->m);  // counted once the block exists
     s_->in_use += bytes;
     s_->peak = std::max(s_->peak, s_->in_use);
   }
-  if (!block.data())
-    block = Tensor::empty({static_cast<std::int64_t>(bytes)}, DType::f32 /* bytes only */,
-                          s_->space, label.empty() ? s_->name : s_->name + ":" + label);
   // The handle returns the block to the pool when the last user lets go of it.
   auto state = s_;
   auto handle = std::shared_ptr<void>(block.data(), [state, block, bytes](void*) {

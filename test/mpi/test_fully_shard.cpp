@@ -577,6 +577,26 @@ TEST_CASE("reset_iter_state after an exception in a backward callback") {
   check_shards_and_grads(bag, {{0}}, W());
 }
 
+TEST_CASE("a group prefetched in backward but never used is resharded at the end") {
+  Bag bag;
+  Module& l0 = bag.add("l0", {{"w", {6}}});
+  Module& l1 = bag.add("l1", {{"w", {4}}});
+  auto mesh = world_mesh();
+  fsdp::fully_shard(l0, mesh);
+  auto& s1 = fsdp::fully_shard(l1, mesh);
+  auto& root = fsdp::fully_shard(*bag.root, mesh);
+  s1.set_modules_to_backward_prefetch({&l0});
+  fsdp::forward(*bag.root);
+  {
+    auto r = fsdp::backward_scope(*bag.root);
+    auto b1 = fsdp::backward_scope(l1);  // prefetches l0, whose backward never runs
+  }
+  auto& g0 = *fsdp::fsdp_state(l0)->group();
+  CHECK_FALSE(g0.gather_in_flight());
+  CHECK(g0.state() == fsdp::detail::ShardedState::sharded);
+  CHECK(root.group()->context()->pool.bytes_in_use() == 0);
+}
+
 TEST_CASE("unshard(async) and the pool returns every transient buffer") {
   Bag bag;
   Module& l0 = bag.add("l0", {{"w", {11, 3}}});
