@@ -1,0 +1,141 @@
+// Host-side parts of the NCCL backend: error messages, checks, and the MPI bootstrap of the
+// unique id. Nothing here needs a GPU; the one GPU case skips itself without a device.
+#include <cuda_runtime.h>
+#include <doctest/doctest.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <string>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/comm/nccl_communicator.hpp"
+#include "lib/comm/nccl/nccl_error.hpp"
+
+using fullshard::CommError;
+using fullshard::comm::NcclCommunicator;
+using fullshard::comm::NcclUniqueId;
+using fullshard::comm::detail::nccl_check;
+using fullshard::comm::detail::nccl_error_message;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+std::uint64_t fnv1a(const NcclUniqueId& id) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (char c : id.bytes) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// MIN == MAX of `v` over the world.
+bool same_on_all_ranks(std::uint64_t v) {
+  std::uint64_t lo = 0;
+  std::uint64_t hi = 0;
+  MPI_Allreduce(&v, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&v, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return lo == hi;
+}
+
+}  // namespace
+
+TEST_CASE("nccl_error_message names the result and gives a hint") {
+  struct Case {
+    ncclResult_t r;
+    const char* name;
+    const char* hint;
+  };
+  const Case cases[] = {
+      {ncclUnhandledCudaError, "ncclUnhandledCudaError", "a CUDA call failed (no GPU"},
+      {ncclSystemError, "ncclSystemError", "system call failed"},
+      {ncclInternalError, "ncclInternalError", "internal NCCL error"},
+      {ncclInvalidArgument, "ncclInvalidArgument", "bad argument"},
+      {ncclInvalidUsage, "ncclInvalidUsage", "used incorrectly"},
+      {ncclRemoteError, "ncclRemoteError", "another rank failed or left"},
+      {ncclInProgress, "ncclInProgress", "non-blocking operation still in progress"},
+  };
+  for (const Case& c : cases) {
+    const std::string m = nccl_error_message(c.r, "ncclAllReduce");
+    INFO(m);
+    CHECK(contains(m, c.name));
+    CHECK(contains(m, c.hint));
+    CHECK(contains(m, ncclGetErrorString(c.r)));
+  }
+  const std::string unknown = nccl_error_message(static_cast<ncclResult_t>(99), "x");
+  CHECK(contains(unknown, "ncclResult_t(99)"));
+}
+
+TEST_CASE("nccl_check throws CommError with context and call, except on success") {
+  CHECK_NOTHROW(nccl_check(ncclSuccess, "ncclAllReduce", "ctx"));
+  try {
+    nccl_check(ncclRemoteError, "ncclAllGather", "all_gather on communicator 'dp' (rank 0/2)");
+    FAIL("nccl_check did not throw");
+  } catch (const CommError& e) {
+    const std::string m = e.what();
+    INFO(m);
+    CHECK(contains(m, "all_gather on communicator 'dp' (rank 0/2): ncclAllGather failed: "));
+    CHECK(contains(m, "ncclRemoteError"));
+    CHECK(contains(m, "another rank failed or left"));
+  }
+  // ncclInProgress: an error for blocking calls, success when the caller opts in.
+  CHECK_THROWS_AS(nccl_check(ncclInProgress, "ncclCommInitRankConfig", "ctx"), CommError);
+  CHECK_NOTHROW(nccl_check(ncclInProgress, "ncclCommInitRankConfig", "ctx", true));
+  CHECK_THROWS_AS(nccl_check(ncclSystemError, "ncclCommInitRankConfig", "ctx", true), CommError);
+}
+
+TEST_CASE("nccl_bootstrap_id gives every rank the same id, or every rank the same error") {
+  int outcome = 0;  // 1: id, 2: CommError naming ncclGetUniqueId, 3: anything else
+  std::uint64_t hash = 0;
+  bool nonzero = false;
+  std::string error;
+  try {
+    const NcclUniqueId id = fullshard::comm::nccl_bootstrap_id(MPI_COMM_WORLD, "world");
+    outcome = 1;
+    hash = fnv1a(id);
+    for (char c : id.bytes)
+      nonzero = nonzero || c != 0;
+  } catch (const CommError& e) {
+    error = e.what();
+    outcome = contains(error, "ncclGetUniqueId") ? 2 : 3;
+  }
+  INFO(error);
+  CHECK(outcome != 3);
+  REQUIRE(same_on_all_ranks(static_cast<std::uint64_t>(outcome)));
+  if (outcome == 1) {
+    MESSAGE("ncclGetUniqueId worked here: every rank got the same 128-byte id");
+    CHECK(nonzero);
+    CHECK(same_on_all_ranks(hash));
+    // A second id differs from the first (fresh bootstrap address/magic).
+    const NcclUniqueId again = fullshard::comm::nccl_bootstrap_id(MPI_COMM_WORLD, "world");
+    CHECK(same_on_all_ranks(fnv1a(again)));
+    CHECK(fnv1a(again) != hash);
+  } else if (outcome == 2) {
+    MESSAGE("ncclGetUniqueId failed here, and every rank got the CommError: " << error);
+  }
+}
+
+TEST_CASE("NcclCommunicator on the current device (GPU only)") {
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  int have = (e == cudaSuccess && devices > 0) ? 1 : 0;
+  int all = 0;
+  MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all) {
+    MESSAGE("skipped: no CUDA device on some rank (cudaGetDeviceCount: "
+            << std::string(cudaGetErrorString(e)) << ", " << devices << " devices)");
+    return;
+  }
+  int rank = 0;
+  int size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  auto comm = NcclCommunicator::create(MPI_COMM_WORLD, "nccl.world", 60.0);
+  CHECK(comm->rank() == rank);
+  CHECK(comm->size() == size);
+  CHECK(comm->name() == "nccl.world");
+}
