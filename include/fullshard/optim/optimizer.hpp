@@ -1,0 +1,126 @@
+// Optimizers for fully_shard'ed models (torch.optim on DTensor parameters): every update
+// works on this rank's local shard of each parameter (Parameter::data()) from its local
+// sharded gradient (Parameter::grad()), so the optimizer state is sharded exactly like the
+// parameters and step() needs no communication. clip_grad_norm needs one all-reduce.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fullshard/graph/module.hpp"
+#include "fullshard/mesh/device_mesh.hpp"
+#include "fullshard/tensor/tensor.hpp"
+
+namespace fullshard::optim {
+
+/// Base class: holds the parameters, the step count and per-parameter state tensors (named
+/// by the subclass, allocated on a parameter's first update with its local shard's shape).
+/// Parameters must be f32 with host tensors; errors are InvalidArgument naming the parameter.
+class Optimizer {
+ public:
+  /// `params`: e.g. root.parameters(). No null pointers, no duplicates, f32 only.
+  explicit Optimizer(std::vector<graph::Parameter*> params);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  /// One update of every parameter that has a gradient (others are skipped). Every
+  /// parameter is checked (gradient shape equals the shard's shape, f32, host) before any is
+  /// written. Not collective.
+  void step();
+  /// Drops the gradients: FSDPModule::zero_grad on the FSDP states owning the parameters;
+  /// gradients of parameters outside any FSDP module are filled with zeros.
+  void zero_grad();
+
+  /// Number of step() calls (or the loaded "step").
+  std::int64_t steps() const noexcept { return step_; }
+  const std::vector<graph::Parameter*>& params() const noexcept { return params_; }
+  /// Names of the per-parameter state tensors ("momentum_buffer", "exp_avg", ...).
+  virtual std::vector<std::string> state_names() const = 0;
+
+  /// Copies of the state: "<fqn>.<state name>" for every parameter whose state exists (local
+  /// shard shape, f32), and "step" (f64, shape (1,)).
+  std::map<std::string, Tensor> state_dict() const;
+  /// Replaces the state (parameters absent from `state` lose theirs, as in torch). Checked
+  /// before anything is written: "step" missing or not a non-negative integer, a key that
+  /// names no parameter/state (unexpected), a parameter with only some of its state keys
+  /// (missing), a wrong shape or dtype: InvalidArgument naming the key.
+  void load_state_dict(const std::map<std::string, Tensor>& state);
+
+ protected:
+  /// Updates p.data() from `grad`; `state` holds state_names().size() tensors of the
+  /// shard's shape, zero-filled when `fresh` (the parameter's first update). `step` counts
+  /// from 1.
+  virtual void update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state,
+                      bool fresh, std::int64_t step) = 0;
+
+ private:
+  std::vector<graph::Parameter*> params_;
+  std::vector<std::vector<Tensor>> state_;  // per parameter: empty until first update
+  std::int64_t step_ = 0;
+};
+
+/// torch.optim.SGD (dampening 0): g = grad + weight_decay * p; with momentum,
+/// b = g on the first update, else b = momentum * b + g, and g = nesterov ? g + momentum * b
+/// : b; p -= lr * g. Computed in double per element, stored as f32.
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<graph::Parameter*> params, double lr, double momentum = 0.0,
+      double weight_decay = 0.0, bool nesterov = false);
+  std::vector<std::string> state_names() const override;
+  double lr = 0.0;
+
+ protected:
+  void update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state, bool fresh,
+              std::int64_t step) override;
+
+ private:
+  double momentum_, weight_decay_;
+  bool nesterov_;
+};
+
+/// torch.optim.AdamW: p *= 1 - lr * wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+/// p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). t is the optimizer's step
+/// count (torch's per-parameter step when every parameter has a gradient at every step).
+/// Computed in double per element, stored as f32.
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<graph::Parameter*> params, double lr, double beta1 = 0.9, double beta2 = 0.999,
+        double eps = 1e-8, double weight_decay = 0.01);
+  std::vector<std::string> state_names() const override;
+  double lr = 0.0;
+
+ protected:
+  void update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state, bool fresh,
+              std::int64_t step) override;
+
+ private:
+  double beta1_, beta2_, eps_, weight_decay_;
+};
+
+/// torch.nn.utils.clip_grad_norm_ for sharded gradients: the L2 norm of the full gradient
+/// (local sums of squares, one f64 all-reduce over the mesh's last (shard) dim: under HSDP
+/// the replicate dim holds copies); every local gradient is scaled by
+/// min(1, max_norm / (norm + 1e-6)). Returns the norm. Collective over the shard dim.
+/// Parameters without a gradient are skipped. InvalidArgument for a negative or non-finite
+/// max_norm.
+double clip_grad_norm(const std::vector<graph::Parameter*>& params, double max_norm,
+                      const DeviceMesh& mesh);
+
+/// Learning rate: linear warm-up from 0 at step 0 to base_lr at warmup_steps, then cosine
+/// decay to min_lr at total_steps (and min_lr after). InvalidArgument unless
+/// 0 <= min_lr <= base_lr (finite), 0 <= warmup_steps < total_steps.
+class WarmupCosine {
+ public:
+  WarmupCosine(double base_lr, int warmup_steps, int total_steps, double min_lr = 0.0);
+  /// InvalidArgument for step < 0.
+  double lr(int step) const;
+
+ private:
+  double base_lr_, min_lr_;
+  int warmup_, total_;
+};
+
+}  // namespace fullshard::optim
