@@ -5,6 +5,7 @@
 #include <string>
 
 #include "fullshard/base/error.hpp"
+#include "lib/comm/mpi_error.hpp"
 #include "lib/comm/mpi_reduce_ops.hpp"
 
 namespace fullshard::comm {
@@ -25,12 +26,7 @@ const char* reduce_op_name(ReduceOp op) noexcept {
 
 namespace {
 
-std::string mpi_error_string(int rc) {
-  char msg[MPI_MAX_ERROR_STRING] = {0};
-  int len = 0;
-  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(rc);
-  return std::string(msg, static_cast<std::size_t>(len));
-}
+using detail::mpi_error_string;
 
 // Byte ranges [a, a+na) and [b, b+nb) overlap.
 bool overlaps(const void* a, std::size_t na, const void* b, std::size_t nb) {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "fullshard/base/error.hpp"
+#include "lib/comm/mpi_error.hpp"
 #include "lib/comm/nccl/nccl_error.hpp"
 
 namespace fullshard::comm {
@@ -17,12 +18,7 @@ static_assert(NCCL_UNIQUE_ID_BYTES == 128, "ncclUniqueId is expected to be 128 b
 
 namespace {
 
-std::string mpi_error_string(int rc) {
-  char msg[MPI_MAX_ERROR_STRING] = {0};
-  int len = 0;
-  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(rc);
-  return std::string(msg, static_cast<std::size_t>(len));
-}
+using detail::mpi_error_string;
 
 void mpi_check(int rc, const char* call, const std::string& context) {
   if (rc != MPI_SUCCESS)
