@@ -62,6 +62,7 @@ class Executor {
   void backward();
 
   const Timeline& timeline() const noexcept { return timeline_; }
+  Timeline& timeline() noexcept { return timeline_; }
   /// Largest pool bytes in use of the roots' buffer pools since construction (or the last
   /// reset_measurement), summed over the roots: the quantity Plan::peak_bytes predicts.
   std::size_t measured_peak_bytes() const;

@@ -1,0 +1,131 @@
+#include "cli.hpp"
+
+#include <cmath>
+#include <exception>
+
+#include "fullshard/base/error.hpp"
+
+namespace fullshard::apps {
+
+bool ArgParser::next() {
+  inline_value_.reset();
+  if (i_ >= args_.size()) return false;
+  flag_ = args_[i_++];
+  if (flag_.compare(0, 2, "--") != 0)
+    throw UsageError{"unexpected argument '" + flag_ + "' (options start with --)"};
+  const auto eq = flag_.find('=');
+  if (eq != std::string::npos) {
+    inline_value_ = flag_.substr(eq + 1);
+    flag_ = flag_.substr(0, eq);
+  }
+  return true;
+}
+
+std::string ArgParser::value() {
+  if (inline_value_) return *inline_value_;
+  if (i_ >= args_.size()) throw UsageError{flag_ + " needs a value"};
+  return args_[i_++];
+}
+
+std::int64_t ArgParser::int64_value(std::int64_t min, std::int64_t max) {
+  const std::string v = value();
+  std::size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || x < min || x > max)
+    throw UsageError{flag_ + " expects an integer in [" + std::to_string(min) + ", " +
+                     std::to_string(max) + "], got '" + v + "'"};
+  return x;
+}
+
+int ArgParser::int_value(std::int64_t min, std::int64_t max) {
+  return static_cast<int>(int64_value(min, max));
+}
+
+double ArgParser::double_value(double min, double max) {
+  const std::string v = value();
+  std::size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || !std::isfinite(x) || x < min || x > max)
+    throw UsageError{flag_ + " expects a number in [" + std::to_string(min) + ", " +
+                     std::to_string(max) + "], got '" + v + "'"};
+  return x;
+}
+
+bool ArgParser::bool_value() {
+  const std::string v = value();
+  if (v == "true" || v == "1" || v == "yes") return true;
+  if (v == "false" || v == "0" || v == "no") return false;
+  throw UsageError{flag_ + " expects true or false, got '" + v + "'"};
+}
+
+DType ArgParser::dtype_value() {
+  const std::string v = value();
+  try {
+    return parse_dtype(v, flag_);
+  } catch (const std::exception& e) {
+    throw UsageError{one_line(e.what())};
+  }
+}
+
+fsdp::ReshardAfterForward ArgParser::reshard_value() {
+  const std::string v = value();
+  if (v == "true") return fsdp::ReshardAfterForward::always();
+  if (v == "false") return fsdp::ReshardAfterForward::never();
+  if (v == "auto") return fsdp::ReshardAfterForward::automatic();
+  std::size_t used = 0;
+  int k = 0;
+  try {
+    k = std::stoi(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || k < 1)
+    throw UsageError{flag_ + " expects true, false, auto or an integer >= 1, got '" + v + "'"};
+  return fsdp::ReshardAfterForward::group_size(k);
+}
+
+std::pair<int, int> ArgParser::mesh_value() {
+  const std::string v = value();
+  auto parse = [&](const std::string& s) {
+    std::size_t used = 0;
+    int x = 0;
+    try {
+      x = std::stoi(s, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (s.empty() || used != s.size() || x < 1)
+      throw UsageError{flag_ + " expects N or RxN with positive integers, got '" + v + "'"};
+    return x;
+  };
+  const auto x = v.find('x');
+  if (x == std::string::npos) return {1, parse(v)};
+  return {parse(v.substr(0, x)), parse(v.substr(x + 1))};
+}
+
+void ArgParser::unknown() const {
+  throw UsageError{"unknown option '" + flag_ + "'"};
+}
+
+std::string one_line(std::string s) {
+  const std::string prefix = "fullshard[rank ";
+  if (s.compare(0, prefix.size(), prefix) == 0) {
+    const auto end = s.find("]: ");
+    if (end != std::string::npos) s = s.substr(end + 3);
+  }
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+}  // namespace fullshard::apps

@@ -1,0 +1,56 @@
+// Command-line parsing shared by the apps: "--flag value" or "--flag=value", typed values
+// checked with errors that name the flag. A UsageError is what the apps print (with a
+// pointer to --help) before exiting with status 2.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fullshard/base/dtype.hpp"
+#include "fullshard/fsdp/options.hpp"
+
+namespace fullshard::apps {
+
+struct UsageError {
+  std::string message;
+};
+
+class ArgParser {
+ public:
+  ArgParser(int argc, char** argv) : args_(argv + 1, argv + argc) {}
+
+  /// Advances to the next flag; false at the end. A positional argument (no leading "--")
+  /// is a UsageError unless positional() is used to take it.
+  bool next();
+  /// The current flag, without any "=value" part.
+  const std::string& flag() const noexcept { return flag_; }
+  /// The current flag's value (the "=value" part or the next argument).
+  std::string value();
+
+  int int_value(std::int64_t min, std::int64_t max = (1ll << 30));
+  std::int64_t int64_value(std::int64_t min, std::int64_t max = (1ll << 62));
+  double double_value(double min, double max);
+  /// true/false/1/0/yes/no.
+  bool bool_value();
+  /// A dtype name (f32, f16, bf16, f64).
+  DType dtype_value();
+  /// reshard_after_forward: true, false, auto or an integer k >= 1.
+  fsdp::ReshardAfterForward reshard_value();
+  /// "N" (FSDP over N ranks) or "RxN" (HSDP: R replicas of N-rank shard groups): {R, N}.
+  std::pair<int, int> mesh_value();
+
+  [[noreturn]] void unknown() const;
+
+ private:
+  std::vector<std::string> args_;
+  std::size_t i_ = 0;
+  std::string flag_;
+  std::optional<std::string> inline_value_;
+};
+
+/// An exception's message on one line, without the "fullshard[rank R]: " prefix.
+std::string one_line(std::string s);
+
+}  // namespace fullshard::apps
