@@ -66,8 +66,6 @@ const char* const kUsage =
     "  --reshard true|false|auto|K\n"
     "                        reshard_after_forward of every group (default auto)\n"
     "  --prefetch D          forward prefetch depth (default 1; 0: implicit only)\n"
-    "  --no-reshard-after-backward\n"
-    "                        keep unsharded parameters after backward (more memory)\n"
     "output:\n"
     "  --trace FILE          write the plan and the measured timeline (Chrome/Perfetto JSON)\n"
     "  --log-every N         print every N-th step line (default 1; the last step always)\n"
@@ -119,7 +117,6 @@ Config parse(int argc, char** argv) {
     else if (f == "--reduce-dtype") c.reduce_dtype = a.dtype_value();
     else if (f == "--reshard") c.plan.defaults.reshard_after_forward = a.reshard_value();
     else if (f == "--prefetch") c.plan.forward_prefetch_depth = a.int_value(0, 1 << 20);
-    else if (f == "--no-reshard-after-backward") c.plan.reshard_after_backward = false;
     else if (f == "--trace") c.trace = a.value();
     else if (f == "--log-every") c.log_every = a.int_value(1);
     else a.unknown();
