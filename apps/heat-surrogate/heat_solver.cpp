@@ -1,0 +1,292 @@
+#include "heat_solver.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <type_traits>
+
+#include "fullshard/base/error.hpp"
+#include "residual_mlp.hpp"
+#include "streams.hpp"
+
+namespace fullshard::apps::heat {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+void check_mpi(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) throw CommError(std::string("heat solver: ") + what + " failed");
+}
+
+// Views whose memory MPI can read and write directly (host memory).
+constexpr bool kHostField =
+    Kokkos::SpaceAccessibility<Kokkos::HostSpace, HeatSolver::Field::memory_space>::accessible;
+
+}  // namespace
+
+HeatSolver::HeatSolver(const Options& o, MPI_Comm sim_comm) : o_(o) {
+  check_mpi(MPI_Comm_dup(sim_comm, &comm_), "MPI_Comm_dup");
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  // Rows split as evenly as possible; the first ny % size ranks get one more.
+  rows_ = o.ny / size_ + (rank_ < o.ny % size_ ? 1 : 0);
+  row0_ = rank_ * (o.ny / size_) + std::min(rank_, o.ny % size_);
+  ghost_ = o.radius;
+  const int span = 2 * o.radius + 1;
+  patch_ = span * span;
+  dx_ = 1.0 / (o.nx - 1);
+  dt_ = o.cfl * dx_ * dx_;  // alpha = 1
+
+  const int nx = o.nx;
+  const int halo_rows = rows_ + 2 * ghost_;
+  u_ = Field("heat::u", halo_rows, nx);
+  next_ = Field("heat::next", halo_rows, nx);
+  src_ = Field("heat::source", rows_, nx);
+  sources_ = decltype(sources_)("heat::sources", std::max(o.sources, 1), 4);
+  if constexpr (!kHostField) {
+    const auto n = static_cast<std::size_t>(ghost_) * nx;
+    send_up_ = decltype(send_up_)("heat::send_up", n);
+    send_down_ = decltype(send_down_)("heat::send_down", n);
+    recv_up_ = decltype(recv_up_)("heat::recv_up", n);
+    recv_down_ = decltype(recv_down_)("heat::recv_down", n);
+  }
+
+  // Initial field: hot blobs (x in [0, 1], y in [0, ly]); walls are set by set_forcing.
+  const double ly = (o.ny - 1) * dx_;
+  const int nb = std::max(o.blobs, 1);
+  Kokkos::View<double**, Exec::memory_space> blobs("heat::blobs", nb, 4);
+  auto hb = Kokkos::create_mirror_view(blobs);
+  for (int b = 0; b < o.blobs; ++b) {
+    auto draw = [&](int k) { return uniform01(o.seed, kStreamBlobs, 4ULL * b + k); };
+    hb(b, 0) = 0.1 + 0.8 * draw(0);
+    hb(b, 1) = (0.1 + 0.8 * draw(1)) * ly;
+    hb(b, 2) = 0.03 + 0.04 * draw(2);
+    hb(b, 3) = 0.5 + 0.5 * draw(3);
+  }
+  Kokkos::deep_copy(blobs, hb);
+  const int nblobs = o.blobs, g = ghost_, r0 = row0_, ny = o.ny;
+  const double dx = dx_;
+  Field u = u_;
+  Kokkos::parallel_for(
+      "heat::init", Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>({0, 0}, {rows_, nx}),
+      KOKKOS_LAMBDA(int i, int j) {
+        const int row = r0 + i;
+        double v = 0;
+        if (row > 0 && row < ny - 1 && j > 0 && j < nx - 1) {
+          const double x = j * dx, y = row * dx;
+          for (int b = 0; b < nblobs; ++b) {
+            const double ddx = x - blobs(b, 0), ddy = y - blobs(b, 1), w = blobs(b, 2);
+            v += blobs(b, 3) * exp(-(ddx * ddx + ddy * ddy) / (2 * w * w));
+          }
+        }
+        u(i + g, j) = v;
+      });
+  Kokkos::deep_copy(next_, u_);
+  set_forcing();
+}
+
+HeatSolver::~HeatSolver() {
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void HeatSolver::set_forcing() {
+  const Options& o = o_;
+  const double t = static_cast<double>(step_) / o.steps;  // fraction of the run
+  const double ly = (o.ny - 1) * dx_;
+  // Sources orbit the domain centre; each deposits ~0.5 (peak) while it passes a point.
+  auto hs = Kokkos::create_mirror_view(sources_);
+  for (int k = 0; k < o.sources; ++k) {
+    auto draw = [&](int i) { return uniform01(o.seed, kStreamSources, 8ULL * k + i); };
+    const double rho = (0.15 + 0.2 * draw(0)) * std::min(1.0, ly);
+    const double phase = 2 * kPi * draw(1);
+    const double dir = draw(2) < 0.5 ? -1.0 : 1.0;
+    const double revs = 0.5 + draw(3);
+    const double width = 0.03 + 0.02 * draw(4);
+    const double angle = phase + dir * 2 * kPi * revs * t;
+    const double speed = 2 * kPi * rho * revs / o.steps;  // x units per step
+    hs(k, 0) = 0.5 + rho * std::cos(angle);
+    hs(k, 1) = 0.5 * ly + rho * std::sin(angle);
+    hs(k, 2) = width;
+    hs(k, 3) = 0.25 * speed / width * (1.5 + draw(5));  // dt * s at the peak
+  }
+  Kokkos::deep_copy(sources_, hs);
+
+  const int nx = o.nx, ny = o.ny, g = ghost_, r0 = row0_, nsrc = o.sources;
+  const double dx = dx_;
+  const double wave = 2 * kPi * 3.0 * t;  // the wall's wave travels 3 periods per run
+  const double two_pi = 2 * kPi;
+  Field src = src_, u = u_, next = next_;
+  auto sources = sources_;
+  Kokkos::parallel_for(
+      "heat::forcing", Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>({0, 0}, {rows_, nx}),
+      KOKKOS_LAMBDA(int i, int j) {
+        const int row = r0 + i;
+        const double x = j * dx, y = row * dx;
+        double s = 0;
+        for (int k = 0; k < nsrc; ++k) {
+          const double ddx = x - sources(k, 0), ddy = y - sources(k, 1), w = sources(k, 2);
+          s += sources(k, 3) * exp(-(ddx * ddx + ddy * ddy) / (2 * w * w));
+        }
+        src(i, j) = s;
+        if (row == 0) {
+          const double v = 0.8 * (0.5 + 0.5 * sin(two_pi * 2 * x - wave));
+          u(i + g, j) = v;
+          next(i + g, j) = v;
+        } else if (row == ny - 1 || j == 0 || j == nx - 1) {
+          u(i + g, j) = 0;
+          next(i + g, j) = 0;
+        }
+      });
+}
+
+void HeatSolver::exchange(int width) {
+  const int nx = o_.nx;
+  const int count = width * nx;
+  const int up = rank_ > 0 ? rank_ - 1 : MPI_PROC_NULL;
+  const int down = rank_ + 1 < size_ ? rank_ + 1 : MPI_PROC_NULL;
+  // Local rows: [0, ghost) top ghosts, [ghost, ghost + rows) owned, then bottom ghosts.
+  const int first_owned = ghost_, last_owned_end = ghost_ + rows_;
+  Kokkos::fence();
+  if constexpr (kHostField) {
+    double* base = u_.data();
+    auto row = [&](int r) { return base + static_cast<std::size_t>(r) * nx; };
+    check_mpi(MPI_Sendrecv(row(first_owned), count, MPI_DOUBLE, up, 0, row(last_owned_end), count,
+                           MPI_DOUBLE, down, 0, comm_, MPI_STATUS_IGNORE),
+              "halo exchange (up)");
+    check_mpi(
+        MPI_Sendrecv(row(last_owned_end - width), count, MPI_DOUBLE, down, 1,
+                     row(first_owned - width), count, MPI_DOUBLE, up, 1, comm_, MPI_STATUS_IGNORE),
+        "halo exchange (down)");
+  } else {
+    using Pair = std::pair<int, int>;
+    auto rows = [&](int a) { return Kokkos::subview(u_, Pair(a, a + width), Kokkos::ALL()); };
+    auto flat = [&](const Kokkos::View<double*, Kokkos::HostSpace>& v) {
+      return Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::HostSpace,
+                          Kokkos::MemoryTraits<Kokkos::Unmanaged>>(v.data(), width, nx);
+    };
+    Kokkos::deep_copy(flat(send_up_), rows(first_owned));
+    Kokkos::deep_copy(flat(send_down_), rows(last_owned_end - width));
+    check_mpi(MPI_Sendrecv(send_up_.data(), count, MPI_DOUBLE, up, 0, recv_down_.data(), count,
+                           MPI_DOUBLE, down, 0, comm_, MPI_STATUS_IGNORE),
+              "halo exchange (up)");
+    check_mpi(MPI_Sendrecv(send_down_.data(), count, MPI_DOUBLE, down, 1, recv_up_.data(), count,
+                           MPI_DOUBLE, up, 1, comm_, MPI_STATUS_IGNORE),
+              "halo exchange (down)");
+    if (down != MPI_PROC_NULL) Kokkos::deep_copy(rows(last_owned_end), flat(recv_down_));
+    if (up != MPI_PROC_NULL) Kokkos::deep_copy(rows(first_owned - width), flat(recv_up_));
+  }
+}
+
+void HeatSolver::advance(int n) {
+  const int nx = o_.nx, g = ghost_;
+  // Owned rows that are not the top or bottom wall, as local (ghosted) row indices.
+  const int lo = g + std::max(0, 1 - row0_);
+  const int hi = g + rows_ - std::max(0, row0_ + rows_ - (o_.ny - 1));
+  const double c = o_.cfl;
+  for (int s = 0; s < n; ++s) {
+    exchange(1);
+    if (lo < hi) {
+      Field u = u_, next = next_, src = src_;
+      Kokkos::parallel_for(
+          "heat::ftcs", Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>({lo, 1}, {hi, nx - 1}),
+          KOKKOS_LAMBDA(int i, int j) {
+            next(i, j) = u(i, j) +
+                         c * (u(i - 1, j) + u(i + 1, j) + u(i, j - 1) + u(i, j + 1) - 4 * u(i, j)) +
+                         src(i - g, j);
+          });
+    }
+    std::swap(u_, next_);
+    ++step_;
+    if (step_ % o_.interval == 0) set_forcing();
+  }
+}
+
+void HeatSolver::upload_cells(const std::vector<Cell>& cells) {
+  const int n = static_cast<int>(cells.size());
+  if (static_cast<int>(cells_.extent(0)) < n) {
+    cells_ = decltype(cells_)("heat::cells", n, 2);
+    records_ = decltype(records_)("heat::records", n, record_floats());
+  }
+  auto hc = Kokkos::create_mirror_view(cells_);
+  for (int i = 0; i < n; ++i) {
+    const Cell& c = cells[i];
+    if (c.row < row0_ || c.row >= row0_ + rows_ || c.col < 0 || c.col >= o_.nx)
+      throw InvalidArgument("heat solver: cell (" + std::to_string(c.row) + ", " +
+                            std::to_string(c.col) + ") is not owned by simulation rank " +
+                            std::to_string(rank_));
+    hc(i, 0) = c.row - row0_ + ghost_;
+    hc(i, 1) = c.col;
+  }
+  Kokkos::deep_copy(cells_, hc);
+}
+
+void HeatSolver::extract(const std::vector<Cell>& cells, std::vector<float>& out) {
+  exchange(ghost_);
+  const int n = static_cast<int>(cells.size());
+  const int stride = record_floats();
+  if (n == 0) return;
+  for (const Cell& c : cells)
+    if (c.row < o_.radius || c.row >= o_.ny - o_.radius || c.col < o_.radius ||
+        c.col >= o_.nx - o_.radius)
+      throw InvalidArgument("heat solver: the patch of cell (" + std::to_string(c.row) + ", " +
+                            std::to_string(c.col) + ") leaves the grid");
+  upload_cells(cells);
+  const int radius = o_.radius, span = 2 * radius + 1, p = patch_, g = ghost_;
+  const double window = o_.interval;
+  Field u = u_, src = src_;
+  auto cell = cells_;
+  auto rec = records_;
+  Kokkos::parallel_for(
+      "heat::extract", Kokkos::RangePolicy<Exec>(0, n), KOKKOS_LAMBDA(int s) {
+        const int i = cell(s, 0), j = cell(s, 1);
+        for (int a = 0; a < span; ++a)
+          for (int b = 0; b < span; ++b)
+            rec(s, a * span + b) = static_cast<float>(u(i + a - radius, j + b - radius));
+        rec(s, p) = static_cast<float>(src(i - g, j) * window);
+        rec(s, p + 1) = 0.0f;
+      });
+  auto host = Kokkos::create_mirror_view(records_);
+  Kokkos::deep_copy(host, records_);
+  const std::size_t at = out.size();
+  out.resize(at + static_cast<std::size_t>(n) * stride);
+  for (int s = 0; s < n; ++s)
+    for (int k = 0; k < stride; ++k)
+      out[at + static_cast<std::size_t>(s) * stride + k] = host(s, k);
+}
+
+void HeatSolver::read(const std::vector<Cell>& cells, float* out, int stride) {
+  const int n = static_cast<int>(cells.size());
+  if (n == 0) return;
+  upload_cells(cells);
+  Field u = u_;
+  auto cell = cells_;
+  auto rec = records_;
+  Kokkos::parallel_for(
+      "heat::read", Kokkos::RangePolicy<Exec>(0, n),
+      KOKKOS_LAMBDA(int s) { rec(s, 0) = static_cast<float>(u(cell(s, 0), cell(s, 1))); });
+  auto host = Kokkos::create_mirror_view(records_);
+  Kokkos::deep_copy(host, records_);
+  for (int s = 0; s < n; ++s)
+    out[static_cast<std::size_t>(s) * stride] = host(s, 0);
+}
+
+void HeatSolver::field_stats(double& mean, double& max) const {
+  const int nx = o_.nx, g = ghost_;
+  Field u = u_;
+  double sum = 0, top = -1e300;
+  Kokkos::parallel_reduce(
+      "heat::sum", Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>({0, 0}, {rows_, nx}),
+      KOKKOS_LAMBDA(int i, int j, double& acc) { acc += u(i + g, j); }, sum);
+  Kokkos::parallel_reduce(
+      "heat::max", Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>({0, 0}, {rows_, nx}),
+      KOKKOS_LAMBDA(int i, int j, double& acc) {
+        if (u(i + g, j) > acc) acc = u(i + g, j);
+      },
+      Kokkos::Max<double>(top));
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, comm_), "MPI_Allreduce");
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &top, 1, MPI_DOUBLE, MPI_MAX, comm_), "MPI_Allreduce");
+  mean = sum / (static_cast<double>(o_.nx) * o_.ny);
+  max = top;
+}
+
+}  // namespace fullshard::apps::heat

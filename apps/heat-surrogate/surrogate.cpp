@@ -1,0 +1,181 @@
+#include "surrogate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "fullshard/base/error.hpp"
+#include "streams.hpp"
+
+namespace fullshard::apps::heat {
+namespace {
+
+void check_mpi(int rc, const char* what) {
+  if (rc != MPI_SUCCESS)
+    throw CommError(std::string("heat-surrogate training: ") + what + " failed");
+}
+
+void sum_in_place(double* v, int n, MPI_Comm comm) {
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, comm), "MPI_Allreduce");
+}
+
+}  // namespace
+
+Surrogate::Surrogate(const Options& o, MPI_Comm train_comm, double timeout_s, HostProgress progress)
+    : o_(o),
+      comm_(train_comm),
+      mesh_(train_comm, {[&] {
+              int n = 1;
+              MPI_Comm_size(train_comm, &n);
+              return n;
+            }()},
+            {"shard"}, timeout_s, progress) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  const int span = 2 * o.radius + 1;
+  patch_ = span * span;
+  stride_ = patch_ + 2;
+  inputs_ = patch_ + 1;
+  MlpShape shape;
+  shape.inputs = inputs_;
+  shape.hidden = o.hidden;
+  shape.outputs = 1;
+  shape.blocks = o.blocks;
+  model_ = std::make_unique<ResidualMlp>(shape, o.seed);
+  model_->shard(mesh_, o.plan);
+  opt_ = std::make_unique<optim::AdamW>(model_->root().parameters(), o.lr, 0.9, 0.999, 1e-8,
+                                        o.weight_decay);
+  const int total = o.rounds() * o.train_steps;
+  schedule_ = std::make_unique<optim::WarmupCosine>(o.lr, o.warmup, total, 0.05 * o.lr);
+  x_.reserve(static_cast<std::size_t>(o.buffer) * inputs_);
+  y_.reserve(static_cast<std::size_t>(o.buffer));
+}
+
+Surrogate::~Surrogate() = default;
+
+void Surrogate::fix_scales(const std::vector<float>& records) {
+  // Sums over every training rank's first records: [records, sum (p - c)^2 off the centre,
+  // sum (u - c)^2, sum c, sum c^2].
+  double s[5] = {0, 0, 0, 0, 0};
+  const int centre = patch_ / 2;
+  const std::size_t n = records.size() / stride_;
+  for (std::size_t r = 0; r < n; ++r) {
+    const float* rec = records.data() + r * stride_;
+    const double c = rec[centre];
+    for (int i = 0; i < patch_; ++i)
+      if (i != centre) s[1] += (rec[i] - c) * (rec[i] - c);
+    s[2] += (rec[patch_ + 1] - c) * (rec[patch_ + 1] - c);
+    s[3] += c;
+    s[4] += c * c;
+  }
+  s[0] = static_cast<double>(n);
+  sum_in_place(s, 5, comm_);
+  auto positive = [](double v) { return v > 0 && std::isfinite(v) ? v : 1.0; };
+  const double count = std::max(s[0], 1.0);
+  s_in_ = positive(std::sqrt(s[1] / (count * (patch_ - 1))));
+  s_out_ = positive(std::sqrt(s[2] / count));
+  mean_c_ = s[3] / count;
+  s_c_ = positive(std::sqrt(std::max(0.0, s[4] / count - mean_c_ * mean_c_)));
+  scaled_ = true;
+}
+
+void Surrogate::features(const float* rec, float* x) const {
+  const int centre = patch_ / 2;
+  const double c = rec[centre];
+  for (int i = 0; i < patch_; ++i)
+    x[i] = static_cast<float>((rec[i] - c) / s_in_);
+  x[centre] = static_cast<float>((c - mean_c_) / s_c_);
+  x[patch_] = static_cast<float>(rec[patch_] / s_out_);
+}
+
+void Surrogate::add(const std::vector<float>& records) {
+  if (records.size() % stride_ != 0)
+    throw InvalidArgument("heat-surrogate: a record batch of " + std::to_string(records.size()) +
+                          " floats is not a multiple of " + std::to_string(stride_));
+  if (!scaled_) fix_scales(records);
+  const std::size_t n = records.size() / stride_;
+  const int capacity = o_.buffer;
+  for (std::size_t r = 0; r < n; ++r) {
+    const float* rec = records.data() + r * stride_;
+    if (size_rows_ < capacity) {
+      x_.resize(x_.size() + inputs_);
+      y_.push_back(0.0f);
+      ++size_rows_;
+    }
+    const std::size_t row = static_cast<std::size_t>(next_row_);
+    features(rec, x_.data() + row * inputs_);
+    y_[row] = static_cast<float>((rec[patch_ + 1] - rec[patch_ / 2]) / s_out_);
+    next_row_ = (next_row_ + 1) % capacity;
+  }
+  received_ += static_cast<std::int64_t>(n);
+}
+
+void Surrogate::train() {
+  // This rank's share of the global minibatch (none while its buffer is empty).
+  int rows = o_.batch / size_ + (rank_ < o_.batch % size_ ? 1 : 0);
+  if (size_rows_ == 0) rows = 0;
+  double global = rows;
+  sum_in_place(&global, 1, comm_);
+  if (global <= 0) return;  // no training rank has a sample yet
+  const auto global_rows = static_cast<std::int64_t>(global);
+  bx_.resize(static_cast<std::size_t>(rows) * inputs_);
+  by_.resize(static_cast<std::size_t>(rows));
+  const std::vector<graph::Parameter*>& params = opt_->params();
+  for (int s = 0; s < o_.train_steps; ++s, ++step_) {
+    for (int i = 0; i < rows; ++i) {
+      const double u = uniform01(o_.seed, kStreamBatch + static_cast<std::uint64_t>(rank_),
+                                 static_cast<std::uint64_t>(step_) * o_.batch + i);
+      const auto row = std::min(static_cast<std::int64_t>(u * size_rows_), size_rows_ - 1);
+      std::copy_n(x_.data() + row * inputs_, inputs_,
+                  bx_.data() + static_cast<std::size_t>(i) * inputs_);
+      by_[i] = y_[static_cast<std::size_t>(row)];
+    }
+    opt_->lr = schedule_->lr(static_cast<int>(std::min<std::int64_t>(step_, 1 << 30)));
+    opt_->zero_grad();
+    sse_since_ += model_->forward_backward(bx_.data(), by_.data(), rows, global_rows);
+    if (o_.clip > 0) optim::clip_grad_norm(params, o_.clip, mesh_);
+    opt_->step();
+    rows_since_ += global_rows;
+    presented_ += global_rows;
+  }
+}
+
+TrainProgress Surrogate::take_progress() {
+  double v[2] = {sse_since_, static_cast<double>(received_)};
+  sum_in_place(v, 2, comm_);
+  TrainProgress p;
+  p.loss = rows_since_ > 0 ? v[0] / static_cast<double>(rows_since_) : 0.0;
+  p.received = static_cast<std::int64_t>(v[1]);
+  p.presented = presented_;
+  sse_since_ = 0;
+  rows_since_ = 0;
+  return p;
+}
+
+EvalResult Surrogate::evaluate(const std::vector<float>& records) {
+  const int n = static_cast<int>(records.size() / stride_);
+  bx_.resize(static_cast<std::size_t>(n) * inputs_);
+  out_.resize(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r)
+    features(records.data() + static_cast<std::size_t>(r) * stride_,
+             bx_.data() + static_cast<std::size_t>(r) * inputs_);
+  model_->predict(bx_.data(), n, out_.data());
+  double v[3] = {0, 0, static_cast<double>(n)};
+  for (int r = 0; r < n; ++r) {
+    const float* rec = records.data() + static_cast<std::size_t>(r) * stride_;
+    const double c = rec[patch_ / 2], truth = rec[patch_ + 1];
+    const double model = c + s_out_ * out_[static_cast<std::size_t>(r)];
+    v[0] += (model - truth) * (model - truth);
+    v[1] += (c - truth) * (c - truth);
+  }
+  sum_in_place(v, 3, comm_);
+  EvalResult e;
+  e.points = static_cast<std::int64_t>(v[2]);
+  if (e.points > 0) {
+    e.rmse_model = std::sqrt(v[0] / v[2]);
+    e.rmse_trivial = std::sqrt(v[1] / v[2]);
+  }
+  return e;
+}
+
+}  // namespace fullshard::apps::heat

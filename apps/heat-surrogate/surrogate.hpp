@@ -1,0 +1,88 @@
+// The in-situ surrogate: a fully_shard'ed ResidualMlp over the training ranks that learns to
+// advance the heat equation by one window of K solver steps at a patch centre.
+//
+// Features of a record (patch p of (2R+1)^2 values with centre value c, source increment q,
+// future centre value u): the patch differences (p_i - c) / s_in, except that the centre's
+// slot holds (c - mean_c) / s_c, then q / s_out. Target: (u - c) / s_out, the change over the
+// window. The scales come from the first round's records of all training ranks together.
+// Errors are reported in field units: |c + s_out * prediction - u|.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "fullshard/mesh/device_mesh.hpp"
+#include "fullshard/optim/optimizer.hpp"
+#include "options.hpp"
+#include "residual_mlp.hpp"
+
+namespace fullshard::apps::heat {
+
+/// Held-out error over every training rank's records, in field units.
+struct EvalResult {
+  double rmse_model = 0;    // the surrogate
+  double rmse_trivial = 0;  // "no change": u(t + K) = u(t)
+  std::int64_t points = 0;
+  double ratio() const { return rmse_trivial > 0 ? rmse_model / rmse_trivial : 0.0; }
+};
+
+/// Training since the previous take_progress(), over every training rank.
+struct TrainProgress {
+  double loss = 0;             // mean squared error of the normalised target per sample
+  std::int64_t received = 0;   // records received so far (distinct samples)
+  std::int64_t presented = 0;  // minibatch rows trained on so far (with repetition)
+};
+
+class Surrogate {
+ public:
+  /// Collective over `train_comm` (the training ranks): builds the 1-D mesh "shard" on it,
+  /// shards the model (every block, then the root) and creates the optimizer.
+  Surrogate(const Options& o, MPI_Comm train_comm, double timeout_s, HostProgress progress);
+  ~Surrogate();
+  Surrogate(const Surrogate&) = delete;
+  Surrogate& operator=(const Surrogate&) = delete;
+
+  std::int64_t num_params() const noexcept { return model_->num_params(); }
+  const DeviceMesh& mesh() const noexcept { return mesh_; }
+  const ResidualMlp& model() const noexcept { return *model_; }
+
+  /// Adds a round's training records (`stride` floats each) to the replay buffer, replacing
+  /// the oldest beyond --buffer. The first call fixes the feature scales: collective.
+  void add(const std::vector<float>& records);
+  /// --train-steps optimizer steps, each on a global minibatch of --batch rows drawn from the
+  /// ranks' buffers (rank t draws its share from its own buffer). Collective.
+  void train();
+  /// Collective.
+  TrainProgress take_progress();
+  /// The surrogate's and "no change"'s errors on held-out records (`stride` floats each, any
+  /// count per rank). Collective.
+  EvalResult evaluate(const std::vector<float>& records);
+
+ private:
+  void fix_scales(const std::vector<float>& records);
+  void features(const float* record, float* x) const;
+
+  Options o_;
+  MPI_Comm comm_;  // the training ranks (not owned)
+  int rank_ = 0, size_ = 1;
+  int patch_ = 0, stride_ = 0, inputs_ = 0;
+  DeviceMesh mesh_;
+  std::unique_ptr<ResidualMlp> model_;
+  std::unique_ptr<optim::AdamW> opt_;
+  std::unique_ptr<optim::WarmupCosine> schedule_;
+  bool scaled_ = false;
+  double s_in_ = 1, s_out_ = 1, mean_c_ = 0, s_c_ = 1;
+  // Replay buffer (features and targets), a ring of at most --buffer rows.
+  std::vector<float> x_, y_;
+  std::int64_t size_rows_ = 0, next_row_ = 0;
+  // Counters.
+  std::int64_t step_ = 0, received_ = 0, presented_ = 0;
+  double sse_since_ = 0;              // local, normalised units
+  std::int64_t rows_since_ = 0;       // global rows since the last take_progress
+  std::vector<float> bx_, by_, out_;  // minibatch / evaluation scratch
+};
+
+}  // namespace fullshard::apps::heat
