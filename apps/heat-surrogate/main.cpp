@@ -168,14 +168,15 @@ int run(const fullshard::Runtime& rt, const heat::Options& o) {
     if (beats && fell) {
       std::printf("verdict: PASS: the surrogate beats no-change (ratio %.3f < %.3g)\n", ratio,
                   o.pass_ratio);
+    } else if (!beats) {
+      code = kFail;
+      std::printf("verdict: FAIL: the surrogate does not beat no-change clearly (ratio %.3f, "
+                  "needs < %.3g)\n",
+                  ratio, o.pass_ratio);
     } else {
       code = kFail;
-      std::printf("verdict: FAIL: %s\n",
-                  !beats
-                      ? ("the surrogate does not beat no-change clearly (ratio " +
-                         std::to_string(ratio) + ", needs < " + std::to_string(o.pass_ratio) + ")")
-                            .c_str()
-                      : "the training loss did not fall");
+      std::printf("verdict: FAIL: the training loss did not fall (%.4g -> %.4g)\n", first_loss,
+                  last_loss);
     }
     std::fflush(stdout);
   }

@@ -25,9 +25,12 @@ class Sampler {
   std::vector<Cell> train_cells(int round) const;
   /// This rank's held-out positions (fixed).
   const std::vector<Cell>& eval_cells() const noexcept { return eval_; }
-  /// Whether `round` ends with a progress line and a held-out evaluation.
+  /// Whether `round` ends with a progress line and a held-out evaluation: every
+  /// --report-every rounds, the last round, and rounds 1, 2, 4, 8, ... before the first
+  /// (where the surrogate learns most).
   static bool is_report_round(const Options& o, int round) noexcept {
-    return round % o.report_every == 0 || round == o.rounds();
+    const bool early_power_of_two = round < o.report_every && (round & (round - 1)) == 0;
+    return round % o.report_every == 0 || round == o.rounds() || early_power_of_two;
   }
 
  private:
