@@ -27,6 +27,10 @@ std::string ArgParser::value() {
   return args_[i_++];
 }
 
+void ArgParser::no_value() const {
+  if (inline_value_) throw UsageError{flag_ + " takes no value"};
+}
+
 std::int64_t ArgParser::int64_value(std::int64_t min, std::int64_t max) {
   const std::string v = value();
   std::size_t used = 0;
