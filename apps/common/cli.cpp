@@ -7,6 +7,23 @@
 
 namespace fullshard::apps {
 
+namespace {
+
+/// The whole of `v` as an integer, or nothing.
+std::optional<long long> to_integer(const std::string& v) {
+  std::size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (v.empty() || used != v.size()) return std::nullopt;
+  return x;
+}
+
+}  // namespace
+
 bool ArgParser::next() {
   inline_value_.reset();
   if (i_ >= args_.size()) return false;
@@ -27,19 +44,17 @@ std::string ArgParser::value() {
   return args_[i_++];
 }
 
+void ArgParser::no_value() const {
+  if (inline_value_) throw UsageError{flag_ + " takes no value"};
+}
+
 std::int64_t ArgParser::int64_value(std::int64_t min, std::int64_t max) {
   const std::string v = value();
-  std::size_t used = 0;
-  long long x = 0;
-  try {
-    x = std::stoll(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (v.empty() || used != v.size() || x < min || x > max)
+  const auto x = to_integer(v);
+  if (!x || *x < min || *x > max)
     throw UsageError{flag_ + " expects an integer in [" + std::to_string(min) + ", " +
                      std::to_string(max) + "], got '" + v + "'"};
-  return x;
+  return *x;
 }
 
 int ArgParser::int_value(std::int64_t min, std::int64_t max) {
@@ -82,31 +97,19 @@ fsdp::ReshardAfterForward ArgParser::reshard_value() {
   if (v == "true") return fsdp::ReshardAfterForward::always();
   if (v == "false") return fsdp::ReshardAfterForward::never();
   if (v == "auto") return fsdp::ReshardAfterForward::automatic();
-  std::size_t used = 0;
-  int k = 0;
-  try {
-    k = std::stoi(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (v.empty() || used != v.size() || k < 1)
+  const auto k = to_integer(v);
+  if (!k || *k < 1 || *k > (1 << 30))
     throw UsageError{flag_ + " expects true, false, auto or an integer >= 1, got '" + v + "'"};
-  return fsdp::ReshardAfterForward::group_size(k);
+  return fsdp::ReshardAfterForward::group_size(static_cast<int>(*k));
 }
 
 std::pair<int, int> ArgParser::mesh_value() {
   const std::string v = value();
   auto parse = [&](const std::string& s) {
-    std::size_t used = 0;
-    int x = 0;
-    try {
-      x = std::stoi(s, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (s.empty() || used != s.size() || x < 1)
+    const auto x = to_integer(s);
+    if (!x || *x < 1 || *x > (1 << 30))
       throw UsageError{flag_ + " expects N or RxN with positive integers, got '" + v + "'"};
-    return x;
+    return static_cast<int>(*x);
   };
   const auto x = v.find('x');
   if (x == std::string::npos) return {1, parse(v)};

@@ -28,6 +28,8 @@ class ArgParser {
   const std::string& flag() const noexcept { return flag_; }
   /// The current flag's value (the "=value" part or the next argument).
   std::string value();
+  /// For switches: a UsageError when the flag was given as "--flag=value".
+  void no_value() const;
 
   int int_value(std::int64_t min, std::int64_t max = (1ll << 30));
   std::int64_t int64_value(std::int64_t min, std::int64_t max = (1ll << 62));

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/graph/json_graph.hpp"
 #include "fullshard/schedule/plan.hpp"
@@ -58,80 +59,30 @@ const char* const kUsage =
     "\n"
     "Exit status: 0 on success, 2 on bad input (options, graph, cost file).\n";
 
-struct UsageError {
-  std::string message;
-};
-
-int parse_int(const std::string& flag, const std::string& v, int min) {
-  std::size_t used = 0;
-  long long x = 0;
-  try {
-    x = std::stoll(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != v.size() || v.empty() || x < min || x > 1 << 30)
-    throw UsageError{flag + " expects an integer >= " + std::to_string(min) + ", got '" + v + "'"};
-  return static_cast<int>(x);
-}
-
-schedule::MeshShape parse_mesh(const std::string& v) {
-  schedule::MeshShape m;
-  const auto x = v.find('x');
-  if (x == std::string::npos) {
-    m.shard = parse_int("--mesh", v, 1);
-  } else {
-    m.replicate = parse_int("--mesh (replicate)", v.substr(0, x), 1);
-    m.shard = parse_int("--mesh (shard)", v.substr(x + 1), 1);
-  }
-  return m;
-}
-
-std::string one_line(std::string s) {
-  const std::string prefix = "fullshard[rank ";
-  if (s.compare(0, prefix.size(), prefix) == 0) {
-    const auto end = s.find("]: ");
-    if (end != std::string::npos) s = s.substr(end + 3);
-  }
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
-}
+using fullshard::apps::one_line;
+using fullshard::apps::UsageError;
 
 int run(int argc, char** argv) {
   std::optional<std::string> graph_path, cost_path, trace_path;
   std::optional<schedule::MeshShape> mesh;
   schedule::PlanOptions opt;
 
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i];
-    std::optional<std::string> inline_value;
-    if (flag.compare(0, 2, "--") == 0) {
-      const auto eq = flag.find('=');
-      if (eq != std::string::npos) {
-        inline_value = flag.substr(eq + 1);
-        flag = flag.substr(0, eq);
-      }
-    }
-    auto value = [&]() -> std::string {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= args.size()) throw UsageError{flag + " needs a value"};
-      return args[++i];
-    };
-    auto no_value = [&] {
-      if (inline_value) throw UsageError{flag + " takes no value"};
-    };
-    if (flag == "--help" || flag == "-h") {
+  fullshard::apps::ArgParser args(argc, argv);
+  while (args.next()) {
+    const std::string& flag = args.flag();
+    auto value = [&] { return args.value(); };
+    auto no_value = [&] { args.no_value(); };
+    if (flag == "--help") {
       no_value();
       std::fputs(kUsage, stdout);
       return 0;
     } else if (flag == "--graph") {
       graph_path = value();
     } else if (flag == "--mesh") {
-      mesh = parse_mesh(value());
+      const auto [replicate, shard] = args.mesh_value();
+      mesh = schedule::MeshShape{shard, replicate};
     } else if (flag == "--prefetch") {
-      opt.forward_prefetch_depth = parse_int(flag, value(), 0);
+      opt.forward_prefetch_depth = args.int_value(0);
     } else if (flag == "--backward-prefetch") {
       const std::string v = value();
       if (v == "reverse")
@@ -141,16 +92,9 @@ int run(int argc, char** argv) {
       else
         throw UsageError{"--backward-prefetch expects reverse or none, got '" + v + "'"};
     } else if (flag == "--reshard") {
-      const std::string v = value();
-      if (v == "true")
-        opt.defaults.reshard_after_forward = fullshard::fsdp::ReshardAfterForward(true);
-      else if (v == "false")
-        opt.defaults.reshard_after_forward = fullshard::fsdp::ReshardAfterForward(false);
-      else
-        opt.defaults.reshard_after_forward = fullshard::fsdp::ReshardAfterForward::group_size(
-            parse_int(flag + " (true, false or K)", v, 1));
+      opt.defaults.reshard_after_forward = args.reshard_value();
     } else if (flag == "--max-rs-buffers") {
-      opt.reduce_scatter_max_input_buffers = parse_int(flag, value(), 1);
+      opt.reduce_scatter_max_input_buffers = args.int_value(1);
     } else if (flag == "--no-all-reduce") {
       no_value();
       opt.requires_all_reduce = false;
@@ -166,15 +110,15 @@ int run(int argc, char** argv) {
       no_value();
       opt.is_last_backward = false;
     } else if (flag == "--param-dtype") {
-      opt.defaults.mp_policy.param_dtype = fullshard::parse_dtype(value(), flag);
+      opt.defaults.mp_policy.param_dtype = args.dtype_value();
     } else if (flag == "--reduce-dtype") {
-      opt.defaults.mp_policy.reduce_dtype = fullshard::parse_dtype(value(), flag);
+      opt.defaults.mp_policy.reduce_dtype = args.dtype_value();
     } else if (flag == "--cost") {
       cost_path = value();
     } else if (flag == "--trace") {
       trace_path = value();
     } else {
-      throw UsageError{"unknown option '" + args[i] + "' (see --help)"};
+      throw UsageError{"unknown option '" + flag + "' (see --help)"};
     }
   }
   if (!graph_path) throw UsageError{"--graph is required (see --help)"};

@@ -246,6 +246,7 @@ int train(const fullshard::Runtime& rt, const Config& c) {
   std::vector<double> step_ms, comm_ms;
   double first_loss = 0, last_loss = 0;
   std::size_t ops_seen = 0;
+  fullshard::comm::Traffic traffic_before = mesh.traffic();
   const bool keep_timeline = !c.trace.empty();
   const auto t_start = Clock::now();
   for (int step = 0; step < c.steps; ++step) {
@@ -262,6 +263,7 @@ int train(const fullshard::Runtime& rt, const Config& c) {
     opt->step();
     const double loss = apps::sum_over_mesh(sse, mesh) / (double(c.batch) * c.shape.outputs);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (step == 0) traffic_before = mesh.traffic();  // the first step also initialises
 
     // Communication time of this step: collectives on the channel streams (inline progress
     // runs them on this thread, so they add to the step time).
@@ -286,6 +288,7 @@ int train(const fullshard::Runtime& rt, const Config& c) {
                              std::to_string(loss) + " (diverged; lower --lr)");
   }
   const double total_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  const fullshard::comm::Traffic traffic_after = mesh.traffic();
 
   if (rank == 0) {
     auto median = [](std::vector<double> v) {
@@ -298,6 +301,19 @@ int train(const fullshard::Runtime& rt, const Config& c) {
                 c.steps, total_s, first_loss, last_loss, median(step_ms), median(comm_ms),
                 model.executor().measured_peak_bytes() / mib, model.plan().peak_bytes / mib,
                 peak_rss_mib());
+    // Bytes per step against FSDP's reference: every parameter all-gathered in forward and
+    // again in backward, and its gradient reduce-scattered once (3x the parameter bytes).
+    if (c.steps > 1) {
+      const double n = c.steps - 1, pbytes = model.num_params() * 4.0;
+      const double ag = (traffic_after.all_gather - traffic_before.all_gather) / n;
+      const double rs = (traffic_after.reduce_scatter - traffic_before.reduce_scatter) / n;
+      const double ar = (traffic_after.all_reduce - traffic_before.all_reduce) / n;
+      std::printf("communicated per step (rank 0, steps 2..%d): %.3f MiB = %.3f x the f32 "
+                  "parameter bytes (all-gather %.3f x, reduce-scatter %.3f x, all-reduce "
+                  "%.3f x); FSDP reference 3 x (2 x with reshard_after_forward=false)\n",
+                  c.steps, (ag + rs + ar) / mib, (ag + rs + ar) / pbytes, ag / pbytes,
+                  rs / pbytes, ar / pbytes);
+    }
     std::fflush(stdout);
   }
   if (keep_timeline && rank == 0) {

@@ -140,10 +140,13 @@ Work MpiCommunicator::all_gather(const void* send, void* recv, std::size_t count
                           "(recv + rank*count) for an in-place all-gather");
   const MPI_Datatype type = detail::mpi_datatype(dtype);
   const int n = static_cast<int>(count);
-  return launch("all_gather", count, dtype, stream, [=, comm = comm_](const std::string& label) {
-    check(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, type, recv, n, type, comm),
-          "MPI_Allgather", label);
-  });
+  Work w =
+      launch("all_gather", count, dtype, stream, [=, comm = comm_](const std::string& label) {
+        check(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, type, recv, n, type, comm),
+              "MPI_Allgather", label);
+      });
+  traffic_[0].fetch_add(bytes * static_cast<std::size_t>(size_), std::memory_order_relaxed);
+  return w;
 }
 
 Work MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
@@ -163,7 +166,7 @@ Work MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t r
   const int n = static_cast<int>(recv_count);
   const int rank = rank_;
   const int size = size_;
-  return launch("reduce_scatter", recv_count, dtype, stream,
+  Work w = launch("reduce_scatter", recv_count, dtype, stream,
                 [=, comm = comm_](const std::string& label) {
                   if (in_place) {
                     // MPI's in-place form leaves the result at the start of the buffer; NCCL's
@@ -179,6 +182,8 @@ Work MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t r
                   }
                   if (op == ReduceOp::avg) detail::divide_in_place(recv, recv_count, dtype, size);
                 });
+  traffic_[1].fetch_add(bytes * static_cast<std::size_t>(size_), std::memory_order_relaxed);
+  return w;
 }
 
 Work MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
@@ -195,11 +200,14 @@ Work MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
   const MPI_Op mpi_op = ops_->get(dtype, op);
   const int n = static_cast<int>(count);
   const int size = size_;
-  return launch("all_reduce", count, dtype, stream, [=, comm = comm_](const std::string& label) {
-    check(MPI_Allreduce(in_place ? MPI_IN_PLACE : send, recv, n, type, mpi_op, comm),
-          "MPI_Allreduce", label);
-    if (op == ReduceOp::avg) detail::divide_in_place(recv, count, dtype, size);
-  });
+  Work w =
+      launch("all_reduce", count, dtype, stream, [=, comm = comm_](const std::string& label) {
+        check(MPI_Allreduce(in_place ? MPI_IN_PLACE : send, recv, n, type, mpi_op, comm),
+              "MPI_Allreduce", label);
+        if (op == ReduceOp::avg) detail::divide_in_place(recv, count, dtype, size);
+      });
+  traffic_[2].fetch_add(bytes, std::memory_order_relaxed);
+  return w;
 }
 
 Work MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, int root,
@@ -212,9 +220,29 @@ Work MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, in
     throw InvalidArgument("broadcast on communicator '" + name_ + "': null buffer");
   const MPI_Datatype type = detail::mpi_datatype(dtype);
   const int n = static_cast<int>(count);
-  return launch("broadcast", count, dtype, stream, [=, comm = comm_](const std::string& label) {
-    check(MPI_Bcast(buffer, n, type, root, comm), "MPI_Bcast", label);
-  });
+  Work w =
+      launch("broadcast", count, dtype, stream, [=, comm = comm_](const std::string& label) {
+        check(MPI_Bcast(buffer, n, type, root, comm), "MPI_Bcast", label);
+      });
+  traffic_[3].fetch_add(count * dtype_size(dtype), std::memory_order_relaxed);
+  return w;
+}
+
+Traffic MpiCommunicator::traffic() const noexcept {
+  Traffic t;
+  t.all_gather = traffic_[0].load(std::memory_order_relaxed);
+  t.reduce_scatter = traffic_[1].load(std::memory_order_relaxed);
+  t.all_reduce = traffic_[2].load(std::memory_order_relaxed);
+  t.broadcast = traffic_[3].load(std::memory_order_relaxed);
+  return t;
+}
+
+Traffic& Traffic::operator+=(const Traffic& o) noexcept {
+  all_gather += o.all_gather;
+  reduce_scatter += o.reduce_scatter;
+  all_reduce += o.all_reduce;
+  broadcast += o.broadcast;
+  return *this;
 }
 
 Work MpiCommunicator::barrier(Stream& stream) {

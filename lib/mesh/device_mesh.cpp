@@ -238,6 +238,13 @@ comm::MpiCommunicator& DeviceMesh::world_comm() const {
   return *s_->world;
 }
 
+comm::Traffic DeviceMesh::traffic() const {
+  comm::Traffic t = s_->world->traffic();
+  for (const auto& dim : s_->dims)
+    for (const auto& c : dim) t += c->traffic();
+  return t;
+}
+
 comm::Stream& DeviceMesh::stream(Channel channel) const {
   auto& st = const_cast<detail::MeshState&>(*s_);
   std::lock_guard<std::mutex> lock(st.stream_mutex);

@@ -185,6 +185,30 @@ TEST_CASE("broadcast from every root, and barrier") {
   c.barrier(s).wait();
 }
 
+TEST_CASE("traffic counters add the bytes of each collective's whole buffer") {
+  DeviceMesh mesh(test::runtime(), {test::world_size()}, {"dp"});
+  auto& ag = mesh.comm("dp", Channel::all_gather);
+  auto& rs = mesh.comm("dp", Channel::reduce_scatter);
+  const auto W = static_cast<std::uint64_t>(ag.size());
+  const comm::Traffic before = mesh.traffic();
+  CHECK(before.total() == 0);
+  Stream s = Stream::caller("traffic");
+  std::vector<float> full(10 * W, 1.f), part(10);
+  ag.all_gather(full.data() + ag.rank() * 10, full.data(), 10, DType::f32, s).wait();
+  ag.all_gather(full.data() + ag.rank() * 10, full.data(), 10, DType::f32, s).wait();
+  rs.reduce_scatter(full.data(), part.data(), 5, DType::bf16, ReduceOp::sum, s).wait();
+  mesh.world_comm().all_reduce(part.data(), part.data(), 3, DType::f64, ReduceOp::max, s).wait();
+  mesh.comm("dp").broadcast(part.data(), 7, DType::f16, 0, s).wait();
+  const comm::Traffic t = mesh.traffic();
+  CHECK(t.all_gather == 2 * 10 * W * 4);
+  CHECK(t.reduce_scatter == 5 * W * 2);
+  CHECK(t.all_reduce == 3 * 8);
+  CHECK(t.broadcast == 7 * 2);
+  CHECK(t.total() == t.all_gather + t.reduce_scatter + t.all_reduce + t.broadcast);
+  CHECK(ag.traffic().all_gather == t.all_gather);
+  CHECK(rs.traffic().all_gather == 0);
+}
+
 TEST_CASE("bad arguments are errors that name the communicator and the operation") {
   DeviceMesh mesh(test::runtime(), {test::world_size()}, {"dp"});
   auto& c = mesh.comm("dp");

@@ -16,6 +16,19 @@ namespace detail {
 struct MpiReduceOps;
 }
 
+/// Bytes that went through a communicator's collectives, counted as the size of the whole
+/// collective buffer: all_gather and reduce_scatter size x count elements (the unsharded
+/// tensor), all_reduce and broadcast count elements. What FSDP's "3x the parameter bytes per
+/// step" refers to.
+struct Traffic {
+  std::uint64_t all_gather = 0;
+  std::uint64_t reduce_scatter = 0;
+  std::uint64_t all_reduce = 0;
+  std::uint64_t broadcast = 0;
+  std::uint64_t total() const noexcept { return all_gather + reduce_scatter + all_reduce + broadcast; }
+  Traffic& operator+=(const Traffic& o) noexcept;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   /// Duplicates `parent` (collective over parent) and names the result `name`. Errors on the
@@ -46,6 +59,8 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> dup(const std::string& name) const override;
   /// The ranks with the same `color`, ordered by `key`, as a new communicator (collective).
   std::unique_ptr<MpiCommunicator> split(int color, int key, const std::string& name) const;
+  /// Bytes issued on this communicator since its creation (one relaxed atomic add per call).
+  Traffic traffic() const noexcept;
 
  private:
   MpiCommunicator(MPI_Comm comm, std::string name, double timeout_s);
@@ -66,6 +81,8 @@ class MpiCommunicator final : public Communicator {
   std::uint64_t owner_stream_ = 0;
   std::string owner_name_;
   std::shared_ptr<std::atomic<int>> in_flight_ = std::make_shared<std::atomic<int>>(0);
+  // Traffic counters: all_gather, reduce_scatter, all_reduce, broadcast.
+  std::atomic<std::uint64_t> traffic_[4] = {};
 };
 
 }  // namespace fullshard::comm

@@ -68,6 +68,9 @@ class DeviceMesh {
   comm::Stream& stream(Channel channel) const;
   /// Communicator over all ranks of the mesh.
   comm::MpiCommunicator& world_comm() const;
+  /// Bytes issued by this rank on the mesh's communicators (every dim and channel, and the
+  /// world communicator) since the mesh was created; see comm::Traffic.
+  comm::Traffic traffic() const;
 
   /// 1-D mesh along one dim (collective; the result shares nothing with this mesh).
   DeviceMesh sub_mesh(const std::string& dim) const;
