@@ -68,7 +68,7 @@ HeatSolver::HeatSolver(const Options& o, MPI_Comm sim_comm) : o_(o) {
   }
   Kokkos::deep_copy(blobs, hb);
   const int nblobs = o.blobs, g = ghost_, r0 = row0_, ny = o.ny;
-  const double dx = dx_;
+  const double dx = dx_, two_pi = 2 * kPi;
   Field u = u_;
   Kokkos::parallel_for(
       "heat::init", Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>({0, 0}, {rows_, nx}),
@@ -81,6 +81,9 @@ HeatSolver::HeatSolver(const Options& o, MPI_Comm sim_comm) : o_(o) {
             const double ddx = x - blobs(b, 0), ddy = y - blobs(b, 1), w = blobs(b, 2);
             v += blobs(b, 3) * exp(-(ddx * ddx + ddy * ddy) / (2 * w * w));
           }
+          // A warm layer above the heated wall (its value at t = 0), so that the run does not
+          // start with a jump at the wall.
+          v += 0.8 * (0.5 + 0.5 * sin(two_pi * 2 * x)) * exp(-y / 0.03);
         }
         u(i + g, j) = v;
       });

@@ -7,7 +7,9 @@
 // The forcing changes once per window of K steps (constant within a window, so a sample's
 // inputs describe its whole window): moving Gaussian heat sources s, and the bottom wall
 // (row 0) held at a travelling sine wave; the other walls are held at 0. The initial field
-// is a sum of hot Gaussian blobs. Everything is drawn from the seed, identically on every rank.
+// is a sum of hot Gaussian blobs plus a warm layer above the heated wall. Everything is drawn
+// from the seed, identically on every rank. Time in the forcing is physical (step * dt), so
+// the physics does not depend on the grid resolution or the run length.
 #pragma once
 
 #include <mpi.h>

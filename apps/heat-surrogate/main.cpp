@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <optional>
 #include <string>
@@ -170,9 +171,10 @@ int run(const fullshard::Runtime& rt, const heat::Options& o) {
                   o.pass_ratio);
     } else if (!beats) {
       code = kFail;
-      std::printf("verdict: FAIL: the surrogate does not beat no-change clearly (ratio %.3f, "
-                  "needs < %.3g)\n",
-                  ratio, o.pass_ratio);
+      std::printf(
+          "verdict: FAIL: the surrogate does not beat no-change clearly (ratio %.3f, "
+          "needs < %.3g)\n",
+          ratio, o.pass_ratio);
     } else {
       code = kFail;
       std::printf("verdict: FAIL: the training loss did not fall (%.4g -> %.4g)\n", first_loss,
@@ -189,23 +191,36 @@ int run(const fullshard::Runtime& rt, const heat::Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --help is ours: Kokkos would print its own help for it, so the Runtime does not see it.
+  bool help = false;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0 && std::strcmp(argv[i], "--help") == 0)
+      help = true;
+    else
+      args.push_back(argv[i]);
+  }
+  int args_count = static_cast<int>(args.size());
+  args.push_back(nullptr);
+  char** args_data = args.data();
   std::optional<fullshard::Runtime> rt;
   try {
-    rt.emplace(argc, argv);
+    rt.emplace(args_count, args_data);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "heat-surrogate: %s\n", e.what());
     return kRunError;
   }
   const int rank = rt->rank();
   try {
-    bool help = false;
-    const heat::Options o = heat::parse_options(argc, argv, help);
-    if (help) {
-      if (rank == 0) std::fputs(heat::usage(), stdout);
-      return kPass;
+    if (!help) {
+      const heat::Options o = heat::parse_options(args_count, args_data, help);
+      if (!help) {
+        heat::check_world(o, rt->world_size());
+        return run(*rt, o);
+      }
     }
-    heat::check_world(o, rt->world_size());
-    return run(*rt, o);
+    if (rank == 0) std::fputs(heat::usage(), stdout);
+    return kPass;
   } catch (const apps::UsageError& e) {
     // Every rank checks the same arguments, so every rank gets here: no one is left waiting.
     if (rank == 0) std::fprintf(stderr, "heat-surrogate: %s (see --help)\n", e.message.c_str());

@@ -42,7 +42,8 @@ const char* const kUsage =
     "  --buffer N          replay buffer capacity per training rank, samples (default 8192)\n"
     "  --lr X              AdamW peak learning rate (default 3e-3); warm-up + cosine decay\n"
     "  --weight-decay X    AdamW weight decay (default 0)\n"
-    "  --warmup N          optimizer steps of learning-rate warm-up (default 50)\n"
+    "  --warmup N          optimizer steps of learning-rate warm-up (default 50, at most a\n"
+    "                      tenth of the optimizer steps)\n"
     "  --clip X            global gradient-norm clip, 0 = off (default 1)\n"
     "  --param-dtype T     mixed precision: dtype of the unsharded parameters (f32, bf16, f16)\n"
     "  --reduce-dtype T    mixed precision: dtype of the gradient reduce-scatter\n"
@@ -160,6 +161,8 @@ Options parse_options(int argc, char** argv, bool& help) {
                      " is more than half of the " + std::to_string(centres) +
                      " patch centres of the grid (lower it or enlarge --nx/--ny)"};
   const long long total_steps = static_cast<long long>(o.rounds()) * o.train_steps;
+  if (total_steps > (1 << 30))
+    throw UsageError{"--steps / --interval x --train-steps gives more than 2^30 optimizer steps"};
   if (o.warmup >= total_steps)
     throw UsageError{"--warmup " + std::to_string(o.warmup) +
                      " must be below the number of optimizer steps (" +

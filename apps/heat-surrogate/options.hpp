@@ -1,6 +1,7 @@
 // heat-surrogate's command line: every flag, its default and its check.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,7 +33,7 @@ struct Options {
   int buffer = 8192;    // replay buffer capacity per training rank
   double lr = 3e-3;
   double weight_decay = 0.0;
-  int warmup = 50;    // optimizer steps of linear warm-up
+  int warmup = -1;    // optimizer steps of linear warm-up (-1: warmup_steps())
   double clip = 1.0;  // global gradient-norm clip (0: off)
   std::uint64_t seed = 1;
   int train_ranks = 0;         // 0: every rank simulates and trains (time-sliced)
@@ -40,6 +41,11 @@ struct Options {
   schedule::PlanOptions plan;  // --prefetch, --reshard, --param-dtype, --reduce-dtype
 
   int rounds() const noexcept { return steps / interval; }
+  int optimizer_steps() const noexcept { return rounds() * train_steps; }
+  /// --warmup, or by default 50 steps but at most a tenth of the optimizer steps.
+  int warmup_steps() const noexcept {
+    return warmup >= 0 ? warmup : std::min(50, optimizer_steps() / 10);
+  }
 };
 
 /// The --help text.

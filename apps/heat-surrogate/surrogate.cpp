@@ -45,8 +45,8 @@ Surrogate::Surrogate(const Options& o, MPI_Comm train_comm, double timeout_s, Ho
   model_->shard(mesh_, o.plan);
   opt_ = std::make_unique<optim::AdamW>(model_->root().parameters(), o.lr, 0.9, 0.999, 1e-8,
                                         o.weight_decay);
-  const int total = o.rounds() * o.train_steps;
-  schedule_ = std::make_unique<optim::WarmupCosine>(o.lr, o.warmup, total, 0.05 * o.lr);
+  schedule_ = std::make_unique<optim::WarmupCosine>(o.lr, o.warmup_steps(), o.optimizer_steps(),
+                                                    0.05 * o.lr);
   x_.reserve(static_cast<std::size_t>(o.buffer) * inputs_);
   y_.reserve(static_cast<std::size_t>(o.buffer));
 }
@@ -130,7 +130,7 @@ void Surrogate::train() {
                   bx_.data() + static_cast<std::size_t>(i) * inputs_);
       by_[i] = y_[static_cast<std::size_t>(row)];
     }
-    opt_->lr = schedule_->lr(static_cast<int>(std::min<std::int64_t>(step_, 1 << 30)));
+    opt_->lr = schedule_->lr(static_cast<int>(step_));
     opt_->zero_grad();
     sse_since_ += model_->forward_backward(bx_.data(), by_.data(), rows, global_rows);
     if (o_.clip > 0) optim::clip_grad_norm(params, o_.clip, mesh_);

@@ -41,7 +41,8 @@ Options small() {
 std::vector<Cell> owned_cells(const HeatSolver& s, int nx) {
   std::vector<Cell> cells;
   for (int r = s.first_row(); r < s.first_row() + s.rows(); ++r)
-    for (int c = 0; c < nx; ++c) cells.push_back({r, c});
+    for (int c = 0; c < nx; ++c)
+      cells.push_back({r, c});
   return cells;
 }
 
@@ -89,11 +90,13 @@ TEST_CASE("one FTCS step against plain loops, with the walls") {
   const int nx = o.nx, ny = o.ny;
   std::vector<Cell> all;
   for (int r = 0; r < ny; ++r)
-    for (int c = 0; c < nx; ++c) all.push_back({r, c});
+    for (int c = 0; c < nx; ++c)
+      all.push_back({r, c});
   const auto u0 = values(whole, all);
   std::vector<Cell> interior;
   for (int r = 1; r < ny - 1; ++r)
-    for (int c = 1; c < nx - 1; ++c) interior.push_back({r, c});
+    for (int c = 1; c < nx - 1; ++c)
+      interior.push_back({r, c});
   std::vector<float> rec;
   whole.extract(interior, rec);
   const int stride = whole.record_floats();  // 9 patch values, source increment, 0
@@ -114,7 +117,9 @@ TEST_CASE("one FTCS step against plain loops, with the walls") {
   part.advance(1);
   const auto cells = owned_cells(part, nx);
   const auto u1 = values(part, cells);
-  auto at = [&](int r, int c) { return static_cast<double>(u0[static_cast<std::size_t>(r) * nx + c]); };
+  auto at = [&](int r, int c) {
+    return static_cast<double>(u0[static_cast<std::size_t>(r) * nx + c]);
+  };
   int bad = 0;
   double worst = 0;
   for (std::size_t i = 0; i < cells.size(); ++i) {
@@ -147,7 +152,8 @@ TEST_CASE("sample positions do not depend on the decomposition and avoid the hel
   const Sampler whole(o, 0, o.ny);
   REQUIRE(whole.eval_cells().size() == static_cast<std::size_t>(o.eval_points));
   std::set<std::pair<int, int>> held_out;
-  for (const Cell& c : whole.eval_cells()) held_out.insert({c.row, c.col});
+  for (const Cell& c : whole.eval_cells())
+    held_out.insert({c.row, c.col});
   CHECK(held_out.size() == static_cast<std::size_t>(o.eval_points));  // distinct
   auto in_rows = [&](const Cell& c) {
     return c.row >= part.first_row() && c.row < part.first_row() + part.rows();
@@ -197,7 +203,8 @@ float code(int s, int kind, int k, int i, int j) {
 TEST_CASE("samples travel from the simulation ranks to the training ranks in order") {
   const int W = test::world_size();
   std::vector<int> splits = {0};
-  for (int t = 1; t < W; ++t) splits.push_back(t);
+  for (int t = 1; t < W; ++t)
+    splits.push_back(t);
   for (int T : splits) {
     CAPTURE(T);
     apps::heat::Roles roles(MPI_COMM_WORLD, T);
@@ -224,9 +231,11 @@ TEST_CASE("samples travel from the simulation ranks to the training ranks in ord
         apps::heat::RoundRecords rec;
         const auto [nt, ne] = counts(s, k);
         for (int i = 0; i < nt; ++i)
-          for (int j = 0; j < stride; ++j) rec.train.push_back(code(s, 0, k, i, j));
+          for (int j = 0; j < stride; ++j)
+            rec.train.push_back(code(s, 0, k, i, j));
         for (int i = 0; i < ne; ++i)
-          for (int j = 0; j < stride; ++j) rec.eval.push_back(code(s, 1, k, i, j));
+          for (int j = 0; j < stride; ++j)
+            rec.eval.push_back(code(s, 1, k, i, j));
         sender.send(rec);
       }
       sender.finish();
@@ -238,9 +247,11 @@ TEST_CASE("samples travel from the simulation ranks to the training ranks in ord
         for (int s = 0; s < W - T; ++s) {
           const auto [nt, ne] = counts(s, k);
           for (int i = nt * t / T; i < nt * (t + 1) / T; ++i)
-            for (int j = 0; j < stride; ++j) want_train.push_back(code(s, 0, k, i, j));
+            for (int j = 0; j < stride; ++j)
+              want_train.push_back(code(s, 0, k, i, j));
           for (int i = ne * t / T; i < ne * (t + 1) / T; ++i)
-            for (int j = 0; j < stride; ++j) want_eval.push_back(code(s, 1, k, i, j));
+            for (int j = 0; j < stride; ++j)
+              want_eval.push_back(code(s, 1, k, i, j));
         }
         CHECK(got.train == want_train);
         CHECK(got.eval == want_eval);
@@ -254,7 +265,8 @@ TEST_CASE("options: defaults pass, bad values name the flag") {
   auto parse = [](std::vector<std::string> args) {
     args.insert(args.begin(), "heat-surrogate");
     std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
+    for (auto& a : args)
+      argv.push_back(a.data());
     bool help = false;
     return apps::heat::parse_options(static_cast<int>(argv.size()), argv.data(), help);
   };
