@@ -27,6 +27,115 @@ constexpr bool kHostField =
 
 }  // namespace
 
+// The kernels, as free functions with external linkage: CUDA's extended lambdas may not sit
+// in constructors or private member functions.
+namespace detail {
+
+using Exec = HeatSolver::Exec;
+using Field = HeatSolver::Field;
+using Table = Kokkos::View<double**, Exec::memory_space>;
+using Cells = Kokkos::View<int**, Exec::memory_space>;
+using Records = Kokkos::View<float**, Kokkos::LayoutRight, Exec::memory_space>;
+using Range2 = Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>;
+
+/// Where this rank's rows sit: owned local row i is u(i + ghost, .), global row row0 + i.
+struct Slab {
+  int nx, ny, ghost, row0, rows;
+  double dx;
+};
+
+void init_field(const Field& u, const Slab& sl, const Table& blobs, int nblobs) {
+  const int g = sl.ghost, r0 = sl.row0, nx = sl.nx, ny = sl.ny;
+  const double dx = sl.dx, two_pi = 2 * kPi;
+  Kokkos::parallel_for(
+      "heat::init", Range2({0, 0}, {sl.rows, nx}), KOKKOS_LAMBDA(int i, int j) {
+        const int row = r0 + i;
+        double v = 0;
+        if (row > 0 && row < ny - 1 && j > 0 && j < nx - 1) {
+          const double x = j * dx, y = row * dx;
+          for (int b = 0; b < nblobs; ++b) {
+            const double ddx = x - blobs(b, 0), ddy = y - blobs(b, 1), w = blobs(b, 2);
+            v += blobs(b, 3) * exp(-(ddx * ddx + ddy * ddy) / (2 * w * w));
+          }
+          // A warm layer above the heated wall (its value at t = 0), so that the run does not
+          // start with a jump at the wall.
+          v += 0.8 * (0.5 + 0.5 * sin(two_pi * 2 * x)) * exp(-y / 0.03);
+        }
+        u(i + g, j) = v;
+      });
+}
+
+void set_forcing(const Field& src, const Field& u, const Field& next, const Slab& sl,
+                 const Table& sources, int nsrc, double wave) {
+  const int g = sl.ghost, r0 = sl.row0, nx = sl.nx, ny = sl.ny;
+  const double dx = sl.dx, two_pi = 2 * kPi;
+  Kokkos::parallel_for(
+      "heat::forcing", Range2({0, 0}, {sl.rows, nx}), KOKKOS_LAMBDA(int i, int j) {
+        const int row = r0 + i;
+        const double x = j * dx, y = row * dx;
+        double s = 0;
+        for (int k = 0; k < nsrc; ++k) {
+          const double ddx = x - sources(k, 0), ddy = y - sources(k, 1), w = sources(k, 2);
+          s += sources(k, 3) * exp(-(ddx * ddx + ddy * ddy) / (2 * w * w));
+        }
+        src(i, j) = s;
+        if (row == 0) {
+          const double v = 0.8 * (0.5 + 0.5 * sin(two_pi * 2 * x - wave));
+          u(i + g, j) = v;
+          next(i + g, j) = v;
+        } else if (row == ny - 1 || j == 0 || j == nx - 1) {
+          u(i + g, j) = 0;
+          next(i + g, j) = 0;
+        }
+      });
+}
+
+// next = u + c * laplacian(u) + src on local rows [lo, hi), columns [1, nx - 1).
+void ftcs(const Field& u, const Field& next, const Field& src, int lo, int hi, int nx, int g,
+          double c) {
+  Kokkos::parallel_for(
+      "heat::ftcs", Range2({lo, 1}, {hi, nx - 1}), KOKKOS_LAMBDA(int i, int j) {
+        next(i, j) = u(i, j) +
+                     c * (u(i - 1, j) + u(i + 1, j) + u(i, j - 1) + u(i, j + 1) - 4 * u(i, j)) +
+                     src(i - g, j);
+      });
+}
+
+void gather_patches(const Field& u, const Field& src, const Cells& cell, const Records& rec, int n,
+                    int radius, int g, double window) {
+  const int span = 2 * radius + 1, p = span * span;
+  Kokkos::parallel_for(
+      "heat::extract", Kokkos::RangePolicy<Exec>(0, n), KOKKOS_LAMBDA(int s) {
+        const int i = cell(s, 0), j = cell(s, 1);
+        for (int a = 0; a < span; ++a)
+          for (int b = 0; b < span; ++b)
+            rec(s, a * span + b) = static_cast<float>(u(i + a - radius, j + b - radius));
+        rec(s, p) = static_cast<float>(src(i - g, j) * window);
+        rec(s, p + 1) = 0.0f;
+      });
+}
+
+void gather_values(const Field& u, const Cells& cell, const Records& rec, int n) {
+  Kokkos::parallel_for(
+      "heat::read", Kokkos::RangePolicy<Exec>(0, n),
+      KOKKOS_LAMBDA(int s) { rec(s, 0) = static_cast<float>(u(cell(s, 0), cell(s, 1))); });
+}
+
+void sum_and_max(const Field& u, const Slab& sl, double& sum, double& top) {
+  const int g = sl.ghost;
+  Kokkos::parallel_reduce(
+      "heat::sum", Range2({0, 0}, {sl.rows, sl.nx}),
+      KOKKOS_LAMBDA(int i, int j, double& acc) { acc += u(i + g, j); }, sum);
+  Kokkos::parallel_reduce(
+      "heat::max", Range2({0, 0}, {sl.rows, sl.nx}),
+      KOKKOS_LAMBDA(int i, int j, double& acc) {
+        if (u(i + g, j) > acc) acc = u(i + g, j);
+      },
+      Kokkos::Max<double>(top));
+}
+
+}  // namespace detail
+
 HeatSolver::HeatSolver(const Options& o, MPI_Comm sim_comm) : o_(o) {
   check_mpi(MPI_Comm_dup(sim_comm, &comm_), "MPI_Comm_dup");
   MPI_Comm_rank(comm_, &rank_);
@@ -67,32 +176,17 @@ HeatSolver::HeatSolver(const Options& o, MPI_Comm sim_comm) : o_(o) {
     hb(b, 3) = 0.5 + 0.5 * draw(3);
   }
   Kokkos::deep_copy(blobs, hb);
-  const int nblobs = o.blobs, g = ghost_, r0 = row0_, ny = o.ny;
-  const double dx = dx_, two_pi = 2 * kPi;
-  Field u = u_;
-  Kokkos::parallel_for(
-      "heat::init", Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>({0, 0}, {rows_, nx}),
-      KOKKOS_LAMBDA(int i, int j) {
-        const int row = r0 + i;
-        double v = 0;
-        if (row > 0 && row < ny - 1 && j > 0 && j < nx - 1) {
-          const double x = j * dx, y = row * dx;
-          for (int b = 0; b < nblobs; ++b) {
-            const double ddx = x - blobs(b, 0), ddy = y - blobs(b, 1), w = blobs(b, 2);
-            v += blobs(b, 3) * exp(-(ddx * ddx + ddy * ddy) / (2 * w * w));
-          }
-          // A warm layer above the heated wall (its value at t = 0), so that the run does not
-          // start with a jump at the wall.
-          v += 0.8 * (0.5 + 0.5 * sin(two_pi * 2 * x)) * exp(-y / 0.03);
-        }
-        u(i + g, j) = v;
-      });
+  detail::init_field(u_, slab(), blobs, o.blobs);
   Kokkos::deep_copy(next_, u_);
   set_forcing();
 }
 
 HeatSolver::~HeatSolver() {
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+detail::Slab HeatSolver::slab() const {
+  return detail::Slab{o_.nx, o_.ny, ghost_, row0_, rows_, dx_};
 }
 
 void HeatSolver::set_forcing() {
@@ -119,32 +213,8 @@ void HeatSolver::set_forcing() {
   }
   Kokkos::deep_copy(sources_, hs);
 
-  const int nx = o.nx, ny = o.ny, g = ghost_, r0 = row0_, nsrc = o.sources;
-  const double dx = dx_;
   const double wave = 2 * kPi * 3.0 * t;  // the wall's wave: 3 periods per kPeriod
-  const double two_pi = 2 * kPi;
-  Field src = src_, u = u_, next = next_;
-  auto sources = sources_;
-  Kokkos::parallel_for(
-      "heat::forcing", Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>({0, 0}, {rows_, nx}),
-      KOKKOS_LAMBDA(int i, int j) {
-        const int row = r0 + i;
-        const double x = j * dx, y = row * dx;
-        double s = 0;
-        for (int k = 0; k < nsrc; ++k) {
-          const double ddx = x - sources(k, 0), ddy = y - sources(k, 1), w = sources(k, 2);
-          s += sources(k, 3) * exp(-(ddx * ddx + ddy * ddy) / (2 * w * w));
-        }
-        src(i, j) = s;
-        if (row == 0) {
-          const double v = 0.8 * (0.5 + 0.5 * sin(two_pi * 2 * x - wave));
-          u(i + g, j) = v;
-          next(i + g, j) = v;
-        } else if (row == ny - 1 || j == 0 || j == nx - 1) {
-          u(i + g, j) = 0;
-          next(i + g, j) = 0;
-        }
-      });
+  detail::set_forcing(src_, u_, next_, slab(), sources_, o.sources, wave);
 }
 
 void HeatSolver::exchange(int width) {
@@ -186,23 +256,12 @@ void HeatSolver::exchange(int width) {
 }
 
 void HeatSolver::advance(int n) {
-  const int nx = o_.nx, g = ghost_;
   // Owned rows that are not the top or bottom wall, as local (ghosted) row indices.
-  const int lo = g + std::max(0, 1 - row0_);
-  const int hi = g + rows_ - std::max(0, row0_ + rows_ - (o_.ny - 1));
-  const double c = o_.cfl;
+  const int lo = ghost_ + std::max(0, 1 - row0_);
+  const int hi = ghost_ + rows_ - std::max(0, row0_ + rows_ - (o_.ny - 1));
   for (int s = 0; s < n; ++s) {
     exchange(1);
-    if (lo < hi) {
-      Field u = u_, next = next_, src = src_;
-      Kokkos::parallel_for(
-          "heat::ftcs", Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>({lo, 1}, {hi, nx - 1}),
-          KOKKOS_LAMBDA(int i, int j) {
-            next(i, j) = u(i, j) +
-                         c * (u(i - 1, j) + u(i + 1, j) + u(i, j - 1) + u(i, j + 1) - 4 * u(i, j)) +
-                         src(i - g, j);
-          });
-    }
+    if (lo < hi) detail::ftcs(u_, next_, src_, lo, hi, o_.nx, ghost_, o_.cfl);
     std::swap(u_, next_);
     ++step_;
     if (step_ % o_.interval == 0) set_forcing();
@@ -239,20 +298,7 @@ void HeatSolver::extract(const std::vector<Cell>& cells, std::vector<float>& out
       throw InvalidArgument("heat solver: the patch of cell (" + std::to_string(c.row) + ", " +
                             std::to_string(c.col) + ") leaves the grid");
   upload_cells(cells);
-  const int radius = o_.radius, span = 2 * radius + 1, p = patch_, g = ghost_;
-  const double window = o_.interval;
-  Field u = u_, src = src_;
-  auto cell = cells_;
-  auto rec = records_;
-  Kokkos::parallel_for(
-      "heat::extract", Kokkos::RangePolicy<Exec>(0, n), KOKKOS_LAMBDA(int s) {
-        const int i = cell(s, 0), j = cell(s, 1);
-        for (int a = 0; a < span; ++a)
-          for (int b = 0; b < span; ++b)
-            rec(s, a * span + b) = static_cast<float>(u(i + a - radius, j + b - radius));
-        rec(s, p) = static_cast<float>(src(i - g, j) * window);
-        rec(s, p + 1) = 0.0f;
-      });
+  detail::gather_patches(u_, src_, cells_, records_, n, o_.radius, ghost_, o_.interval);
   auto host = Kokkos::create_mirror_view(records_);
   Kokkos::deep_copy(host, records_);
   const std::size_t at = out.size();
@@ -266,12 +312,7 @@ void HeatSolver::read(const std::vector<Cell>& cells, float* out, int stride) {
   const int n = static_cast<int>(cells.size());
   if (n == 0) return;
   upload_cells(cells);
-  Field u = u_;
-  auto cell = cells_;
-  auto rec = records_;
-  Kokkos::parallel_for(
-      "heat::read", Kokkos::RangePolicy<Exec>(0, n),
-      KOKKOS_LAMBDA(int s) { rec(s, 0) = static_cast<float>(u(cell(s, 0), cell(s, 1))); });
+  detail::gather_values(u_, cells_, records_, n);
   auto host = Kokkos::create_mirror_view(records_);
   Kokkos::deep_copy(host, records_);
   for (int s = 0; s < n; ++s)
@@ -279,18 +320,8 @@ void HeatSolver::read(const std::vector<Cell>& cells, float* out, int stride) {
 }
 
 void HeatSolver::field_stats(double& mean, double& max) const {
-  const int nx = o_.nx, g = ghost_;
-  Field u = u_;
   double sum = 0, top = -1e300;
-  Kokkos::parallel_reduce(
-      "heat::sum", Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>({0, 0}, {rows_, nx}),
-      KOKKOS_LAMBDA(int i, int j, double& acc) { acc += u(i + g, j); }, sum);
-  Kokkos::parallel_reduce(
-      "heat::max", Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>({0, 0}, {rows_, nx}),
-      KOKKOS_LAMBDA(int i, int j, double& acc) {
-        if (u(i + g, j) > acc) acc = u(i + g, j);
-      },
-      Kokkos::Max<double>(top));
+  detail::sum_and_max(u_, slab(), sum, top);
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, comm_), "MPI_Allreduce");
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, &top, 1, MPI_DOUBLE, MPI_MAX, comm_), "MPI_Allreduce");
   mean = sum / (static_cast<double>(o_.nx) * o_.ny);

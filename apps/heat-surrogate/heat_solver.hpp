@@ -21,6 +21,10 @@
 
 namespace fullshard::apps::heat {
 
+namespace detail {
+struct Slab;
+}
+
 /// A grid cell by global row and column.
 struct Cell {
   int row = 0;
@@ -68,6 +72,7 @@ class HeatSolver {
   void set_forcing();
   void exchange(int width);
   void upload_cells(const std::vector<Cell>& cells);
+  detail::Slab slab() const;
 
   Options o_;
   MPI_Comm comm_ = MPI_COMM_NULL;
