@@ -101,9 +101,9 @@ int run(const fullshard::Runtime& rt, const heat::Options& o) {
         o.samples, o.interval, span, span, o.interval, o.eval_points);
     std::printf(
         "surrogate: residual MLP %d inputs, %d blocks x %d hidden, %lld parameters, "
-        "fully_shard over %s; AdamW lr %.3g, batch %d, %d step(s) per round\n",
+        "fully_shard over %d training ranks; AdamW lr %.3g, batch %d, %d step(s) per round\n",
         span * span + 1, o.blocks, o.hidden, static_cast<long long>(surrogate->num_params()),
-        surrogate->mesh().describe().c_str(), o.lr, o.batch, o.train_steps);
+        surrogate->mesh().size(), o.lr, o.batch, o.train_steps);
     std::fflush(stdout);
   }
 
