@@ -142,10 +142,10 @@ struct Completion {
     const auto start = clock::now();
     for (int spins = 0; !poll_device(); ++spins) {
       if (timeout_s > 0 && clock::now() - start > std::chrono::duration<double>(timeout_s)) {
-        const std::string why = label + " did not finish within FULLSHARD_TIMEOUT=" +
-                                std::to_string(timeout_s) +
-                                " s; another rank is probably not calling the same collective "
-                                "(different order, sizes or communicator)";
+        const std::string why =
+            label + " did not finish within FULLSHARD_TIMEOUT=" + std::to_string(timeout_s) +
+            " s; another rank is probably not calling the same collective "
+            "(different order, sizes or communicator)";
         std::string aborted;
         if (watch.on_timeout) {
           try {

@@ -390,14 +390,14 @@ void reduce_copy_out_on(const Exec& exec, const typename S::storage* src, typena
 // see these extern declarations and do not compile the device code again.
 #if defined(KOKKOS_ENABLE_CUDA)
 using CudaRunView = Kokkos::View<CopyRun*, Kokkos::CudaSpace>;
-#define FULLSHARD_KERNELS_CUDA_PAIR(EXTERN, S, D)                                                \
-  EXTERN template void run_copies_on<Kokkos::Cuda, S, D, CudaRunView>(                           \
-      const Kokkos::Cuda&, const CudaRunView&, const S::storage*, D::storage*);                  \
-  EXTERN template void cast_copy_on<Kokkos::Cuda, S, D>(const Kokkos::Cuda&, const S::storage*,  \
-                                                        D::storage*, std::int64_t);              \
-  EXTERN template void reduce_copy_out_on<Kokkos::Cuda, S, D, true>(                             \
-      const Kokkos::Cuda&, const S::storage*, D::storage*, std::int64_t, Acc<S, D>, bool);       \
-  EXTERN template void reduce_copy_out_on<Kokkos::Cuda, S, D, false>(                            \
+#define FULLSHARD_KERNELS_CUDA_PAIR(EXTERN, S, D)                                               \
+  EXTERN template void run_copies_on<Kokkos::Cuda, S, D, CudaRunView>(                          \
+      const Kokkos::Cuda&, const CudaRunView&, const S::storage*, D::storage*);                 \
+  EXTERN template void cast_copy_on<Kokkos::Cuda, S, D>(const Kokkos::Cuda&, const S::storage*, \
+                                                        D::storage*, std::int64_t);             \
+  EXTERN template void reduce_copy_out_on<Kokkos::Cuda, S, D, true>(                            \
+      const Kokkos::Cuda&, const S::storage*, D::storage*, std::int64_t, Acc<S, D>, bool);      \
+  EXTERN template void reduce_copy_out_on<Kokkos::Cuda, S, D, false>(                           \
       const Kokkos::Cuda&, const S::storage*, D::storage*, std::int64_t, Acc<S, D>, bool);
 #define FULLSHARD_KERNELS_CUDA_SRC(EXTERN, S) \
   FULLSHARD_KERNELS_CUDA_PAIR(EXTERN, S, F32) \

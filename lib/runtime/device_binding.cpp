@@ -18,14 +18,13 @@ int select_device(int index_in_group, int group_size, int visible, const char* c
   if (group_size > visible) {
     const std::string where =
         cvd ? "CUDA_VISIBLE_DEVICES='" + std::string(cvd) + "'" : "CUDA_VISIBLE_DEVICES unset";
-    throw ConfigError("this node runs " + std::to_string(group_size) +
-                      " ranks that all see the same " + std::to_string(visible) + " GPU" +
-                      (visible == 1 ? "" : "s") + " (" + where +
-                      "); fullshard needs one GPU per rank: launch at most " +
-                      std::to_string(visible) + " ranks per node (e.g. srun --ntasks-per-node=" +
-                      std::to_string(visible) +
-                      " or --gpus-per-task=1), or set FULLSHARD_BIND_DEVICE=0 to bind devices "
-                      "yourself");
+    throw ConfigError(
+        "this node runs " + std::to_string(group_size) + " ranks that all see the same " +
+        std::to_string(visible) + " GPU" + (visible == 1 ? "" : "s") + " (" + where +
+        "); fullshard needs one GPU per rank: launch at most " + std::to_string(visible) +
+        " ranks per node (e.g. srun --ntasks-per-node=" + std::to_string(visible) +
+        " or --gpus-per-task=1), or set FULLSHARD_BIND_DEVICE=0 to bind devices "
+        "yourself");
   }
   return index_in_group;
 }

@@ -34,9 +34,10 @@ int main(int argc, char** argv) {
     int devices = 0;
     const cudaError_t e = cudaGetDeviceCount(&devices);
     if (e != cudaSuccess || devices == 0) {
-      std::printf("SKIPPED: no CUDA device (cudaGetDeviceCount: %s, %d devices); the GPU tests "
-                  "run on a machine with a GPU through scripts/gpu-check\n",
-                  e == cudaSuccess ? "ok" : cudaGetErrorString(e), devices);
+      std::printf(
+          "SKIPPED: no CUDA device (cudaGetDeviceCount: %s, %d devices); the GPU tests "
+          "run on a machine with a GPU through scripts/gpu-check\n",
+          e == cudaSuccess ? "ok" : cudaGetErrorString(e), devices);
       return 77;
     }
     std::printf("%s\n", runtime.describe().c_str());

@@ -1,8 +1,8 @@
 // The shard copy kernels on the device (Kokkos::Cuda) against the host kernels, bit for bit.
 // Needs a CUDA-enabled Kokkos; skipped with a message otherwise.
-#include <Kokkos_Core.hpp>
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
+#include <Kokkos_Core.hpp>
 
 #include <cstring>
 #include <vector>

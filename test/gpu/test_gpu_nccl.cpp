@@ -70,8 +70,7 @@ struct DeviceBuffer {
 std::unique_ptr<NcclCommunicator> make_comm(bool blocking = true) {
   comm::NcclOptions o;
   o.blocking = blocking;
-  return NcclCommunicator::create(MPI_COMM_WORLD, blocking ? "gpu.world" : "gpu.world.nb", 60.0,
-                                  o);
+  return NcclCommunicator::create(MPI_COMM_WORLD, blocking ? "gpu.world" : "gpu.world.nb", 60.0, o);
 }
 
 const DType kTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};

@@ -351,21 +351,20 @@ TEST_CASE("CPUOffloadPolicy: sharded state in host memory, the host path's gradi
   CHECK_FALSE(fsdp::options_from_request(
                   nlohmann::json::parse(R"({"offload_policy": {"pin_memory": false}})"), d, "m")
                   .offload_policy->pin_memory);
-  CHECK_FALSE(fsdp::options_from_request(nlohmann::json::parse(R"({"offload_policy": null})"), d,
-                                         "m")
-                  .offload_policy.has_value());
-  CHECK_THROWS_WITH_AS(
-      fsdp::options_from_request(nlohmann::json::parse(R"({"offload_policy": {"pin": true}})"), d,
-                                 "m"),
-      doctest::Contains("m.offload_policy.pin: unknown CPUOffloadPolicy field"), ConfigError);
+  CHECK_FALSE(
+      fsdp::options_from_request(nlohmann::json::parse(R"({"offload_policy": null})"), d, "m")
+          .offload_policy.has_value());
+  CHECK_THROWS_WITH_AS(fsdp::options_from_request(
+                           nlohmann::json::parse(R"({"offload_policy": {"pin": true}})"), d, "m"),
+                       doctest::Contains("m.offload_policy.pin: unknown CPUOffloadPolicy field"),
+                       ConfigError);
   CHECK_THROWS_WITH_AS(
       fsdp::options_from_request(nlohmann::json::parse(R"({"offload_policy": "gpu"})"), d, "m"),
       doctest::Contains("m.offload_policy: expected null, true, false, \"cpu\""), ConfigError);
-  CHECK_THROWS_WITH_AS(fsdp::options_from_request(
-                           nlohmann::json::parse(R"({"offload_policy": {"pin_memory": 1}})"), d,
-                           "m"),
-                       doctest::Contains("m.offload_policy.pin_memory: expected true or false"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(
+      fsdp::options_from_request(nlohmann::json::parse(R"({"offload_policy": {"pin_memory": 1}})"),
+                                 d, "m"),
+      doctest::Contains("m.offload_policy.pin_memory: expected true or false"), ConfigError);
 }
 
 TEST_CASE("two micro-batches without gradient sync, then one with, equal one large batch") {
@@ -759,9 +758,10 @@ TEST_CASE("errors name the module and the parameter") {
   auto top = Module::make_root();
   top->add_module("m2").add_param("b", {3});
   fsdp::fully_shard(*top, mesh);
-  CHECK_THROWS_WITH_AS(fsdp::fully_shard(top->module("m2"), mesh),
-                       doctest::Contains("parameter 'm2.b' is already in the communication group of module 'model'"),
-                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(
+      fsdp::fully_shard(top->module("m2"), mesh),
+      doctest::Contains("parameter 'm2.b' is already in the communication group of module 'model'"),
+      InvalidArgument);
 
   Module& mixed = root->add_module("mixed");
   mixed.add_param("a", {4});

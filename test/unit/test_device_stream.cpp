@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
+#include "fake_device.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/stream.hpp"
-#include "fake_device.hpp"
 #include "lib/comm/device_stream.hpp"
 
 using fullshard::CommError;
@@ -117,12 +117,13 @@ TEST_CASE("a device operation past its timeout calls the timeout hook and throws
     ++timeouts;
     told = why;
   };
-  Work w = StreamAccess::submit_device(dev.stream, "all_gather on communicator 'dp' (rank 0/2)",
-                                       [] {}, 0.05, watch);
+  Work w = StreamAccess::submit_device(
+      dev.stream, "all_gather on communicator 'dp' (rank 0/2)", [] {}, 0.05, watch);
   const std::string m = message_of(w);
   INFO(m);
-  CHECK(contains(m, "all_gather on communicator 'dp' (rank 0/2) did not finish within "
-                    "FULLSHARD_TIMEOUT"));
+  CHECK(contains(m,
+                 "all_gather on communicator 'dp' (rank 0/2) did not finish within "
+                 "FULLSHARD_TIMEOUT"));
   CHECK(contains(m, "communicator was aborted"));
   CHECK(timeouts == 1);
   CHECK(contains(told, "all_gather on communicator 'dp'"));
@@ -138,7 +139,8 @@ TEST_CASE("an asynchronous error reported by the check hook surfaces in wait and
   watch.check = [&] {
     if (broken) throw CommError("reduce_scatter on communicator 'dp': ncclRemoteError");
   };
-  Work w = StreamAccess::submit_device(dev.stream, "reduce_scatter", [] {}, 60.0, watch);
+  Work w = StreamAccess::submit_device(
+      dev.stream, "reduce_scatter", [] {}, 60.0, watch);
   CHECK_FALSE(w.test());
   broken = true;
   CHECK_THROWS_AS(w.test(), CommError);
@@ -159,16 +161,18 @@ TEST_CASE("an error while enqueueing is stored in the Work") {
 TEST_CASE("grouped operations get their events when the group ends") {
   FakeDevice dev("nccl");
   std::vector<DeferredDevice> group;
-  Work a = StreamAccess::submit_device(dev.stream, "all_gather (grouped)", [] {}, 0.0, {}, &group);
-  Work b = StreamAccess::submit_device(dev.stream, "reduce_scatter (grouped)", [] {}, 0.0, {},
-                                       &group);
+  Work a = StreamAccess::submit_device(
+      dev.stream, "all_gather (grouped)", [] {}, 0.0, {}, &group);
+  Work b = StreamAccess::submit_device(
+      dev.stream, "reduce_scatter (grouped)", [] {}, 0.0, {}, &group);
   CHECK(group.size() == 2);
   CHECK(dev.log->records == 0);
   CHECK(a.is_device());
   const std::string early = message_of(a);
   CHECK(contains(early, "inside its NCCL group"));
   StreamAccess::finish_deferred(group[0]);
-  StreamAccess::finish_deferred(group[1], std::make_exception_ptr(CommError("ncclGroupEnd failed")));
+  StreamAccess::finish_deferred(group[1],
+                                std::make_exception_ptr(CommError("ncclGroupEnd failed")));
   CHECK(dev.log->records == 1);
   CHECK_FALSE(a.test());
   dev.open();

@@ -20,7 +20,7 @@ TEST_CASE("pool accounting: in use, peak, cached, reuse of the same byte size") 
   StreamOrderedPool pool(MemorySpace::host, "test");
   Stream s = Stream::caller("s");
   {
-    Tensor a = pool.acquire({256}, DType::f32, s, "a");  // 1024 B
+    Tensor a = pool.acquire({256}, DType::f32, s, "a");   // 1024 B
     Tensor b = pool.acquire({512}, DType::bf16, s, "b");  // 1024 B
     CHECK(a.nbytes() == 1024);
     CHECK(a.space() == MemorySpace::host);
@@ -136,9 +136,9 @@ TEST_CASE("host worker streams order a reuse too, and bad used_on calls are refu
   Tensor u = pool.acquire({16}, DType::f32, w2);  // w2 waits for w1's release event
   float sum = 0;
   w2.submit("read", [&sum, q = u.data_as<float>()] {
-    for (int i = 0; i < 16; ++i)
-      sum += q[i];
-  }).wait();
+      for (int i = 0; i < 16; ++i)
+        sum += q[i];
+    }).wait();
   CHECK(sum == 16.0f);
 
   StreamOrderedPool other(MemorySpace::host, "other");

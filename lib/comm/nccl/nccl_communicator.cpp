@@ -61,9 +61,9 @@ struct NcclCommState {
   ncclComm_t comm = nullptr;
   bool blocking = true;
   double timeout_s = 0.0;
-  std::string what;           // "communicator 'x' (rank r/n)"
-  std::string abort_reason;   // set once aborted
-  void* scratch = nullptr;    // one device word for barrier()
+  std::string what;          // "communicator 'x' (rank r/n)"
+  std::string abort_reason;  // set once aborted
+  void* scratch = nullptr;   // one device word for barrier()
   std::mutex m;
 
   ~NcclCommState() { destroy(); }
@@ -95,8 +95,9 @@ struct NcclCommState {
       if (const ncclResult_t r = ncclCommGetAsyncError(c, &st); r != ncclSuccess) st = r;
       if (st != ncclInProgress) break;
       if (timeout_s > 0 && clock::now() - start > std::chrono::duration<double>(timeout_s)) {
-        const std::string why = context + ": " + call + " still in progress after FULLSHARD_TIMEOUT=" +
-                                std::to_string(timeout_s) + " s";
+        const std::string why =
+            context + ": " + call +
+            " still in progress after FULLSHARD_TIMEOUT=" + std::to_string(timeout_s) + " s";
         if (c != comm) ncclCommAbort(c);
         abort_locked(why);
         throw CommError(why + "; the communicator was aborted (ncclCommAbort)");
@@ -419,15 +420,15 @@ Work NcclCommunicator::reduce_scatter_divided(const void* send, void* recv, std:
     require_no_group(NcclGroup::depth() > 0, "reduce_scatter(sum_then_scale) on '" + name_ + "'");
   const auto scalar = detail::nccl_scalar(dtype, 1.0 / divide_factor);
   return launch(
-      pre_mul ? "reduce_scatter(pre_mul_sum)" : "reduce_scatter(sum_then_scale)", recv_count,
-      dtype, stream, [=](ncclComm_t c, cudaStream_t s, const std::string& what, bool in_group) {
+      pre_mul ? "reduce_scatter(pre_mul_sum)" : "reduce_scatter(sum_then_scale)", recv_count, dtype,
+      stream, [=](ncclComm_t c, cudaStream_t s, const std::string& what, bool in_group) {
 #if FULLSHARD_NCCL_HAS_PREMULSUM
         if (pre_mul) {
           ncclRedOp_t op;
           auto value = scalar;  // ncclScalarHostImmediate: read during the call
-          detail::nccl_check(ncclRedOpCreatePreMulSum(&op, value.data(), t,
-                                                      ncclScalarHostImmediate, c),
-                             "ncclRedOpCreatePreMulSum", what);
+          detail::nccl_check(
+              ncclRedOpCreatePreMulSum(&op, value.data(), t, ncclScalarHostImmediate, c),
+              "ncclRedOpCreatePreMulSum", what);
           const ncclResult_t r = ncclReduceScatter(send, recv, recv_count, t, op, c, s);
           ncclRedOpDestroy(op, c);  // allowed once the call that used it returned
           state->finish_call_locked(r, "ncclReduceScatter", what, in_group);
@@ -482,16 +483,17 @@ Work NcclCommunicator::barrier(Stream& stream) {
   void* word = state_ ? state_->scratch : nullptr;
   return launch("barrier", 1, DType::f32, stream,
                 [=](ncclComm_t c, cudaStream_t s, const std::string& what, bool in_group) {
-                  state->finish_call_locked(ncclAllReduce(word, word, 1, ncclFloat32, ncclSum, c, s),
-                                            "ncclAllReduce (barrier)", what, in_group);
+                  state->finish_call_locked(
+                      ncclAllReduce(word, word, 1, ncclFloat32, ncclSum, c, s),
+                      "ncclAllReduce (barrier)", what, in_group);
                 });
 }
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::split_impl(int color, int key,
                                                                const std::string& name) const {
   const std::string context = "splitting " + (state_ ? state_->what : name_) + " into '" + name +
-                              "' (color " + std::to_string(color) + ", key " +
-                              std::to_string(key) + ")";
+                              "' (color " + std::to_string(color) + ", key " + std::to_string(key) +
+                              ")";
   if (!state_) throw InvalidArgument(context + ": the communicator was moved from");
   if (detail::group_state().depth > 0)
     throw InvalidArgument(context + ": not allowed inside an NCCL group");
@@ -583,7 +585,8 @@ void NcclGroup::end() {
     if (r == ncclInProgress) {
       for (const auto& c : comms) {
         std::lock_guard<std::mutex> lock(c->m);
-        if (c->comm && !c->blocking) c->wait_in_progress_locked(c->comm, "ncclGroupEnd", context + " on " + c->what);
+        if (c->comm && !c->blocking)
+          c->wait_in_progress_locked(c->comm, "ncclGroupEnd", context + " on " + c->what);
       }
     } else if (r != ncclSuccess) {
       const std::string why =
