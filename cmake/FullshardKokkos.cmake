@@ -47,3 +47,13 @@ function(fullshard_kokkos_version_number out)
   endforeach()
   set(${out} ${_fs_num} PARENT_SCOPE)
 endfunction()
+
+# TRUE when the Kokkos found has the CUDA backend (Kokkos_DEVICES lists CUDA; Kokkos 4 also
+# answers kokkos_check).
+function(fullshard_kokkos_has_cuda out)
+  set(_fs_has FALSE)
+  if("CUDA" IN_LIST Kokkos_DEVICES OR Kokkos_ENABLE_CUDA)
+    set(_fs_has TRUE)
+  endif()
+  set(${out} ${_fs_has} PARENT_SCOPE)
+endfunction()

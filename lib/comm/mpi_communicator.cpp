@@ -5,6 +5,7 @@
 #include <string>
 
 #include "fullshard/base/error.hpp"
+#include "lib/comm/buffer_checks.hpp"
 #include "lib/comm/mpi_error.hpp"
 #include "lib/comm/mpi_reduce_ops.hpp"
 
@@ -28,12 +29,7 @@ namespace {
 
 using detail::mpi_error_string;
 
-// Byte ranges [a, a+na) and [b, b+nb) overlap.
-bool overlaps(const void* a, std::size_t na, const void* b, std::size_t nb) {
-  const auto pa = reinterpret_cast<std::uintptr_t>(a);
-  const auto pb = reinterpret_cast<std::uintptr_t>(b);
-  return pa < pb + nb && pb < pa + na;
-}
+using detail::overlaps;
 
 void check(int rc, const char* mpi_call, const std::string& label) {
   if (rc != MPI_SUCCESS)

@@ -9,8 +9,23 @@
 #include <thread>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/config.hpp"
+#include "lib/comm/device_stream.hpp"
 
 namespace fullshard::comm {
+
+const char* stream_kind_name(StreamKind k) noexcept {
+  switch (k) {
+    case StreamKind::caller:
+      return "caller";
+    case StreamKind::worker:
+      return "worker";
+    case StreamKind::device:
+      return "device";
+  }
+  return "?";
+}
+
 namespace detail {
 
 [[noreturn]] void report_timeout(const std::string& label, double timeout_s) {
@@ -88,6 +103,67 @@ struct Completion {
   std::exception_ptr error;  // written before `done` is set, read after
   std::mutex m;
   std::condition_variable cv;
+  // Device operations: done once `device` is ready (set by the first poll that sees it).
+  // `device` is written once, before the Work is handed out (or by finish_deferred, before
+  // anyone may wait); `pending_group` marks an operation whose group has not ended yet.
+  std::shared_ptr<DeviceEvent> device;
+  DeviceWatch watch;
+  bool pending_group = false;
+
+  bool is_device() const noexcept { return device != nullptr || pending_group; }
+
+  void require_issued() const {
+    if (pending_group)
+      throw InvalidArgument(label +
+                            ": waited on inside its NCCL group; end the group "
+                            "(NcclGroup::end) before waiting on its operations");
+  }
+
+  // Non-blocking poll of a device operation: true when finished (or failed).
+  bool poll_device() {
+    if (done.load(std::memory_order_acquire)) return true;
+    require_issued();
+    try {
+      const bool ready = device->ready();
+      if (watch.check) watch.check();
+      if (!ready) return false;
+    } catch (...) {
+      finish(std::current_exception());
+      return true;
+    }
+    finish(nullptr);
+    return true;
+  }
+
+  // Blocks until the device operation finished, polling the producer's asynchronous errors;
+  // on timeout the producer is told (it aborts its communicator) and CommError is stored.
+  void wait_device() {
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    for (int spins = 0; !poll_device(); ++spins) {
+      if (timeout_s > 0 && clock::now() - start > std::chrono::duration<double>(timeout_s)) {
+        const std::string why =
+            label + " did not finish within FULLSHARD_TIMEOUT=" + std::to_string(timeout_s) +
+            " s; another rank is probably not calling the same collective "
+            "(different order, sizes or communicator)";
+        std::string aborted;
+        if (watch.on_timeout) {
+          try {
+            watch.on_timeout(why);
+            aborted = "; its communicator was aborted and cannot be used again";
+          } catch (...) {  // the timeout is the error to report
+          }
+        }
+        finish(std::make_exception_ptr(CommError(why + aborted)));
+        return;
+      }
+      // Spin briefly (short collectives), then back off to 50 us sleeps.
+      if (spins < 64)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
 
   void finish(std::exception_ptr e) {
     {
@@ -128,6 +204,11 @@ struct StreamImpl {
   std::thread worker;
   std::unique_ptr<Watchdog> watchdog;                // caller streams only, created on first use
   std::shared_ptr<const Stream::Recorder> recorder;  // guarded by m
+  std::unique_ptr<DeviceStreamBackend> device;       // device streams only
+
+  StreamKind kind() const noexcept {
+    return device ? StreamKind::device : (inline_ ? StreamKind::caller : StreamKind::worker);
+  }
 
   static std::uint64_t next_id() {
     static std::atomic<std::uint64_t> counter{0};
@@ -138,6 +219,8 @@ struct StreamImpl {
       : name(std::move(n)), inline_(run_inline), id(next_id()) {
     if (!inline_) worker = std::thread([this] { run(); });
   }
+  StreamImpl(std::string n, std::unique_ptr<DeviceStreamBackend> backend)
+      : name(std::move(n)), inline_(true), id(next_id()), device(std::move(backend)) {}
 
   ~StreamImpl() {
     if (!inline_) {
@@ -218,28 +301,65 @@ struct StreamImpl {
 }  // namespace detail
 
 bool Event::query() const noexcept {
-  return !c_ || c_->done.load(std::memory_order_acquire);
+  if (!c_) return true;
+  if (c_->is_device()) {
+    try {
+      return c_->poll_device();
+    } catch (...) {  // waited on inside its group: not finished
+      return false;
+    }
+  }
+  return c_->done.load(std::memory_order_acquire);
 }
 
 void Event::synchronize() const {
-  if (c_) c_->block(false);
+  if (!c_) return;
+  if (c_->is_device()) {
+    if (c_->done.load(std::memory_order_acquire)) return;
+    c_->require_issued();
+    c_->device->synchronize();
+    return;
+  }
+  c_->block(false);
+}
+
+bool Event::is_device() const noexcept {
+  return c_ && c_->is_device();
 }
 
 void Work::wait() const {
   if (!c_) return;
-  c_->block(true);
+  if (c_->is_device())
+    c_->wait_device();
+  else
+    c_->block(true);
+  if (c_->error) std::rethrow_exception(c_->error);
+}
+
+void Work::wait(Stream& consumer) const {
+  if (!c_) return;
+  if (!c_->is_device() || !consumer.is_device()) return wait();
+  if (!c_->poll_device()) {  // polls the producer's errors once, never blocks
+    c_->device->enqueue_wait(consumer.native_handle());
+    return;
+  }
   if (c_->error) std::rethrow_exception(c_->error);
 }
 
 bool Work::test() const {
   if (!c_) return true;
-  if (!c_->done.load(std::memory_order_acquire)) return false;
+  if (c_->is_device() ? !c_->poll_device() : !c_->done.load(std::memory_order_acquire))
+    return false;
   if (c_->error) std::rethrow_exception(c_->error);
   return true;
 }
 
 std::string Work::label() const {
   return c_ ? c_->label : std::string("(none)");
+}
+
+bool Work::is_device() const noexcept {
+  return c_ && c_->is_device();
 }
 
 Stream Stream::caller(std::string name) {
@@ -254,8 +374,36 @@ Stream::Stream(std::string name, HostProgress progress)
     : impl_(std::make_shared<detail::StreamImpl>(std::move(name),
                                                  progress == HostProgress::inline_)) {}
 
+Stream Stream::device(std::string name, int priority) {
+#if FULLSHARD_HAS_CUDA
+  auto backend = detail::make_cuda_stream_backend(name, priority);
+  return detail::StreamAccess::make_device(std::move(name), std::move(backend));
+#else
+  (void)priority;
+  throw ConfigError("Stream::device('" + name +
+                    "'): fullshard was built without CUDA (FULLSHARD_ENABLE_CUDA=OFF)");
+#endif
+}
+
+Stream Stream::wrap_device(void* cuda_stream, std::string name) {
+#if FULLSHARD_HAS_CUDA
+  auto backend = detail::wrap_cuda_stream_backend(cuda_stream, name);
+  return detail::StreamAccess::make_device(std::move(name), std::move(backend));
+#else
+  (void)cuda_stream;
+  throw ConfigError("Stream::wrap_device('" + name +
+                    "'): fullshard was built without CUDA (FULLSHARD_ENABLE_CUDA=OFF)");
+#endif
+}
+
 const std::string& Stream::name() const noexcept {
   return impl_->name;
+}
+StreamKind Stream::kind() const noexcept {
+  return impl_->kind();
+}
+void* Stream::native_handle() const noexcept {
+  return impl_->device ? impl_->device->native() : nullptr;
 }
 bool Stream::runs_inline() const noexcept {
   return impl_->inline_;
@@ -265,16 +413,29 @@ std::uint64_t Stream::id() const noexcept {
 }
 
 Work Stream::submit(std::string label, std::function<void()> op, double timeout_s) {
+  if (impl_->device)
+    return detail::StreamAccess::submit_device(*this, std::move(label), op, timeout_s, {});
   return Work(impl_->enqueue(std::move(label), std::move(op), timeout_s));
 }
 
 Event Stream::record() {
+  if (impl_->device) {
+    auto c = std::make_shared<detail::Completion>();
+    c->label = "record on stream '" + impl_->name + "'";
+    c->device = impl_->device->record();
+    return Event(std::move(c));
+  }
   if (impl_->inline_) return Event();
   return Event(impl_->enqueue(
       "record on stream '" + impl_->name + "'", [] {}, 0.0));
 }
 
 void Stream::wait(const Event& e) {
+  if (impl_->device && e.is_device()) {
+    e.c_->require_issued();
+    if (!e.c_->poll_device()) e.c_->device->enqueue_wait(native_handle());
+    return;
+  }
   if (e.query()) return;
   if (impl_->inline_) {
     e.synchronize();
@@ -285,6 +446,7 @@ void Stream::wait(const Event& e) {
 }
 
 void Stream::synchronize() {
+  if (impl_->device) return impl_->device->synchronize();
   record().synchronize();
 }
 
@@ -293,4 +455,51 @@ void Stream::set_recorder(Recorder recorder) {
   impl_->recorder = recorder ? std::make_shared<const Recorder>(std::move(recorder)) : nullptr;
 }
 
+namespace detail {
+
+Stream StreamAccess::make_device(std::string name, std::unique_ptr<DeviceStreamBackend> backend) {
+  if (!backend) throw InvalidArgument("device stream '" + name + "': no backend");
+  return Stream(std::make_shared<StreamImpl>(std::move(name), std::move(backend)));
+}
+
+Work StreamAccess::submit_device(Stream& stream, std::string label,
+                                 const std::function<void()>& enqueue, double timeout_s,
+                                 DeviceWatch watch, std::vector<DeferredDevice>* deferred) {
+  StreamImpl& s = *stream.impl_;
+  if (!s.device)
+    throw InvalidArgument(label + ": stream '" + s.name + "' is a " + stream_kind_name(s.kind()) +
+                          " stream, but device operations need a device stream (Stream::device)");
+  auto c = std::make_shared<Completion>();
+  c->label = std::move(label);
+  c->timeout_s = timeout_s;
+  c->watch = std::move(watch);
+  try {
+    enqueue();
+    if (deferred) {
+      c->pending_group = true;
+      deferred->push_back(DeferredDevice{c, stream});
+    } else {
+      c->device = s.device->record();
+    }
+  } catch (...) {
+    c->finish(std::current_exception());
+  }
+  return Work(std::move(c));
+}
+
+void StreamAccess::finish_deferred(DeferredDevice& d, std::exception_ptr error) {
+  Completion& c = *d.completion;
+  if (!c.pending_group) return;
+  if (!error) {
+    try {
+      c.device = d.stream.impl_->device->record();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  c.pending_group = false;
+  if (error) c.finish(std::move(error));
+}
+
+}  // namespace detail
 }  // namespace fullshard::comm

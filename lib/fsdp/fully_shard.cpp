@@ -325,10 +325,31 @@ FullyShardOptions options_from_request(const nlohmann::json& req, const FullySha
           throw ConfigError(path + "[" + std::to_string(i) + "]: expected a parameter FQN string");
         o.ignored_params.push_back(v[i].get<std::string>());
       }
+    } else if (key == "offload_policy") {
+      // null or false: none; true or "cpu": CPUOffloadPolicy(); {"pin_memory": bool}.
+      if (v.is_null() || (v.is_boolean() && !v.get<bool>())) {
+        o.offload_policy.reset();
+      } else if ((v.is_boolean() && v.get<bool>()) || (v.is_string() && v == "cpu")) {
+        o.offload_policy = CPUOffloadPolicy{};
+      } else if (v.is_object()) {
+        CPUOffloadPolicy c;
+        for (auto f = v.begin(); f != v.end(); ++f) {
+          if (f.key() != "pin_memory")
+            throw ConfigError(path + "." + f.key() +
+                              ": unknown CPUOffloadPolicy field (allowed: pin_memory)");
+          if (!f.value().is_boolean())
+            throw ConfigError(path + ".pin_memory: expected true or false");
+          c.pin_memory = f.value().get<bool>();
+        }
+        o.offload_policy = c;
+      } else {
+        throw ConfigError(path + ": expected null, true, false, \"cpu\" or {\"pin_memory\": bool}");
+      }
     } else {
       throw ConfigError(path +
                         ": unknown fully_shard option (allowed: reshard_after_forward, "
-                        "param_dtype, reduce_dtype, output_dtype, ignored_params)");
+                        "param_dtype, reduce_dtype, output_dtype, ignored_params, "
+                        "offload_policy)");
     }
   }
   return o;

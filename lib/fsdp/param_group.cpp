@@ -76,6 +76,7 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
                             "so give them separate fully_shard calls");
   param_dtype_ = options.mp_policy.param_dtype.value_or(orig_dtype_);
   reduce_dtype_ = options.mp_policy.reduce_dtype.value_or(param_dtype_);
+  offload_ = options.offload_policy;  // sharded state below is host memory either way
 
   layout_ = kernels::make_group_layout(layouts);
   copy_out_ = kernels::CopyPlan(ExecTarget::host, kernels::all_gather_copy_out_runs(layout_));

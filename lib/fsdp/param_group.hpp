@@ -78,6 +78,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   DType reduce_dtype() const noexcept { return reduce_dtype_; }
   const Tensor& sharded_storage() const noexcept { return sharded_; }
   const Tensor& sharded_grads() const noexcept { return sharded_grads_; }
+  /// CPUOffloadPolicy given: sharded state stays in host memory (the host engine keeps it
+  /// there anyway; the GPU engine copies around its collectives).
+  bool offload_to_cpu() const noexcept { return offload_.has_value(); }
 
   void attach(std::shared_ptr<CommContext> ctx, bool is_root_group);
   CommContext* context() const noexcept { return ctx_.get(); }
@@ -137,6 +140,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   DType orig_dtype_ = DType::f32;
   DType param_dtype_ = DType::f32;
   DType reduce_dtype_ = DType::f32;
+  std::optional<CPUOffloadPolicy> offload_;
   comm::MpiCommunicator* ag_comm_ = nullptr;
   comm::MpiCommunicator* rs_comm_ = nullptr;
   comm::MpiCommunicator* ar_comm_ = nullptr;

@@ -384,4 +384,34 @@ void reduce_copy_out_on(const Exec& exec, const typename S::storage* src, typena
     reduce_copy_out_flat<Exec, S, D, Accumulate>(exec, src, dst, n, divisor, divide);
 }
 
+// ---- Kokkos::Cuda: explicit instantiations ---------------------------------------------------
+// With a CUDA-enabled Kokkos, every (src, dst) pair of the three kernels is instantiated for
+// Kokkos::Cuda once, in lib/kernels/shard_copy_cuda.cpp; other translation units (shard_copy.cpp)
+// see these extern declarations and do not compile the device code again.
+#if defined(KOKKOS_ENABLE_CUDA)
+using CudaRunView = Kokkos::View<CopyRun*, Kokkos::CudaSpace>;
+#define FULLSHARD_KERNELS_CUDA_PAIR(EXTERN, S, D)                                               \
+  EXTERN template void run_copies_on<Kokkos::Cuda, S, D, CudaRunView>(                          \
+      const Kokkos::Cuda&, const CudaRunView&, const S::storage*, D::storage*);                 \
+  EXTERN template void cast_copy_on<Kokkos::Cuda, S, D>(const Kokkos::Cuda&, const S::storage*, \
+                                                        D::storage*, std::int64_t);             \
+  EXTERN template void reduce_copy_out_on<Kokkos::Cuda, S, D, true>(                            \
+      const Kokkos::Cuda&, const S::storage*, D::storage*, std::int64_t, Acc<S, D>, bool);      \
+  EXTERN template void reduce_copy_out_on<Kokkos::Cuda, S, D, false>(                           \
+      const Kokkos::Cuda&, const S::storage*, D::storage*, std::int64_t, Acc<S, D>, bool);
+#define FULLSHARD_KERNELS_CUDA_SRC(EXTERN, S) \
+  FULLSHARD_KERNELS_CUDA_PAIR(EXTERN, S, F32) \
+  FULLSHARD_KERNELS_CUDA_PAIR(EXTERN, S, F64) \
+  FULLSHARD_KERNELS_CUDA_PAIR(EXTERN, S, F16) \
+  FULLSHARD_KERNELS_CUDA_PAIR(EXTERN, S, BF16)
+#define FULLSHARD_KERNELS_CUDA_ALL(EXTERN) \
+  FULLSHARD_KERNELS_CUDA_SRC(EXTERN, F32)  \
+  FULLSHARD_KERNELS_CUDA_SRC(EXTERN, F64)  \
+  FULLSHARD_KERNELS_CUDA_SRC(EXTERN, F16)  \
+  FULLSHARD_KERNELS_CUDA_SRC(EXTERN, BF16)
+#if !defined(FULLSHARD_KERNELS_INSTANTIATE_CUDA)
+FULLSHARD_KERNELS_CUDA_ALL(extern)
+#endif
+#endif
+
 }  // namespace fullshard::kernels::detail

@@ -108,7 +108,18 @@ void Runtime::place_ranks() {
 
 void Runtime::bind_device() {
   if (!settings_.bind_device) return;
-  device_ = detail::bind_local_device(local_rank_, local_size_);
+  // Ranks of one node share a color: the FULLSHARD_RANKS_PER_NODE blocks, or the node's
+  // lowest world rank (MPI's shared-memory split).
+  int node_color = 0;
+  if (settings_.ranks_per_node > 0) {
+    node_color = rank_ / settings_.ranks_per_node;
+  } else {
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+    MPI_Allreduce(&rank_, &node_color, 1, MPI_INT, MPI_MIN, node);
+    MPI_Comm_free(&node);
+  }
+  device_ = detail::bind_local_device(MPI_COMM_WORLD, node_color, local_rank_);
 }
 
 Runtime::~Runtime() {

@@ -321,6 +321,52 @@ TEST_CASE("bf16 param_dtype with f32 reduce_dtype") {
   CHECK(worst <= 1e-6);
 }
 
+TEST_CASE("CPUOffloadPolicy: sharded state in host memory, the host path's gradients") {
+  for (const bool pin : {true, false}) {
+    Bag bag;
+    bag.add("a", {{"w", {7, 3}}, {"b", {5}}});
+    bag.add("b", {{"w", {4, 4}}});
+    FullyShardOptions o;
+    o.offload_policy = fsdp::CPUOffloadPolicy{pin};
+    auto mesh = world_mesh();
+    for (std::size_t i = 0; i < bag.root->num_children(); ++i)
+      fsdp::fully_shard(bag.root->child(i), mesh, o);
+    auto& st = fsdp::fully_shard(*bag.root, mesh, o);
+    REQUIRE(st.options().offload_policy.has_value());
+    CHECK(st.options().offload_policy->pin_memory == pin);
+    bag.step(0);
+    CHECK(bag.forward_mismatches == 0);
+    check_shards_and_grads(bag, {{0}}, W());
+    for (Parameter* p : bag.root->parameters()) {
+      CHECK(p->data().space() == MemorySpace::host);
+      CHECK(p->grad().space() == MemorySpace::host);
+    }
+  }
+  // From a graph request: true, "cpu", {"pin_memory": false}; bad values name the path.
+  FullyShardOptions d;
+  CHECK(fsdp::options_from_request(nlohmann::json::parse(R"({"offload_policy": true})"), d, "m")
+            .offload_policy->pin_memory);
+  CHECK(fsdp::options_from_request(nlohmann::json::parse(R"({"offload_policy": "cpu"})"), d, "m")
+            .offload_policy.has_value());
+  CHECK_FALSE(fsdp::options_from_request(
+                  nlohmann::json::parse(R"({"offload_policy": {"pin_memory": false}})"), d, "m")
+                  .offload_policy->pin_memory);
+  CHECK_FALSE(
+      fsdp::options_from_request(nlohmann::json::parse(R"({"offload_policy": null})"), d, "m")
+          .offload_policy.has_value());
+  CHECK_THROWS_WITH_AS(fsdp::options_from_request(
+                           nlohmann::json::parse(R"({"offload_policy": {"pin": true}})"), d, "m"),
+                       doctest::Contains("m.offload_policy.pin: unknown CPUOffloadPolicy field"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(
+      fsdp::options_from_request(nlohmann::json::parse(R"({"offload_policy": "gpu"})"), d, "m"),
+      doctest::Contains("m.offload_policy: expected null, true, false, \"cpu\""), ConfigError);
+  CHECK_THROWS_WITH_AS(
+      fsdp::options_from_request(nlohmann::json::parse(R"({"offload_policy": {"pin_memory": 1}})"),
+                                 d, "m"),
+      doctest::Contains("m.offload_policy.pin_memory: expected true or false"), ConfigError);
+}
+
 TEST_CASE("two micro-batches without gradient sync, then one with, equal one large batch") {
   Bag bag;
   Module& l0 = bag.add("l0", {{"w", {7, 3}}});
@@ -712,9 +758,10 @@ TEST_CASE("errors name the module and the parameter") {
   auto top = Module::make_root();
   top->add_module("m2").add_param("b", {3});
   fsdp::fully_shard(*top, mesh);
-  CHECK_THROWS_WITH_AS(fsdp::fully_shard(top->module("m2"), mesh),
-                       doctest::Contains("parameter 'm2.b' is already in the communication group of module 'model'"),
-                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(
+      fsdp::fully_shard(top->module("m2"), mesh),
+      doctest::Contains("parameter 'm2.b' is already in the communication group of module 'model'"),
+      InvalidArgument);
 
   Module& mixed = root->add_module("mixed");
   mixed.add_param("a", {4});

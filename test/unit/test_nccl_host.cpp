@@ -6,11 +6,13 @@
 #include <nccl.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/nccl_communicator.hpp"
 #include "lib/comm/nccl/nccl_error.hpp"
+#include "lib/comm/nccl/nccl_types.hpp"
 
 using fullshard::CommError;
 using fullshard::comm::NcclCommunicator;
@@ -138,4 +140,71 @@ TEST_CASE("NcclCommunicator on the current device (GPU only)") {
   CHECK(comm->rank() == rank);
   CHECK(comm->size() == size);
   CHECK(comm->name() == "nccl.world");
+}
+
+TEST_CASE("fullshard dtypes and reduce ops map to NCCL's") {
+  using fullshard::DType;
+  using fullshard::comm::ReduceOp;
+  using fullshard::comm::detail::nccl_dtype;
+  using fullshard::comm::detail::nccl_op;
+  CHECK(nccl_dtype(DType::f32) == ncclFloat32);
+  CHECK(nccl_dtype(DType::f64) == ncclFloat64);
+  CHECK(nccl_dtype(DType::f16) == ncclFloat16);
+  CHECK(nccl_dtype(DType::bf16) == ncclBfloat16);
+  CHECK_THROWS_AS(nccl_dtype(static_cast<DType>(9)), fullshard::InvalidArgument);
+  bool native = true;
+  CHECK(nccl_op(ReduceOp::sum, &native) == ncclSum);
+  CHECK_FALSE(native);
+  CHECK(nccl_op(ReduceOp::max) == ncclMax);
+  CHECK(nccl_op(ReduceOp::min) == ncclMin);
+  // NCCL 2.10+ averages natively; older versions get sum plus a divide kernel.
+  const ncclRedOp_t avg = nccl_op(ReduceOp::avg, &native);
+  if (NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)) {
+    CHECK(native);
+    CHECK(avg == ncclAvg);
+  } else {
+    CHECK_FALSE(native);
+    CHECK(avg == ncclSum);
+  }
+}
+
+TEST_CASE("the pre-mul-sum scalar is one element of the buffer's dtype") {
+  using fullshard::DType;
+  using fullshard::comm::detail::nccl_scalar;
+  auto f32 = nccl_scalar(DType::f32, 1.0 / 3.0);
+  float f = 0;
+  std::memcpy(&f, f32.data(), 4);
+  CHECK(f == static_cast<float>(1.0 / 3.0));
+  auto f64 = nccl_scalar(DType::f64, 0.125);
+  double d = 0;
+  std::memcpy(&d, f64.data(), 8);
+  CHECK(d == 0.125);
+  std::uint16_t h = 0;
+  std::memcpy(&h, nccl_scalar(DType::f16, 0.25).data(), 2);
+  CHECK(h == 0x3400);  // 0.25 in binary16
+  std::memcpy(&h, nccl_scalar(DType::bf16, 0.5).data(), 2);
+  CHECK(h == 0x3f00);  // 0.5 in bfloat16
+  // 1/3 rounds to the nearest bfloat16 (0x3eab = 0.333984375).
+  std::memcpy(&h, nccl_scalar(DType::bf16, 1.0 / 3.0).data(), 2);
+  CHECK(h == 0x3eab);
+}
+
+TEST_CASE("NcclGroup nests and ends once (no operations, no GPU needed)") {
+  using fullshard::comm::NcclGroup;
+  CHECK(NcclGroup::depth() == 0);
+  {
+    NcclGroup outer;
+    CHECK(NcclGroup::depth() == 1);
+    {
+      NcclGroup inner;
+      CHECK(NcclGroup::depth() == 2);
+      inner.end();
+      CHECK(NcclGroup::depth() == 1);
+      inner.end();  // a second end is a no-op
+      CHECK(NcclGroup::depth() == 1);
+    }
+    NcclGroup moved(std::move(outer));
+    CHECK(NcclGroup::depth() == 1);
+  }  // the moved-to guard ends the group once
+  CHECK(NcclGroup::depth() == 0);
 }

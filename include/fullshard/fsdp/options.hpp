@@ -50,6 +50,21 @@ struct MixedPrecisionPolicy {
   bool cast_forward_inputs = true;
 };
 
+/// FSDP2's CPUOffloadPolicy: the sharded parameters, their gradients and the optimizer state
+/// stay in host memory; only unsharded parameters and communication buffers live on the
+/// device. On the GPU path each step copies the group shard host-to-device before the
+/// all-gather (on the all-gather stream's copy, overlapped with compute) and the reduced
+/// gradient shard device-to-host after the reduce-scatter (on the reduce-scatter stream),
+/// and the optimizer steps on the host. `pin_memory` asks for page-locked host memory
+/// (cudaHostRegister) so that those copies are asynchronous DMA.
+///
+/// In this build the engine runs on the host (MPI), where sharded state is host memory
+/// already: the policy is accepted and validated, gives exactly the host path's results, and
+/// pin_memory has no effect (there is no device to copy to).
+struct CPUOffloadPolicy {
+  bool pin_memory = true;
+};
+
 struct FullyShardOptions {
   ReshardAfterForward reshard_after_forward = ReshardAfterForward::automatic();
   MixedPrecisionPolicy mp_policy;
@@ -59,6 +74,8 @@ struct FullyShardOptions {
   /// Per-parameter placement (default Shard(0)); Shard(d > 0) needs dim d divisible by the
   /// shard group size.
   std::function<std::optional<Placement>(const graph::Parameter&)> shard_placement_fn;
+  /// Unset: no offloading (FSDP2's OffloadPolicy()); set: CPUOffloadPolicy.
+  std::optional<CPUOffloadPolicy> offload_policy;
 };
 
 }  // namespace fullshard::fsdp

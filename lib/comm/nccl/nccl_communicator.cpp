@@ -1,14 +1,26 @@
 #include "fullshard/comm/nccl_communicator.hpp"
 
+#include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
+#include <cmath>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "fullshard/base/error.hpp"
+#include "lib/comm/buffer_checks.hpp"
+#include "lib/comm/cuda/cuda_check.hpp"
+#include "lib/comm/cuda/device_divide.hpp"
+#include "lib/comm/device_stream.hpp"
 #include "lib/comm/mpi_error.hpp"
 #include "lib/comm/nccl/nccl_error.hpp"
+#include "lib/comm/nccl/nccl_types.hpp"
 
 namespace fullshard::comm {
 
@@ -30,12 +42,147 @@ std::string label(const std::string& name, int rank, int size) {
          ")";
 }
 
+// Short spins, then 50 us sleeps: the back-off of every NCCL poll loop.
+void back_off(int spins) {
+  if (spins < 64)
+    std::this_thread::yield();
+  else
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
 }  // namespace
 
 namespace detail {
+
+// The ncclComm_t and what every Work of the communicator needs to poll it. Shared by the
+// communicator and its Works' hooks; the mutex serialises NCCL calls on the communicator
+// (enqueue, polls, abort) between threads.
 struct NcclCommState {
   ncclComm_t comm = nullptr;
+  bool blocking = true;
+  double timeout_s = 0.0;
+  std::string what;          // "communicator 'x' (rank r/n)"
+  std::string abort_reason;  // set once aborted
+  void* scratch = nullptr;   // one device word for barrier()
+  std::mutex m;
+
+  ~NcclCommState() { destroy(); }
+
+  void require_usable_locked(const std::string& context) const {
+    if (!abort_reason.empty())
+      throw CommError(context + ": the communicator was aborted earlier (" + abort_reason +
+                      ") and cannot be used again");
+    if (!comm) throw CommError(context + ": the communicator was destroyed");
+  }
+
+  void abort_locked(const std::string& why) {
+    if (abort_reason.empty()) abort_reason = why;
+    if (comm) ncclCommAbort(comm);
+    comm = nullptr;
+  }
+  void abort(const std::string& why) {
+    std::lock_guard<std::mutex> lock(m);
+    abort_locked(why);
+  }
+
+  // Polls `c`'s asynchronous state until it leaves ncclInProgress (non-blocking
+  // communicators), bounded by the timeout. Aborts and throws on an error or the timeout.
+  void wait_in_progress_locked(ncclComm_t c, const char* call, const std::string& context) {
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    ncclResult_t st = ncclInProgress;
+    for (int spins = 0;; ++spins) {
+      if (const ncclResult_t r = ncclCommGetAsyncError(c, &st); r != ncclSuccess) st = r;
+      if (st != ncclInProgress) break;
+      if (timeout_s > 0 && clock::now() - start > std::chrono::duration<double>(timeout_s)) {
+        const std::string why =
+            context + ": " + call +
+            " still in progress after FULLSHARD_TIMEOUT=" + std::to_string(timeout_s) + " s";
+        if (c != comm) ncclCommAbort(c);
+        abort_locked(why);
+        throw CommError(why + "; the communicator was aborted (ncclCommAbort)");
+      }
+      back_off(spins);
+    }
+    if (st != ncclSuccess) {
+      const std::string why = context + ": " + call + " failed: " + nccl_error_message(st, call);
+      if (c != comm) ncclCommAbort(c);
+      abort_locked(why);
+      throw CommError(why + "; the communicator was aborted (ncclCommAbort)");
+    }
+  }
+
+  // The result of an enqueueing call. Any failure aborts the communicator: the other ranks
+  // may already be inside the collective.
+  void finish_call_locked(ncclResult_t r, const char* call, const std::string& context,
+                          bool in_group) {
+    if (r == ncclSuccess) return;
+    if (r == ncclInProgress && !blocking) {
+      if (!in_group) wait_in_progress_locked(comm, call, context);  // else: at ncclGroupEnd
+      return;
+    }
+    const std::string why = context + ": " + call + " failed: " + nccl_error_message(r, call);
+    abort_locked(why);
+    throw CommError(why + "; the communicator was aborted (ncclCommAbort)");
+  }
+
+  // Work::wait's poll: throws (after aborting) when NCCL reports an asynchronous error.
+  void check(const std::string& context) {
+    std::lock_guard<std::mutex> lock(m);
+    if (!abort_reason.empty())
+      throw CommError(context + ": the communicator was aborted (" + abort_reason + ")");
+    if (!comm) return;  // destroyed after finalize: its operations finished
+    ncclResult_t st = ncclSuccess;
+    if (const ncclResult_t r = ncclCommGetAsyncError(comm, &st); r != ncclSuccess) st = r;
+    if (st == ncclSuccess || st == ncclInProgress) return;
+    const std::string why =
+        context + ": ncclCommGetAsyncError reported " + nccl_error_message(st, "async");
+    abort_locked(why);
+    throw CommError(why + "; the communicator was aborted (ncclCommAbort)");
+  }
+
+  // Finalize (flushes outstanding operations) and destroy; abort when finalizing fails or
+  // does not finish within the timeout.
+  void destroy() noexcept {
+    std::lock_guard<std::mutex> lock(m);
+    if (comm) {
+      ncclResult_t r = ncclCommFinalize(comm);
+      if (r == ncclInProgress) {
+        try {
+          wait_in_progress_locked(comm, "ncclCommFinalize", "destroying " + what);
+          r = ncclSuccess;
+        } catch (...) {  // aborted inside
+          r = ncclInternalError;
+        }
+      }
+      if (comm) {
+        if (r == ncclSuccess)
+          ncclCommDestroy(comm);
+        else
+          ncclCommAbort(comm);
+        comm = nullptr;
+      }
+    }
+    if (scratch) cudaFree(scratch);
+    scratch = nullptr;
+  }
 };
+
+namespace {
+
+// Operations and non-blocking communicators of the NCCL group open on this thread. NCCL
+// keeps its group state per thread; so does this (no state is shared between threads).
+struct GroupState {
+  int depth = 0;
+  std::vector<DeferredDevice> ops;
+  std::vector<std::shared_ptr<NcclCommState>> comms;
+};
+GroupState& group_state() {
+  thread_local GroupState g;
+  return g;
+}
+
+}  // namespace
 }  // namespace detail
 
 NcclUniqueId nccl_bootstrap_id(MPI_Comm comm, const std::string& name) {
@@ -67,16 +214,41 @@ NcclUniqueId nccl_bootstrap_id(MPI_Comm comm, const std::string& name) {
   return out;
 }
 
-NcclCommunicator::NcclCommunicator(std::unique_ptr<detail::NcclCommState> state, std::string name,
-                                   int rank, int size, double timeout_s)
+NcclCommunicator::NcclCommunicator(std::shared_ptr<detail::NcclCommState> state, std::string name,
+                                   int rank, int size, double timeout_s, NcclOptions options)
     : state_(std::move(state)),
       name_(std::move(name)),
       rank_(rank),
       size_(size),
-      timeout_s_(timeout_s) {}
+      timeout_s_(timeout_s),
+      options_(options) {}
+
+NcclCommunicator::NcclCommunicator(NcclCommunicator&& o) noexcept
+    : Communicator(),
+      state_(std::move(o.state_)),
+      name_(std::move(o.name_)),
+      rank_(o.rank_),
+      size_(o.size_),
+      timeout_s_(o.timeout_s_),
+      options_(o.options_),
+      seq_(o.seq_) {}
+
+NcclCommunicator& NcclCommunicator::operator=(NcclCommunicator&& o) noexcept {
+  if (this != &o) {
+    if (state_) state_->destroy();
+    state_ = std::move(o.state_);
+    name_ = std::move(o.name_);
+    rank_ = o.rank_;
+    size_ = o.size_;
+    timeout_s_ = o.timeout_s_;
+    options_ = o.options_;
+    seq_ = o.seq_;
+  }
+  return *this;
+}
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MPI_Comm comm, const std::string& name,
-                                                           double timeout_s) {
+                                                           double timeout_s, NcclOptions options) {
   const NcclUniqueId uid = nccl_bootstrap_id(comm, name);
   int rank = 0;
   int size = 1;
@@ -84,48 +256,351 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MPI_Comm comm, const 
   MPI_Comm_size(comm, &size);
   ncclUniqueId id;
   std::memcpy(&id, uid.bytes.data(), sizeof(id));
-  auto state = std::make_unique<detail::NcclCommState>();
-  detail::nccl_check(ncclCommInitRank(&state->comm, size, id, rank), "ncclCommInitRank",
-                     "creating " + label(name, rank, size));
+  auto state = std::make_shared<detail::NcclCommState>();
+  state->blocking = options.blocking;
+  state->timeout_s = timeout_s;
+  state->what = label(name, rank, size);
+  const std::string context = "creating " + state->what;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = options.blocking ? 1 : 0;
+  {
+    std::lock_guard<std::mutex> lock(state->m);
+    const ncclResult_t r = ncclCommInitRankConfig(&state->comm, size, id, rank, &config);
+    if (r == ncclInProgress && !options.blocking)
+      state->wait_in_progress_locked(state->comm, "ncclCommInitRankConfig", context);
+    else
+      detail::nccl_check(r, "ncclCommInitRankConfig", context);
+  }
+  detail::cuda_check(cudaMalloc(&state->scratch, sizeof(float)), "cudaMalloc",
+                     context + " (barrier word)");
+  detail::cuda_check(cudaMemset(state->scratch, 0, sizeof(float)), "cudaMemset",
+                     context + " (barrier word)");
   return std::unique_ptr<NcclCommunicator>(
-      new NcclCommunicator(std::move(state), name, rank, size, timeout_s));
+      new NcclCommunicator(std::move(state), name, rank, size, timeout_s, options));
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  if (!state_ || !state_->comm) return;
-  // Finalize flushes outstanding work; if it fails the communicator is aborted instead.
-  if (ncclCommFinalize(state_->comm) == ncclSuccess)
-    ncclCommDestroy(state_->comm);
-  else
-    ncclCommAbort(state_->comm);
-  state_->comm = nullptr;
+  if (state_) state_->destroy();  // Works still held see a destroyed (finished) communicator
 }
 
-void NcclCommunicator::not_implemented(const char* op) const {
-  throw CommError(std::string(op) + " on " + label(name_, rank_, size_) +
-                  ": not implemented yet: needs a GPU session");
+bool NcclCommunicator::aborted() const noexcept {
+  if (!state_) return false;
+  std::lock_guard<std::mutex> lock(state_->m);
+  return !state_->abort_reason.empty();
 }
 
-Work NcclCommunicator::all_gather(const void*, void*, std::size_t, DType, Stream&) {
-  not_implemented("all_gather");
+void* NcclCommunicator::native_handle() const noexcept {
+  if (!state_) return nullptr;
+  std::lock_guard<std::mutex> lock(state_->m);
+  return state_->comm;
 }
-Work NcclCommunicator::reduce_scatter(const void*, void*, std::size_t, DType, ReduceOp, Stream&) {
-  not_implemented("reduce_scatter");
+
+// Labels the operation, checks the stream, and submits `call(comm, stream)` (which returns
+// the ncclResult_t of `nccl_call`) to the device stream with the hooks Work::wait polls.
+template <class Call>
+Work NcclCommunicator::launch(const char* op, std::size_t count, DType dtype, Stream& stream,
+                              Call&& call) {
+  const std::string what = std::string(op) + " on communicator '" + name_ + "' (rank " +
+                           std::to_string(rank_) + "/" + std::to_string(size_) + ", seq " +
+                           std::to_string(++seq_) + ", " + std::to_string(count) + " x " +
+                           dtype_name(dtype) + ")";
+  if (!state_) throw InvalidArgument(what + ": the communicator was moved from");
+  if (!stream.is_device())
+    throw InvalidArgument(what + ": stream '" + stream.name() + "' is a " +
+                          stream_kind_name(stream.kind()) +
+                          " stream; NCCL collectives need a device stream (Stream::device)");
+  auto state = state_;
+  detail::DeviceWatch watch;
+  watch.check = [state, what] { state->check(what); };
+  watch.on_timeout = [state](const std::string& why) { state->abort(why); };
+  detail::GroupState& group = detail::group_state();
+  const bool in_group = group.depth > 0;
+  if (in_group) {  // polled (non-blocking) or aborted (on failure) at the group's end
+    bool known = false;
+    for (const auto& c : group.comms)
+      known = known || c == state;
+    if (!known) group.comms.push_back(state);
+  }
+  void* native = stream.native_handle();
+  return detail::StreamAccess::submit_device(
+      stream, what,
+      [&] {
+        std::lock_guard<std::mutex> lock(state->m);
+        state->require_usable_locked(what);
+        call(state->comm, static_cast<cudaStream_t>(native), what, in_group);
+      },
+      timeout_s_, std::move(watch), in_group ? &group.ops : nullptr);
 }
-Work NcclCommunicator::all_reduce(const void*, void*, std::size_t, DType, ReduceOp, Stream&) {
-  not_implemented("all_reduce");
+
+namespace {
+
+void require_buffers(bool ok, const std::string& op, const std::string& name) {
+  if (!ok) throw InvalidArgument(op + " on communicator '" + name + "': null buffer");
 }
-Work NcclCommunicator::broadcast(void*, std::size_t, DType, int, Stream&) {
-  not_implemented("broadcast");
+
+}  // namespace
+
+Work NcclCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype,
+                                  Stream& stream) {
+  const std::size_t bytes = count * dtype_size(dtype);
+  require_buffers(count == 0 || (send && recv), "all_gather", name_);
+  const auto* slot = static_cast<const char*>(recv) + static_cast<std::size_t>(rank_) * bytes;
+  if (send != slot && count > 0 && detail::overlaps(send, bytes, recv, bytes * size_))
+    throw InvalidArgument("all_gather on communicator '" + name_ +
+                          "': send overlaps recv but is not this rank's slot "
+                          "(recv + rank*count) for an in-place all-gather");
+  const ncclDataType_t t = detail::nccl_dtype(dtype);
+  auto state = state_;
+  return launch("all_gather", count, dtype, stream,
+                [=](ncclComm_t c, cudaStream_t s, const std::string& what, bool in_group) {
+                  state->finish_call_locked(ncclAllGather(send, recv, count, t, c, s),
+                                            "ncclAllGather", what, in_group);
+                });
 }
-Work NcclCommunicator::barrier(Stream&) {
-  not_implemented("barrier");
+
+namespace {
+
+// The reduce-scatter argument checks (NCCL's in-place convention: recv == send + rank*chunk).
+void check_reduce_scatter(const void* send, const void* recv, std::size_t recv_count, DType dtype,
+                          int rank, int size, const std::string& name) {
+  const std::size_t bytes = recv_count * dtype_size(dtype);
+  require_buffers(recv_count == 0 || (send && recv), "reduce_scatter", name);
+  const char* slot = static_cast<const char*>(send) + static_cast<std::size_t>(rank) * bytes;
+  if (recv != slot && recv_count > 0 &&
+      detail::overlaps(send, bytes * static_cast<std::size_t>(size), recv, bytes))
+    throw InvalidArgument("reduce_scatter on communicator '" + name +
+                          "': recv overlaps send but is not this rank's chunk "
+                          "(send + rank*recv_count) for an in-place reduce-scatter");
 }
-std::unique_ptr<Communicator> NcclCommunicator::dup(const std::string&) const {
-  not_implemented("dup");
+
+void require_no_group(bool in_group, const std::string& what) {
+  if (in_group)
+    throw InvalidArgument(what +
+                          ": the sum-then-divide path cannot run inside an NCCL group (its "
+                          "divide kernel would run before the group's collectives); issue it "
+                          "outside the group or use DivideMode::pre_mul_sum");
 }
-std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int, int, const std::string&) const {
-  not_implemented("split");
+
+}  // namespace
+
+Work NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                                      DType dtype, ReduceOp op, Stream& stream) {
+  check_reduce_scatter(send, recv, recv_count, dtype, rank_, size_, name_);
+  bool native_avg = false;
+  const ncclRedOp_t nop = detail::nccl_op(op, &native_avg);
+  const bool divide = op == ReduceOp::avg && !native_avg;
+  if (divide) require_no_group(NcclGroup::depth() > 0, "reduce_scatter(avg) on '" + name_ + "'");
+  const ncclDataType_t t = detail::nccl_dtype(dtype);
+  auto state = state_;
+  const int size = size_;
+  return launch("reduce_scatter", recv_count, dtype, stream,
+                [=](ncclComm_t c, cudaStream_t s, const std::string& what, bool in_group) {
+                  state->finish_call_locked(ncclReduceScatter(send, recv, recv_count, t, nop, c, s),
+                                            "ncclReduceScatter", what, in_group);
+                  if (divide) detail::device_divide(recv, recv_count, dtype, size, s);
+                });
+}
+
+Work NcclCommunicator::reduce_scatter_divided(const void* send, void* recv, std::size_t recv_count,
+                                              DType dtype, double divide_factor, Stream& stream,
+                                              DivideMode mode) {
+  if (!(divide_factor > 0.0) || !std::isfinite(divide_factor))
+    throw InvalidArgument("reduce_scatter on communicator '" + name_ + "': divide factor " +
+                          std::to_string(divide_factor) + " is not a positive finite number");
+  check_reduce_scatter(send, recv, recv_count, dtype, rank_, size_, name_);
+  const ncclDataType_t t = detail::nccl_dtype(dtype);
+  auto state = state_;
+#if FULLSHARD_NCCL_HAS_PREMULSUM
+  const bool pre_mul = mode == DivideMode::pre_mul_sum;
+#else
+  const bool pre_mul = false;  // NCCL < 2.11: no ncclRedOpCreatePreMulSum
+  (void)mode;
+#endif
+  if (!pre_mul)
+    require_no_group(NcclGroup::depth() > 0, "reduce_scatter(sum_then_scale) on '" + name_ + "'");
+  const auto scalar = detail::nccl_scalar(dtype, 1.0 / divide_factor);
+  return launch(
+      pre_mul ? "reduce_scatter(pre_mul_sum)" : "reduce_scatter(sum_then_scale)", recv_count, dtype,
+      stream, [=](ncclComm_t c, cudaStream_t s, const std::string& what, bool in_group) {
+#if FULLSHARD_NCCL_HAS_PREMULSUM
+        if (pre_mul) {
+          ncclRedOp_t op;
+          auto value = scalar;  // ncclScalarHostImmediate: read during the call
+          detail::nccl_check(
+              ncclRedOpCreatePreMulSum(&op, value.data(), t, ncclScalarHostImmediate, c),
+              "ncclRedOpCreatePreMulSum", what);
+          const ncclResult_t r = ncclReduceScatter(send, recv, recv_count, t, op, c, s);
+          ncclRedOpDestroy(op, c);  // allowed once the call that used it returned
+          state->finish_call_locked(r, "ncclReduceScatter", what, in_group);
+          return;
+        }
+#endif
+        state->finish_call_locked(ncclReduceScatter(send, recv, recv_count, t, ncclSum, c, s),
+                                  "ncclReduceScatter", what, in_group);
+        detail::device_divide(recv, recv_count, dtype, divide_factor, s);
+      });
+}
+
+Work NcclCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                  ReduceOp op, Stream& stream) {
+  const std::size_t bytes = count * dtype_size(dtype);
+  require_buffers(count == 0 || (send && recv), "all_reduce", name_);
+  if (send != recv && count > 0 && detail::overlaps(send, bytes, recv, bytes))
+    throw InvalidArgument("all_reduce on communicator '" + name_ +
+                          "': send and recv overlap without being equal");
+  bool native_avg = false;
+  const ncclRedOp_t nop = detail::nccl_op(op, &native_avg);
+  const bool divide = op == ReduceOp::avg && !native_avg;
+  if (divide) require_no_group(NcclGroup::depth() > 0, "all_reduce(avg) on '" + name_ + "'");
+  const ncclDataType_t t = detail::nccl_dtype(dtype);
+  auto state = state_;
+  const int size = size_;
+  return launch("all_reduce", count, dtype, stream,
+                [=](ncclComm_t c, cudaStream_t s, const std::string& what, bool in_group) {
+                  state->finish_call_locked(ncclAllReduce(send, recv, count, t, nop, c, s),
+                                            "ncclAllReduce", what, in_group);
+                  if (divide) detail::device_divide(recv, count, dtype, size, s);
+                });
+}
+
+Work NcclCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, int root,
+                                 Stream& stream) {
+  if (root < 0 || root >= size_)
+    throw InvalidArgument("broadcast on communicator '" + name_ + "': root " +
+                          std::to_string(root) + " is not in [0, " + std::to_string(size_) + ")");
+  require_buffers(count == 0 || buffer, "broadcast", name_);
+  const ncclDataType_t t = detail::nccl_dtype(dtype);
+  auto state = state_;
+  return launch("broadcast", count, dtype, stream,
+                [=](ncclComm_t c, cudaStream_t s, const std::string& what, bool in_group) {
+                  state->finish_call_locked(ncclBroadcast(buffer, buffer, count, t, root, c, s),
+                                            "ncclBroadcast", what, in_group);
+                });
+}
+
+Work NcclCommunicator::barrier(Stream& stream) {
+  auto state = state_;
+  void* word = state_ ? state_->scratch : nullptr;
+  return launch("barrier", 1, DType::f32, stream,
+                [=](ncclComm_t c, cudaStream_t s, const std::string& what, bool in_group) {
+                  state->finish_call_locked(
+                      ncclAllReduce(word, word, 1, ncclFloat32, ncclSum, c, s),
+                      "ncclAllReduce (barrier)", what, in_group);
+                });
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::split_impl(int color, int key,
+                                                               const std::string& name) const {
+  const std::string context = "splitting " + (state_ ? state_->what : name_) + " into '" + name +
+                              "' (color " + std::to_string(color) + ", key " + std::to_string(key) +
+                              ")";
+  if (!state_) throw InvalidArgument(context + ": the communicator was moved from");
+  if (detail::group_state().depth > 0)
+    throw InvalidArgument(context + ": not allowed inside an NCCL group");
+#if FULLSHARD_NCCL_HAS_SPLIT
+  auto child = std::make_shared<detail::NcclCommState>();
+  child->blocking = options_.blocking;
+  child->timeout_s = timeout_s_;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = options_.blocking ? 1 : 0;
+  {
+    std::lock_guard<std::mutex> lock(state_->m);
+    state_->require_usable_locked(context);
+    const ncclResult_t r = ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
+                                         &child->comm, &config);
+    if (r == ncclInProgress && !options_.blocking) {
+      if (child->comm) state_->wait_in_progress_locked(child->comm, "ncclCommSplit", context);
+      state_->wait_in_progress_locked(state_->comm, "ncclCommSplit", context);
+    } else {
+      state_->finish_call_locked(r, "ncclCommSplit", context, false);
+    }
+  }
+  if (color < 0 || !child->comm) return nullptr;
+  int rank = 0;
+  int size = 1;
+  detail::nccl_check(ncclCommUserRank(child->comm, &rank), "ncclCommUserRank", context);
+  detail::nccl_check(ncclCommCount(child->comm, &size), "ncclCommCount", context);
+  child->what = label(name, rank, size);
+  detail::cuda_check(cudaMalloc(&child->scratch, sizeof(float)), "cudaMalloc",
+                     context + " (barrier word)");
+  detail::cuda_check(cudaMemset(child->scratch, 0, sizeof(float)), "cudaMemset",
+                     context + " (barrier word)");
+  return std::unique_ptr<NcclCommunicator>(
+      new NcclCommunicator(std::move(child), name, rank, size, timeout_s_, options_));
+#else
+  throw CommError(context + ": needs ncclCommSplit (NCCL >= 2.18); this build has NCCL " +
+                  std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR));
+#endif
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::dup(const std::string& name) const {
+  return split_impl(0, rank_, name);
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key,
+                                                          const std::string& name) const {
+  return split_impl(color, key, name);
+}
+
+// ---- NcclGroup --------------------------------------------------------------------------------
+
+NcclGroup::NcclGroup() {
+  detail::nccl_check(ncclGroupStart(), "ncclGroupStart", "opening an NCCL group");
+  ++detail::group_state().depth;
+  open_ = true;
+}
+
+NcclGroup::NcclGroup(NcclGroup&& other) noexcept : open_(other.open_) {
+  other.open_ = false;
+}
+
+NcclGroup::~NcclGroup() {
+  try {
+    end();
+  } catch (...) {  // stored in the group's Works; end() reports it to callers who ask
+  }
+}
+
+int NcclGroup::depth() noexcept {
+  return detail::group_state().depth;
+}
+
+void NcclGroup::end() {
+  if (!open_) return;
+  open_ = false;
+  detail::GroupState& g = detail::group_state();
+  const ncclResult_t r = ncclGroupEnd();
+  --g.depth;
+  if (g.depth > 0) {  // an inner group: NCCL launches at the outermost end
+    detail::nccl_check(r, "ncclGroupEnd", "closing a nested NCCL group", true);
+    return;
+  }
+  std::vector<detail::DeferredDevice> ops = std::move(g.ops);
+  std::vector<std::shared_ptr<detail::NcclCommState>> comms = std::move(g.comms);
+  g.ops.clear();
+  g.comms.clear();
+  const std::string context = "NCCL group of " + std::to_string(ops.size()) + " operations";
+  std::exception_ptr error;
+  try {
+    if (r == ncclInProgress) {
+      for (const auto& c : comms) {
+        std::lock_guard<std::mutex> lock(c->m);
+        if (c->comm && !c->blocking)
+          c->wait_in_progress_locked(c->comm, "ncclGroupEnd", context + " on " + c->what);
+      }
+    } else if (r != ncclSuccess) {
+      const std::string why =
+          context + ": ncclGroupEnd failed: " + detail::nccl_error_message(r, "ncclGroupEnd");
+      for (const auto& c : comms)
+        c->abort(why);
+      throw CommError(why);
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  for (auto& op : ops)
+    detail::StreamAccess::finish_deferred(op, error);
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace fullshard::comm

@@ -1,0 +1,167 @@
+#include "fullshard/tensor/stream_pool.hpp"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "fullshard/base/error.hpp"
+
+namespace fullshard {
+namespace {
+
+struct Block {
+  Tensor storage;
+  std::size_t bytes = 0;
+  std::vector<comm::Stream> users;  // while handed out: streams it is used on
+  // While cached: one event per stream it was used on, recorded at release.
+  std::vector<std::pair<std::uint64_t, comm::Event>> released;
+};
+
+}  // namespace
+
+struct StreamOrderedPool::State {
+  MemorySpace space;
+  std::string name;
+  mutable std::mutex m;
+  std::map<std::size_t, std::vector<std::shared_ptr<Block>>> free;  // by byte size
+  std::unordered_map<const void*, std::shared_ptr<Block>> live;     // by base address
+  Stats stats;
+
+  void release(const std::shared_ptr<Block>& b) {
+    std::vector<comm::Stream> users;
+    {
+      std::lock_guard<std::mutex> lock(m);
+      users.swap(b->users);
+    }
+    // Record outside the lock: a worker stream's record() enqueues a task.
+    std::vector<std::pair<std::uint64_t, comm::Event>> events;
+    events.reserve(users.size());
+    for (auto& s : users)
+      events.emplace_back(s.id(), s.record());
+    std::lock_guard<std::mutex> lock(m);
+    b->released = std::move(events);
+    live.erase(b->storage.data());
+    stats.bytes_in_use -= b->bytes;
+    stats.bytes_cached += b->bytes;
+    free[b->bytes].push_back(b);
+  }
+};
+
+StreamOrderedPool::StreamOrderedPool(MemorySpace space, std::string name)
+    : s_(std::make_shared<State>()) {
+  s_->space = space;
+  s_->name = std::move(name);
+}
+
+StreamOrderedPool::~StreamOrderedPool() = default;  // blocks in use keep the state alive
+
+Tensor StreamOrderedPool::acquire(const Shape& shape, DType dtype, comm::Stream& stream,
+                                  const std::string& label) {
+  const std::int64_t n = numel(shape);
+  if (n < 0)
+    throw InvalidArgument("pool '" + s_->name + "': negative shape " + shape_string(shape));
+  const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dtype);
+  if (bytes == 0) return Tensor::empty(shape, dtype, s_->space);  // nothing to pool
+  const std::uint64_t sid = stream.id();
+  std::shared_ptr<Block> block;
+  std::vector<comm::Event> waits;
+  {
+    std::lock_guard<std::mutex> lock(s_->m);
+    auto it = s_->free.find(bytes);
+    if (it != s_->free.end() && !it->second.empty()) {
+      auto& list = it->second;
+      // Prefer a block that needs no wait: last used on this stream only, or whose other
+      // streams are past their release events.
+      auto needs_wait = [&](const std::shared_ptr<Block>& b) {
+        for (const auto& [id, e] : b->released)
+          if (id != sid && !e.query()) return true;
+        return false;
+      };
+      auto pick = std::find_if(list.rbegin(), list.rend(),
+                               [&](const std::shared_ptr<Block>& b) { return !needs_wait(b); });
+      const auto idx = pick != list.rend()
+                           ? static_cast<std::size_t>(std::distance(pick, list.rend()) - 1)
+                           : list.size() - 1;
+      block = list[idx];
+      list.erase(list.begin() + static_cast<std::ptrdiff_t>(idx));
+      for (const auto& [id, e] : block->released)
+        if (id != sid && !e.query()) waits.push_back(e);
+      block->released.clear();
+      s_->stats.bytes_cached -= bytes;
+      ++s_->stats.reuses;
+    }
+  }
+  const bool fresh = !block;
+  if (fresh) {  // a new block: f32 words covering `bytes`
+    block = std::make_shared<Block>();
+    block->bytes = bytes;
+    block->storage = Tensor::empty({static_cast<std::int64_t>((bytes + 3) / 4)}, DType::f32,
+                                   s_->space, label.empty() ? s_->name : s_->name + ":" + label);
+  }
+  // Order this stream after the block's previous users on other streams.
+  for (const auto& e : waits)
+    stream.wait(e);
+  {
+    std::lock_guard<std::mutex> lock(s_->m);
+    s_->stats.stream_waits += waits.size();
+    if (fresh) ++s_->stats.allocations;
+    block->users.assign(1, stream);
+    s_->live[block->storage.data()] = block;
+    s_->stats.bytes_in_use += bytes;
+    s_->stats.peak_bytes_in_use = std::max(s_->stats.peak_bytes_in_use, s_->stats.bytes_in_use);
+  }
+  auto state = s_;
+  auto handle = std::shared_ptr<void>(block->storage.data(),
+                                      [state, block](void*) { state->release(block); });
+  return Tensor::from_owner(std::move(handle), block->storage.data(), shape, dtype, s_->space);
+}
+
+void StreamOrderedPool::used_on(const Tensor& t, comm::Stream& stream) {
+  std::lock_guard<std::mutex> lock(s_->m);
+  auto it = s_->live.find(t.owner().get());
+  if (it == s_->live.end())
+    throw InvalidArgument("pool '" + s_->name + "': used_on(stream '" + stream.name() +
+                          "') for a tensor that is not in use from this pool");
+  auto& users = it->second->users;
+  for (const auto& s : users)
+    if (s.id() == stream.id()) return;
+  users.push_back(stream);
+}
+
+StreamOrderedPool::Stats StreamOrderedPool::stats() const {
+  std::lock_guard<std::mutex> lock(s_->m);
+  Stats st = s_->stats;
+  st.bytes_reserved = st.bytes_in_use + st.bytes_cached;
+  return st;
+}
+
+void StreamOrderedPool::reset_peak() {
+  std::lock_guard<std::mutex> lock(s_->m);
+  s_->stats.peak_bytes_in_use = s_->stats.bytes_in_use;
+}
+
+void StreamOrderedPool::trim() {
+  std::map<std::size_t, std::vector<std::shared_ptr<Block>>> drop;
+  {
+    std::lock_guard<std::mutex> lock(s_->m);
+    drop.swap(s_->free);
+    s_->stats.bytes_cached = 0;
+  }
+  for (auto& [bytes, list] : drop)
+    for (auto& b : list)
+      for (auto& [id, e] : b->released)
+        e.synchronize();
+}
+
+MemorySpace StreamOrderedPool::space() const noexcept {
+  return s_->space;
+}
+
+const std::string& StreamOrderedPool::name() const noexcept {
+  return s_->name;
+}
+
+}  // namespace fullshard
