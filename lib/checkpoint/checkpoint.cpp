@@ -18,6 +18,7 @@
 #include "fullshard/fsdp/state_dict.hpp"
 #include "lib/checkpoint/io.hpp"
 #include "lib/comm/mpi_error.hpp"
+#include "lib/fsdp/param_group.hpp"
 
 namespace fullshard::checkpoint {
 
@@ -494,6 +495,22 @@ std::string save(const std::string& dir, graph::Module& model, const optim::Opti
 
 namespace {
 
+// In-place loads write the sharded storage directly: every group must be sharded (as
+// load_sharded_state_dict requires) and every tensor in host memory.
+void check_loadable_in_place(graph::Module& model) {
+  for (graph::Module* m : model.modules_preorder())
+    if (fsdp::FSDPModule* st = fsdp::fsdp_state(*m)) {
+      const auto& g = *st->group();
+      if (g.state() != fsdp::detail::ShardedState::sharded || g.gather_in_flight())
+        throw InvalidArgument("checkpoint::load: group " + g.name() +
+                              " is unsharded or being gathered; call reshard() before loading");
+    }
+  for (graph::Parameter* p : model.parameters())
+    if (p->data().space() != MemorySpace::host)
+      throw InvalidArgument("checkpoint::load: in_place needs host parameters; '" + p->fqn() +
+                            "' is in device memory");
+}
+
 std::string fingerprint_note(const Index& index, const std::string& mine) {
   if (index.model_fingerprint == mine) return "";
   return " (model fingerprint " + index.model_fingerprint + ", this model's is " + mine +
@@ -502,7 +519,8 @@ std::string fingerprint_note(const Index& index, const std::string& mine) {
 
 }  // namespace
 
-Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* optimizer) {
+Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* optimizer,
+            const LoadOptions& options) {
   const DeviceMesh& mesh = model_mesh(model, "checkpoint::load");
   Comm c(mesh.world_comm().handle());
 
@@ -604,8 +622,15 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
       reader.read_box(t, l.global_offset, l.local_shape, s.data());
       return s;
     };
-    for (const auto& [name, st] : sd)
-      params[name] = ShardedTensor{stage(*by_name.at(name), st.layout), st.layout};
+    if (options.in_place) {
+      check_loadable_in_place(model);
+      for (const auto& [name, st] : sd)
+        reader.read_box(*by_name.at(name), st.layout.global_offset, st.layout.local_shape,
+                        st.local.data());
+    } else {
+      for (const auto& [name, st] : sd)
+        params[name] = ShardedTensor{stage(*by_name.at(name), st.layout), st.layout};
+    }
     for (const auto& [p, name] : opt_params) {
       std::size_t present = 0;
       for (const std::string& s : index.optimizer_state_names)
@@ -635,7 +660,7 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
 
   // Everything is read and verified on every rank: load (both functions check before writing).
   err = attempt([&] {
-    fsdp::load_sharded_state_dict(model, params);
+    if (!options.in_place) fsdp::load_sharded_state_dict(model, params);
     params.clear();
     if (optimizer) optimizer->load_state_dict(opt_state);
   });

@@ -27,6 +27,8 @@ namespace {
 
 // Largest single read/write request (Linux transfers at most ~2 GiB per call anyway).
 constexpr std::uint64_t kMaxIo = std::uint64_t{1} << 30;
+// Bytes checksummed and written per write() call (rounded to whole checksum blocks).
+constexpr std::uint64_t kWriteChunk = std::uint64_t{2} << 20;
 
 }  // namespace
 
@@ -97,9 +99,12 @@ std::uint64_t File::pread_all(void* data, std::uint64_t n, std::uint64_t offset)
   return done;
 }
 
-void File::advise_sequential() const noexcept {
-#ifdef POSIX_FADV_SEQUENTIAL
-  ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+void File::start_writeback(std::uint64_t offset, std::uint64_t n) const noexcept {
+#if defined(__linux__) && defined(SYNC_FILE_RANGE_WRITE)
+  ::sync_file_range(fd_, static_cast<off64_t>(offset), static_cast<off64_t>(n),
+                    SYNC_FILE_RANGE_WRITE);
+#else
+  (void)offset, (void)n;
 #endif
 }
 
@@ -187,7 +192,10 @@ void Fault::maybe_exit(const char* here) const {
 // ---- DataFileWriter ---------------------------------------------------------------------------
 
 DataFileWriter::DataFileWriter(std::string path, std::uint64_t block_bytes, const Fault& fault)
-    : file_(File::create(path)), block_(block_bytes), fault_(fault) {}
+    : file_(File::create(path)),
+      block_(block_bytes),
+      chunk_(std::max<std::uint64_t>(block_bytes, kWriteChunk / block_bytes * block_bytes)),
+      fault_(fault) {}
 
 void DataFileWriter::append(const void* data, std::uint64_t n, ShardInfo& shard) {
   shard.offset = bytes_;
@@ -195,12 +203,10 @@ void DataFileWriter::append(const void* data, std::uint64_t n, ShardInfo& shard)
   shard.crc32c.clear();
   shard.crc32c.reserve(static_cast<std::size_t>((n + block_ - 1) / block_));
   const auto* p = static_cast<const char*>(data);
-  // Checksum a few blocks while they are in cache, then write them with one call.
-  const std::uint64_t chunk =
-      std::max<std::uint64_t>(block_, (std::uint64_t{8} << 20) / block_ * block_);
   const bool fault_here = bytes_ == 0 && n > 0 && fault_.armed("mid_shard");
+  // Per chunk: checksum its blocks, write it while it is still in cache, start its writeback.
   for (std::uint64_t done = 0; done < n;) {
-    const std::uint64_t len = std::min(chunk, n - done);
+    const std::uint64_t len = std::min(chunk_, n - done);
     for (std::uint64_t b = 0; b < len; b += block_)
       shard.crc32c.push_back(
           crc32c(p + done + b, static_cast<std::size_t>(std::min(block_, len - b))));
@@ -209,6 +215,7 @@ void DataFileWriter::append(const void* data, std::uint64_t n, ShardInfo& shard)
       fault_.maybe_exit("mid_shard");
     }
     file_.write_all(p + done, len);
+    file_.start_writeback(bytes_ + done, len);
     done += len;
   }
   bytes_ += n;
@@ -272,8 +279,8 @@ PendingStep begin_step(const std::string& root, std::int64_t step) {
 }
 
 std::string commit_step(const PendingStep& p, const std::string& index_text, const Fault& fault) {
-  fsync_dir(p.tmp);  // the data files' directory entries
   fault.maybe_exit("after_shards");
+  // write_atomic's fsync of p.tmp makes the data files' entries durable with the index's.
   write_atomic(p.tmp, "index.json", index_text, fault, "mid_index");
   fault.maybe_exit("after_index");
   std::string name = step_name(p.step);
