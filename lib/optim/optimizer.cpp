@@ -106,6 +106,15 @@ std::map<std::string, Tensor> Optimizer::state_dict() const {
   return out;
 }
 
+std::map<std::string, Tensor> Optimizer::state_views() const {
+  std::map<std::string, Tensor> out;
+  const std::vector<std::string> names = state_names();
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    for (std::size_t s = 0; s < state_[i].size(); ++s)
+      out[params_[i]->fqn() + "." + names[s]] = state_[i][s];
+  return out;
+}
+
 void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
   const std::vector<std::string> names = state_names();
   // Checks.

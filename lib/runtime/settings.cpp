@@ -14,8 +14,12 @@ namespace {
 
 constexpr const char* kLevels[] = {"error", "warn", "info", "debug"};
 
-const char* const kKnown[] = {"FULLSHARD_TIMEOUT", "FULLSHARD_LOG_LEVEL", "FULLSHARD_HOST_PROGRESS",
-                              "FULLSHARD_RANKS_PER_NODE", "FULLSHARD_BIND_DEVICE"};
+const char* const kKnown[] = {"FULLSHARD_TIMEOUT",       "FULLSHARD_LOG_LEVEL",
+                              "FULLSHARD_HOST_PROGRESS", "FULLSHARD_RANKS_PER_NODE",
+                              "FULLSHARD_BIND_DEVICE",   "FULLSHARD_CKPT_FAULT"};
+
+constexpr const char* kFaultPoints[] = {"mid_shard",   "after_shards",  "mid_index",
+                                        "after_index", "before_latest", "mid_latest"};
 
 std::string known_list() {
   std::string s;
@@ -48,6 +52,24 @@ long parse_int(const std::string& var, const std::string& v, long lo, long hi, c
 
 }  // namespace
 
+CheckpointFault parse_checkpoint_fault(const std::string& value) {
+  CheckpointFault f;
+  if (value.empty()) return f;
+  const auto at = value.find('@');
+  f.point = value.substr(0, at);
+  std::string points;
+  bool known = false;
+  for (const char* p : kFaultPoints) {
+    points += (points.empty() ? "" : ", ") + std::string(p);
+    known = known || f.point == p;
+  }
+  if (!known) bad("FULLSHARD_CKPT_FAULT", value, "<point>[@<rank>] with a point among " + points);
+  if (at != std::string::npos)
+    f.rank = static_cast<int>(
+        parse_int("FULLSHARD_CKPT_FAULT", value.substr(at + 1), 0, 1 << 30, "<point>@<rank >= 0>"));
+  return f;
+}
+
 const char* log_level_name(int level) noexcept {
   return level >= 0 && level < 4 ? kLevels[level] : "?";
 }
@@ -76,6 +98,8 @@ Settings Settings::from_map(const std::map<std::string, std::string>& vars) {
       s.ranks_per_node = static_cast<int>(parse_int(var, v, 1, 1 << 20, "an integer >= 1"));
     } else if (var == "FULLSHARD_BIND_DEVICE") {
       s.bind_device = parse_int(var, v, 0, 1, "0 or 1") == 1;
+    } else if (var == "FULLSHARD_CKPT_FAULT") {
+      s.checkpoint_fault = parse_checkpoint_fault(v);
     } else {
       // Not an error: Spack modules set FULLSHARD_ROOT, sites set their own. But a typo must
       // not pass unnoticed, so the runtime prints these on rank 0.

@@ -43,6 +43,9 @@ class Optimizer {
   /// Copies of the state: "<fqn>.<state name>" for every parameter whose state exists (local
   /// shard shape, f32), and "step" (f64, shape (1,)).
   std::map<std::string, Tensor> state_dict() const;
+  /// The state tensors themselves, keyed like state_dict() but without "step" (steps()): no
+  /// copy; valid until the next step() or load_state_dict(). Checkpoints are written from these.
+  std::map<std::string, Tensor> state_views() const;
   /// Replaces the state (parameters absent from `state` lose theirs, as in torch). Checked
   /// before anything is written: "step" missing or not a non-negative integer, a key that
   /// names no parameter/state (unexpected), a parameter with only some of its state keys

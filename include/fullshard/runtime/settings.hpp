@@ -22,6 +22,19 @@ enum class HostProgress {
   inline_,
 };
 
+/// FULLSHARD_CKPT_FAULT (tests only): "<point>[@<world rank>]" makes a checkpoint save exit the
+/// process with std::_Exit at that point of its protocol (on every rank, or on one), to check
+/// that a killed writer leaves the previous checkpoint loadable. Points, in protocol order:
+/// mid_shard, after_shards, mid_index, after_index, before_latest, mid_latest
+/// (docs/checkpoint-format.md).
+struct CheckpointFault {
+  std::string point;  ///< empty: no fault
+  int rank = -1;      ///< -1: every rank
+};
+/// Parses a FULLSHARD_CKPT_FAULT value ("" gives no fault); ConfigError naming the variable
+/// and the valid points.
+CheckpointFault parse_checkpoint_fault(const std::string& value);
+
 /// Every knob that can be set from the environment. The table in README.md lists them.
 struct Settings {
   /// FULLSHARD_TIMEOUT (seconds, > 0): a collective waited on for longer than this is
@@ -36,6 +49,8 @@ struct Settings {
   int ranks_per_node = 0;
   /// FULLSHARD_BIND_DEVICE (0/1): bind one GPU per local rank when CUDA is enabled.
   bool bind_device = true;
+  /// FULLSHARD_CKPT_FAULT: see CheckpointFault (read again by every checkpoint save).
+  CheckpointFault checkpoint_fault;
 
   /// Unknown FULLSHARD_* names seen while reading (printed as warnings by the Runtime).
   std::vector<std::string> warnings;

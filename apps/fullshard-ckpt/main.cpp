@@ -1,0 +1,253 @@
+// fullshard-ckpt: inspects, verifies and converts checkpoints offline. A plain program (no
+// mpiexec): it starts neither MPI nor Kokkos (the checkpoint format code needs neither).
+//
+//   fullshard-ckpt inspect ckpt/            # tensors, shapes, dtypes, sizes, checksums
+//   fullshard-ckpt verify ckpt/             # every checksum; exit 1 naming file and tensor
+//   fullshard-ckpt convert ckpt/ full/ --to full
+//   fullshard-ckpt convert full/ sh3/ --to sharded --shards 3
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/checkpoint/checksum.hpp"
+#include "fullshard/checkpoint/format.hpp"
+
+namespace {
+
+namespace ck = fullshard::checkpoint;
+
+const char* const kUsage =
+    "usage: fullshard-ckpt inspect DIR\n"
+    "       fullshard-ckpt verify DIR\n"
+    "       fullshard-ckpt convert SRC DST --to full|sharded [--shards N] [--block-bytes B]\n"
+    "\n"
+    "DIR and SRC are a checkpoint root (its 'latest' is followed) or one step directory.\n"
+    "\n"
+    "  inspect  the index: step, kind, model fingerprint, optimizer, metadata, files, and per\n"
+    "           tensor its dtype, global shape, placement, shards, bytes and CRC32C\n"
+    "  verify   re-reads every data file and checks every checksum; prints each problem with\n"
+    "           its file and tensor\n"
+    "  convert  writes SRC as a new checkpoint in the root DST (atomically, like a save):\n"
+    "           --to full: one file; --to sharded: N shards per tensor along its saved\n"
+    "           placement (default N: the number of data files of SRC)\n"
+    "\n"
+    "Exit status: 0 success, 1 verification failed, 2 bad usage or unreadable checkpoint.\n";
+
+struct UsageError {
+  std::string message;
+};
+
+// Messages without the "fullshard[rank -]: " prefix (this tool has no ranks).
+std::string clean(std::string s) {
+  const std::string prefix = "fullshard[rank ";
+  if (s.compare(0, prefix.size(), prefix) == 0) {
+    const auto end = s.find("]: ");
+    if (end != std::string::npos) s = s.substr(end + 3);
+  }
+  return s;
+}
+
+std::string crc_hex(std::uint32_t c) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", c);
+  return buf;
+}
+
+std::string human(std::uint64_t b) {
+  char buf[32];
+  if (b < 1024)
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  else if (b < (1ull << 20))
+    std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024.0);
+  else if (b < (1ull << 30))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / 1048576.0);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / 1073741824.0);
+  return buf;
+}
+
+// CRC32C of a shard's bytes, from its block CRCs.
+std::uint32_t shard_crc(const ck::ShardInfo& s, std::uint64_t block) {
+  std::uint32_t crc = 0;
+  std::uint64_t pos = 0;
+  for (std::uint32_t b : s.crc32c) {
+    const std::uint64_t len = std::min(block, s.length - pos);
+    crc = pos == 0 ? b : ck::crc32c_combine(crc, b, len);
+    pos += len;
+  }
+  return crc;
+}
+
+// CRC32C of the tensor's row-major bytes when its shards are dim-0 slabs (Shard(0), full);
+// false otherwise.
+bool tensor_crc(const ck::TensorInfo& t, std::uint64_t block, std::uint32_t& out) {
+  std::vector<const ck::ShardInfo*> live;
+  for (const auto& s : t.shards) {
+    if (s.length == 0) continue;
+    for (std::size_t d = 1; d < t.global_shape.size(); ++d)
+      if (s.shape[d] != t.global_shape[d]) return false;
+    live.push_back(&s);
+  }
+  std::sort(live.begin(), live.end(), [](const ck::ShardInfo* a, const ck::ShardInfo* b) {
+    return a->global_offset[0] < b->global_offset[0];
+  });
+  std::uint32_t crc = 0;
+  for (std::size_t i = 0; i < live.size(); ++i)
+    crc = i == 0 ? shard_crc(*live[i], block)
+                 : ck::crc32c_combine(crc, shard_crc(*live[i], block), live[i]->length);
+  out = crc;
+  return true;
+}
+
+int inspect(const std::string& path) {
+  ck::Reader r(path);
+  const ck::Index& x = r.index();
+  std::uint64_t total = 0;
+  for (const auto& f : x.files)
+    total += f.bytes;
+  std::printf("checkpoint   %s\n", r.step_dir().c_str());
+  std::printf("format       fullshard-checkpoint version %d, %s\n", x.format_version,
+              ck::kind_name(x.kind));
+  std::printf("step         %lld\n", static_cast<long long>(x.step));
+  std::printf("model        fingerprint %s\n", x.model_fingerprint.c_str());
+  if (x.has_optimizer) {
+    std::string names;
+    for (const auto& n : x.optimizer_state_names)
+      names += (names.empty() ? "" : ", ") + n;
+    std::printf("optimizer    step %lld, states [%s]\n", static_cast<long long>(x.optimizer_step),
+                names.c_str());
+  } else {
+    std::printf("optimizer    none\n");
+  }
+  std::printf("saved by     %s\n", x.saved_by.dump().c_str());
+  std::printf("metadata     %s\n", x.metadata.dump().c_str());
+  std::printf("rng state    %zu bytes\n", x.rng_state.size());
+  std::printf("checksums    crc32c per %llu-byte block\n",
+              static_cast<unsigned long long>(x.block_bytes));
+  std::printf("files        %zu, %s\n", x.files.size(), human(total).c_str());
+  for (const auto& f : x.files)
+    std::printf("  %-20s %14llu bytes\n", f.name.c_str(), static_cast<unsigned long long>(f.bytes));
+  std::printf("tensors      %zu\n", x.tensors.size());
+  std::printf("  %-40s %-5s %-18s %-11s %6s %12s %8s\n", "name", "dtype", "shape", "placement",
+              "shards", "bytes", "crc32c");
+  for (const auto& t : x.tensors) {
+    std::uint32_t crc = 0;
+    const std::string c = tensor_crc(t, x.block_bytes, crc) ? crc_hex(crc) : "(n/a)";
+    std::size_t live = 0;
+    for (const auto& s : t.shards)
+      live += s.length > 0 ? 1 : 0;
+    std::printf("  %-40s %-5s %-18s %-11s %6zu %12llu %8s\n", t.name.c_str(),
+                fullshard::dtype_name(t.dtype), fullshard::shape_string(t.global_shape).c_str(),
+                t.placement.to_string().c_str(), live, static_cast<unsigned long long>(t.bytes()),
+                c.c_str());
+  }
+  return 0;
+}
+
+int verify(const std::string& path) {
+  const auto issues = ck::verify(path);
+  if (issues.empty()) {
+    ck::Reader r(path);
+    std::uint64_t total = 0;
+    for (const auto& f : r.index().files)
+      total += f.bytes;
+    std::printf("ok: %s: %zu tensors in %zu files, %llu bytes, every checksum matches\n",
+                r.step_dir().c_str(), r.index().tensors.size(), r.index().files.size(),
+                static_cast<unsigned long long>(total));
+    return 0;
+  }
+  for (const auto& i : issues)
+    std::printf("FAILED: file %s%s: %s\n", i.file.c_str(),
+                i.tensor.empty() ? "" : (", tensor '" + i.tensor + "'").c_str(),
+                clean(i.message).c_str());
+  std::printf("%zu problem%s found\n", issues.size(), issues.size() == 1 ? "" : "s");
+  return 1;
+}
+
+std::uint64_t parse_count(const std::string& flag, const std::string& v, std::uint64_t min) {
+  std::size_t used = 0;
+  unsigned long long x = 0;
+  try {
+    x = std::stoull(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty() || v[0] == '-' || x < min || x > (1ull << 40))
+    throw UsageError{flag + " expects an integer >= " + std::to_string(min) + ", got '" + v + "'"};
+  return x;
+}
+
+int convert(const std::vector<std::string>& args) {
+  std::vector<std::string> pos;
+  ck::ConvertOptions opt;
+  bool have_to = false, have_shards = false;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw UsageError{a + " needs a value"};
+      return args[++i];
+    };
+    if (a == "--to") {
+      const std::string v = value();
+      if (v == "full")
+        opt.to = ck::Kind::full;
+      else if (v == "sharded")
+        opt.to = ck::Kind::sharded;
+      else
+        throw UsageError{"--to expects full or sharded, got '" + v + "'"};
+      have_to = true;
+    } else if (a == "--shards") {
+      opt.shards = static_cast<int>(parse_count("--shards", value(), 1));
+      have_shards = true;
+    } else if (a == "--block-bytes") {
+      opt.block_bytes = parse_count("--block-bytes", value(), 1);
+    } else if (a.rfind("--", 0) == 0) {
+      throw UsageError{"unknown option '" + a + "'"};
+    } else {
+      pos.push_back(a);
+    }
+  }
+  if (pos.size() != 2) throw UsageError{"convert needs SRC and DST"};
+  if (!have_to) throw UsageError{"convert needs --to full or --to sharded"};
+  if (have_shards && opt.to == ck::Kind::full)
+    throw UsageError{"--shards applies to --to sharded only"};
+  const std::string out = ck::convert(pos[0], pos[1], opt);
+  ck::Reader r(out);
+  std::printf("wrote %s checkpoint %s (%zu tensors, %zu files)\n", ck::kind_name(r.index().kind),
+              out.c_str(), r.index().tensors.size(), r.index().files.size());
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  const std::string cmd = args[0];
+  args.erase(args.begin());
+  if (cmd == "inspect" || cmd == "verify") {
+    if (args.size() != 1) throw UsageError{cmd + " needs exactly one DIR"};
+    return cmd == "inspect" ? inspect(args[0]) : verify(args[0]);
+  }
+  if (cmd == "convert") return convert(args);
+  throw UsageError{"unknown command '" + cmd + "'"};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "fullshard-ckpt: error: %s\n(run fullshard-ckpt --help)\n",
+                 e.message.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fullshard-ckpt: error: %s\n", clean(e.what()).c_str());
+    return 2;
+  }
+}

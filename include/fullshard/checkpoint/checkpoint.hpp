@@ -1,0 +1,83 @@
+// Checkpoints of fully_shard'ed models: save on one mesh, load on any other (world size, FSDP
+// or HSDP), atomically committed and verified. Format and protocol: docs/checkpoint-format.md.
+//
+//   // every rank, every N steps:
+//   checkpoint::save(dir, *model, &opt, step, {{"loss", loss}}, rng_bytes);
+//   // on restart (any number of ranks):
+//   checkpoint::Loaded ck = checkpoint::load(dir, *model, &opt);
+//   for (std::int64_t s = ck.step; s < total; ++s) ...
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "fullshard/checkpoint/format.hpp"
+#include "fullshard/graph/module.hpp"
+#include "fullshard/optim/optimizer.hpp"
+
+namespace fullshard::checkpoint {
+
+struct SaveOptions {
+  /// sharded: every shard-group rank (replicate coordinate 0 under HSDP) writes its own shards
+  /// to its own file, in parallel. full: rank 0 gathers one tensor at a time and writes one
+  /// consolidated file (memory on rank 0: the largest tensor, not the model).
+  Kind kind = Kind::sharded;
+  /// Checksum block size (bytes > 0): the granularity at which a resharding load reads and
+  /// verifies.
+  std::uint64_t block_bytes = kDefaultBlockBytes;
+};
+
+/// Saves the model's parameters (and, with an optimizer, its state and step count), `step`,
+/// `metadata` (any JSON) and `rng_state` (opaque bytes; rank 0's are kept) as a new step
+/// directory under `dir` (created if needed) and points dir/latest at it. Nothing is visible
+/// until every file is written and fsync'd: a save interrupted at any point leaves the
+/// previous checkpoint in `dir` loadable (see docs/checkpoint-format.md).
+///
+/// Collective over the model's mesh (the mesh of its fully_shard'ed modules, which must all
+/// share one). An error on any rank (I/O, bad argument) is thrown on every rank, with the
+/// failing rank's message, after the partial step directory was removed. Returns the new step
+/// directory (the same on every rank). One saver per `dir` at a time.
+std::string save(const std::string& dir, graph::Module& model, const optim::Optimizer* optimizer,
+                 std::int64_t step, const nlohmann::json& metadata = nlohmann::json::object(),
+                 const std::string& rng_state = std::string(), const SaveOptions& options = {});
+
+/// What load() restored besides the tensors.
+struct Loaded {
+  std::int64_t step = 0;
+  nlohmann::json metadata;
+  std::string rng_state;
+  /// The step directory loaded from.
+  std::string step_dir;
+  Kind kind = Kind::sharded;
+  /// Bytes this rank read from data files.
+  std::uint64_t bytes_read = 0;
+};
+
+struct LoadOptions {
+  /// false (default): every tensor is read and verified into staging memory first, and only
+  /// when every rank succeeded is it copied into the model and optimizer, so that a failed load
+  /// changes nothing (costs one extra pass over the bytes and the staging memory).
+  /// true: parameter shards are read straight into the model's sharded storage (no staging
+  /// copy of them; see bench/README.md for what it saves). Errors are still found, agreed and
+  /// thrown on every rank, but the parameters may then hold part of the checkpoint: for
+  /// restarts into a freshly built model. Optimizer state is always staged.
+  bool in_place = false;
+};
+
+/// Loads the checkpoint at `dir` (a root written by save(), which follows dir/latest, or one
+/// step directory) into the model and, when `optimizer` is not null, the optimizer, whatever
+/// mesh and world size saved it: each rank reads only the checksum blocks that intersect its
+/// own shards, verifies them, and assembles its shards.
+///
+/// Checked before anything is written: format version, the index against the model (missing
+/// or unexpected parameter, wrong shape or dtype, a checkpoint of another model), files present
+/// and of the right size, every checksum. Any problem on any rank is thrown on every rank
+/// (InvalidArgument naming the file and the tensor) and nothing is loaded on any rank (unless
+/// options.in_place). Collective over the model's mesh. Call with every group sharded (outside
+/// forward/backward).
+Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* optimizer = nullptr,
+            const LoadOptions& options = {});
+
+}  // namespace fullshard::checkpoint

@@ -1,0 +1,671 @@
+// save() and load(): the collective half of the checkpoint layer. Every phase that can fail on
+// one rank ends in agree(): one all-reduce tells every rank whether any failed, and then every
+// rank throws the first failing rank's error, so no rank is left waiting in a collective.
+#include "fullshard/checkpoint/checkpoint.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <unordered_map>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/fully_shard.hpp"
+#include "fullshard/fsdp/state_dict.hpp"
+#include "lib/checkpoint/io.hpp"
+#include "lib/comm/mpi_error.hpp"
+#include "lib/fsdp/param_group.hpp"
+
+namespace fullshard::checkpoint {
+
+using nlohmann::json;
+
+namespace {
+
+void check_mpi(int rc, const char* op) {
+  if (rc != MPI_SUCCESS)
+    throw CommError(std::string("checkpoint: ") + op +
+                    " failed: " + comm::detail::mpi_error_string(rc));
+}
+
+// A private duplicate of a mesh communicator (so checkpoint traffic never meets a stream's).
+class Comm {
+ public:
+  explicit Comm(MPI_Comm parent) {
+    check_mpi(MPI_Comm_dup(parent, &c_), "MPI_Comm_dup");
+    MPI_Comm_rank(c_, &rank);
+    MPI_Comm_size(c_, &size);
+  }
+  ~Comm() {
+    if (c_ != MPI_COMM_NULL) MPI_Comm_free(&c_);
+  }
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+  MPI_Comm get() const noexcept { return c_; }
+  int rank = 0;
+  int size = 1;
+
+ private:
+  MPI_Comm c_ = MPI_COMM_NULL;
+};
+
+void bcast_string(const Comm& c, std::string& s, int root) {
+  unsigned long long len = s.size();
+  check_mpi(MPI_Bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, root, c.get()), "MPI_Bcast");
+  s.resize(static_cast<std::size_t>(len));
+  for (std::size_t done = 0; done < s.size();) {
+    const int n = static_cast<int>(std::min<std::size_t>(s.size() - done, INT_MAX / 2));
+    check_mpi(MPI_Bcast(s.data() + done, n, MPI_CHAR, root, c.get()), "MPI_Bcast");
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+// Every rank throws if any rank has `err`: the first failing rank (lowest rank) its own
+// exception, every other rank the same type with that rank's message (so that all ranks report
+// the same problem, whatever else failed after it).
+void agree(const Comm& c, const std::exception_ptr& err, const char* what) {
+  int mine = err ? c.rank : c.size;
+  int first = c.size;
+  check_mpi(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, c.get()), "MPI_Allreduce");
+  if (first == c.size) return;
+  int type = 0;
+  std::string msg;
+  if (c.rank == first) {
+    try {
+      std::rethrow_exception(err);
+    } catch (const InvalidArgument& e) {
+      type = 1, msg = e.what();
+    } catch (const ConfigError& e) {
+      type = 2, msg = e.what();
+    } catch (const CommError& e) {
+      type = 3, msg = e.what();
+    } catch (const std::exception& e) {
+      msg = e.what();
+    } catch (...) {
+      msg = "unknown exception";
+    }
+  }
+  check_mpi(MPI_Bcast(&type, 1, MPI_INT, first, c.get()), "MPI_Bcast");
+  bcast_string(c, msg, first);
+  if (c.rank == first) std::rethrow_exception(err);
+  const std::string text = std::string(what) + " failed on another rank: " + msg;
+  switch (type) {
+    case 1:
+      throw InvalidArgument(text);
+    case 2:
+      throw ConfigError(text);
+    case 3:
+      throw CommError(text);
+    default:
+      throw Error(text);
+  }
+}
+
+template <class F>
+std::exception_ptr attempt(F&& f) {
+  try {
+    f();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+// The mesh the model is sharded over: every fully_shard'ed module of it must use the same.
+const DeviceMesh& model_mesh(graph::Module& model, const char* what) {
+  const DeviceMesh* mesh = nullptr;
+  std::string first;
+  for (graph::Module* m : model.modules_preorder())
+    if (fsdp::FSDPModule* st = fsdp::fsdp_state(*m)) {
+      if (!mesh) {
+        mesh = &st->mesh();
+        first = m->fqn();
+      } else if (st->mesh().describe() != mesh->describe()) {
+        throw InvalidArgument(std::string(what) + ": modules '" + first + "' and '" + m->fqn() +
+                              "' are sharded over different meshes (" + mesh->describe() + " and " +
+                              st->mesh().describe() + "); checkpoints need one mesh");
+      }
+    }
+  for (graph::Module* m = model.parent(); !mesh && m; m = m->parent())
+    if (fsdp::FSDPModule* st = fsdp::fsdp_state(*m)) mesh = &st->mesh();
+  if (!mesh)
+    throw InvalidArgument(std::string(what) +
+                          ": no module of the model is fully_shard'ed, so "
+                          "there is no mesh to save or load over");
+  return *mesh;
+}
+
+// Writers hold replicate coordinate 0 (HSDP replicas are copies); their shard coordinate
+// names their file.
+bool is_writer(const DeviceMesh& mesh) {
+  const auto& c = mesh.coordinates();
+  return std::all_of(c.begin(), c.end() - 1, [](int x) { return x == 0; });
+}
+
+std::string rank_file(int shard_rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05d.bin", shard_rank);
+  return buf;
+}
+
+std::string relative_name(const graph::Module& model, const graph::Parameter& p) {
+  return model.fqn().empty() ? p.fqn() : p.fqn().substr(model.fqn().size() + 1);
+}
+
+// One tensor to save: a parameter or an optimizer state, with this rank's shard.
+struct Entry {
+  TensorInfo info;  // name, param, state, dtype, global shape, placement (no shards)
+  Tensor local;
+  ShardLayout layout;
+};
+
+std::vector<Entry> collect(graph::Module& model, const optim::Optimizer* opt) {
+  std::vector<Entry> out;
+  const auto sd = fsdp::sharded_state_dict(model);
+  std::unordered_map<const graph::Parameter*, std::string> names;
+  for (graph::Parameter* p : model.parameters()) {
+    const std::string key = relative_name(model, *p);
+    names[p] = key;
+    const ShardedTensor& st = sd.at(key);
+    Entry e;
+    e.info.name = e.info.param = key;
+    e.info.dtype = p->dtype();
+    e.info.global_shape = p->shape();
+    e.info.placement = st.placement();
+    e.local = st.local;
+    e.layout = st.layout;
+    out.push_back(std::move(e));
+  }
+  if (!opt) return out;
+  const auto views = opt->state_views();
+  for (const graph::Parameter* p : opt->params()) {
+    auto it = names.find(p);
+    if (it == names.end())
+      throw InvalidArgument("checkpoint::save: the optimizer's parameter '" + p->fqn() +
+                            "' is not a parameter of the model");
+    const ShardedTensor& st = sd.at(it->second);
+    for (const std::string& s : opt->state_names()) {
+      auto v = views.find(p->fqn() + "." + s);
+      if (v == views.end()) continue;  // no state yet
+      if (v->second.shape() != st.layout.local_shape)
+        throw InvalidArgument("checkpoint::save: optimizer state '" + v->first + "' has shape " +
+                              shape_string(v->second.shape()) + ", the parameter's shard is " +
+                              shape_string(st.layout.local_shape));
+      Entry e;
+      e.info.name = it->second + "." + s;
+      e.info.param = it->second;
+      e.info.state = s;
+      e.info.dtype = v->second.dtype();
+      e.info.global_shape = p->shape();
+      e.info.placement = st.placement();
+      e.local = v->second;
+      e.layout = st.layout;
+      out.push_back(std::move(e));
+    }
+  }
+  return out;
+}
+
+// Host bytes of a tensor (a staging copy for device tensors).
+Tensor host_view(const Tensor& t) {
+  if (t.space() == MemorySpace::host || t.numel() == 0) return t;
+  Tensor h = Tensor::empty(t.shape(), t.dtype(), MemorySpace::host, "checkpoint.stage");
+  copy_bytes(h, t);
+  return h;
+}
+
+json shard_json(const std::string& name, const ShardInfo& s) {
+  return {{"tensor", name},     {"offset", s.offset},
+          {"length", s.length}, {"global_offset", s.global_offset},
+          {"shape", s.shape},   {"crc32c", s.crc32c}};
+}
+
+Index base_index(const std::vector<Entry>& entries, const DeviceMesh& mesh,
+                 const optim::Optimizer* opt, Kind kind, std::int64_t step, const json& metadata,
+                 const std::string& rng, std::uint64_t block) {
+  Index x;
+  x.kind = kind;
+  x.step = step;
+  x.block_bytes = block;
+  x.metadata = metadata;
+  x.rng_state = rng;
+  if (opt) {
+    x.has_optimizer = true;
+    x.optimizer_step = opt->steps();
+    x.optimizer_state_names = opt->state_names();
+  }
+  x.saved_by = {
+      {"world_size", mesh.size()}, {"mesh_shape", mesh.shape()}, {"mesh_names", mesh.names()}};
+  for (const Entry& e : entries)
+    x.tensors.push_back(e.info);
+  x.model_fingerprint = model_fingerprint(x);
+  return x;
+}
+
+// Rank 0 commits (index, renames, latest); every rank learns the result.
+std::string finish_save(const Comm& c, const detail::PendingStep& pending, Index& index,
+                        const detail::Fault& fault) {
+  std::string final_dir;
+  std::exception_ptr err;
+  if (c.rank == 0) {
+    err = attempt([&] { final_dir = detail::commit_step(pending, to_json(index).dump(1), fault); });
+    if (err) detail::abandon_step(pending);
+  }
+  agree(c, err, "checkpoint save");
+  bcast_string(c, final_dir, 0);
+  return final_dir;
+}
+
+// Rank 0 creates the temporary step directory; every rank learns it.
+detail::PendingStep start_save(const Comm& c, const std::string& dir, std::int64_t step) {
+  detail::PendingStep p;
+  std::exception_ptr err;
+  if (c.rank == 0) err = attempt([&] { p = detail::begin_step(dir, step); });
+  agree(c, err, "checkpoint save");
+  bcast_string(c, p.tmp, 0);
+  p.root = dir;
+  p.step = step;
+  return p;
+}
+
+// Agrees on `err`; on failure rank 0 removes the temporary directory first.
+void agree_or_abandon(const Comm& c, const std::exception_ptr& err, const detail::PendingStep& p) {
+  try {
+    agree(c, err, "checkpoint save");
+  } catch (...) {
+    if (c.rank == 0) detail::abandon_step(p);
+    throw;
+  }
+}
+
+std::string save_sharded(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>& entries,
+                         Index& index, const detail::PendingStep& pending,
+                         const detail::Fault& fault) {
+  // Every writer writes its shards into its own file.
+  std::string record;  // JSON: {"file", "bytes", "shards": [...]}, empty for non-writers
+  std::exception_ptr err = attempt([&] {
+    if (!is_writer(mesh)) return;
+    const int shard_rank = mesh.coordinates().back();
+    const std::string name = rank_file(shard_rank);
+    detail::DataFileWriter w(detail::join(pending.tmp, name), index.block_bytes, fault);
+    json shards = json::array();
+    for (const Entry& e : entries) {
+      if (e.info.placement.is_replicate() && mesh.rank() != 0) continue;  // one copy suffices
+      if (e.layout.local_numel() == 0) continue;
+      const Tensor h = host_view(e.local);
+      ShardInfo s;
+      s.global_offset = e.layout.global_offset;
+      s.shape = e.layout.local_shape;
+      w.append(h.data(), h.nbytes(), s);
+      shards.push_back(shard_json(e.info.name, s));
+    }
+    w.finish();
+    record = json{{"file", name}, {"bytes", w.bytes()}, {"shards", std::move(shards)}}.dump();
+  });
+  agree_or_abandon(c, err, pending);
+
+  // Rank 0 gathers the records and builds the index.
+  int len = static_cast<int>(record.size());
+  std::vector<int> lens(c.rank == 0 ? static_cast<std::size_t>(c.size) : 0);
+  check_mpi(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, c.get()), "MPI_Gather");
+  std::vector<int> displs(lens.size());
+  std::string all;
+  if (c.rank == 0) {
+    long long total = 0;
+    for (std::size_t r = 0; r < lens.size(); ++r) {
+      displs[r] = static_cast<int>(total);
+      total += lens[r];
+    }
+    all.resize(static_cast<std::size_t>(total));
+  }
+  check_mpi(MPI_Gatherv(record.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(),
+                        MPI_CHAR, 0, c.get()),
+            "MPI_Gatherv");
+  if (c.rank == 0) {
+    err = attempt([&] {
+      std::unordered_map<std::string, TensorInfo*> by_name;
+      for (TensorInfo& t : index.tensors)
+        by_name[t.name] = &t;
+      std::map<std::string, json> records;  // by file name: deterministic order
+      for (std::size_t r = 0; r < lens.size(); ++r)
+        if (lens[r] > 0) {
+          json j = json::parse(
+              all.substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>(lens[r])));
+          const std::string file = j["file"].get<std::string>();
+          records[file] = std::move(j);
+        }
+      for (auto& [name, j] : records) {
+        const std::size_t file = index.files.size();
+        index.files.push_back({name, j["bytes"].get<std::uint64_t>()});
+        for (const json& s : j["shards"]) {
+          auto it = by_name.find(s["tensor"].get<std::string>());
+          if (it == by_name.end())
+            throw InvalidArgument("checkpoint save: " + name + " holds tensor '" +
+                                  s["tensor"].get<std::string>() +
+                                  "', which rank 0 does not have (optimizer state differs "
+                                  "across ranks?)");
+          ShardInfo si;
+          si.file = file;
+          si.offset = s["offset"].get<std::uint64_t>();
+          si.length = s["length"].get<std::uint64_t>();
+          si.global_offset = s["global_offset"].get<std::vector<std::int64_t>>();
+          si.shape = s["shape"].get<Shape>();
+          si.crc32c = s["crc32c"].get<std::vector<std::uint32_t>>();
+          it->second->shards.push_back(std::move(si));
+        }
+      }
+      // What a loader will check, checked now: the shards tile every tensor.
+      index = index_from_json(to_json(index), detail::join(pending.tmp, "index.json"));
+    });
+    if (err) detail::abandon_step(pending);
+  }
+  agree(c, err, "checkpoint save");
+  return finish_save(c, pending, index, fault);
+}
+
+// Sends `n` bytes to `dest` in pieces MPI counts can express.
+void send_bytes(const void* data, std::uint64_t n, int dest, MPI_Comm comm) {
+  const auto* p = static_cast<const char*>(data);
+  for (std::uint64_t done = 0; done < n;) {
+    const int len = static_cast<int>(std::min<std::uint64_t>(n - done, std::uint64_t{1} << 30));
+    check_mpi(MPI_Send(p + done, len, MPI_BYTE, dest, 0, comm), "MPI_Send");
+    done += static_cast<std::uint64_t>(len);
+  }
+}
+
+void recv_bytes(void* data, std::uint64_t n, int src, MPI_Comm comm) {
+  auto* p = static_cast<char*>(data);
+  for (std::uint64_t done = 0; done < n;) {
+    const int len = static_cast<int>(std::min<std::uint64_t>(n - done, std::uint64_t{1} << 30));
+    check_mpi(MPI_Recv(p + done, len, MPI_BYTE, src, 0, comm, MPI_STATUS_IGNORE), "MPI_Recv");
+    done += static_cast<std::uint64_t>(len);
+  }
+}
+
+std::string save_full(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>& entries,
+                      Index& index, const detail::PendingStep& pending,
+                      const detail::Fault& fault) {
+  const std::string shard_dim = mesh.names().back();
+  // The shard group of replicate row 0 gathers each tensor to rank 0, which writes it.
+  std::unique_ptr<Comm> row;
+  std::exception_ptr err;
+  if (is_writer(mesh)) row = std::make_unique<Comm>(mesh.comm(shard_dim).handle());
+  std::unique_ptr<detail::DataFileWriter> w;
+  if (c.rank == 0)
+    err = attempt([&] {
+      w = std::make_unique<detail::DataFileWriter>(detail::join(pending.tmp, "model.bin"),
+                                                   index.block_bytes, fault);
+    });
+  std::vector<char> full, piece;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    TensorInfo& t = index.tensors[i];
+    const std::size_t es = dtype_size(t.dtype);
+    const bool replicated = e.info.placement.is_replicate();
+    if (!row) continue;
+    if (row->rank != 0) {
+      if (!replicated && e.layout.local_numel() > 0) {
+        const Tensor h = host_view(e.local);
+        send_bytes(h.data(), h.nbytes(), 0, row->get());
+      }
+      continue;
+    }
+    // Rank 0: assemble the full tensor, then append it (unless an error already happened).
+    const std::uint64_t bytes = t.bytes();
+    const char* src = nullptr;
+    Tensor whole;  // keeps a replicated tensor's host bytes alive
+    if (replicated) {
+      whole = host_view(e.local);
+      src = static_cast<const char*>(whole.data());
+    } else {
+      full.resize(static_cast<std::size_t>(bytes));
+      const std::vector<std::int64_t> zero(t.global_shape.size(), 0);
+      for (int q = 0; q < row->size; ++q) {
+        const ShardLayout l = shard_layout(t.global_shape, t.placement, row->size, q, t.name);
+        if (l.local_numel() == 0) continue;
+        const auto runs =
+            detail::box_runs(l.global_offset, l.local_shape, zero, t.global_shape, es);
+        const std::uint64_t n = static_cast<std::uint64_t>(l.local_numel()) * es;
+        if (q == 0) {
+          const Tensor h = host_view(e.local);
+          for (const auto& r : runs)
+            std::memcpy(full.data() + r.dst, static_cast<const char*>(h.data()) + r.src, r.len);
+        } else if (runs.size() == 1) {
+          recv_bytes(full.data() + runs[0].dst, n, q, row->get());
+        } else {
+          piece.resize(static_cast<std::size_t>(n));
+          recv_bytes(piece.data(), n, q, row->get());
+          for (const auto& r : runs)
+            std::memcpy(full.data() + r.dst, piece.data() + r.src, r.len);
+        }
+      }
+      src = full.data();
+    }
+    if (err || bytes == 0) continue;
+    err = attempt([&] {
+      ShardInfo s;
+      s.global_offset.assign(t.global_shape.size(), 0);
+      s.shape = t.global_shape;
+      w->append(src, bytes, s);
+      t.shards.push_back(std::move(s));
+    });
+  }
+  if (c.rank == 0 && !err)
+    err = attempt([&] {
+      w->finish();
+      index.files.push_back({"model.bin", w->bytes()});
+      index = index_from_json(to_json(index), detail::join(pending.tmp, "index.json"));
+    });
+  agree_or_abandon(c, err, pending);
+  return finish_save(c, pending, index, fault);
+}
+
+}  // namespace
+
+std::string save(const std::string& dir, graph::Module& model, const optim::Optimizer* optimizer,
+                 std::int64_t step, const json& metadata, const std::string& rng_state,
+                 const SaveOptions& options) {
+  const DeviceMesh& mesh = model_mesh(model, "checkpoint::save");
+  Comm c(mesh.world_comm().handle());
+  std::vector<Entry> entries;
+  Index index;
+  detail::Fault fault;
+  std::exception_ptr err = attempt([&] {
+    if (options.block_bytes == 0)
+      throw InvalidArgument("checkpoint::save: block_bytes must be > 0");
+    if (step < 0)
+      throw InvalidArgument("checkpoint::save: step must be >= 0, got " + std::to_string(step));
+    fault = detail::Fault::from_environment();
+    entries = collect(model, optimizer);
+    index = base_index(entries, mesh, optimizer, options.kind, step, metadata, rng_state,
+                       options.block_bytes);
+    (void)index.metadata.dump();  // invalid UTF-8 in the metadata fails here, on every rank
+  });
+  agree(c, err, "checkpoint save");
+  const detail::PendingStep pending = start_save(c, dir, step);
+  if (options.kind == Kind::full) return save_full(c, mesh, entries, index, pending, fault);
+  return save_sharded(c, mesh, entries, index, pending, fault);
+}
+
+// ---- load -------------------------------------------------------------------------------------
+
+namespace {
+
+// In-place loads write the sharded storage directly: every group must be sharded (as
+// load_sharded_state_dict requires) and every tensor in host memory.
+void check_loadable_in_place(graph::Module& model) {
+  for (graph::Module* m : model.modules_preorder())
+    if (fsdp::FSDPModule* st = fsdp::fsdp_state(*m)) {
+      const auto& g = *st->group();
+      if (g.state() != fsdp::detail::ShardedState::sharded || g.gather_in_flight())
+        throw InvalidArgument("checkpoint::load: group " + g.name() +
+                              " is unsharded or being gathered; call reshard() before loading");
+    }
+  for (graph::Parameter* p : model.parameters())
+    if (p->data().space() != MemorySpace::host)
+      throw InvalidArgument("checkpoint::load: in_place needs host parameters; '" + p->fqn() +
+                            "' is in device memory");
+}
+
+std::string fingerprint_note(const Index& index, const std::string& mine) {
+  if (index.model_fingerprint == mine) return "";
+  return " (model fingerprint " + index.model_fingerprint + ", this model's is " + mine +
+         ": saved from another model?)";
+}
+
+}  // namespace
+
+Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* optimizer,
+            const LoadOptions& options) {
+  const DeviceMesh& mesh = model_mesh(model, "checkpoint::load");
+  Comm c(mesh.world_comm().handle());
+
+  // Rank 0 finds the step directory and reads the index; every rank gets its text.
+  std::string step_dir, text;
+  std::exception_ptr err;
+  if (c.rank == 0)
+    err = attempt([&] {
+      step_dir = resolve_step_dir(dir);
+      text = detail::read_text(detail::join(step_dir, "index.json"));
+    });
+  agree(c, err, "checkpoint load");
+  bcast_string(c, step_dir, 0);
+  bcast_string(c, text, 0);
+
+  // Every rank checks the index against the model and stages its shards.
+  Loaded out;
+  std::map<std::string, ShardedTensor> params;
+  std::map<std::string, Tensor> opt_state;
+  err = attempt([&] {
+    const std::string where = detail::join(step_dir, "index.json");
+    Index index = parse_index(text, where);
+    const std::string what = "checkpoint " + where;
+    const auto sd = fsdp::sharded_state_dict(model);
+    std::map<std::string, std::pair<DType, Shape>> model_params;
+    std::unordered_map<const graph::Parameter*, std::string> names;
+    for (graph::Parameter* p : model.parameters()) {
+      names[p] = relative_name(model, *p);
+      model_params[names[p]] = {p->dtype(), p->shape()};
+    }
+    const std::string mine = model_fingerprint(model_params);
+    const std::string note = fingerprint_note(index, mine);
+    std::unordered_map<std::string, const TensorInfo*> by_name;
+    for (const TensorInfo& t : index.tensors)
+      by_name[t.name] = &t;
+    for (const auto& [name, ds] : model_params) {
+      auto it = by_name.find(name);
+      if (it == by_name.end())
+        throw InvalidArgument(what + ": the model's parameter '" + name + "' is missing" + note);
+      const TensorInfo& t = *it->second;
+      if (t.global_shape != ds.second)
+        throw InvalidArgument(what + ": tensor '" + name + "' has shape " +
+                              shape_string(t.global_shape) + ", the model's parameter is " +
+                              shape_string(ds.second) + note);
+      if (t.dtype != ds.first)
+        throw InvalidArgument(what + ": tensor '" + name + "' is " + dtype_name(t.dtype) +
+                              ", the model's parameter is " + dtype_name(ds.first) + note);
+    }
+    for (const TensorInfo& t : index.tensors)
+      if (t.is_param() && !model_params.count(t.name))
+        throw InvalidArgument(what + ": unexpected parameter '" + t.name +
+                              "': the model has no such parameter" + note);
+    if (!note.empty()) throw InvalidArgument(what + note);
+
+    // Optimizer checks: which states exist for which parameter.
+    std::vector<std::pair<const graph::Parameter*, std::string>> opt_params;
+    if (optimizer) {
+      if (!index.has_optimizer)
+        throw InvalidArgument(what +
+                              " holds no optimizer state (saved without an optimizer); "
+                              "load it with optimizer = nullptr");
+      const auto want = optimizer->state_names();
+      if (want != index.optimizer_state_names) {
+        auto list = [](const std::vector<std::string>& v) {
+          std::string s;
+          for (const auto& x : v)
+            s += (s.empty() ? "" : ", ") + x;
+          return "[" + s + "]";
+        };
+        throw InvalidArgument(what + ": optimizer state names " +
+                              list(index.optimizer_state_names) + " differ from this optimizer's " +
+                              list(want) + " (another optimizer class?)");
+      }
+      std::unordered_map<std::string, int> held;
+      for (const graph::Parameter* p : optimizer->params()) {
+        auto it = names.find(p);
+        if (it == names.end())
+          throw InvalidArgument("checkpoint::load: the optimizer's parameter '" + p->fqn() +
+                                "' is not a parameter of the model");
+        held[it->second] = 1;
+        opt_params.emplace_back(p, it->second);
+      }
+      for (const TensorInfo& t : index.tensors) {
+        if (t.is_param()) continue;
+        if (!held.count(t.param))
+          throw InvalidArgument(what + ": optimizer state '" + t.name +
+                                "' belongs to a parameter this optimizer does not hold");
+        if (t.dtype != DType::f32 || t.global_shape != model_params.at(t.param).second)
+          throw InvalidArgument(what + ": optimizer state '" + t.name + "' is " +
+                                dtype_name(t.dtype) + " " + shape_string(t.global_shape) +
+                                ", expected f32 " + shape_string(model_params.at(t.param).second));
+      }
+    }
+
+    // Read and verify this rank's shards into staging tensors.
+    Reader reader(step_dir, index);
+    auto stage = [&](const TensorInfo& t, const ShardLayout& l) {
+      Tensor s = Tensor::empty(l.local_shape, t.dtype, MemorySpace::host, "checkpoint.load");
+      reader.read_box(t, l.global_offset, l.local_shape, s.data());
+      return s;
+    };
+    if (options.in_place) {
+      check_loadable_in_place(model);
+      for (const auto& [name, st] : sd)
+        reader.read_box(*by_name.at(name), st.layout.global_offset, st.layout.local_shape,
+                        st.local.data());
+    } else {
+      for (const auto& [name, st] : sd)
+        params[name] = ShardedTensor{stage(*by_name.at(name), st.layout), st.layout};
+    }
+    for (const auto& [p, name] : opt_params) {
+      std::size_t present = 0;
+      for (const std::string& s : index.optimizer_state_names)
+        present += by_name.count(name + "." + s);
+      if (present == 0) continue;  // no state for it (torch semantics)
+      for (const std::string& s : index.optimizer_state_names) {
+        auto it = by_name.find(name + "." + s);
+        if (it == by_name.end())
+          throw InvalidArgument(what + ": optimizer state '" + name + "." + s +
+                                "' is missing (the parameter has its other states)");
+        opt_state[p->fqn() + "." + s] = stage(*it->second, sd.at(name).layout);
+      }
+    }
+    if (optimizer) {
+      Tensor step = Tensor::zeros({1}, DType::f64);
+      step.set(0, static_cast<double>(index.optimizer_step));
+      opt_state["step"] = step;
+    }
+    out.step = index.step;
+    out.metadata = index.metadata;
+    out.rng_state = index.rng_state;
+    out.step_dir = step_dir;
+    out.kind = index.kind;
+    out.bytes_read = reader.bytes_read();
+  });
+  agree(c, err, "checkpoint load");
+
+  // Everything is read and verified on every rank: load (both functions check before writing).
+  err = attempt([&] {
+    if (!options.in_place) fsdp::load_sharded_state_dict(model, params);
+    params.clear();
+    if (optimizer) optimizer->load_state_dict(opt_state);
+  });
+  agree(c, err, "checkpoint load");
+  return out;
+}
+
+}  // namespace fullshard::checkpoint

@@ -1,0 +1,606 @@
+#include "fullshard/checkpoint/format.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <set>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/checkpoint/checksum.hpp"
+#include "lib/checkpoint/io.hpp"
+
+namespace fullshard::checkpoint {
+
+using nlohmann::json;
+
+const char* kind_name(Kind k) noexcept {
+  return k == Kind::full ? "full" : "sharded";
+}
+
+const TensorInfo* Index::find(const std::string& name) const noexcept {
+  for (const TensorInfo& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+// ---- Fingerprint ------------------------------------------------------------------------------
+
+std::string model_fingerprint(const std::map<std::string, std::pair<DType, Shape>>& params) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (const auto& [fqn, ds] : params) {
+    const std::string line =
+        fqn + " " + dtype_name(ds.first) + " " + shape_string(ds.second) + "\n";
+    for (unsigned char c : line) {
+      h ^= c;
+      h *= 1099511628211ull;
+    }
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+std::string model_fingerprint(const Index& index) {
+  std::map<std::string, std::pair<DType, Shape>> params;
+  for (const TensorInfo& t : index.tensors)
+    if (t.is_param()) params[t.name] = {t.dtype, t.global_shape};
+  return model_fingerprint(params);
+}
+
+// ---- JSON -------------------------------------------------------------------------------------
+
+namespace {
+
+std::string placement_name(Placement p) {
+  return p.to_string();
+}
+
+json shape_json(const std::vector<std::int64_t>& v) {
+  json a = json::array();
+  for (auto x : v)
+    a.push_back(x);
+  return a;
+}
+
+// Errors while reading an index name the file and, when known, the tensor.
+struct Where {
+  const std::string& file;
+  std::string tensor;
+
+  [[noreturn]] void fail(const std::string& msg) const {
+    throw InvalidArgument("checkpoint index " + file +
+                          (tensor.empty() ? "" : ": tensor '" + tensor + "'") + ": " + msg);
+  }
+  const json& member(const json& j, const char* key) const {
+    if (!j.is_object()) fail("expected an object holding '" + std::string(key) + "'");
+    auto it = j.find(key);
+    if (it == j.end()) fail("missing key '" + std::string(key) + "'");
+    return *it;
+  }
+  std::int64_t integer(const json& j, const char* key, std::int64_t min) const {
+    const json& v = member(j, key);
+    if (!v.is_number_integer() || v.get<std::int64_t>() < min)
+      fail("'" + std::string(key) + "' must be an integer >= " + std::to_string(min) + ", got " +
+           v.dump());
+    return v.get<std::int64_t>();
+  }
+  std::uint64_t unsigned_int(const json& j, const char* key) const {
+    const json& v = member(j, key);
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0))
+      fail("'" + std::string(key) + "' must be a non-negative integer, got " + v.dump());
+    return v.get<std::uint64_t>();
+  }
+  std::string string(const json& j, const char* key) const {
+    const json& v = member(j, key);
+    if (!v.is_string()) fail("'" + std::string(key) + "' must be a string, got " + v.dump());
+    return v.get<std::string>();
+  }
+  std::vector<std::int64_t> dims(const json& j, const char* key) const {
+    const json& v = member(j, key);
+    if (!v.is_array()) fail("'" + std::string(key) + "' must be an array of integers");
+    std::vector<std::int64_t> out;
+    for (const json& x : v) {
+      if (!x.is_number_integer() || x.get<std::int64_t>() < 0)
+        fail("'" + std::string(key) + "' must hold non-negative integers, got " + v.dump());
+      out.push_back(x.get<std::int64_t>());
+    }
+    return out;
+  }
+};
+
+Placement parse_placement(const std::string& s, const Where& w) {
+  if (s == "Replicate()") return Placement::Replicate();
+  int d = -1;
+  if (s.size() > 7 && s.compare(0, 6, "Shard(") == 0 && s.back() == ')') {
+    std::size_t used = 0;
+    try {
+      d = std::stoi(s.substr(6, s.size() - 7), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == s.size() - 7 && d >= 0) return Placement::Shard(d);
+  }
+  w.fail("unknown placement '" + s + "' (expected Shard(d) or Replicate())");
+}
+
+DType parse_dtype_in(const std::string& s, const Where& w) {
+  for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16})
+    if (s == dtype_name(t)) return t;
+  w.fail("unknown dtype '" + s + "'");
+}
+
+bool boxes_overlap(const ShardInfo& a, const ShardInfo& b) {
+  for (std::size_t d = 0; d < a.shape.size(); ++d)
+    if (a.global_offset[d] + a.shape[d] <= b.global_offset[d] ||
+        b.global_offset[d] + b.shape[d] <= a.global_offset[d])
+      return false;
+  return true;
+}
+
+// The shards of t must tile its global shape: inside it, disjoint, numels adding up.
+void check_tiling(const TensorInfo& t, const Where& w) {
+  std::vector<const ShardInfo*> live;
+  std::int64_t total = 0;
+  const std::int64_t want = numel(t.global_shape);
+  for (const ShardInfo& s : t.shards) {
+    const std::int64_t n = numel(s.shape);
+    if (n == 0) continue;
+    total += n;
+    if (total > want) break;
+    live.push_back(&s);
+  }
+  if (total != want)
+    w.fail("its shards hold " + std::to_string(total) + " elements, the global shape " +
+           shape_string(t.global_shape) + " has " + std::to_string(want));
+  // Slabs along one dim (what fullshard writes): sort along it and compare neighbours.
+  const std::size_t nd = t.global_shape.size();
+  int slab_dim = -1;
+  for (std::size_t d = 0; d < nd && slab_dim < 0; ++d) {
+    bool ok = true;
+    for (const ShardInfo* s : live)
+      for (std::size_t e = 0; e < nd && ok; ++e)
+        if (e != d && s->shape[e] != t.global_shape[e]) ok = false;
+    if (ok) slab_dim = static_cast<int>(d);
+  }
+  if (slab_dim >= 0) {
+    std::sort(live.begin(), live.end(), [&](const ShardInfo* a, const ShardInfo* b) {
+      return a->global_offset[static_cast<std::size_t>(slab_dim)] <
+             b->global_offset[static_cast<std::size_t>(slab_dim)];
+    });
+    for (std::size_t i = 1; i < live.size(); ++i)
+      if (boxes_overlap(*live[i - 1], *live[i])) w.fail("two of its shards overlap");
+    return;
+  }
+  for (std::size_t i = 0; i < live.size(); ++i)
+    for (std::size_t j = i + 1; j < live.size(); ++j)
+      if (boxes_overlap(*live[i], *live[j])) w.fail("two of its shards overlap");
+}
+
+}  // namespace
+
+json to_json(const Index& index) {
+  json j;
+  j["format"] = "fullshard-checkpoint";
+  j["format_version"] = index.format_version;
+  j["kind"] = kind_name(index.kind);
+  j["step"] = index.step;
+  j["model_fingerprint"] = index.model_fingerprint;
+  j["checksum"] = "crc32c";
+  j["block_bytes"] = index.block_bytes;
+  j["metadata"] = index.metadata;
+  j["rng_state"] = detail::hex_encode(index.rng_state);
+  if (index.has_optimizer)
+    j["optimizer"] = {{"step", index.optimizer_step}, {"state_names", index.optimizer_state_names}};
+  else
+    j["optimizer"] = nullptr;
+  j["saved_by"] = index.saved_by;
+  json files = json::array();
+  for (const FileInfo& f : index.files)
+    files.push_back({{"name", f.name}, {"bytes", f.bytes}});
+  j["files"] = std::move(files);
+  json tensors = json::array();
+  for (const TensorInfo& t : index.tensors) {
+    json shards = json::array();
+    for (const ShardInfo& s : t.shards)
+      shards.push_back({{"file", s.file},
+                        {"offset", s.offset},
+                        {"length", s.length},
+                        {"global_offset", shape_json(s.global_offset)},
+                        {"shape", shape_json(s.shape)},
+                        {"crc32c", s.crc32c}});
+    tensors.push_back({{"name", t.name},
+                       {"param", t.param},
+                       {"state", t.state},
+                       {"dtype", dtype_name(t.dtype)},
+                       {"global_shape", shape_json(t.global_shape)},
+                       {"placement", placement_name(t.placement)},
+                       {"shards", std::move(shards)}});
+  }
+  j["tensors"] = std::move(tensors);
+  return j;
+}
+
+Index index_from_json(const json& j, const std::string& where) {
+  Where w{where, ""};
+  if (!j.is_object()) w.fail("not a JSON object");
+  if (!j.contains("format") || !j["format"].is_string() || j["format"] != "fullshard-checkpoint")
+    w.fail("not a fullshard checkpoint index (\"format\" is not \"fullshard-checkpoint\")");
+  Index x;
+  x.format_version = static_cast<int>(w.integer(j, "format_version", 0));
+  if (x.format_version != kFormatVersion)
+    w.fail("unknown format version " + std::to_string(x.format_version) +
+           " (this build reads version " + std::to_string(kFormatVersion) + ")");
+  const std::string kind = w.string(j, "kind");
+  if (kind == "sharded")
+    x.kind = Kind::sharded;
+  else if (kind == "full")
+    x.kind = Kind::full;
+  else
+    w.fail("unknown kind '" + kind + "' (expected sharded or full)");
+  x.step = w.integer(j, "step", 0);
+  x.model_fingerprint = w.string(j, "model_fingerprint");
+  if (w.string(j, "checksum") != "crc32c") w.fail("unknown checksum (expected crc32c)");
+  x.block_bytes = w.unsigned_int(j, "block_bytes");
+  if (x.block_bytes == 0) w.fail("'block_bytes' must be > 0");
+  x.metadata = w.member(j, "metadata");
+  x.rng_state =
+      detail::hex_decode(w.string(j, "rng_state"), "checkpoint index " + where + ": rng_state");
+  const json& opt = w.member(j, "optimizer");
+  if (!opt.is_null()) {
+    x.has_optimizer = true;
+    x.optimizer_step = w.integer(opt, "step", 0);
+    const json& names = w.member(opt, "state_names");
+    if (!names.is_array()) w.fail("'optimizer.state_names' must be an array of strings");
+    for (const json& n : names) {
+      if (!n.is_string() || n.get<std::string>().empty())
+        w.fail("'optimizer.state_names' must hold non-empty strings");
+      x.optimizer_state_names.push_back(n.get<std::string>());
+    }
+  }
+  if (j.contains("saved_by")) x.saved_by = j["saved_by"];
+
+  const json& files = w.member(j, "files");
+  if (!files.is_array()) w.fail("'files' must be an array");
+  std::set<std::string> file_names;
+  for (const json& f : files) {
+    FileInfo fi{w.string(f, "name"), w.unsigned_int(f, "bytes")};
+    if (fi.name.empty() || fi.name == "." || fi.name == ".." ||
+        fi.name.find('/') != std::string::npos || fi.name.find('\0') != std::string::npos)
+      w.fail("file name '" + fi.name + "' is not a plain file name");
+    if (!file_names.insert(fi.name).second) w.fail("file '" + fi.name + "' is listed twice");
+    x.files.push_back(std::move(fi));
+  }
+
+  const json& tensors = w.member(j, "tensors");
+  if (!tensors.is_array()) w.fail("'tensors' must be an array");
+  std::set<std::string> names;
+  std::set<std::string> state_names(x.optimizer_state_names.begin(), x.optimizer_state_names.end());
+  for (const json& tj : tensors) {
+    TensorInfo t;
+    t.name = w.string(tj, "name");
+    Where tw{where, t.name};
+    if (t.name.empty()) w.fail("a tensor has an empty name");
+    if (!names.insert(t.name).second) tw.fail("listed twice");
+    t.param = tw.string(tj, "param");
+    t.state = tw.string(tj, "state");
+    if (t.state.empty() ? t.param != t.name : t.param + "." + t.state != t.name)
+      tw.fail("'param' and 'state' do not match the name");
+    if (!t.state.empty() && !state_names.count(t.state))
+      tw.fail("optimizer state '" + t.state + "' is not among optimizer.state_names");
+    t.dtype = parse_dtype_in(tw.string(tj, "dtype"), tw);
+    t.global_shape = tw.dims(tj, "global_shape");
+    if (t.global_shape.empty()) tw.fail("'global_shape' must have at least one dim");
+    t.placement = parse_placement(tw.string(tj, "placement"), tw);
+    if (t.placement.is_shard() &&
+        static_cast<std::size_t>(t.placement.dim()) >= t.global_shape.size())
+      tw.fail("placement " + t.placement.to_string() + " names a dim it does not have");
+    const json& shards = tw.member(tj, "shards");
+    if (!shards.is_array()) tw.fail("'shards' must be an array");
+    const std::size_t nd = t.global_shape.size();
+    const std::size_t es = dtype_size(t.dtype);
+    for (const json& sj : shards) {
+      ShardInfo s;
+      const std::uint64_t file = tw.unsigned_int(sj, "file");
+      if (file >= x.files.size())
+        tw.fail("a shard names file #" + std::to_string(file) + " of " +
+                std::to_string(x.files.size()));
+      s.file = static_cast<std::size_t>(file);
+      s.offset = tw.unsigned_int(sj, "offset");
+      s.length = tw.unsigned_int(sj, "length");
+      s.global_offset = tw.dims(sj, "global_offset");
+      s.shape = tw.dims(sj, "shape");
+      if (s.global_offset.size() != nd || s.shape.size() != nd)
+        tw.fail("a shard's global_offset/shape do not have " + std::to_string(nd) + " dims");
+      for (std::size_t d = 0; d < nd; ++d)
+        if (s.global_offset[d] + s.shape[d] > t.global_shape[d])
+          tw.fail("shard at " + shape_string(s.global_offset) + " of shape " +
+                  shape_string(s.shape) + " lies outside the global shape " +
+                  shape_string(t.global_shape));
+      if (s.length != static_cast<std::uint64_t>(numel(s.shape)) * es)
+        tw.fail("a shard of shape " + shape_string(s.shape) + " has length " +
+                std::to_string(s.length) + ", expected " +
+                std::to_string(static_cast<std::uint64_t>(numel(s.shape)) * es));
+      const FileInfo& fi = x.files[s.file];
+      if (s.offset > fi.bytes || s.length > fi.bytes - s.offset)
+        tw.fail("a shard at bytes [" + std::to_string(s.offset) + ", " +
+                std::to_string(s.offset + s.length) + ") lies beyond the end of file '" + fi.name +
+                "' (" + std::to_string(fi.bytes) + " bytes)");
+      const json& crcs = tw.member(sj, "crc32c");
+      if (!crcs.is_array()) tw.fail("'crc32c' must be an array");
+      for (const json& c : crcs) {
+        if (!c.is_number_unsigned() || c.get<std::uint64_t>() > 0xffffffffull)
+          tw.fail("'crc32c' must hold 32-bit unsigned integers");
+        s.crc32c.push_back(static_cast<std::uint32_t>(c.get<std::uint64_t>()));
+      }
+      const std::uint64_t blocks = (s.length + x.block_bytes - 1) / x.block_bytes;
+      if (s.crc32c.size() != blocks)
+        tw.fail("a shard of " + std::to_string(s.length) + " bytes has " +
+                std::to_string(s.crc32c.size()) + " checksums, expected " + std::to_string(blocks) +
+                " (one per " + std::to_string(x.block_bytes) + "-byte block)");
+      t.shards.push_back(std::move(s));
+    }
+    check_tiling(t, tw);
+    x.tensors.push_back(std::move(t));
+  }
+  for (const TensorInfo& t : x.tensors)
+    if (!t.is_param() && !names.count(t.param))
+      Where{where, t.name}.fail("its parameter '" + t.param + "' is not in the checkpoint");
+  return x;
+}
+
+Index parse_index(const std::string& text, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw InvalidArgument("checkpoint index " + where + ": invalid JSON at byte " +
+                          std::to_string(e.byte) + " (truncated or corrupt?)");
+  }
+  return index_from_json(j, where);
+}
+
+std::string resolve_step_dir(const std::string& path) {
+  if (detail::exists(detail::join(path, "index.json"))) return path;
+  const std::string latest = detail::join(path, "latest");
+  if (detail::exists(latest)) {
+    std::string name = detail::read_text(latest);
+    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
+      name.pop_back();
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+      throw InvalidArgument("checkpoint " + latest + " does not name a step directory ('" + name +
+                            "')");
+    const std::string dir = detail::join(path, name);
+    if (!detail::exists(detail::join(dir, "index.json")))
+      throw InvalidArgument("checkpoint " + latest + " names '" + name +
+                            "', which has no index.json");
+    return dir;
+  }
+  if (!detail::exists(path))
+    throw InvalidArgument("checkpoint directory '" + path + "' does not exist");
+  throw InvalidArgument("'" + path + "' is not a checkpoint: it has no index.json and no 'latest'");
+}
+
+// ---- Reader -----------------------------------------------------------------------------------
+
+struct Reader::Files {
+  std::vector<detail::File> open;
+  std::vector<char> checked;
+  std::vector<char> scratch;
+};
+
+Reader::Reader(const std::string& path) : dir_(resolve_step_dir(path)) {
+  const std::string where = index_path();
+  index_ = parse_index(detail::read_text(where), where);
+  files_ = std::make_unique<Files>();
+}
+
+Reader::Reader(std::string step_dir, Index index)
+    : dir_(std::move(step_dir)), index_(std::move(index)), files_(std::make_unique<Files>()) {}
+
+Reader::~Reader() = default;
+Reader::Reader(Reader&&) noexcept = default;
+Reader& Reader::operator=(Reader&&) noexcept = default;
+
+std::string Reader::index_path() const {
+  return detail::join(dir_, "index.json");
+}
+
+const TensorInfo& Reader::tensor(const std::string& name) const {
+  if (const TensorInfo* t = index_.find(name)) return *t;
+  throw InvalidArgument("checkpoint index " + index_path() + " has no tensor '" + name + "'");
+}
+
+namespace {
+
+struct ShardReader {
+  const Index& index;
+  const std::string& dir;
+  const TensorInfo& t;
+  std::size_t s;
+  const detail::File& file;
+  std::uint64_t& bytes_read;
+
+  const ShardInfo& shard() const { return t.shards[s]; }
+
+  // Reads shard bytes [a, b) into dst; a short read means the file shrank.
+  void read(char* dst, std::uint64_t a, std::uint64_t b) const {
+    const std::uint64_t got = file.pread_all(dst, b - a, shard().offset + a);
+    bytes_read += got;
+    if (got != b - a)
+      throw InvalidArgument("checkpoint file " + file.path() + " is truncated: tensor '" + t.name +
+                            "' needs bytes [" + std::to_string(shard().offset + a) + ", " +
+                            std::to_string(shard().offset + b) + ")");
+  }
+
+  // Checks the blocks of shard bytes [a, b) held at data; a is block-aligned, b is aligned or
+  // the shard's end.
+  void verify(const char* data, std::uint64_t a, std::uint64_t b) const {
+    const std::uint64_t B = index.block_bytes;
+    for (std::uint64_t pos = a; pos < b; pos += B) {
+      const std::uint64_t len = std::min(B, shard().length - pos);
+      const std::uint32_t got = crc32c(data + (pos - a), static_cast<std::size_t>(len));
+      const std::uint32_t want = shard().crc32c[static_cast<std::size_t>(pos / B)];
+      if (got != want) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "crc32c 0x%08x, the index says 0x%08x", got, want);
+        throw InvalidArgument("checkpoint file " + file.path() + ": checksum mismatch in tensor '" +
+                              t.name + "' (shard " + std::to_string(s) + ", block " +
+                              std::to_string(pos / B) + " at file bytes [" +
+                              std::to_string(shard().offset + pos) + ", " +
+                              std::to_string(shard().offset + pos + len) + ")): " + buf);
+      }
+    }
+  }
+};
+
+// Bytes read (and then verified) per pread: big enough to amortise the call, small enough to be
+// checksummed from cache. Reads are sequential, so the kernel's readahead fetches the next
+// window while this one is checksummed (an explicit POSIX_FADV_WILLNEED measured slower).
+constexpr std::uint64_t kWindowBytes = std::uint64_t{4} << 20;
+
+}  // namespace
+
+void Reader::read_box(const TensorInfo& t, const std::vector<std::int64_t>& offset,
+                      const Shape& shape, void* dst) {
+  const std::size_t nd = t.global_shape.size();
+  bool inside = offset.size() == nd && shape.size() == nd;
+  for (std::size_t d = 0; inside && d < nd; ++d)
+    inside = offset[d] >= 0 && shape[d] >= 0 && offset[d] + shape[d] <= t.global_shape[d];
+  if (!inside)
+    throw InvalidArgument("checkpoint: box at " + shape_string(offset) + " of shape " +
+                          shape_string(shape) + " is not inside tensor '" + t.name + "' of shape " +
+                          shape_string(t.global_shape));
+  if (numel(shape) == 0) return;
+  auto* out = static_cast<char*>(dst);
+  const std::size_t es = dtype_size(t.dtype);
+  const std::uint64_t B = index_.block_bytes;
+  for (std::size_t s = 0; s < t.shards.size(); ++s) {
+    const ShardInfo& sh = t.shards[s];
+    const std::vector<detail::Run> runs =
+        detail::box_runs(sh.global_offset, sh.shape, offset, shape, es);
+    if (runs.empty()) continue;
+    const ShardReader rd{index_, dir_, t, s, open_file(sh.file, t), bytes_read_};
+    const std::uint64_t lo = runs.front().src;
+    const std::uint64_t hi = runs.back().src + runs.back().len;
+    const std::uint64_t blo = lo / B * B;
+    const std::uint64_t bhi = std::min(sh.length, (hi + B - 1) / B * B);
+    const std::uint64_t window = std::max(B, kWindowBytes / B * B);
+    if (runs.size() == 1 && lo == blo && hi == bhi) {  // whole blocks: straight into dst
+      char* p = out + runs.front().dst;
+      for (std::uint64_t w = blo; w < bhi; w += window) {
+        const std::uint64_t n = std::min(window, bhi - w);
+        rd.read(p + (w - blo), w, w + n);
+        rd.verify(p + (w - blo), w, w + n);
+      }
+      continue;
+    }
+    std::vector<char>& scratch = files_->scratch;
+    scratch.resize(static_cast<std::size_t>(std::min(window, bhi - blo)));
+    std::size_t first = 0;  // runs before it are done
+    for (std::uint64_t w = blo; w < bhi; w += window) {
+      const std::uint64_t n = std::min(window, bhi - w);
+      rd.read(scratch.data(), w, w + n);
+      rd.verify(scratch.data(), w, w + n);
+      for (std::size_t i = first; i < runs.size() && runs[i].src < w + n; ++i) {
+        const std::uint64_t a = std::max(runs[i].src, w);
+        const std::uint64_t b = std::min(runs[i].src + runs[i].len, w + n);
+        if (a < b)
+          std::memcpy(out + runs[i].dst + (a - runs[i].src), scratch.data() + (a - w), b - a);
+        if (runs[i].src + runs[i].len <= w + n) first = i + 1;
+      }
+    }
+  }
+}
+
+void Reader::read_full(const TensorInfo& t, void* dst) {
+  read_box(t, std::vector<std::int64_t>(t.global_shape.size(), 0), t.global_shape, dst);
+}
+
+void Reader::verify_shard(const TensorInfo& t, std::size_t s) {
+  const ShardInfo& sh = t.shards.at(s);
+  const ShardReader rd{index_, dir_, t, s, open_file(sh.file, t), bytes_read_};
+  const std::uint64_t B = index_.block_bytes;
+  const std::uint64_t window = std::max(B, kWindowBytes / B * B);
+  std::vector<char>& scratch = files_->scratch;
+  scratch.resize(static_cast<std::size_t>(std::min(window, sh.length)));
+  for (std::uint64_t w = 0; w < sh.length; w += window) {
+    const std::uint64_t n = std::min(window, sh.length - w);
+    rd.read(scratch.data(), w, w + n);
+    rd.verify(scratch.data(), w, w + n);
+  }
+}
+
+const detail::File& Reader::open_file(std::size_t i, const TensorInfo& t) {
+  if (files_->open.size() != index_.files.size()) {
+    files_->open.resize(index_.files.size());
+    files_->checked.assign(index_.files.size(), 0);
+  }
+  if (!files_->checked[i]) {
+    const std::string path = detail::join(dir_, index_.files[i].name);
+    detail::File f = detail::File::open_read(path);
+    if (!f.valid())
+      throw InvalidArgument("checkpoint file " + path + " is missing (needed for tensor '" +
+                            t.name + "')");
+    const std::uint64_t size = f.size();
+    const std::uint64_t want = index_.files[i].bytes;
+    if (size != want)
+      throw InvalidArgument("checkpoint file " + path + " is " +
+                            (size < want ? "truncated" : "longer than the index says") + ": " +
+                            std::to_string(size) + " bytes, the index says " +
+                            std::to_string(want) + " (reading tensor '" + t.name + "')");
+    files_->open[i] = std::move(f);
+    files_->checked[i] = 1;
+  }
+  return files_->open[i];
+}
+
+// ---- verify -----------------------------------------------------------------------------------
+
+std::vector<VerifyIssue> verify(const std::string& path) {
+  std::vector<VerifyIssue> issues;
+  std::string dir;
+  Index index;
+  try {
+    dir = resolve_step_dir(path);
+    const std::string where = detail::join(dir, "index.json");
+    index = parse_index(detail::read_text(where), where);
+  } catch (const Error& e) {
+    issues.push_back({dir.empty() ? path : detail::join(dir, "index.json"), "", e.what()});
+    return issues;
+  }
+  Reader reader(dir, index);
+  std::vector<char> bad(index.files.size(), 0);
+  for (std::size_t i = 0; i < index.files.size(); ++i) {
+    std::string user;  // a tensor stored in the file, for the message
+    for (const TensorInfo& t : index.tensors)
+      for (const ShardInfo& s : t.shards)
+        if (user.empty() && s.file == i && s.length > 0) user = t.name;
+    const std::string fpath = detail::join(dir, index.files[i].name);
+    const detail::File f = detail::File::open_read(fpath);
+    std::string problem;
+    if (!f.valid()) {
+      problem = "checkpoint file " + fpath + " is missing";
+    } else if (f.size() != index.files[i].bytes) {
+      problem = "checkpoint file " + fpath + " has " + std::to_string(f.size()) +
+                " bytes, the index says " + std::to_string(index.files[i].bytes) +
+                (f.size() < index.files[i].bytes ? " (truncated)" : "");
+    }
+    if (problem.empty()) continue;
+    bad[i] = 1;
+    issues.push_back(
+        {fpath, user, problem + (user.empty() ? "" : " (holds tensor '" + user + "')")});
+  }
+  for (const TensorInfo& t : index.tensors)
+    for (std::size_t s = 0; s < t.shards.size(); ++s) {
+      if (bad[t.shards[s].file] || t.shards[s].length == 0) continue;
+      try {
+        reader.verify_shard(t, s);
+      } catch (const Error& e) {
+        issues.push_back({detail::join(dir, index.files[t.shards[s].file].name), t.name, e.what()});
+      }
+    }
+  return issues;
+}
+
+}  // namespace fullshard::checkpoint

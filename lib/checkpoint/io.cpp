@@ -1,0 +1,381 @@
+#include "lib/checkpoint/io.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/checkpoint/checksum.hpp"
+#include "fullshard/runtime/settings.hpp"
+
+namespace fullshard::checkpoint::detail {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+[[noreturn]] void io_error(const std::string& what, const std::string& path, int err) {
+  throw Error("checkpoint: " + what + " '" + path + "' failed: " + std::strerror(err));
+}
+
+// Largest single read/write request (Linux transfers at most ~2 GiB per call anyway).
+constexpr std::uint64_t kMaxIo = std::uint64_t{1} << 30;
+// Bytes checksummed and written per write() call (rounded to whole checksum blocks).
+constexpr std::uint64_t kWriteChunk = std::uint64_t{2} << 20;
+
+}  // namespace
+
+// ---- File -----------------------------------------------------------------------------------
+
+File File::open_read(const std::string& path) {
+  File f;
+  f.path_ = path;
+  f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd_ < 0 && errno != ENOENT) io_error("open", path, errno);
+  return f;
+}
+
+File File::create(const std::string& path) {
+  File f;
+  f.path_ = path;
+  f.fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (f.fd_ < 0) io_error("create", path, errno);
+  return f;
+}
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+File& File::operator=(File&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    path_ = std::move(o.path_);
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+std::uint64_t File::size() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) io_error("stat", path_, errno);
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+void File::write_all(const void* data, std::uint64_t n) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, static_cast<std::size_t>(std::min(n, kMaxIo)));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      io_error("write to", path_, errno);
+    }
+    p += w;
+    n -= static_cast<std::uint64_t>(w);
+  }
+}
+
+std::uint64_t File::pread_all(void* data, std::uint64_t n, std::uint64_t offset) const {
+  auto* p = static_cast<char*>(data);
+  std::uint64_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd_, p + done, static_cast<std::size_t>(std::min(n - done, kMaxIo)),
+                              static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      io_error("read from", path_, errno);
+    }
+    if (r == 0) break;  // end of file
+    done += static_cast<std::uint64_t>(r);
+  }
+  return done;
+}
+
+void File::start_writeback(std::uint64_t offset, std::uint64_t n) const noexcept {
+#if defined(__linux__) && defined(SYNC_FILE_RANGE_WRITE)
+  ::sync_file_range(fd_, static_cast<off64_t>(offset), static_cast<off64_t>(n),
+                    SYNC_FILE_RANGE_WRITE);
+#else
+  (void)offset, (void)n;
+#endif
+}
+
+void File::sync() {
+  if (::fsync(fd_) != 0) io_error("fsync of", path_, errno);
+}
+
+void File::close() {
+  if (fd_ < 0) return;
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) io_error("close of", path_, errno);
+}
+
+// ---- Paths ----------------------------------------------------------------------------------
+
+std::string join(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  return dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) io_error("open of directory", dir, errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  // Some file systems refuse fsync on directories (EINVAL); their renames are durable anyway.
+  if (rc != 0 && err != EINVAL && err != EBADF) io_error("fsync of directory", dir, err);
+}
+
+void rename_path(const std::string& from, const std::string& to) {
+  if (std::rename(from.c_str(), to.c_str()) != 0)
+    throw Error("checkpoint: rename of '" + from + "' to '" + to +
+                "' failed: " + std::strerror(errno));
+}
+
+std::string read_text(const std::string& path) {
+  File f = File::open_read(path);
+  if (!f.valid()) throw Error("checkpoint: '" + path + "' does not exist");
+  std::string s(static_cast<std::size_t>(f.size()), '\0');
+  s.resize(static_cast<std::size_t>(f.pread_all(s.data(), s.size(), 0)));
+  return s;
+}
+
+bool exists(const std::string& path) noexcept {
+  std::error_code ec;
+  return fs::exists(path, ec);
+}
+
+void remove_quietly(const std::string& path) noexcept {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+}
+
+// ---- Fault injection --------------------------------------------------------------------------
+
+Fault Fault::from_environment() {
+  Fault f;
+  const char* v = std::getenv("FULLSHARD_CKPT_FAULT");
+  if (!v || !*v) return f;
+  const CheckpointFault parsed = parse_checkpoint_fault(v);
+  f.point = parsed.point;
+  f.rank = parsed.rank;
+  return f;
+}
+
+bool Fault::armed(const char* here) const {
+  if (point.empty() || point != here) return false;
+  return rank < 0 || rank == fullshard::detail::world_rank_or_minus_one() ||
+         (rank == 0 && fullshard::detail::world_rank_or_minus_one() < 0);
+}
+
+void Fault::maybe_exit(const char* here) const {
+  if (!armed(here)) return;
+  std::fprintf(stderr,
+               "fullshard[rank %d]: FULLSHARD_CKPT_FAULT=%s: exiting in the middle of a "
+               "checkpoint save\n",
+               fullshard::detail::world_rank_or_minus_one(), here);
+  std::fflush(stderr);
+  std::fflush(stdout);
+  std::_Exit(kFaultExitCode);
+}
+
+// ---- DataFileWriter ---------------------------------------------------------------------------
+
+DataFileWriter::DataFileWriter(std::string path, std::uint64_t block_bytes, const Fault& fault)
+    : file_(File::create(path)),
+      block_(block_bytes),
+      chunk_(std::max<std::uint64_t>(block_bytes, kWriteChunk / block_bytes * block_bytes)),
+      fault_(fault) {}
+
+void DataFileWriter::append(const void* data, std::uint64_t n, ShardInfo& shard) {
+  shard.offset = bytes_;
+  shard.length = n;
+  shard.crc32c.clear();
+  shard.crc32c.reserve(static_cast<std::size_t>((n + block_ - 1) / block_));
+  const auto* p = static_cast<const char*>(data);
+  const bool fault_here = bytes_ == 0 && n > 0 && fault_.armed("mid_shard");
+  // Per chunk: checksum its blocks, write it while it is still in cache, start its writeback.
+  for (std::uint64_t done = 0; done < n;) {
+    const std::uint64_t len = std::min(chunk_, n - done);
+    for (std::uint64_t b = 0; b < len; b += block_)
+      shard.crc32c.push_back(
+          crc32c(p + done + b, static_cast<std::size_t>(std::min(block_, len - b))));
+    if (fault_here) {
+      file_.write_all(p + done, std::max<std::uint64_t>(1, len / 2));
+      fault_.maybe_exit("mid_shard");
+    }
+    file_.write_all(p + done, len);
+    file_.start_writeback(bytes_ + done, len);
+    done += len;
+  }
+  bytes_ += n;
+}
+
+void DataFileWriter::finish() {
+  file_.sync();
+  file_.close();
+}
+
+// ---- Step directories -------------------------------------------------------------------------
+
+namespace {
+
+std::string step_name(std::int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+// Writes `text` to dir/name through dir/name.tmp: write, fsync, rename, fsync dir.
+void write_atomic(const std::string& dir, const std::string& name, const std::string& text,
+                  const Fault& fault, const char* mid_point) {
+  const std::string tmp = join(dir, name + ".tmp");
+  File f = File::create(tmp);
+  if (fault.armed(mid_point)) {
+    f.write_all(text.data(), text.size() / 2);
+    fault.maybe_exit(mid_point);
+  }
+  f.write_all(text.data(), text.size());
+  f.sync();
+  f.close();
+  rename_path(tmp, join(dir, name));
+  fsync_dir(dir);
+}
+
+}  // namespace
+
+PendingStep begin_step(const std::string& root, std::int64_t step) {
+  if (step < 0) throw InvalidArgument("checkpoint: step must be >= 0, got " + std::to_string(step));
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec || !fs::is_directory(root))
+    throw Error("checkpoint: cannot create the checkpoint directory '" + root +
+                "': " + (ec ? ec.message() : std::string("not a directory")));
+  // Leftovers of an interrupted save: never referenced by `latest`, safe to remove.
+  std::vector<std::string> stale;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".tmp-", 0) == 0 || name == "latest.tmp") stale.push_back(e.path().string());
+  }
+  for (const auto& path : stale)
+    remove_quietly(path);
+  PendingStep p;
+  p.root = root;
+  p.step = step;
+  p.tmp = join(root, ".tmp-" + step_name(step));
+  if (!fs::create_directory(p.tmp, ec) || ec)
+    throw Error("checkpoint: cannot create '" + p.tmp + "': " + ec.message());
+  return p;
+}
+
+std::string commit_step(const PendingStep& p, const std::string& index_text, const Fault& fault) {
+  fault.maybe_exit("after_shards");
+  // write_atomic's fsync of p.tmp makes the data files' entries durable with the index's.
+  write_atomic(p.tmp, "index.json", index_text, fault, "mid_index");
+  fault.maybe_exit("after_index");
+  std::string name = step_name(p.step);
+  for (int k = 1; exists(join(p.root, name)); ++k)
+    name = step_name(p.step) + "." + std::to_string(k);
+  const std::string final_dir = join(p.root, name);
+  rename_path(p.tmp, final_dir);
+  fsync_dir(p.root);
+  fault.maybe_exit("before_latest");
+  write_atomic(p.root, "latest", name + "\n", fault, "mid_latest");
+  return final_dir;
+}
+
+void abandon_step(const PendingStep& p) noexcept {
+  if (!p.tmp.empty()) remove_quietly(p.tmp);
+}
+
+// ---- Hex --------------------------------------------------------------------------------------
+
+std::string hex_encode(const std::string& bytes) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
+std::string hex_decode(const std::string& hex, const std::string& what) {
+  auto nibble = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    throw InvalidArgument(what + ": not a hex string");
+  };
+  if (hex.size() % 2) throw InvalidArgument(what + ": odd number of hex digits");
+  std::string out(hex.size() / 2, '\0');
+  for (std::size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<char>(nibble(hex[2 * i]) * 16 + nibble(hex[2 * i + 1]));
+  return out;
+}
+
+// ---- Box runs ---------------------------------------------------------------------------------
+
+std::vector<Run> box_runs(const std::vector<std::int64_t>& src_off, const Shape& src_shape,
+                          const std::vector<std::int64_t>& dst_off, const Shape& dst_shape,
+                          std::size_t elem_bytes) {
+  const std::size_t n = src_shape.size();
+  std::vector<std::int64_t> lo(n), ext(n);
+  for (std::size_t d = 0; d < n; ++d) {
+    lo[d] = std::max(src_off[d], dst_off[d]);
+    const std::int64_t hi = std::min(src_off[d] + src_shape[d], dst_off[d] + dst_shape[d]);
+    if (hi <= lo[d]) return {};
+    ext[d] = hi - lo[d];
+  }
+  std::vector<std::int64_t> sstride(n, 1), dstride(n, 1);
+  for (std::size_t d = n - 1; d > 0; --d) {
+    sstride[d - 1] = sstride[d] * src_shape[d];
+    dstride[d - 1] = dstride[d] * dst_shape[d];
+  }
+  // Merge trailing dims spanned fully by both boxes into the run.
+  std::size_t k = n - 1;  // dims [k, n) form one run
+  std::int64_t run = ext[k];
+  while (k > 0 && ext[k] == src_shape[k] && ext[k] == dst_shape[k]) {
+    --k;
+    run *= ext[k];
+  }
+  std::int64_t sbase = 0, dbase = 0;
+  for (std::size_t d = 0; d < n; ++d) {
+    sbase += (lo[d] - src_off[d]) * sstride[d];
+    dbase += (lo[d] - dst_off[d]) * dstride[d];
+  }
+  std::int64_t count = 1;
+  for (std::size_t d = 0; d < k; ++d)
+    count *= ext[d];
+  std::vector<Run> runs;
+  runs.reserve(static_cast<std::size_t>(count));
+  std::vector<std::int64_t> idx(k, 0);
+  const auto es = static_cast<std::uint64_t>(elem_bytes);
+  for (std::int64_t c = 0; c < count; ++c) {
+    std::int64_t s = sbase, t = dbase;
+    for (std::size_t d = 0; d < k; ++d) {
+      s += idx[d] * sstride[d];
+      t += idx[d] * dstride[d];
+    }
+    runs.push_back({static_cast<std::uint64_t>(s) * es, static_cast<std::uint64_t>(t) * es,
+                    static_cast<std::uint64_t>(run) * es});
+    for (std::size_t d = k; d-- > 0;) {  // row-major increment of idx over dims [0, k)
+      if (++idx[d] < ext[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return runs;
+}
+
+}  // namespace fullshard::checkpoint::detail

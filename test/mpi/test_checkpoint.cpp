@@ -1,0 +1,668 @@
+// Checkpoints on 1-4 ranks, against references computed here:
+// - save on the world (FSDP, or HSDP 2x2 on 4 ranks), load on every sub-mesh of the first
+//   1..W ranks and on HSDP 2x2: every local element of the parameters and the AdamW state
+//   equals the saved model's (gathered into full tensors with one all-reduce), sharded and
+//   full checkpoints, Shard(0), Shard(1) and an ignored (replicated) parameter;
+// - offline conversion (sharded -> full -> sharded on 3 shards) loads the same values;
+// - every kind of bad checkpoint gives an InvalidArgument naming the file and the tensor, on
+//   every rank, and leaves the model and optimizer untouched;
+// - resume: 10 steps, save, load, 10 more equals 20 straight steps: bit-exact on the same mesh,
+//   relative 1e-6 on other world sizes and on HSDP.
+// Sub-mesh loads are collective over the sub-mesh only; results are agreed over the world.
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "error_check.hpp"
+#include "fullshard/base/error.hpp"
+#include "fullshard/checkpoint/checkpoint.hpp"
+#include "fullshard/fsdp/fully_shard.hpp"
+#include "fullshard/fsdp/hooks.hpp"
+#include "fullshard/fsdp/state_dict.hpp"
+#include "fullshard/optim/optimizer.hpp"
+#include "test_support.hpp"
+
+using namespace fullshard;
+using graph::Module;
+using graph::Parameter;
+namespace ck = fullshard::checkpoint;
+namespace fs = std::filesystem;
+
+namespace {
+
+int W() {
+  return test::world_size();
+}
+int R() {
+  return test::world_rank();
+}
+
+void bcast_string(std::string& s) {
+  int len = static_cast<int>(s.size());
+  MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  s.resize(static_cast<std::size_t>(len));
+  MPI_Bcast(s.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+}
+
+// A directory under $TMPDIR (or /tmp) shared by every rank; rank 0 creates and removes it.
+class SharedTempDir {
+ public:
+  SharedTempDir() {
+    if (R() == 0) {
+      const char* t = std::getenv("TMPDIR");
+      std::string tmpl = std::string(t && *t ? t : "/tmp") + "/fullshard-ckpt-test-XXXXXX";
+      if (mkdtemp(tmpl.data())) path_ = tmpl;
+    }
+    bcast_string(path_);
+    REQUIRE(!path_.empty());
+  }
+  ~SharedTempDir() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::error_code ec;
+    if (R() == 0) fs::remove_all(path_, ec);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  std::string sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Runs f on rank 0, then every rank waits for it.
+void on_rank0(const std::function<void()>& f) {
+  if (R() == 0) f();
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A mesh over the first `ranks` world ranks; empty on the others.
+struct SubMesh {
+  std::optional<DeviceMesh> mesh;
+  SubMesh(int ranks, std::vector<int> shape, std::vector<std::string> names) {
+    MPI_Comm sub = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, R() < ranks ? 0 : MPI_UNDEFINED, R(), &sub);
+    if (sub != MPI_COMM_NULL) {
+      mesh.emplace(sub, std::move(shape), std::move(names), 60.0);
+      MPI_Comm_free(&sub);
+    }
+  }
+  std::string name;
+};
+
+std::vector<std::unique_ptr<SubMesh>> target_meshes() {
+  std::vector<std::unique_ptr<SubMesh>> out;
+  for (int m = 1; m <= W(); ++m) {
+    out.push_back(
+        std::make_unique<SubMesh>(m, std::vector<int>{m}, std::vector<std::string>{"dp"}));
+    out.back()->name = "FSDP on " + std::to_string(m);
+  }
+  if (W() == 4) {
+    out.push_back(std::make_unique<SubMesh>(4, std::vector<int>{2, 2},
+                                            std::vector<std::string>{"replicate", "shard"}));
+    out.back()->name = "HSDP 2x2";
+  }
+  return out;
+}
+
+int salt(const std::string& fqn) {
+  int h = 7;
+  for (char c : fqn)
+    h = (h * 31 + static_cast<unsigned char>(c)) % 1000;
+  return h;
+}
+
+// Variants of the test model for the mismatch cases.
+enum class Variant { normal, wrong_shape, extra_param, no_l2, other };
+
+// l0 {w (7,3), b (5,)}, l1 {w (13,)}, l2 {w (4,12) Shard(1)}, root {scale (3,), ignored}; each
+// layer and the root fully_shard'ed. Values depend on `seed`; gradients are rank-dependent
+// multiples of 1/4.
+struct Net {
+  std::unique_ptr<Module> root = Module::make_root("model");
+  int k = 0;
+
+  Net(const DeviceMesh& mesh, int seed, Variant v = Variant::normal) {
+    std::vector<Module*> layers;
+    if (v == Variant::other) {
+      Module& a = root->add_module("enc");
+      a.add_param("kernel", {9, 2});
+      layers.push_back(&a);
+    } else {
+      Module& l0 = root->add_module("l0");
+      Module& l1 = root->add_module("l1");
+      l0.add_param("w", {7, v == Variant::wrong_shape ? 4 : 3});
+      l0.add_param("b", {5});
+      l1.add_param("w", {13});
+      if (v == Variant::extra_param) l1.add_param("u", {3});
+      layers = {&l0, &l1};
+      if (v != Variant::no_l2) {
+        Module& l2 = root->add_module("l2");
+        l2.add_param("w", {4, 12});
+        layers.push_back(&l2);
+      }
+      root->add_param("scale", {3}, DType::f32, false);
+    }
+    for (Parameter* p : root->parameters()) {
+      const int s = salt(p->fqn()) + 13 * seed;
+      p->init([s](std::int64_t e) { return 0.25 * static_cast<double>((e * 7 + s) % 29) - 3.0; });
+    }
+    for (Module* m : layers)
+      m->on_backward([this](Module& mod) {
+        for (std::size_t i = 0; i < mod.num_params(); ++i) {
+          Parameter& p = mod.param(i);
+          Tensor g = p.grad();
+          for (std::int64_t e = 0; e < g.numel(); ++e)
+            g.set(e, g.at(e) + test::sample(R(), static_cast<std::size_t>(e),
+                                            salt(p.fqn()) + 100 * k, true));
+        }
+      });
+    fsdp::FullyShardOptions l2_opts;
+    l2_opts.shard_placement_fn = [](const Parameter&) { return Placement::Shard(1); };
+    for (Module* m : layers)
+      fsdp::fully_shard(*m, mesh, m->name() == "l2" ? l2_opts : fsdp::FullyShardOptions{});
+    fsdp::FullyShardOptions root_opts;
+    if (v != Variant::other) root_opts.ignored_params = {"scale"};
+    fsdp::fully_shard(*root, mesh, root_opts);
+  }
+
+  void iteration(int iter) {
+    k = iter;
+    fsdp::forward(*root);
+    fsdp::backward(*root);
+  }
+};
+
+std::unique_ptr<optim::AdamW> adamw(Module& root) {
+  return std::make_unique<optim::AdamW>(root.parameters(), 0.01, 0.9, 0.999, 1e-8, 0.1);
+}
+
+// Full values of a model's tensors: name -> row-major values.
+using Full = std::map<std::string, std::vector<double>>;
+
+std::int64_t global_index(const ShardLayout& l, std::int64_t e) {
+  const std::size_t n = l.local_shape.size();
+  std::vector<std::int64_t> idx(n);
+  for (std::size_t d = n; d-- > 0;) {
+    idx[d] = e % l.local_shape[d];
+    e /= l.local_shape[d];
+  }
+  std::int64_t g = 0;
+  for (std::size_t d = 0; d < n; ++d)
+    g = g * l.global_shape[d] + idx[d] + l.global_offset[d];
+  return g;
+}
+
+// This rank's tensors (parameters and optimizer states) with their layouts.
+std::map<std::string, std::pair<Tensor, ShardLayout>> local_tensors(Module& root,
+                                                                    const optim::Optimizer* opt) {
+  std::map<std::string, std::pair<Tensor, ShardLayout>> out;
+  auto sd = fsdp::sharded_state_dict(root);
+  for (auto& [name, st] : sd)
+    out[name] = {st.local, st.layout};
+  if (opt)
+    for (auto& [key, t] : opt->state_dict())
+      if (key != "step") {
+        const std::string param = key.substr(0, key.rfind('.'));
+        out[key] = {t, sd.at(param).layout};
+      }
+  return out;
+}
+
+// Full tensors named in `shapes`, summed over the world from the ranks where `contribute`
+// (one copy of each element: HSDP replicas and replicated parameters contribute once).
+Full gather(const std::map<std::string, Shape>& shapes, Module* root, const optim::Optimizer* opt,
+            bool contribute, bool lead) {
+  Full out;
+  std::map<std::string, std::pair<Tensor, ShardLayout>> local;
+  if (contribute && root) local = local_tensors(*root, opt);
+  for (const auto& [name, shape] : shapes) {
+    std::vector<double> v(static_cast<std::size_t>(numel(shape)), 0.0);
+    auto it = local.find(name);
+    if (it != local.end() && (it->second.second.placement.is_shard() || lead))
+      for (std::int64_t e = 0; e < it->second.first.numel(); ++e)
+        v[static_cast<std::size_t>(global_index(it->second.second, e))] = it->second.first.at(e);
+    MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_SUM,
+                  MPI_COMM_WORLD);
+    out[name] = std::move(v);
+  }
+  return out;
+}
+
+std::map<std::string, Shape> shapes_of(Module& root, const optim::Optimizer* opt) {
+  std::map<std::string, Shape> out;
+  for (Parameter* p : root.parameters()) {
+    out[p->fqn()] = p->shape();
+    if (opt && p->requires_grad())
+      for (const std::string& s : opt->state_names())
+        out[p->fqn() + "." + s] = p->shape();
+  }
+  return out;
+}
+
+bool replicate_lead(const DeviceMesh& mesh) {
+  const auto& c = mesh.coordinates();
+  for (std::size_t d = 0; d + 1 < c.size(); ++d)
+    if (c[d] != 0) return false;
+  return true;
+}
+
+// Local elements of root/opt that differ from `ref` (rel 0: bit-exact).
+int mismatches(Module& root, const optim::Optimizer* opt, const Full& ref, double rel) {
+  int bad = 0;
+  for (auto& [name, tl] : local_tensors(root, opt)) {
+    auto it = ref.find(name);
+    if (it == ref.end()) {
+      MESSAGE("no reference for " << name);
+      ++bad;
+      continue;
+    }
+    for (std::int64_t e = 0; e < tl.first.numel(); ++e) {
+      const double want = it->second[static_cast<std::size_t>(global_index(tl.second, e))];
+      const double got = tl.first.at(e);
+      const bool ok =
+          rel == 0 ? got == want : std::fabs(got - want) <= rel * std::max(1.0, std::fabs(want));
+      if (!ok && bad++ < 5)
+        MESSAGE(name << "[" << global_index(tl.second, e) << "]: " << got << ", expected " << want);
+    }
+  }
+  return bad;
+}
+
+// Runs f, turning an exception into a failed check (so that this rank still reaches the next
+// world-wide agreement instead of leaving the others waiting).
+bool no_throw(const std::string& what, const std::function<void()>& f) {
+  try {
+    f();
+    return true;
+  } catch (const std::exception& e) {
+    const std::string msg = what + ": " + e.what();
+    FAIL_CHECK(msg);
+    return false;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("sharded and full checkpoints: save on one mesh, load bit-exact on every other") {
+  SharedTempDir tmp;
+  std::vector<std::unique_ptr<SubMesh>> sources;
+  sources.push_back(
+      std::make_unique<SubMesh>(W(), std::vector<int>{W()}, std::vector<std::string>{"dp"}));
+  sources.back()->name = "FSDP on " + std::to_string(W());
+  if (W() == 4) {
+    sources.push_back(std::make_unique<SubMesh>(4, std::vector<int>{2, 2},
+                                                std::vector<std::string>{"replicate", "shard"}));
+    sources.back()->name = "HSDP 2x2";
+  }
+  auto targets = target_meshes();
+  int case_no = 0;
+  for (ck::Kind kind : {ck::Kind::sharded, ck::Kind::full})
+    for (auto& src : sources) {
+      const std::string kind_name = ck::kind_name(kind);
+      CAPTURE(kind_name);
+      CAPTURE(src->name);
+      const DeviceMesh& mesh = *src->mesh;  // sources span the world
+      Net a(mesh, 1);
+      auto opt = adamw(*a.root);
+      for (int k = 0; k < 2; ++k) {
+        opt->zero_grad();
+        a.iteration(k);
+        opt->step();
+      }
+      const auto shapes = shapes_of(*a.root, opt.get());
+      const Full ref =
+          gather(shapes, a.root.get(), opt.get(), replicate_lead(mesh), mesh.rank() == 0);
+      const std::string dir = tmp.sub("ck" + std::to_string(case_no++));
+      const std::string rng("rng\x00\x01\xff state", 13);
+      std::string path;
+      REQUIRE(test::all_ranks(no_throw("save", [&] {
+        path = ck::save(dir, *a.root, opt.get(), 7, {{"note", "x"}, {"k", 2}}, rng, {kind});
+      })));
+      CHECK(path == dir + "/step-00000007");
+      CHECK(fs::exists(dir + "/latest"));
+      if (kind == ck::Kind::full) {
+        CHECK(fs::exists(path + "/model.bin"));
+        CHECK(!fs::exists(path + "/rank-00000.bin"));
+      } else {
+        CHECK(fs::exists(path + "/rank-0000" + std::to_string(mesh.shape().back() - 1) + ".bin"));
+      }
+      for (auto& tgt : targets) {
+        CAPTURE(tgt->name);
+        bool ok = true;
+        if (tgt->mesh) {
+          Net b(*tgt->mesh, 2);
+          auto opt_b = adamw(*b.root);
+          ok = no_throw("load", [&] {
+            const ck::Loaded l = ck::load(dir, *b.root, opt_b.get());
+            CHECK(l.step == 7);
+            CHECK(l.rng_state == rng);
+            CHECK(l.metadata == nlohmann::json{{"note", "x"}, {"k", 2}});
+            CHECK(l.kind == kind);
+            CHECK(l.step_dir == path);
+            CHECK(opt_b->steps() == 2);
+            CHECK(mismatches(*b.root, opt_b.get(), ref, 0) == 0);
+          });
+        }
+        CHECK(test::all_ranks(ok));
+      }
+    }
+}
+
+TEST_CASE("offline conversion: sharded -> full -> 3 shards loads the same values (in place)") {
+  SharedTempDir tmp;
+  DeviceMesh mesh(test::runtime(), {W()}, {"dp"});
+  Net a(mesh, 3);
+  auto opt = adamw(*a.root);
+  opt->zero_grad();
+  a.iteration(0);
+  opt->step();
+  const Full ref = gather(shapes_of(*a.root, opt.get()), a.root.get(), opt.get(), true, R() == 0);
+  REQUIRE(
+      test::all_ranks(no_throw("save", [&] { ck::save(tmp.sub("s"), *a.root, opt.get(), 4); })));
+  std::string err;
+  on_rank0([&] {
+    try {
+      const std::string full = ck::convert(tmp.sub("s"), tmp.sub("f"), {ck::Kind::full, 0});
+      CHECK(full == tmp.sub("f") + "/step-00000004");
+      ck::convert(tmp.sub("f"), tmp.sub("t"), {ck::Kind::sharded, 3});
+      CHECK(ck::verify(tmp.sub("t")).empty());
+      CHECK(ck::Reader(tmp.sub("t")).index().files.size() == 3);
+      CHECK(ck::Reader(tmp.sub("f")).index().kind == ck::Kind::full);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  });
+  bcast_string(err);
+  REQUIRE_MESSAGE(err.empty(), err);
+  for (auto& tgt : target_meshes()) {
+    CAPTURE(tgt->name);
+    bool ok = true;
+    if (tgt->mesh) {
+      Net b(*tgt->mesh, 5);
+      auto opt_b = adamw(*b.root);
+      ok = no_throw("load", [&] {
+        // Straight into the model's storage: the same values.
+        CHECK(ck::load(tmp.sub("t"), *b.root, opt_b.get(), {/*in_place=*/true}).step == 4);
+        CHECK(mismatches(*b.root, opt_b.get(), ref, 0) == 0);
+      });
+    }
+    CHECK(test::all_ranks(ok));
+  }
+}
+
+TEST_CASE("bad checkpoints: errors name the file and the tensor on every rank; nothing loads") {
+  SharedTempDir tmp;
+  DeviceMesh mesh(test::runtime(), {W()}, {"dp"});
+  const std::string dir = tmp.sub("c");
+  {
+    Net a(mesh, 1);
+    auto opt = adamw(*a.root);
+    opt->zero_grad();
+    a.iteration(0);
+    opt->step();
+    ck::save(dir, *a.root, opt.get(), 3);
+    ck::save(tmp.sub("noopt"), *a.root, nullptr, 3);
+    Net other(mesh, 1, Variant::other);
+    ck::save(tmp.sub("other"), *other.root, nullptr, 3);
+  }
+  const std::string step_dir = dir + "/step-00000003";
+  const std::string file0 = step_dir + "/rank-00000.bin";
+  const std::string index = step_dir + "/index.json";
+
+  Net b(mesh, 2);
+  auto opt_b = adamw(*b.root);
+  const Full before = gather(shapes_of(*b.root, nullptr), b.root.get(), nullptr, true, R() == 0);
+  auto untouched = [&] {
+    return mismatches(*b.root, nullptr, before, 0) == 0 && opt_b->steps() == 0 &&
+           opt_b->state_dict().size() == 1;
+  };
+  // Loads `from` into `net` (default: b) and checks the message on every rank.
+  auto expect = [&](const std::vector<std::string>& parts, Net* net = nullptr,
+                    const std::string& from = "", optim::Optimizer* o = nullptr) {
+    Net& target = net ? *net : b;
+    const std::string msg = test::error_of<InvalidArgument>(
+        [&] { ck::load(from.empty() ? dir : from, *target.root, o ? o : opt_b.get()); });
+    for (const auto& p : parts)
+      CHECK_MESSAGE(test::contains(msg, p), "'" << p << "' not in: " << msg);
+    CHECK(untouched());
+  };
+  auto backup = [&](const std::string& f) { on_rank0([&] { fs::copy_file(f, f + ".bak"); }); };
+  auto restore = [&](const std::string& f) { on_rank0([&] { fs::rename(f + ".bak", f); }); };
+
+  SUBCASE("a flipped byte") {
+    backup(file0);
+    on_rank0([&] {
+      // A byte of l0.w's shard in rank 0's file.
+      const ck::Reader r(dir);
+      std::uint64_t at = 0;
+      for (const auto& s : r.tensor("l0.w").shards)
+        if (r.index().files[s.file].name == "rank-00000.bin") at = s.offset + 5;
+      std::fstream f(file0, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(static_cast<std::streamoff>(at));
+      char c = 0;
+      f.read(&c, 1);
+      c = static_cast<char>(c ^ 0x10);
+      f.seekp(static_cast<std::streamoff>(at));
+      f.write(&c, 1);
+    });
+    expect({"rank-00000.bin", "checksum mismatch", "tensor 'l0.w'"});
+    on_rank0([&] {
+      const auto issues = ck::verify(dir);
+      REQUIRE(issues.size() == 1);
+      CHECK(issues[0].file == file0);
+      CHECK(issues[0].tensor == "l0.w");
+    });
+    restore(file0);
+  }
+  SUBCASE("a flipped byte, loading in place: still an error on every rank") {
+    backup(file0);
+    on_rank0([&] {
+      std::fstream f(file0, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(0);
+      f.write("\x7f\x7f", 2);
+    });
+    const std::string msg = test::error_of<InvalidArgument>(
+        [&] { ck::load(dir, *b.root, opt_b.get(), {/*in_place=*/true}); });
+    CHECK(test::contains(msg, "rank-00000.bin"));
+    CHECK(test::contains(msg, "checksum mismatch"));
+    CHECK(opt_b->steps() == 0);  // the optimizer is staged: untouched
+    restore(file0);
+  }
+  SUBCASE("a truncated file") {
+    backup(file0);
+    on_rank0([&] { fs::resize_file(file0, 10); });
+    expect({"rank-00000.bin", "truncated", "tensor 'l0.b'"});
+    restore(file0);
+  }
+  SUBCASE("a missing file") {
+    backup(file0);
+    on_rank0([&] { fs::remove(file0); });
+    expect({"rank-00000.bin", "is missing", "tensor 'l0.b'"});
+    restore(file0);
+  }
+  SUBCASE("an unknown format version") {
+    backup(index);
+    on_rank0([&] {
+      nlohmann::json j = nlohmann::json::parse(std::ifstream(index));
+      j["format_version"] = 99;
+      std::ofstream(index) << j.dump();
+    });
+    expect({"index.json", "unknown format version 99"});
+    restore(index);
+  }
+  SUBCASE("a truncated index") {
+    backup(index);
+    on_rank0([&] { fs::resize_file(index, fs::file_size(index) / 2); });
+    expect({"index.json", "invalid JSON"});
+    restore(index);
+  }
+  SUBCASE("a checksum list that does not match the data") {
+    backup(index);
+    on_rank0([&] {
+      nlohmann::json j = nlohmann::json::parse(std::ifstream(index));
+      for (auto& t : j["tensors"])
+        if (t["name"] == "l1.w") t["shards"][0]["crc32c"][0] = 12345;
+      std::ofstream(index) << j.dump();
+    });
+    expect({"checksum mismatch", "tensor 'l1.w'", ".bin"});
+    restore(index);
+  }
+  SUBCASE("a parameter of the wrong shape") {
+    Net c(mesh, 2, Variant::wrong_shape);
+    auto o = adamw(*c.root);
+    expect({"index.json", "tensor 'l0.w' has shape (7, 3)", "(7, 4)"}, &c, "", o.get());
+  }
+  SUBCASE("a parameter the checkpoint lacks") {
+    Net c(mesh, 2, Variant::extra_param);
+    auto o = adamw(*c.root);
+    expect({"index.json", "parameter 'l1.u' is missing"}, &c, "", o.get());
+  }
+  SUBCASE("a parameter the model lacks") {
+    Net c(mesh, 2, Variant::no_l2);
+    auto o = adamw(*c.root);
+    expect({"index.json", "unexpected parameter 'l2.w'"}, &c, "", o.get());
+  }
+  SUBCASE("an index from another model") {
+    backup(index);
+    on_rank0([&] {
+      fs::copy_file(tmp.sub("other") + "/step-00000003/index.json", index,
+                    fs::copy_options::overwrite_existing);
+    });
+    expect({"index.json", "'l0.b' is missing", "another model"});
+    restore(index);
+  }
+  SUBCASE("optimizer state of another optimizer, or none") {
+    optim::SGD sgd(b.root->parameters(), 0.1, 0.9);
+    expect({"index.json", "optimizer state names [exp_avg, exp_avg_sq]", "momentum_buffer"},
+           nullptr, "", &sgd);
+    expect({"index.json", "holds no optimizer state"}, nullptr, tmp.sub("noopt"));
+  }
+  SUBCASE("no checkpoint at all") {
+    expect({tmp.sub("nothing"), "does not exist"}, nullptr, tmp.sub("nothing"));
+    on_rank0([&] { fs::create_directories(tmp.sub("empty")); });
+    expect({tmp.sub("empty"), "not a checkpoint"}, nullptr, tmp.sub("empty"));
+  }
+  // After every case the checkpoint is intact again and loads.
+  CHECK(test::all_ranks(
+      no_throw("load", [&] { CHECK(ck::load(dir, *b.root, opt_b.get()).step == 3); })));
+}
+
+namespace {
+
+// The resume model: gradients depend on the weights (loss 0.5 * sum_j (w - t_j)^2 over a
+// global batch of 12 samples split over the ranks, scaled by a random factor per step), so a
+// wrong restore of parameters, AdamW state, step count or RNG changes the result.
+struct Trainer {
+  static constexpr int kBatch = 12;
+  std::unique_ptr<Module> root = Module::make_root("model");
+  std::unique_ptr<optim::AdamW> opt;
+  std::mt19937_64 rng{42};
+  double scale = 1.0;
+  int k = 0;
+  int ranks, rank;
+
+  explicit Trainer(const DeviceMesh& mesh) : ranks(mesh.size()), rank(mesh.rank()) {
+    Module& l0 = root->add_module("l0");
+    Module& l1 = root->add_module("l1");
+    Module& l2 = root->add_module("l2");
+    l0.add_param("w", {6, 4});
+    l0.add_param("b", {6});
+    l1.add_param("w", {10});
+    l2.add_param("w", {4, 12});
+    for (Parameter* p : root->parameters()) {
+      const int s = salt(p->fqn());
+      p->init([s](std::int64_t e) { return 0.1 * static_cast<double>((e * 5 + s) % 17) - 0.8; });
+    }
+    for (Module* m : {&l0, &l1, &l2})
+      m->on_backward([this](Module& mod) {
+        for (std::size_t i = 0; i < mod.num_params(); ++i) {
+          Parameter& p = mod.param(i);
+          Tensor g = p.grad();
+          const Tensor& w = p.data();
+          for (std::int64_t e = 0; e < g.numel(); ++e) {
+            double local = 0;
+            for (int j = rank; j < kBatch; j += ranks)
+              local += w.at(e) - test::sample(j, static_cast<std::size_t>(e),
+                                              salt(p.fqn()) + 1000 * k, false);
+            g.set(e, g.at(e) + local * ranks / kBatch * scale);
+          }
+        }
+      });
+    fsdp::FullyShardOptions l2_opts;
+    l2_opts.shard_placement_fn = [](const Parameter&) { return Placement::Shard(1); };
+    fsdp::fully_shard(l0, mesh);
+    fsdp::fully_shard(l1, mesh);
+    fsdp::fully_shard(l2, mesh, l2_opts);
+    fsdp::fully_shard(*root, mesh);
+    opt = std::make_unique<optim::AdamW>(root->parameters(), 0.01, 0.9, 0.999, 1e-8, 0.01);
+  }
+
+  void step(int iter) {
+    k = iter;
+    scale = std::uniform_real_distribution<double>(0.5, 1.5)(rng);
+    opt->zero_grad();
+    fsdp::forward(*root);
+    fsdp::backward(*root);
+    opt->step();
+  }
+  std::string rng_state() const {
+    std::ostringstream s;
+    s << rng;
+    return s.str();
+  }
+  void set_rng_state(const std::string& state) {
+    std::istringstream s(state);
+    s >> rng;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("resume: 10 steps + save + load + 10 steps equals 20 steps, on any mesh") {
+  SharedTempDir tmp;
+  DeviceMesh world(test::runtime(), {W()}, {"dp"});
+  Full ref;
+  {
+    Trainer t(world);
+    for (int k = 0; k < 20; ++k)
+      t.step(k);
+    ref = gather(shapes_of(*t.root, t.opt.get()), t.root.get(), t.opt.get(), true, R() == 0);
+  }
+  {
+    Trainer t(world);
+    for (int k = 0; k < 10; ++k)
+      t.step(k);
+    ck::save(tmp.sub("r"), *t.root, t.opt.get(), 10, {{"world", W()}}, t.rng_state());
+  }
+  for (auto& tgt : target_meshes()) {
+    CAPTURE(tgt->name);
+    const bool same = tgt->mesh && tgt->mesh->ndim() == 1 && tgt->mesh->size() == W();
+    bool ok = true;
+    if (tgt->mesh) {
+      Trainer t(*tgt->mesh);
+      ok = no_throw("resume", [&] {
+        const ck::Loaded l = ck::load(tmp.sub("r"), *t.root, t.opt.get());
+        REQUIRE(l.step == 10);
+        CHECK(l.metadata["world"] == W());
+        t.set_rng_state(l.rng_state);
+        for (auto k = l.step; k < 20; ++k)
+          t.step(static_cast<int>(k));
+        CHECK(t.opt->steps() == 20);
+        CHECK(mismatches(*t.root, t.opt.get(), ref, same ? 0.0 : 1e-6) == 0);
+      });
+    }
+    CHECK(test::all_ranks(ok));
+  }
+}
