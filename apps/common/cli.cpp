@@ -1,6 +1,7 @@
 #include "cli.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <exception>
 
 #include "fullshard/base/error.hpp"
@@ -20,6 +21,13 @@ std::optional<long long> to_integer(const std::string& v) {
   }
   if (v.empty() || used != v.size()) return std::nullopt;
   return x;
+}
+
+/// %g: "0.25", "1e+30" rather than std::to_string's "0.250000".
+std::string short_number(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", x);
+  return b;
 }
 
 }  // namespace
@@ -71,8 +79,8 @@ double ArgParser::double_value(double min, double max) {
     used = 0;
   }
   if (v.empty() || used != v.size() || !std::isfinite(x) || x < min || x > max)
-    throw UsageError{flag_ + " expects a number in [" + std::to_string(min) + ", " +
-                     std::to_string(max) + "], got '" + v + "'"};
+    throw UsageError{flag_ + " expects a number in [" + short_number(min) + ", " +
+                     short_number(max) + "], got '" + v + "'"};
   return x;
 }
 
@@ -118,6 +126,20 @@ std::pair<int, int> ArgParser::mesh_value() {
 
 void ArgParser::unknown() const {
   throw UsageError{"unknown option '" + flag_ + "'"};
+}
+
+bool take_help(int& argc, char** argv) {
+  bool help = false;
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help")
+      help = true;
+    else
+      argv[kept++] = argv[i];
+  }
+  argc = kept;
+  argv[argc] = nullptr;
+  return help;
 }
 
 std::string one_line(std::string s) {

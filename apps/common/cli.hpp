@@ -52,6 +52,10 @@ class ArgParser {
   std::optional<std::string> inline_value_;
 };
 
+/// Takes every "--help" out of argv (in place; argc shrinks) and says whether there was one.
+/// Call it before the Runtime starts: Kokkos would otherwise answer --help with its own help.
+bool take_help(int& argc, char** argv);
+
 /// An exception's message on one line, without the "fullshard[rank R]: " prefix.
 std::string one_line(std::string s);
 

@@ -20,6 +20,7 @@
 
 #include "cli.hpp"
 #include "fullshard/base/error.hpp"
+#include "fullshard/checkpoint/checkpoint.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/optim/optimizer.hpp"
@@ -67,6 +68,19 @@ const char* const kUsage =
     "                        reshard_after_forward of every group (default auto)\n"
     "  --prefetch D          forward prefetch depth (default 1; 0: implicit only)\n"
     "output:\n"
+    "checkpoints (docs/checkpoint-format.md):\n"
+    "  --checkpoint-dir DIR  save checkpoints there (each save a new step directory; the\n"
+    "                        previous one stays loadable until the new one is complete)\n"
+    "  --save-every N        save after every N-th step and after the last (default: only\n"
+    "                        after the last step, when --checkpoint-dir is given)\n"
+    "  --checkpoint-kind K   sharded (every rank writes its shards, default) or full (rank 0\n"
+    "                        writes one consolidated file)\n"
+    "  --stop-after N        end this run after global step N (e.g. to fit a job's time\n"
+    "                        limit; with --checkpoint-dir a checkpoint is saved there);\n"
+    "                        --steps stays the total that the lr schedule spans\n"
+    "  --resume DIR          continue from the checkpoint in DIR (saved on any number of\n"
+    "                        ranks or mesh) up to --steps S, the total; model, --batch and\n"
+    "                        --seed must be those of the saved run\n"
     "  --trace FILE          write the plan and the measured timeline (Chrome/Perfetto JSON)\n"
     "  --log-every N         print every N-th step line (default 1; the last step always)\n"
     "  --help                print this help\n"
@@ -86,6 +100,10 @@ struct Config {
   std::optional<fullshard::DType> param_dtype, reduce_dtype;
   std::string trace;
   int log_every = 1;
+  std::string checkpoint_dir, resume_dir;
+  int save_every = 0;
+  int stop_after = -1;
+  fullshard::checkpoint::Kind checkpoint_kind = fullshard::checkpoint::Kind::sharded;
   bool help = false;
 };
 
@@ -95,8 +113,7 @@ Config parse(int argc, char** argv) {
   apps::ArgParser a(argc, argv);
   while (a.next()) {
     const std::string& f = a.flag();
-    if (f == "--help") c.help = true;
-    else if (f == "--layers") c.shape.blocks = a.int_value(0, 100000);
+    if (f == "--layers") c.shape.blocks = a.int_value(0, 100000);
     else if (f == "--hidden") c.shape.hidden = a.int_value(1, 1 << 16);
     else if (f == "--inputs") c.shape.inputs = a.int_value(1, 1 << 16);
     else if (f == "--outputs") c.shape.outputs = a.int_value(1, 1 << 16);
@@ -119,8 +136,20 @@ Config parse(int argc, char** argv) {
     else if (f == "--prefetch") c.plan.forward_prefetch_depth = a.int_value(0, 1 << 20);
     else if (f == "--trace") c.trace = a.value();
     else if (f == "--log-every") c.log_every = a.int_value(1);
+    else if (f == "--checkpoint-dir") c.checkpoint_dir = a.value();
+    else if (f == "--save-every") c.save_every = a.int_value(1);
+    else if (f == "--resume") c.resume_dir = a.value();
+    else if (f == "--stop-after") c.stop_after = a.int_value(0);
+    else if (f == "--checkpoint-kind") {
+      const std::string k = a.value();
+      if (k == "sharded") c.checkpoint_kind = fullshard::checkpoint::Kind::sharded;
+      else if (k == "full") c.checkpoint_kind = fullshard::checkpoint::Kind::full;
+      else throw apps::UsageError{"--checkpoint-kind expects sharded or full, got '" + k + "'"};
+    }
     else a.unknown();
   }
+  if (c.save_every > 0 && c.checkpoint_dir.empty())
+    throw apps::UsageError{"--save-every needs --checkpoint-dir"};
   if (c.warmup >= 0 && c.warmup >= c.steps)
     throw apps::UsageError{"--warmup " + std::to_string(c.warmup) + " must be below --steps " +
                            std::to_string(c.steps)};
@@ -246,12 +275,58 @@ int train(const fullshard::Runtime& rt, const Config& c) {
   std::vector<double> step_ms, comm_ms;
   double first_loss = 0, last_loss = 0;
   std::size_t ops_seen = 0;
-  fullshard::comm::Traffic traffic_before = mesh.traffic();
+  // Bytes of the training steps after the first (which also initialises): checkpoint saves
+  // and loads are not counted.
+  fullshard::comm::Traffic step_traffic;
   const bool keep_timeline = !c.trace.empty();
+  // What a resumed run must share with the saved one for the data stream and the schedule to
+  // continue where they stopped (the model itself is checked by checkpoint::load).
+  const nlohmann::json run_identity = {{"batch", c.batch},       {"seed", c.seed},
+                                       {"optimizer", c.optimizer}, {"lr", c.lr},
+                                       {"warmup", c.warmup},     {"steps", c.steps}};
+  int first_step = 0;
+  if (!c.resume_dir.empty()) {
+    const auto t0 = Clock::now();
+    const fullshard::checkpoint::Loaded ck = fullshard::checkpoint::load(c.resume_dir, model.root(), opt.get());
+    const nlohmann::json saved = ck.metadata.value("fullshard-train", nlohmann::json::object());
+    for (const char* key : {"batch", "seed", "optimizer"})
+      if (saved.contains(key) && saved[key] != run_identity[key])
+        throw apps::UsageError{std::string("--resume ") + c.resume_dir + ": the checkpoint was "
+                               "saved with --" + key + " " + saved[key].dump() + ", this run has " +
+                               run_identity[key].dump() + " (the data would not continue)"};
+    if (ck.step > c.steps)
+      throw apps::UsageError{"--resume " + c.resume_dir + ": the checkpoint is at step " +
+                             std::to_string(ck.step) + ", beyond --steps " +
+                             std::to_string(c.steps)};
+    first_step = static_cast<int>(ck.step);
+    if (rank == 0) {
+      std::printf("resumed from %s at step %d (%s checkpoint, %.2f MiB read by rank 0 in %.3f s)\n",
+                  ck.step_dir.c_str(), first_step, fullshard::checkpoint::kind_name(ck.kind),
+                  ck.bytes_read / mib,
+                  std::chrono::duration<double>(Clock::now() - t0).count());
+      std::fflush(stdout);
+    }
+  }
+  auto save = [&](int steps_done, double loss) {
+    const auto t0 = Clock::now();
+    nlohmann::json meta = {{"fullshard-train", run_identity}, {"loss", loss}};
+    fullshard::checkpoint::SaveOptions so;
+    so.kind = c.checkpoint_kind;
+    const std::string where = fullshard::checkpoint::save(c.checkpoint_dir, model.root(), opt.get(),
+                                                          steps_done, meta, std::string(), so);
+    if (rank == 0) {
+      std::printf("checkpoint: step %d saved to %s in %.3f s\n", steps_done, where.c_str(),
+                  std::chrono::duration<double>(Clock::now() - t0).count());
+      std::fflush(stdout);
+    }
+  };
+
+  const int last_step = c.stop_after >= 0 ? std::min(c.steps, c.stop_after) : c.steps;
   const auto t_start = Clock::now();
-  for (int step = 0; step < c.steps; ++step) {
+  for (int step = first_step; step < last_step; ++step) {
     teacher.batch(static_cast<std::int64_t>(step) * c.batch + first_row, rows, x, t);
     const auto t0 = Clock::now();
+    const fullshard::comm::Traffic traffic0 = mesh.traffic();
     if (schedule) {
       const double lr = schedule->lr(step);
       if (sgd) sgd->lr = lr;
@@ -263,7 +338,12 @@ int train(const fullshard::Runtime& rt, const Config& c) {
     opt->step();
     const double loss = apps::sum_over_mesh(sse, mesh) / (double(c.batch) * c.shape.outputs);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    if (step == 0) traffic_before = mesh.traffic();  // the first step also initialises
+    if (step > first_step) {
+      const fullshard::comm::Traffic t1 = mesh.traffic();
+      step_traffic.all_gather += t1.all_gather - traffic0.all_gather;
+      step_traffic.reduce_scatter += t1.reduce_scatter - traffic0.reduce_scatter;
+      step_traffic.all_reduce += t1.all_reduce - traffic0.all_reduce;
+    }
 
     // Communication time of this step: collectives on the channel streams (inline progress
     // runs them on this thread, so they add to the step time).
@@ -276,9 +356,9 @@ int train(const fullshard::Runtime& rt, const Config& c) {
 
     step_ms.push_back(ms);
     comm_ms.push_back(comm);
-    if (step == 0) first_loss = loss;
+    if (step == first_step) first_loss = loss;
     last_loss = loss;
-    if (rank == 0 && ((step + 1) % c.log_every == 0 || step + 1 == c.steps)) {
+    if (rank == 0 && ((step + 1) % c.log_every == 0 || step + 1 == last_step)) {
       std::printf("step %d loss %.9g step_ms %.3f comm_ms %.3f peak_mib %.2f\n", step + 1, loss,
                   ms, comm, model.executor().measured_peak_bytes() / mib);
       std::fflush(stdout);
@@ -286,9 +366,12 @@ int train(const fullshard::Runtime& rt, const Config& c) {
     if (!std::isfinite(loss))
       throw fullshard::Error("step " + std::to_string(step + 1) + ": the loss is " +
                              std::to_string(loss) + " (diverged; lower --lr)");
+    if (!c.checkpoint_dir.empty() &&
+        ((c.save_every > 0 && (step + 1) % c.save_every == 0) || step + 1 == last_step))
+      save(step + 1, loss);
   }
   const double total_s = std::chrono::duration<double>(Clock::now() - t_start).count();
-  const fullshard::comm::Traffic traffic_after = mesh.traffic();
+  const int steps_run = std::max(0, last_step - first_step);
 
   if (rank == 0) {
     auto median = [](std::vector<double> v) {
@@ -298,20 +381,19 @@ int train(const fullshard::Runtime& rt, const Config& c) {
     };
     std::printf("summary: %d steps in %.2f s, loss %.6g -> %.6g, median step %.3f ms "
                 "(comm %.3f ms), pool peak %.2f MiB (plan %.2f MiB), max RSS %.1f MiB\n",
-                c.steps, total_s, first_loss, last_loss, median(step_ms), median(comm_ms),
+                steps_run, total_s, first_loss, last_loss, median(step_ms), median(comm_ms),
                 model.executor().measured_peak_bytes() / mib, model.plan().peak_bytes / mib,
                 peak_rss_mib());
     // Bytes per step against FSDP's reference: every parameter all-gathered in forward and
     // again in backward, and its gradient reduce-scattered once (3x the parameter bytes).
-    if (c.steps > 1) {
-      const double n = c.steps - 1, pbytes = model.num_params() * 4.0;
-      const double ag = (traffic_after.all_gather - traffic_before.all_gather) / n;
-      const double rs = (traffic_after.reduce_scatter - traffic_before.reduce_scatter) / n;
-      const double ar = (traffic_after.all_reduce - traffic_before.all_reduce) / n;
-      std::printf("communicated per step (rank 0, steps 2..%d): %.3f MiB = %.3f x the f32 "
+    if (steps_run > 1) {
+      const double n = steps_run - 1, pbytes = model.num_params() * 4.0;
+      const double ag = step_traffic.all_gather / n, rs = step_traffic.reduce_scatter / n,
+                   ar = step_traffic.all_reduce / n;
+      std::printf("communicated per step (rank 0, steps %d..%d): %.3f MiB = %.3f x the f32 "
                   "parameter bytes (all-gather %.3f x, reduce-scatter %.3f x, all-reduce "
                   "%.3f x); FSDP reference 3 x (2 x with reshard_after_forward=false)\n",
-                  c.steps, (ag + rs + ar) / mib, (ag + rs + ar) / pbytes, ag / pbytes,
+                  first_step + 2, last_step, (ag + rs + ar) / mib, (ag + rs + ar) / pbytes, ag / pbytes,
                   rs / pbytes, ar / pbytes);
     }
     std::fflush(stdout);
@@ -331,6 +413,7 @@ int train(const fullshard::Runtime& rt, const Config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const bool help = apps::take_help(argc, argv);
   std::optional<fullshard::Runtime> rt;
   try {
     rt.emplace(argc, argv);
@@ -340,11 +423,11 @@ int main(int argc, char** argv) {
   }
   const int rank = rt->rank();
   try {
-    const Config c = parse(argc, argv);
-    if (c.help) {
+    if (help) {
       if (rank == 0) std::fputs(kUsage, stdout);
       return 0;
     }
+    const Config c = parse(argc, argv);
     return train(*rt, c);
   } catch (const apps::UsageError& e) {
     // Every rank parses the same arguments, so every rank gets here: no one is left waiting.

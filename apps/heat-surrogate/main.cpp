@@ -13,7 +13,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <optional>
 #include <string>
@@ -191,18 +190,9 @@ int run(const fullshard::Runtime& rt, const heat::Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --help is ours: Kokkos would print its own help for it, so the Runtime does not see it.
-  bool help = false;
-  std::vector<char*> args;
-  for (int i = 0; i < argc; ++i) {
-    if (i > 0 && std::strcmp(argv[i], "--help") == 0)
-      help = true;
-    else
-      args.push_back(argv[i]);
-  }
-  int args_count = static_cast<int>(args.size());
-  args.push_back(nullptr);
-  char** args_data = args.data();
+  bool help = apps::take_help(argc, argv);
+  int args_count = argc;
+  char** args_data = argv;
   std::optional<fullshard::Runtime> rt;
   try {
     rt.emplace(args_count, args_data);
