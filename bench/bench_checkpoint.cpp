@@ -17,7 +17,8 @@
 //   posix/read_warm/<MiB>, ckpt/load_warm/<MiB>, ckpt/load_in_place_warm/<MiB>: the same from
 //                             the page cache
 // <MiB> is the data per rank. Setup (removing the previous iteration's files, dropping caches)
-// is not timed. Counters: med_us, min_us (max over ranks), GBps = MiB per rank / median.
+// is not timed. Counters: med_us, min_us (max over ranks), GBps = bytes per rank / median.
+// Iterations are fixed per size (21, 11, 7): the median is what the README tables use.
 //
 // Launch: scripts/mpirun-local -n 2 build/bench/fullshard-bench-checkpoint [--dir=PATH]
 //         [--benchmark_* flags]; PATH (default $TMPDIR or /tmp) must be on the file system
@@ -331,12 +332,14 @@ int main(int argc, char** argv) {
     b.dir = dir;
     benchmark::AddCustomContext("checkpoint_dir", dir);
     benchmark::AddCustomContext("crc32c", ck::crc32c_implementation());
-    for (double mib : {16.0, 64.0, 256.0}) {
+    // Fixed iteration counts (the same on every rank), enough for a stable median.
+    for (const auto& [mib, iterations] :
+         {std::pair<double, int>{16.0, 21}, {64.0, 11}, {256.0, 7}}) {
       const std::string s = std::to_string(static_cast<int>(mib));
       auto reg = [&](const std::string& name, auto fn, auto... args) {
         benchmark::RegisterBenchmark((name + "/" + s).c_str(), fn, &b, mib, args...)
             ->UseManualTime()
-            ->MinTime(1.0);
+            ->Iterations(iterations);
       };
       reg("posix/write_fsync", bench_posix_write);
       reg("mpiio/write_sync", bench_mpiio_write);

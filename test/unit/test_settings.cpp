@@ -56,6 +56,19 @@ TEST_CASE("a bad setting is an error naming the variable and the value") {
   CHECK(error_of({{"FULLSHARD_RANKS_PER_NODE", "3x"}}) != "");
 }
 
+TEST_CASE("FULLSHARD_CKPT_FAULT: a known point, optionally on one rank") {
+  const Settings s = Settings::from_map({{"FULLSHARD_CKPT_FAULT", "mid_index@3"}});
+  CHECK(s.checkpoint_fault.point == "mid_index");
+  CHECK(s.checkpoint_fault.rank == 3);
+  CHECK(s.warnings.empty());
+  CHECK(Settings::from_map({{"FULLSHARD_CKPT_FAULT", "after_shards"}}).checkpoint_fault.rank == -1);
+  CHECK(Settings::from_map({}).checkpoint_fault.point.empty());
+  const std::string msg = error_of({{"FULLSHARD_CKPT_FAULT", "mid_shrad"}});
+  CHECK(msg.find("FULLSHARD_CKPT_FAULT='mid_shrad'") != std::string::npos);
+  CHECK(msg.find("mid_shard, after_shards") != std::string::npos);
+  CHECK(error_of({{"FULLSHARD_CKPT_FAULT", "mid_shard@x"}}) != "");
+}
+
 TEST_CASE("an unknown FULLSHARD_ variable is reported, FULLSHARD_ROOT is not") {
   const Settings s = Settings::from_map({{"FULLSHARD_TIMOUT", "5"}, {"FULLSHARD_ROOT", "/opt"}});
   REQUIRE(s.warnings.size() == 1);
