@@ -12,9 +12,8 @@
 //   mpiio/read_cold/<MiB>     MPI_File_read_at_all of each rank's part of the shared file
 //   ckpt/load_cold/<MiB>      checkpoint::load of that checkpoint into the same model, same mesh,
 //                             files dropped from the page cache first (the restart case):
-//                             read + verify into staging, agree, copy into the model
-//   ckpt/load_in_place_cold/<MiB>  the same with LoadOptions::in_place (no staging copy)
-//   posix/read_warm/<MiB>, ckpt/load_warm/<MiB>, ckpt/load_in_place_warm/<MiB>: the same from
+//                             read + verify into fresh group storage, agree, adopt it
+//   posix/read_warm/<MiB>, ckpt/load_warm/<MiB>: the same from
 //                             the page cache
 // <MiB> is the data per rank. Setup (removing the previous iteration's files, dropping caches)
 // is not timed. Counters: med_us, min_us (max over ranks), GBps = bytes per rank / median.
@@ -264,7 +263,7 @@ void bench_save(benchmark::State& state, const Bench* b, double mib) {
   }
 }
 
-void bench_load(benchmark::State& state, const Bench* b, double mib, bool cold, bool in_place) {
+void bench_load(benchmark::State& state, const Bench* b, double mib, bool cold) {
   try {
     auto model = make_model(*b->mesh, mib);
     const std::string dir = b->dir + "/ckpt-load";
@@ -276,7 +275,7 @@ void bench_load(benchmark::State& state, const Bench* b, double mib, bool cold, 
           if (cold && b->rank == 0) drop_tree(step_dir);
           MPI_Barrier(b->comm);
         },
-        [&] { ck::load(dir, *model, nullptr, {in_place}); });
+        [&] { ck::load(dir, *model, nullptr); });
     MPI_Barrier(b->comm);
     if (b->rank == 0) remove_tree(dir);
   } catch (const std::exception& e) {
@@ -346,11 +345,9 @@ int main(int argc, char** argv) {
       reg("ckpt/save", bench_save);
       reg("posix/read_cold", bench_posix_read, true);
       reg("mpiio/read_cold", bench_mpiio_read);
-      reg("ckpt/load_cold", bench_load, true, false);
-      reg("ckpt/load_in_place_cold", bench_load, true, true);
+      reg("ckpt/load_cold", bench_load, true);
       reg("posix/read_warm", bench_posix_read, false);
-      reg("ckpt/load_warm", bench_load, false, false);
-      reg("ckpt/load_in_place_warm", bench_load, false, true);
+      reg("ckpt/load_warm", bench_load, false);
     }
     result = fs::bench::run_benchmarks(argc, argv);
     MPI_Barrier(MPI_COMM_WORLD);

@@ -4,9 +4,13 @@
 #include "fullshard/checkpoint/checkpoint.hpp"
 
 #include <mpi.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -496,21 +500,29 @@ std::string save(const std::string& dir, graph::Module& model, const optim::Opti
 
 namespace {
 
-// In-place loads write the sharded storage directly: every group must be sharded (as
-// load_sharded_state_dict requires) and every tensor in host memory.
-void check_loadable_in_place(graph::Module& model) {
-  for (graph::Module* m : model.modules_preorder())
-    if (fsdp::FSDPModule* st = fsdp::fsdp_state(*m)) {
-      const auto& g = *st->group();
-      if (g.state() != fsdp::detail::ShardedState::sharded || g.gather_in_flight())
-        throw InvalidArgument("checkpoint::load: group " + g.name() +
-                              " is unsharded or being gathered; call reshard() before loading");
-    }
-  for (graph::Parameter* p : model.parameters())
-    if (p->data().space() != MemorySpace::host)
-      throw InvalidArgument("checkpoint::load: in_place needs host parameters; '" + p->fqn() +
-                            "' is in device memory");
+// Fresh memory that a load is about to fill: asks Linux for transparent huge pages (512x fewer
+// page faults on first touch, which otherwise cost a good part of a cold load's time).
+// Advisory: nothing happens where THP is off or the kernel refuses.
+void advise_huge_pages(const Tensor& t) noexcept {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr std::uintptr_t kHuge = 2u << 20;
+  const auto begin = reinterpret_cast<std::uintptr_t>(t.data());
+  const std::uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1);
+  const std::uintptr_t last = (begin + t.nbytes()) & ~(kHuge - 1);
+  if (t.space() == MemorySpace::host && last > first)
+    ::madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#else
+  (void)t;
+#endif
 }
+
+// Where a parameter's shard goes: a slot of its group's new sharded storage (host groups:
+// the load reads straight into memory the model then adopts), or its own staging tensor
+// (parameters outside any group, and groups in device memory), copied in after agreement.
+struct GroupTarget {
+  fsdp::detail::ParamGroup* group = nullptr;
+  Tensor storage;  // fresh, same shape/dtype as the group's sharded storage
+};
 
 std::string fingerprint_note(const Index& index, const std::string& mine) {
   if (index.model_fingerprint == mine) return "";
@@ -520,8 +532,7 @@ std::string fingerprint_note(const Index& index, const std::string& mine) {
 
 }  // namespace
 
-Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* optimizer,
-            const LoadOptions& options) {
+Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* optimizer) {
   const DeviceMesh& mesh = model_mesh(model, "checkpoint::load");
   Comm c(mesh.world_comm().handle());
 
@@ -539,7 +550,8 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
 
   // Every rank checks the index against the model and stages its shards.
   Loaded out;
-  std::map<std::string, ShardedTensor> params;
+  std::vector<GroupTarget> groups;
+  std::unordered_map<const graph::Parameter*, Tensor> staged;
   std::map<std::string, Tensor> opt_state;
   err = attempt([&] {
     const std::string where = detail::join(step_dir, "index.json");
@@ -616,21 +628,59 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
       }
     }
 
-    // Read and verify this rank's shards into staging tensors.
+    // Read and verify this rank's shards: straight into fresh group storage (host groups) or
+    // into staging tensors; nothing in the model changes here.
     Reader reader(step_dir, index);
     auto stage = [&](const TensorInfo& t, const ShardLayout& l) {
       Tensor s = Tensor::empty(l.local_shape, t.dtype, MemorySpace::host, "checkpoint.load");
+      advise_huge_pages(s);
       reader.read_box(t, l.global_offset, l.local_shape, s.data());
       return s;
     };
-    if (options.in_place) {
-      check_loadable_in_place(model);
-      for (const auto& [name, st] : sd)
+    std::unordered_map<const graph::Parameter*, std::pair<std::size_t, std::int64_t>> slot_of;
+    for (graph::Module* m : model.modules_preorder()) {
+      fsdp::FSDPModule* st = fsdp::fsdp_state(*m);
+      if (!st) continue;
+      fsdp::detail::ParamGroup* g = st->group().get();
+      bool seen = false;
+      for (const GroupTarget& t : groups)
+        seen |= t.group == g;
+      if (seen || g->sharded_storage().space() != MemorySpace::host) continue;
+      Tensor fresh = Tensor::empty(g->sharded_storage().shape(), g->sharded_storage().dtype(),
+                                   MemorySpace::host, "checkpoint.load " + g->name());
+      advise_huge_pages(fresh);
+      const std::string problem = g->adopt_problem(fresh);
+      if (!problem.empty()) throw InvalidArgument("checkpoint::load: " + problem);
+      // Zero the padding between and after the shards (the storage's invariant).
+      const std::size_t es = dtype_size(fresh.dtype());
+      std::int64_t covered = 0;
+      auto* base = static_cast<unsigned char*>(fresh.data());
+      const auto& members = g->layout().members;
+      for (std::size_t i = 0; i < members.size(); ++i) {
+        const std::int64_t off = members[i].slot_offset;
+        if (off > covered)
+          std::memset(base + covered * es, 0, static_cast<std::size_t>(off - covered) * es);
+        covered = off + numel(members[i].layout.local_shape);
+        slot_of[g->params()[i]] = {groups.size(), off};
+      }
+      if (fresh.numel() > covered)
+        std::memset(base + covered * es, 0, static_cast<std::size_t>(fresh.numel() - covered) * es);
+      groups.push_back({g, std::move(fresh)});
+    }
+    std::unordered_map<std::string, const graph::Parameter*> param_of;
+    for (const auto& [p, name] : names)
+      param_of[name] = p;
+    for (const auto& [name, st] : sd) {  // in name order, as the index lists them
+      const graph::Parameter* p = param_of.at(name);
+      auto it = slot_of.find(p);
+      if (it == slot_of.end()) {
+        staged[p] = stage(*by_name.at(name), st.layout);
+      } else {
+        const Tensor dst =
+            groups[it->second.first].storage.flat_view(it->second.second, st.layout.local_shape);
         reader.read_box(*by_name.at(name), st.layout.global_offset, st.layout.local_shape,
-                        st.local.data());
-    } else {
-      for (const auto& [name, st] : sd)
-        params[name] = ShardedTensor{stage(*by_name.at(name), st.layout), st.layout};
+                        dst.data());
+      }
     }
     for (const auto& [p, name] : opt_params) {
       std::size_t present = 0;
@@ -649,6 +699,7 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
       Tensor step = Tensor::zeros({1}, DType::f64);
       step.set(0, static_cast<double>(index.optimizer_step));
       opt_state["step"] = step;
+      optimizer->check_state_dict(opt_state);
     }
     out.step = index.step;
     out.metadata = index.metadata;
@@ -659,13 +710,13 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
   });
   agree(c, err, "checkpoint load");
 
-  // Everything is read and verified on every rank: load (both functions check before writing).
-  err = attempt([&] {
-    if (!options.in_place) fsdp::load_sharded_state_dict(model, params);
-    params.clear();
-    if (optimizer) optimizer->load_state_dict(opt_state);
-  });
-  agree(c, err, "checkpoint load");
+  // Everything is read and checked on every rank: swap the new storage in, copy the few
+  // staged parameters, hand the optimizer its state. Nothing here can fail halfway.
+  for (GroupTarget& t : groups)
+    t.group->adopt_sharded_storage(std::move(t.storage));
+  for (const auto& [p, t] : staged)
+    copy_bytes(p->data(), t);
+  if (optimizer) optimizer->load_state_dict(std::move(opt_state));
   return out;
 }
 

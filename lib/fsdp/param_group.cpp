@@ -385,6 +385,22 @@ Tensor ParamGroup::gather_full() {
   return arena;
 }
 
+std::string ParamGroup::adopt_problem(const Tensor& storage) const {
+  if (state_ != ShardedState::sharded || gather_in_flight_)
+    return "group " + name_ + " is unsharded or being gathered; call reshard() first";
+  if (storage.shape() != sharded_.shape() || storage.dtype() != sharded_.dtype() ||
+      storage.space() != sharded_.space())
+    return "group " + name_ + ": new storage " + shape_string(storage.shape()) + " " +
+           dtype_name(storage.dtype()) + " does not match " + shape_string(sharded_.shape()) + " " +
+           dtype_name(sharded_.dtype());
+  return {};
+}
+
+void ParamGroup::adopt_sharded_storage(Tensor storage) noexcept {
+  sharded_ = std::move(storage);
+  register_sharded();
+}
+
 void ParamGroup::register_sharded() {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& m = layout_.members[i];

@@ -77,6 +77,14 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   DType param_dtype() const noexcept { return param_dtype_; }
   DType reduce_dtype() const noexcept { return reduce_dtype_; }
   const Tensor& sharded_storage() const noexcept { return sharded_; }
+  /// Why `storage` cannot replace the sharded storage (empty when it can): it must have the
+  /// storage's shape, dtype and memory space, and the group must be sharded with no
+  /// all-gather in flight.
+  std::string adopt_problem(const Tensor& storage) const;
+  /// Replaces the sharded storage by `storage` (checked with adopt_problem first; its padding
+  /// zero) and registers its views: a checkpoint load without a copy. Views of the old
+  /// storage (e.g. from an earlier sharded_state_dict) keep the old values.
+  void adopt_sharded_storage(Tensor storage) noexcept;
   const Tensor& sharded_grads() const noexcept { return sharded_grads_; }
   /// CPUOffloadPolicy given: sharded state stays in host memory (the host engine keeps it
   /// there anyway; the GPU engine copies around its collectives).

@@ -115,9 +115,15 @@ std::map<std::string, Tensor> Optimizer::state_views() const {
   return out;
 }
 
-void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
+void Optimizer::check_state_dict(const std::map<std::string, Tensor>& state) const {
+  checked_step(state);
+}
+
+// The checks of load_state_dict; returns the step and, per parameter, whether its state is
+// present.
+std::int64_t Optimizer::checked_step(const std::map<std::string, Tensor>& state,
+                                     std::vector<bool>* has_state) const {
   const std::vector<std::string> names = state_names();
-  // Checks.
   auto step_it = state.find("step");
   if (step_it == state.end()) throw InvalidArgument("load_state_dict: missing key 'step'");
   const Tensor& st = step_it->second;
@@ -151,14 +157,41 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
         if (state.count(params_[i]->fqn() + "." + n) == 0)
           throw InvalidArgument("load_state_dict: missing key '" + params_[i]->fqn() + "." + n +
                                 "'");
-  // Writes.
+  if (has_state) {
+    has_state->assign(params_.size(), false);
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      (*has_state)[i] = present[i] != 0;
+  }
+  return static_cast<std::int64_t>(step_v);
+}
+
+void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
+  std::vector<bool> has_state;
+  const std::int64_t step = checked_step(state, &has_state);
+  const std::vector<std::string> names = state_names();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     state_[i].clear();
-    if (present[i] == 0) continue;
+    if (!has_state[i]) continue;
     for (const std::string& n : names)
       state_[i].push_back(copy_of(state.at(params_[i]->fqn() + "." + n)));
   }
-  step_ = static_cast<std::int64_t>(step_v);
+  step_ = step;
+}
+
+void Optimizer::load_state_dict(std::map<std::string, Tensor>&& state) {
+  std::vector<bool> has_state;
+  const std::int64_t step = checked_step(state, &has_state);
+  const std::vector<std::string> names = state_names();
+  // Allocate first, then move: nothing below can fail once the state is being replaced.
+  std::vector<std::vector<Tensor>> next(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!has_state[i]) continue;
+    next[i].reserve(names.size());
+    for (const std::string& n : names)
+      next[i].push_back(std::move(state.at(params_[i]->fqn() + "." + n)));
+  }
+  state_.swap(next);
+  step_ = step;
 }
 
 // ---- SGD ------------------------------------------------------------------------------------

@@ -55,17 +55,6 @@ struct Loaded {
   std::uint64_t bytes_read = 0;
 };
 
-struct LoadOptions {
-  /// false (default): every tensor is read and verified into staging memory first, and only
-  /// when every rank succeeded is it copied into the model and optimizer, so that a failed load
-  /// changes nothing (costs one extra pass over the bytes and the staging memory).
-  /// true: parameter shards are read straight into the model's sharded storage (no staging
-  /// copy of them; see bench/README.md for what it saves). Errors are still found, agreed and
-  /// thrown on every rank, but the parameters may then hold part of the checkpoint: for
-  /// restarts into a freshly built model. Optimizer state is always staged.
-  bool in_place = false;
-};
-
 /// Loads the checkpoint at `dir` (a root written by save(), which follows dir/latest, or one
 /// step directory) into the model and, when `optimizer` is not null, the optimizer, whatever
 /// mesh and world size saved it: each rank reads only the checksum blocks that intersect its
@@ -74,10 +63,11 @@ struct LoadOptions {
 /// Checked before anything is written: format version, the index against the model (missing
 /// or unexpected parameter, wrong shape or dtype, a checkpoint of another model), files present
 /// and of the right size, every checksum. Any problem on any rank is thrown on every rank
-/// (InvalidArgument naming the file and the tensor) and nothing is loaded on any rank (unless
-/// options.in_place). Collective over the model's mesh. Call with every group sharded (outside
-/// forward/backward).
-Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* optimizer = nullptr,
-            const LoadOptions& options = {});
+/// (InvalidArgument naming the file and the tensor) and nothing is loaded on any rank.
+/// Parameters are read straight into fresh sharded storage that each group adopts once every
+/// rank succeeded (no staging copy; views from an earlier sharded_state_dict keep the old
+/// values); optimizer state is read into the tensors the optimizer then keeps. Collective over
+/// the model's mesh. Call with every group sharded (outside forward/backward).
+Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* optimizer = nullptr);
 
 }  // namespace fullshard::checkpoint

@@ -51,6 +51,11 @@ class Optimizer {
   /// names no parameter/state (unexpected), a parameter with only some of its state keys
   /// (missing), a wrong shape or dtype: InvalidArgument naming the key.
   void load_state_dict(const std::map<std::string, Tensor>& state);
+  /// The same, taking the state tensors instead of copying them (the caller must not use
+  /// them afterwards): checkpoint loads read straight into the tensors the optimizer keeps.
+  void load_state_dict(std::map<std::string, Tensor>&& state);
+  /// load_state_dict's checks without writing anything: InvalidArgument as it would throw.
+  void check_state_dict(const std::map<std::string, Tensor>& state) const;
 
  protected:
   /// Updates p.data() from `grad`; `state` holds state_names().size() tensors of the
@@ -60,6 +65,9 @@ class Optimizer {
                       bool fresh, std::int64_t step) = 0;
 
  private:
+  std::int64_t checked_step(const std::map<std::string, Tensor>& state,
+                            std::vector<bool>* has_state = nullptr) const;
+
   std::vector<graph::Parameter*> params_;
   std::vector<std::vector<Tensor>> state_;  // per parameter: empty until first update
   std::int64_t step_ = 0;
