@@ -9,6 +9,7 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/stream.hpp"
+#include "fullshard/kernels/shard_copy.hpp"
 
 namespace fullshard::apps {
 
@@ -53,8 +54,8 @@ namespace {
 const float* as_f32(const Tensor& t, std::vector<float>& scratch) {
   if (t.dtype() == DType::f32) return t.data_as<const float>();
   scratch.resize(static_cast<std::size_t>(t.numel()));
-  for (std::int64_t i = 0; i < t.numel(); ++i)
-    scratch[static_cast<std::size_t>(i)] = static_cast<float>(t.at(i));
+  kernels::cast_copy(kernels::ExecTarget::host, t.data(), t.dtype(), scratch.data(), DType::f32,
+                     t.numel());
   return scratch.data();
 }
 
@@ -70,8 +71,8 @@ class GradTarget {
   }
   ~GradTarget() {
     if (grad_.dtype() == DType::f32) return;
-    for (std::int64_t i = 0; i < grad_.numel(); ++i)
-      grad_.set(i, grad_.at(i) + static_cast<double>(scratch_[static_cast<std::size_t>(i)]));
+    kernels::reduce_copy_out(kernels::ExecTarget::host, scratch_.data(), DType::f32, grad_.data(),
+                             grad_.dtype(), grad_.numel(), 1.0, /*accumulate=*/true);
   }
   GradTarget(const GradTarget&) = delete;
   GradTarget& operator=(const GradTarget&) = delete;

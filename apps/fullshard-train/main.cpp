@@ -220,9 +220,9 @@ int train(const fullshard::Runtime& rt, const Config& c) {
   const int world = rt.world_size(), rank = rt.rank();
   auto [R, S] = c.mesh;
   if (S == 0) R = 1, S = world;
-  if (R * S != world)
+  if (static_cast<std::int64_t>(R) * S != world)
     throw apps::UsageError{"--mesh " + std::to_string(R) + "x" + std::to_string(S) + " needs " +
-                           std::to_string(R * S) + " ranks, the job has " +
+                           std::to_string(static_cast<std::int64_t>(R) * S) + " ranks, the job has " +
                            std::to_string(world)};
   const fullshard::DeviceMesh mesh =
       R == 1 ? fullshard::DeviceMesh(rt, {S}, {"shard"})
@@ -294,6 +294,14 @@ int train(const fullshard::Runtime& rt, const Config& c) {
         throw apps::UsageError{std::string("--resume ") + c.resume_dir + ": the checkpoint was "
                                "saved with --" + key + " " + saved[key].dump() + ", this run has " +
                                run_identity[key].dump() + " (the data would not continue)"};
+    for (const char* key : {"lr", "warmup", "steps"})
+      if (rank == 0 && saved.contains(key) && saved[key] != run_identity[key])
+        std::printf("warning: --resume: the checkpoint's run had --%s %s, this run has %s: the "
+                    "learning-rate schedule changes from here\n",
+                    key, saved[key].dump().c_str(), run_identity[key].dump().c_str());
+    if (c.stop_after >= 0 && c.stop_after <= ck.step)
+      throw apps::UsageError{"--stop-after " + std::to_string(c.stop_after) +
+                             ": the checkpoint is already at step " + std::to_string(ck.step)};
     if (ck.step > c.steps)
       throw apps::UsageError{"--resume " + c.resume_dir + ": the checkpoint is at step " +
                              std::to_string(ck.step) + ", beyond --steps " +
@@ -347,12 +355,11 @@ int train(const fullshard::Runtime& rt, const Config& c) {
 
     // Communication time of this step: collectives on the channel streams (inline progress
     // runs them on this thread, so they add to the step time).
-    double comm = 0;
-    const auto ops = timeline.ops();
-    for (std::size_t i = ops_seen; i < ops.size(); ++i)
-      if (ops[i].stream != schedule::StreamKind::compute) comm += (ops[i].end_us - ops[i].start_us) / 1e3;
-    if (keep_timeline) ops_seen = ops.size();
-    else timeline.clear();
+    const double comm = timeline.busy_us(ops_seen, /*communication=*/true) / 1e3;
+    if (keep_timeline)
+      ops_seen = timeline.size();
+    else
+      timeline.clear();
 
     step_ms.push_back(ms);
     comm_ms.push_back(comm);

@@ -137,13 +137,20 @@ void sum_and_max(const Field& u, const Slab& sl, double& sum, double& top) {
 }  // namespace detail
 
 HeatSolver::HeatSolver(const Options& o, MPI_Comm sim_comm) : o_(o) {
-  check_mpi(MPI_Comm_dup(sim_comm, &comm_), "MPI_Comm_dup");
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
+  MPI_Comm_rank(sim_comm, &rank_);
+  MPI_Comm_size(sim_comm, &size_);
   // Rows split as evenly as possible; the first ny % size ranks get one more.
   rows_ = o.ny / size_ + (rank_ < o.ny % size_ ? 1 : 0);
   row0_ = rank_ * (o.ny / size_) + std::min(rank_, o.ny % size_);
   ghost_ = o.radius;
+  // The halo exchange sends each neighbour `ghost_` owned rows: a rank needs that many.
+  if (rows_ < std::max(ghost_, 1))
+    throw fullshard::InvalidArgument(
+        "heat solver: rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+        " simulation ranks owns " + std::to_string(rows_) + " rows of --ny " +
+        std::to_string(o.ny) + ", fewer than the halo width " + std::to_string(ghost_) +
+        " (--radius): use fewer simulation ranks or a taller grid");
+  check_mpi(MPI_Comm_dup(sim_comm, &comm_), "MPI_Comm_dup");
   const int span = 2 * o.radius + 1;
   patch_ = span * span;
   dx_ = 1.0 / (o.nx - 1);

@@ -89,10 +89,12 @@ void SampleSender::send(const RoundRecords& records) {
                records.train.begin() + static_cast<std::ptrdiff_t>(t1) * stride_);
     msg.insert(msg.end(), records.eval.begin() + static_cast<std::ptrdiff_t>(e0) * stride_,
                records.eval.begin() + static_cast<std::ptrdiff_t>(e1) * stride_);
+    // Synchronous mode: a send completes only once its trainer has started receiving it, so
+    // the rounds-ahead limit bounds memory on both sides (a buffered eager send would not).
     check_mpi(
-        MPI_Isend(msg.data(), static_cast<int>(msg.size()), MPI_FLOAT,
-                  roles_.world_rank_of_trainer(t), kTag, roles_.transfer_comm(), &sends[t].request),
-        "MPI_Isend (samples)");
+        MPI_Issend(msg.data(), static_cast<int>(msg.size()), MPI_FLOAT,
+                   roles_.world_rank_of_trainer(t), kTag, roles_.transfer_comm(), &sends[t].request),
+        "MPI_Issend (samples)");
   }
   rounds_.push_back(std::move(sends));
 }

@@ -24,6 +24,20 @@ std::vector<MeasuredOp> Timeline::ops() const {
   return ops_;
 }
 
+std::size_t Timeline::size() const {
+  std::lock_guard<std::mutex> lock(m_);
+  return ops_.size();
+}
+
+double Timeline::busy_us(std::size_t first, bool communication) const {
+  std::lock_guard<std::mutex> lock(m_);
+  double sum = 0;
+  for (std::size_t i = first; i < ops_.size(); ++i)
+    if ((ops_[i].stream != StreamKind::compute) == communication)
+      sum += ops_[i].end_us - ops_[i].start_us;
+  return sum;
+}
+
 void Timeline::clear() {
   std::lock_guard<std::mutex> lock(m_);
   ops_.clear();

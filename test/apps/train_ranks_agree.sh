@@ -38,7 +38,7 @@ for c in $cases; do
         if (ref != ref || got != got || d > 1e-5 * a) {
           printf "FAIL: %s: step %d loss %.9g, 1 rank %.9g (relative difference %.2e > 1e-5)\n",
                  label, $1, got, ref, d / a; bad = 1
-        } else if (d > worst) worst = d / a
+        } else if (d / a > worst) worst = d / a
       }
       END {
         if (NR != 10) { printf "FAIL: %s: %d step lines, expected 10\n", label, NR; bad = 1 }

@@ -33,6 +33,11 @@ class Timeline {
               std::chrono::steady_clock::time_point start,
               std::chrono::steady_clock::time_point end);
   std::vector<MeasuredOp> ops() const;
+  /// Number of intervals recorded.
+  std::size_t size() const;
+  /// Summed duration (us) of the intervals from index `first` on, of the communication
+  /// streams (communication = true) or of the compute stream; no copy of the timeline.
+  double busy_us(std::size_t first, bool communication) const;
   void clear();
   /// The same trace-event format as Plan::to_chrome_trace (one thread per stream), as process
   /// `pid` so that a plan (pid 0) and a measurement can be merged into one file.
