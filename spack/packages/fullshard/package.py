@@ -47,6 +47,8 @@ class Fullshard(CMakePackage, CudaPackage):
 
     depends_on("doctest", type=("build", "test"), when="+tests")
     depends_on("benchmark", when="+benchmarks")
+    # fullshard-train and heat-surrogate compute with CBLAS (found as OpenBLAS).
+    depends_on("openblas", when="+apps")
 
     conflicts("~cuda", when="+nccl", msg="NCCL support requires +cuda")
     conflicts("cuda_arch=none", when="+cuda", msg="+cuda requires a cuda_arch value")
