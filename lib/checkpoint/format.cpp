@@ -392,8 +392,6 @@ std::string read_index_text(const std::string& step_dir) {
   const std::string sum_path = detail::join(step_dir, kIndexChecksumFile);
   if (!detail::exists(sum_path)) return text;  // a checkpoint written before index checksums
   std::string sum = detail::read_text(sum_path);
-  const std::string want = detail::index_checksum_text(text);
-  if (sum == want) return text;
   while (!sum.empty() && (sum.back() == '\n' || sum.back() == '\r'))
     sum.pop_back();
   unsigned crc = 0;
@@ -402,10 +400,11 @@ std::string read_index_text(const std::string& step_dir) {
   if (std::sscanf(sum.c_str(), "crc32c %8x bytes %llu%c", &crc, &bytes, &tail) != 2)
     throw InvalidArgument("checkpoint index checksum " + sum_path + " is corrupt ('" +
                           sum.substr(0, 64) + "')");
+  const unsigned got = crc32c(text.data(), text.size());
+  if (got == crc && bytes == text.size()) return text;
   char buf[160];
   std::snprintf(buf, sizeof buf, "%zu bytes with crc32c %08x, %s says %llu bytes with %08x",
-                text.size(), static_cast<unsigned>(crc32c(text.data(), text.size())),
-                kIndexChecksumFile, bytes, crc);
+                text.size(), got, kIndexChecksumFile, bytes, crc);
   throw InvalidArgument("checkpoint index " + where + " does not match its checksum (" + buf +
                         "): the index is corrupt or was changed after the save");
 }
