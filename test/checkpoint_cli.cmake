@@ -1,6 +1,7 @@
 # fullshard-ckpt end to end: a checkpoint written on 2 ranks is inspected, converted to full
 # and to 3 shards, loaded on 1 and 3 ranks, verified; then a flipped bit and a missing file
-# make verify fail naming the file and the tensor. Run by CTest as
+# make verify fail naming the file and the tensor, and the exit codes are checked: 1 for
+# problems found (a flipped bit in index.json too), 2 for bad usage or no checkpoint. Run by CTest as
 #   cmake -DMPIEXEC=... -DPROBE=... -DCKPT=... -P checkpoint_cli.cmake
 # in a fresh directory under $TMPDIR or /tmp, removed at the end (also on failure).
 foreach(v MPIEXEC PROBE CKPT)
@@ -80,5 +81,15 @@ run(2 "${CKPT}" convert "${DIR}/src" "${DIR}/x")
 expect("fullshard-ckpt: error: convert needs --to full or --to sharded")
 run(2 "${CKPT}" inspect "${DIR}/nothing")
 expect("fullshard-ckpt: error: checkpoint directory '[^']*/nothing' does not exist")
+run(2 "${CKPT}" verify "${DIR}/nothing")
+expect("fullshard-ckpt: error: checkpoint directory '[^']*/nothing' does not exist")
+run(2 "${CKPT}" convert "${DIR}/full" "${DIR}/x" --to sharded --shards 4294967297)
+expect("--shards expects an integer in \\[1, 1048576\\], got '4294967297'")
+# A flipped bit in the index: verify reports it (1), inspect cannot read the checkpoint (2).
+run(0 "${PROBE}" flip "${DIR}/full/step-00000005/index.json" 40)
+run(1 "${CKPT}" verify "${DIR}/full")
+expect("FAILED: file [^\n]*/full/step-00000005/index.json: [^\n]*does not match its checksum")
+run(2 "${CKPT}" inspect "${DIR}/full")
+expect("fullshard-ckpt: error: checkpoint index [^\n]*/index.json does not match its checksum")
 file(REMOVE_RECURSE "${DIR}")
 message("fullshard-ckpt end to end: ok")

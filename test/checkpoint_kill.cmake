@@ -4,7 +4,8 @@
 #   1. save step 10 (clean);
 #   2. for each fault point: save step 20 with FULLSHARD_CKPT_FAULT=<point> (the writer must die
 #      with the fault message), then load: step 10 with step 10's values;
-#   3. save step 20 cleanly over the leftovers, load: step 20.
+#   3. save step 20 cleanly over the leftovers, load: step 20;
+#   4. rank 0 saves while the other ranks never join: the job aborts after FULLSHARD_TIMEOUT.
 foreach(v MPIEXEC NP PROBE)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "checkpoint_kill.cmake needs -D${v}=...")
@@ -67,5 +68,14 @@ file(GLOB leftovers "${DIR}/.tmp-*" "${DIR}/latest.tmp")
 if(leftovers)
   fail("a clean save left temporary files: ${leftovers}")
 endif()
+# A rank that never joins a save: rank 0 aborts the job after FULLSHARD_TIMEOUT, naming the
+# operation and the checkpoint, instead of waiting forever.
+set(ENV{FULLSHARD_TIMEOUT} 1)
+probe(FALSE stall "${DIR}/stalled" 30)
+set(ENV{FULLSHARD_TIMEOUT} 60)
+if(NOT err MATCHES "fullshard\\[rank 0\\]: checkpoint save of '[^']*/stalled': MPI_Comm_idup on rank 0 of ${NP} did not finish within FULLSHARD_TIMEOUT=1 s")
+  fail("a save without the other ranks did not time out as expected:\n${out}\n${err}")
+endif()
+message(STATUS "a save that another rank never joins: aborted after FULLSHARD_TIMEOUT")
 file(REMOVE_RECURSE "${DIR}")
 message("checkpoint kill test: the previous checkpoint survived every fault")

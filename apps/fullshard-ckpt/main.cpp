@@ -28,13 +28,14 @@ const char* const kUsage =
     "\n"
     "  inspect  the index: step, kind, model fingerprint, optimizer, metadata, files, and per\n"
     "           tensor its dtype, global shape, placement, shards, bytes and CRC32C\n"
-    "  verify   re-reads every data file and checks every checksum; prints each problem with\n"
-    "           its file and tensor\n"
+    "  verify   checks the index against its checksum, re-reads every data file and checks\n"
+    "           every checksum; prints each problem with its file and tensor\n"
     "  convert  writes SRC as a new checkpoint in the root DST (atomically, like a save):\n"
     "           --to full: one file; --to sharded: N shards per tensor along its saved\n"
-    "           placement (default N: the number of data files of SRC)\n"
+    "           placement (default N: the number of data files of SRC; at most 1048576)\n"
     "\n"
-    "Exit status: 0 success, 1 verification failed, 2 bad usage or unreadable checkpoint.\n";
+    "Exit status: 0 success; 1 verify found problems (in the index or the data); 2 bad usage,\n"
+    "or DIR/SRC is not a checkpoint or cannot be read (any error of inspect and convert).\n";
 
 struct UsageError {
   std::string message;
@@ -147,6 +148,7 @@ int inspect(const std::string& path) {
   return 0;
 }
 
+// Exit 1 for problems found in a checkpoint; not a checkpoint at all is thrown (exit 2).
 int verify(const std::string& path) {
   const auto issues = ck::verify(path);
   if (issues.empty()) {
@@ -167,7 +169,11 @@ int verify(const std::string& path) {
   return 1;
 }
 
-std::uint64_t parse_count(const std::string& flag, const std::string& v, std::uint64_t min) {
+// The most --shards: one file each (and ConvertOptions::shards is an int).
+constexpr std::uint64_t kMaxShards = std::uint64_t{1} << 20;
+
+std::uint64_t parse_count(const std::string& flag, const std::string& v, std::uint64_t min,
+                          std::uint64_t max) {
   std::size_t used = 0;
   unsigned long long x = 0;
   try {
@@ -175,8 +181,9 @@ std::uint64_t parse_count(const std::string& flag, const std::string& v, std::ui
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != v.size() || v.empty() || v[0] == '-' || x < min || x > (1ull << 40))
-    throw UsageError{flag + " expects an integer >= " + std::to_string(min) + ", got '" + v + "'"};
+  if (used != v.size() || v.empty() || v[0] == '-' || x < min || x > max)
+    throw UsageError{flag + " expects an integer in [" + std::to_string(min) + ", " +
+                     std::to_string(max) + "], got '" + v + "'"};
   return x;
 }
 
@@ -200,10 +207,10 @@ int convert(const std::vector<std::string>& args) {
         throw UsageError{"--to expects full or sharded, got '" + v + "'"};
       have_to = true;
     } else if (a == "--shards") {
-      opt.shards = static_cast<int>(parse_count("--shards", value(), 1));
+      opt.shards = static_cast<int>(parse_count("--shards", value(), 1, kMaxShards));
       have_shards = true;
     } else if (a == "--block-bytes") {
-      opt.block_bytes = parse_count("--block-bytes", value(), 1);
+      opt.block_bytes = parse_count("--block-bytes", value(), 1, std::uint64_t{1} << 40);
     } else if (a.rfind("--", 0) == 0) {
       throw UsageError{"unknown option '" + a + "'"};
     } else {

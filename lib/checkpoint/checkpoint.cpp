@@ -1,6 +1,9 @@
 // save() and load(): the collective half of the checkpoint layer. Every phase that can fail on
 // one rank ends in agree(): one all-reduce tells every rank whether any failed, and then every
 // rank throws the first failing rank's error, so no rank is left waiting in a collective.
+// Every MPI operation is nonblocking and completed by Comm::wait under the mesh's timeout
+// (FULLSHARD_TIMEOUT): a rank that never arrives (killed, stuck, or failed outside an
+// agreement) aborts the job with a message naming the operation and the checkpoint.
 #include "fullshard/checkpoint/checkpoint.hpp"
 
 #include <mpi.h>
@@ -9,17 +12,20 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <map>
+#include <thread>
 #include <unordered_map>
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
+#include "fullshard/runtime/settings.hpp"
 #include "lib/checkpoint/io.hpp"
 #include "lib/comm/mpi_error.hpp"
 #include "lib/fsdp/param_group.hpp"
@@ -37,12 +43,16 @@ void check_mpi(int rc, const char* op) {
 }
 
 // A private duplicate of a mesh communicator (so checkpoint traffic never meets a stream's).
+// Its operations are nonblocking MPI calls completed by wait(), which polls them until a
+// deadline: past `timeout_s` (> 0; 0 waits forever) it aborts the job like the library's other
+// collectives (fullshard::detail::abort_job), naming this rank, the operation and `what`.
 class Comm {
  public:
-  explicit Comm(MPI_Comm parent) {
-    check_mpi(MPI_Comm_dup(parent, &c_), "MPI_Comm_dup");
-    MPI_Comm_rank(c_, &rank);
-    MPI_Comm_size(c_, &size);
+  Comm(MPI_Comm parent, double timeout_s, std::string what)
+      : timeout_s_(timeout_s), what_(std::move(what)) {
+    MPI_Comm_rank(parent, &rank);
+    MPI_Comm_size(parent, &size);
+    run("MPI_Comm_idup", [&](MPI_Request* r) { return MPI_Comm_idup(parent, &c_, r); });
   }
   ~Comm() {
     if (c_ != MPI_COMM_NULL) MPI_Comm_free(&c_);
@@ -50,20 +60,72 @@ class Comm {
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
   MPI_Comm get() const noexcept { return c_; }
+  double timeout_s() const noexcept { return timeout_s_; }
+  const std::string& what() const noexcept { return what_; }
+
+  /// Starts one nonblocking operation (`start` gets the request to fill) and waits for it.
+  /// `peer`: the other rank of a point-to-point operation, for the timeout message.
+  template <class Start>
+  void run(const char* op, Start&& start, int peer = -1) const {
+    MPI_Request r = MPI_REQUEST_NULL;
+    check_mpi(start(&r), op);
+    wait(r, op, peer);
+  }
+
+  int allreduce(int x, MPI_Op op, const char* name) const {
+    int out = 0;
+    run(name, [&](MPI_Request* r) { return MPI_Iallreduce(&x, &out, 1, MPI_INT, op, c_, r); });
+    return out;
+  }
+  void bcast(void* data, int count, MPI_Datatype type, int root) const {
+    run("MPI_Ibcast", [&](MPI_Request* r) { return MPI_Ibcast(data, count, type, root, c_, r); });
+  }
+
   int rank = 0;
   int size = 1;
 
  private:
+  void wait(MPI_Request& r, const char* op, int peer) const {
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    const auto limit = std::chrono::duration<double>(timeout_s_);
+    for (unsigned polls = 0;; ++polls) {
+      int done = 0;
+      check_mpi(MPI_Test(&r, &done, MPI_STATUS_IGNORE), op);
+      if (done) return;
+      if (timeout_s_ > 0 && clock::now() - start > limit) timed_out(op, peer);
+      // Spin briefly (small collectives), then back off to 50 us sleeps (large transfers,
+      // waiting for a slow rank) so that a waiting rank leaves the core to the others.
+      if (polls < 1000)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  [[noreturn]] void timed_out(const char* op, int peer) const {
+    char t[32];
+    std::snprintf(t, sizeof t, "%g", timeout_s_);
+    fullshard::detail::abort_job(
+        what_ + ": " + op + (peer >= 0 ? " with rank " + std::to_string(peer) : std::string()) +
+        " on rank " + std::to_string(rank) + " of " + std::to_string(size) +
+        " did not finish within FULLSHARD_TIMEOUT=" + t +
+        " s: another rank is not taking part (it never called the checkpoint function, failed "
+        "outside it, or is stuck). Aborting the job.");
+  }
+
   MPI_Comm c_ = MPI_COMM_NULL;
+  double timeout_s_ = 0;
+  std::string what_;
 };
 
 void bcast_string(const Comm& c, std::string& s, int root) {
   unsigned long long len = s.size();
-  check_mpi(MPI_Bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, root, c.get()), "MPI_Bcast");
+  c.bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, root);
   s.resize(static_cast<std::size_t>(len));
   for (std::size_t done = 0; done < s.size();) {
     const int n = static_cast<int>(std::min<std::size_t>(s.size() - done, INT_MAX / 2));
-    check_mpi(MPI_Bcast(s.data() + done, n, MPI_CHAR, root, c.get()), "MPI_Bcast");
+    c.bcast(s.data() + done, n, MPI_CHAR, root);
     done += static_cast<std::size_t>(n);
   }
 }
@@ -72,9 +134,8 @@ void bcast_string(const Comm& c, std::string& s, int root) {
 // exception, every other rank the same type with that rank's message (so that all ranks report
 // the same problem, whatever else failed after it).
 void agree(const Comm& c, const std::exception_ptr& err, const char* what) {
-  int mine = err ? c.rank : c.size;
-  int first = c.size;
-  check_mpi(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, c.get()), "MPI_Allreduce");
+  const int first =
+      c.allreduce(err ? c.rank : c.size, MPI_MIN, "MPI_Iallreduce (agreeing on errors)");
   if (first == c.size) return;
   int type = 0;
   std::string msg;
@@ -93,7 +154,7 @@ void agree(const Comm& c, const std::exception_ptr& err, const char* what) {
       msg = "unknown exception";
     }
   }
-  check_mpi(MPI_Bcast(&type, 1, MPI_INT, first, c.get()), "MPI_Bcast");
+  c.bcast(&type, 1, MPI_INT, first);
   bcast_string(c, msg, first);
   if (c.rank == first) std::rethrow_exception(err);
   const std::string text = std::string(what) + " failed on another rank: " + msg;
@@ -300,11 +361,12 @@ std::string save_sharded(const Comm& c, const DeviceMesh& mesh, std::vector<Entr
     for (const Entry& e : entries) {
       if (e.info.placement.is_replicate() && mesh.rank() != 0) continue;  // one copy suffices
       if (e.layout.local_numel() == 0) continue;
+      fault.maybe_throw("prepare_tensor");
       const Tensor h = host_view(e.local);
       ShardInfo s;
       s.global_offset = e.layout.global_offset;
       s.shape = e.layout.local_shape;
-      w.append(h.data(), h.nbytes(), s);
+      w.append(h.data(), h.nbytes(), s, e.info.name);
       shards.push_back(shard_json(e.info.name, s));
     }
     w.finish();
@@ -316,7 +378,9 @@ std::string save_sharded(const Comm& c, const DeviceMesh& mesh, std::vector<Entr
   // shard plus ~11 per MiB of data, far from 2 GiB.)
   int len = static_cast<int>(record.size());
   std::vector<int> lens(c.rank == 0 ? static_cast<std::size_t>(c.size) : 0);
-  check_mpi(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, c.get()), "MPI_Gather");
+  c.run("MPI_Igather", [&](MPI_Request* r) {
+    return MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, c.get(), r);
+  });
   std::vector<int> displs(lens.size());
   std::string all;
   if (c.rank == 0) {
@@ -327,9 +391,10 @@ std::string save_sharded(const Comm& c, const DeviceMesh& mesh, std::vector<Entr
     }
     all.resize(static_cast<std::size_t>(total));
   }
-  check_mpi(MPI_Gatherv(record.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(),
-                        MPI_CHAR, 0, c.get()),
-            "MPI_Gatherv");
+  c.run("MPI_Igatherv", [&](MPI_Request* r) {
+    return MPI_Igatherv(record.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(),
+                        MPI_CHAR, 0, c.get(), r);
+  });
   if (c.rank == 0) {
     err = attempt([&] {
       std::unordered_map<std::string, TensorInfo*> by_name;
@@ -364,7 +429,7 @@ std::string save_sharded(const Comm& c, const DeviceMesh& mesh, std::vector<Entr
         }
       }
       // What a loader will check, checked now: the shards tile every tensor.
-      index = index_from_json(to_json(index), detail::join(pending.tmp, "index.json"));
+      index = index_from_json(to_json(index), detail::join(pending.tmp, kIndexFile));
     });
     if (err) detail::abandon_step(pending);
   }
@@ -372,21 +437,34 @@ std::string save_sharded(const Comm& c, const DeviceMesh& mesh, std::vector<Entr
   return finish_save(c, pending, index, fault);
 }
 
-// Sends `n` bytes to `dest` in pieces MPI counts can express.
-void send_bytes(const void* data, std::uint64_t n, int dest, MPI_Comm comm) {
+// Bytes per message of a full save; also rank 0's buffer for a shard that is not contiguous in
+// the full tensor (Shard(d > 0)), received one message at a time and scattered.
+constexpr std::uint64_t kMessageBytes = std::uint64_t{64} << 20;
+
+void send_bytes(const Comm& c, const void* data, std::uint64_t n, int dest) {
   const auto* p = static_cast<const char*>(data);
   for (std::uint64_t done = 0; done < n;) {
-    const int len = static_cast<int>(std::min<std::uint64_t>(n - done, std::uint64_t{1} << 30));
-    check_mpi(MPI_Send(p + done, len, MPI_BYTE, dest, 0, comm), "MPI_Send");
+    const int len = static_cast<int>(std::min(n - done, kMessageBytes));
+    c.run(
+        "MPI_Isend",
+        [&](MPI_Request* r) { return MPI_Isend(p + done, len, MPI_BYTE, dest, 0, c.get(), r); },
+        dest);
     done += static_cast<std::uint64_t>(len);
   }
 }
 
-void recv_bytes(void* data, std::uint64_t n, int src, MPI_Comm comm) {
-  auto* p = static_cast<char*>(data);
+// Receives the n bytes of the shard `runs` places into `full` from rank `src`: straight into
+// place when the shard is one run of the full tensor (Shard(0)), else through `piece`.
+void recv_shard(const Comm& c, int src, detail::BoxRuns runs, std::uint64_t n, char* full,
+                detail::ByteBuffer& piece) {
+  const bool direct = runs.count() == 1;
   for (std::uint64_t done = 0; done < n;) {
-    const int len = static_cast<int>(std::min<std::uint64_t>(n - done, std::uint64_t{1} << 30));
-    check_mpi(MPI_Recv(p + done, len, MPI_BYTE, src, 0, comm, MPI_STATUS_IGNORE), "MPI_Recv");
+    const int len = static_cast<int>(std::min(n - done, kMessageBytes));
+    char* dst = direct ? full + runs.run().dst + done : piece.data();
+    c.run(
+        "MPI_Irecv",
+        [&](MPI_Request* r) { return MPI_Irecv(dst, len, MPI_BYTE, src, 0, c.get(), r); }, src);
+    if (!direct) runs.copy(piece.data(), done, done + static_cast<std::uint64_t>(len), full);
     done += static_cast<std::uint64_t>(len);
   }
 }
@@ -394,76 +472,95 @@ void recv_bytes(void* data, std::uint64_t n, int src, MPI_Comm comm) {
 std::string save_full(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>& entries,
                       Index& index, const detail::PendingStep& pending,
                       const detail::Fault& fault) {
-  const std::string shard_dim = mesh.names().back();
-  // The shard group of replicate row 0 gathers each tensor to rank 0, which writes it.
+  // The shard group of replicate row 0 gathers each tensor to rank 0, which writes it. Per
+  // tensor, every rank of the group first prepares what can fail (rank 0: the layouts and its
+  // buffer; the others: a host copy of their shard), then the group agrees that every rank is
+  // ready, and only then do the shards move: a failure (out of memory, a failed device copy)
+  // stops the whole group before any send, so no rank waits for a message that never comes.
+  // The failing rank's error is then agreed over the world.
   std::unique_ptr<Comm> row;
+  if (is_writer(mesh))
+    row =
+        std::make_unique<Comm>(mesh.comm(mesh.names().back()).handle(), mesh.timeout_s(), c.what());
   std::exception_ptr err;
-  if (is_writer(mesh)) row = std::make_unique<Comm>(mesh.comm(shard_dim).handle());
+  bool stopped = false;  // the group agreed to stop after a failure (maybe another rank's)
   std::unique_ptr<detail::DataFileWriter> w;
   if (c.rank == 0)
     err = attempt([&] {
       w = std::make_unique<detail::DataFileWriter>(detail::join(pending.tmp, "model.bin"),
                                                    index.block_bytes, fault);
     });
-  std::vector<char> full, piece;
-  for (std::size_t i = 0; i < entries.size(); ++i) {
+  auto append = [&](const void* data, TensorInfo& t) {
+    if (t.bytes() == 0) return;
+    ShardInfo s;
+    s.global_offset.assign(t.global_shape.size(), 0);
+    s.shape = t.global_shape;
+    w->append(data, t.bytes(), s, t.name);
+    t.shards.push_back(std::move(s));
+  };
+  detail::ByteBuffer full, piece;  // rank 0: grown, never zero-filled
+  for (std::size_t i = 0; row && !stopped && i < entries.size(); ++i) {
     const Entry& e = entries[i];
     TensorInfo& t = index.tensors[i];
     const std::size_t es = dtype_size(t.dtype);
-    const bool replicated = e.info.placement.is_replicate();
-    if (!row) continue;
-    if (row->rank != 0) {
-      if (!replicated && e.layout.local_numel() > 0) {
-        const Tensor h = host_view(e.local);
-        send_bytes(h.data(), h.nbytes(), 0, row->get());
-      }
+    if (e.info.placement.is_replicate()) {  // rank 0 holds all of it: nothing moves
+      if (row->rank == 0 && !err)
+        err = attempt([&] {
+          fault.maybe_throw("prepare_tensor");
+          append(host_view(e.local).data(), t);
+        });
       continue;
     }
-    // Rank 0: assemble the full tensor, then append it (unless an error already happened).
-    const std::uint64_t bytes = t.bytes();
-    const char* src = nullptr;
-    Tensor whole;  // keeps a replicated tensor's host bytes alive
-    if (replicated) {
-      whole = host_view(e.local);
-      src = static_cast<const char*>(whole.data());
-    } else {
-      full.resize(static_cast<std::size_t>(bytes));
+    Tensor h;                          // this rank's shard in host memory
+    std::vector<ShardLayout> layouts;  // rank 0: every rank's shard
+    if (!err)
+      err = attempt([&] {
+        fault.maybe_throw("prepare_tensor");
+        if (e.layout.local_numel() > 0) h = host_view(e.local);
+        if (row->rank != 0) return;
+        std::uint64_t piece_bytes = 0;
+        const std::vector<std::int64_t> zero(t.global_shape.size(), 0);
+        for (int q = 0; q < row->size; ++q) {
+          layouts.push_back(
+              q == 0 ? e.layout : shard_layout(t.global_shape, t.placement, row->size, q, t.name));
+          const ShardLayout& l = layouts.back();
+          const detail::BoxRuns runs(l.global_offset, l.local_shape, zero, t.global_shape, es);
+          if (q > 0 && runs.count() > 1)
+            piece_bytes =
+                std::max(piece_bytes,
+                         std::min(kMessageBytes, static_cast<std::uint64_t>(l.local_numel()) * es));
+        }
+        full.resize(static_cast<std::size_t>(t.bytes()));
+        if (piece.size() < piece_bytes) piece.resize(static_cast<std::size_t>(piece_bytes));
+      });
+    if (row->allreduce(err ? 1 : 0, MPI_MAX, "MPI_Iallreduce (full save: ready to send)") != 0) {
+      stopped = true;
+      break;
+    }
+    err = attempt([&] {
+      if (row->rank != 0) {
+        if (e.layout.local_numel() > 0) send_bytes(*row, h.data(), h.nbytes(), 0);
+        return;
+      }
       const std::vector<std::int64_t> zero(t.global_shape.size(), 0);
       for (int q = 0; q < row->size; ++q) {
-        const ShardLayout l = shard_layout(t.global_shape, t.placement, row->size, q, t.name);
+        const ShardLayout& l = layouts[static_cast<std::size_t>(q)];
         if (l.local_numel() == 0) continue;
-        const auto runs =
-            detail::box_runs(l.global_offset, l.local_shape, zero, t.global_shape, es);
+        detail::BoxRuns runs(l.global_offset, l.local_shape, zero, t.global_shape, es);
         const std::uint64_t n = static_cast<std::uint64_t>(l.local_numel()) * es;
-        if (q == 0) {
-          const Tensor h = host_view(e.local);
-          for (const auto& r : runs)
-            std::memcpy(full.data() + r.dst, static_cast<const char*>(h.data()) + r.src, r.len);
-        } else if (runs.size() == 1) {
-          recv_bytes(full.data() + runs[0].dst, n, q, row->get());
-        } else {
-          piece.resize(static_cast<std::size_t>(n));
-          recv_bytes(piece.data(), n, q, row->get());
-          for (const auto& r : runs)
-            std::memcpy(full.data() + r.dst, piece.data() + r.src, r.len);
-        }
+        if (q == 0)
+          runs.copy(static_cast<const char*>(h.data()), 0, n, full.data());
+        else
+          recv_shard(*row, q, std::move(runs), n, full.data(), piece);
       }
-      src = full.data();
-    }
-    if (err || bytes == 0) continue;
-    err = attempt([&] {
-      ShardInfo s;
-      s.global_offset.assign(t.global_shape.size(), 0);
-      s.shape = t.global_shape;
-      w->append(src, bytes, s);
-      t.shards.push_back(std::move(s));
+      append(full.data(), t);
     });
   }
-  if (c.rank == 0 && !err)
+  if (c.rank == 0 && !err && !stopped)
     err = attempt([&] {
       w->finish();
       index.files.push_back({"model.bin", w->bytes()});
-      index = index_from_json(to_json(index), detail::join(pending.tmp, "index.json"));
+      index = index_from_json(to_json(index), detail::join(pending.tmp, kIndexFile));
     });
   agree_or_abandon(c, err, pending);
   return finish_save(c, pending, index, fault);
@@ -475,7 +572,7 @@ std::string save(const std::string& dir, graph::Module& model, const optim::Opti
                  std::int64_t step, const json& metadata, const std::string& rng_state,
                  const SaveOptions& options) {
   const DeviceMesh& mesh = model_mesh(model, "checkpoint::save");
-  Comm c(mesh.world_comm().handle());
+  Comm c(mesh.world_comm().handle(), mesh.timeout_s(), "checkpoint save of '" + dir + "'");
   std::vector<Entry> entries;
   Index index;
   detail::Fault fault;
@@ -534,7 +631,7 @@ std::string fingerprint_note(const Index& index, const std::string& mine) {
 
 Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* optimizer) {
   const DeviceMesh& mesh = model_mesh(model, "checkpoint::load");
-  Comm c(mesh.world_comm().handle());
+  Comm c(mesh.world_comm().handle(), mesh.timeout_s(), "checkpoint load of '" + dir + "'");
 
   // Rank 0 finds the step directory and reads the index; every rank gets its text.
   std::string step_dir, text;
@@ -542,7 +639,7 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
   if (c.rank == 0)
     err = attempt([&] {
       step_dir = resolve_step_dir(dir);
-      text = detail::read_text(detail::join(step_dir, "index.json"));
+      text = read_index_text(step_dir);
     });
   agree(c, err, "checkpoint load");
   bcast_string(c, step_dir, 0);
@@ -554,7 +651,7 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
   std::unordered_map<const graph::Parameter*, Tensor> staged;
   std::map<std::string, Tensor> opt_state;
   err = attempt([&] {
-    const std::string where = detail::join(step_dir, "index.json");
+    const std::string where = detail::join(step_dir, kIndexFile);
     Index index = parse_index(text, where);
     const std::string what = "checkpoint " + where;
     const auto sd = fsdp::sharded_state_dict(model);

@@ -53,7 +53,7 @@ std::string convert(const std::string& src, const std::string& dst, const Conver
   const detail::Fault fault = detail::Fault::from_environment();
   const detail::PendingStep pending = detail::begin_step(dst, in.step);
   try {
-    std::vector<char> buf;
+    detail::ByteBuffer buf;
     for (int q = 0; q < shards; ++q) {
       const std::string name = options.to == Kind::full ? "model.bin" : rank_file(q);
       detail::DataFileWriter w(detail::join(pending.tmp, name), out.block_bytes, fault);
@@ -72,7 +72,7 @@ std::string convert(const std::string& src, const std::string& dst, const Conver
         if (numel(s.shape) == 0) continue;
         buf.resize(static_cast<std::size_t>(numel(s.shape)) * dtype_size(t.dtype));
         reader.read_box(t, s.global_offset, s.shape, buf.data());
-        w.append(buf.data(), buf.size(), s);
+        w.append(buf.data(), buf.size(), s, t.name);
         s.file = out.files.size();
         out.tensors[i].shards.push_back(std::move(s));
       }

@@ -153,6 +153,10 @@ std::uint32_t crc32c(const void* data, std::size_t n, std::uint32_t crc) noexcep
   return ~crc_table(~crc, p, n);
 }
 
+std::uint32_t detail::crc32c_table(const void* data, std::size_t n, std::uint32_t crc) noexcept {
+  return ~crc_table(~crc, static_cast<const unsigned char*>(data), n);
+}
+
 std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b,
                              std::uint64_t len_b) noexcept {
   return multmodp(x8nmodp(len_b), crc_a) ^ crc_b;

@@ -360,8 +360,11 @@ Index parse_index(const std::string& text, const std::string& where) {
   return index_from_json(j, where);
 }
 
-std::string resolve_step_dir(const std::string& path) {
-  if (detail::exists(detail::join(path, "index.json"))) return path;
+namespace {
+
+// The step directory `path` designates (no checksum check).
+std::string find_step_dir(const std::string& path) {
+  if (detail::exists(detail::join(path, kIndexFile))) return path;
   const std::string latest = detail::join(path, "latest");
   if (detail::exists(latest)) {
     std::string name = detail::read_text(latest);
@@ -371,7 +374,7 @@ std::string resolve_step_dir(const std::string& path) {
       throw InvalidArgument("checkpoint " + latest + " does not name a step directory ('" + name +
                             "')");
     const std::string dir = detail::join(path, name);
-    if (!detail::exists(detail::join(dir, "index.json")))
+    if (!detail::exists(detail::join(dir, kIndexFile)))
       throw InvalidArgument("checkpoint " + latest + " names '" + name +
                             "', which has no index.json");
     return dir;
@@ -381,17 +384,54 @@ std::string resolve_step_dir(const std::string& path) {
   throw InvalidArgument("'" + path + "' is not a checkpoint: it has no index.json and no 'latest'");
 }
 
+}  // namespace
+
+std::string read_index_text(const std::string& step_dir) {
+  const std::string where = detail::join(step_dir, kIndexFile);
+  std::string text = detail::read_text(where);
+  const std::string sum_path = detail::join(step_dir, kIndexChecksumFile);
+  if (!detail::exists(sum_path)) return text;  // a checkpoint written before index checksums
+  std::string sum = detail::read_text(sum_path);
+  while (!sum.empty() && (sum.back() == '\n' || sum.back() == '\r'))
+    sum.pop_back();
+  unsigned crc = 0;
+  unsigned long long bytes = 0;
+  char tail = 0;
+  if (std::sscanf(sum.c_str(), "crc32c %8x bytes %llu%c", &crc, &bytes, &tail) != 2)
+    throw InvalidArgument("checkpoint index checksum " + sum_path + " is corrupt ('" +
+                          sum.substr(0, 64) + "')");
+  const unsigned got = crc32c(text.data(), text.size());
+  if (got == crc && bytes == text.size()) return text;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%zu bytes with crc32c %08x, %s says %llu bytes with %08x",
+                text.size(), got, kIndexChecksumFile, bytes, crc);
+  throw InvalidArgument("checkpoint index " + where + " does not match its checksum (" + buf +
+                        "): the index is corrupt or was changed after the save");
+}
+
+std::string resolve_step_dir(const std::string& path) {
+  const std::string dir = find_step_dir(path);
+  (void)read_index_text(dir);
+  return dir;
+}
+
 // ---- Reader -----------------------------------------------------------------------------------
 
+// Open data files: at most kMaxOpenFiles descriptors, the least recently used closed first (a
+// checkpoint of thousands of ranks read by a few, or by fullshard-ckpt, would exhaust the
+// process's descriptors otherwise).
+constexpr std::size_t kMaxOpenFiles = 64;
+
 struct Reader::Files {
-  std::vector<detail::File> open;
-  std::vector<char> checked;
-  std::vector<char> scratch;
+  std::vector<detail::File> open;       // by file index
+  std::vector<std::uint64_t> last_use;  // by file index
+  std::vector<std::size_t> lru;         // indices of the open files
+  std::uint64_t clock = 0;
+  detail::ByteBuffer scratch;
 };
 
-Reader::Reader(const std::string& path) : dir_(resolve_step_dir(path)) {
-  const std::string where = index_path();
-  index_ = parse_index(detail::read_text(where), where);
+Reader::Reader(const std::string& path) : dir_(find_step_dir(path)) {
+  index_ = parse_index(read_index_text(dir_), index_path());
   files_ = std::make_unique<Files>();
 }
 
@@ -403,7 +443,7 @@ Reader::Reader(Reader&&) noexcept = default;
 Reader& Reader::operator=(Reader&&) noexcept = default;
 
 std::string Reader::index_path() const {
-  return detail::join(dir_, "index.json");
+  return detail::join(dir_, kIndexFile);
 }
 
 const TensorInfo& Reader::tensor(const std::string& name) const {
@@ -425,7 +465,7 @@ struct ShardReader {
 
   // Reads shard bytes [a, b) into dst; a short read means the file shrank.
   void read(char* dst, std::uint64_t a, std::uint64_t b) const {
-    const std::uint64_t got = file.pread_all(dst, b - a, shard().offset + a);
+    const std::uint64_t got = file.pread_all(dst, b - a, shard().offset + a, t.name);
     bytes_read += got;
     if (got != b - a)
       throw InvalidArgument("checkpoint file " + file.path() + " is truncated: tensor '" + t.name +
@@ -475,40 +515,43 @@ void Reader::read_box(const TensorInfo& t, const std::vector<std::int64_t>& offs
   auto* out = static_cast<char*>(dst);
   const std::size_t es = dtype_size(t.dtype);
   const std::uint64_t B = index_.block_bytes;
+  const std::uint64_t window = std::max(B, kWindowBytes / B * B);
   for (std::size_t s = 0; s < t.shards.size(); ++s) {
     const ShardInfo& sh = t.shards[s];
-    const std::vector<detail::Run> runs =
-        detail::box_runs(sh.global_offset, sh.shape, offset, shape, es);
-    if (runs.empty()) continue;
+    // `runs` copies; `plan` runs ahead of it to size each read.
+    detail::BoxRuns runs(sh.global_offset, sh.shape, offset, shape, es);
+    if (runs.done()) continue;
+    detail::BoxRuns plan = runs;
     const ShardReader rd{index_, dir_, t, s, open_file(sh.file, t), bytes_read_};
-    const std::uint64_t lo = runs.front().src;
-    const std::uint64_t hi = runs.back().src + runs.back().len;
-    const std::uint64_t blo = lo / B * B;
-    const std::uint64_t bhi = std::min(sh.length, (hi + B - 1) / B * B);
-    const std::uint64_t window = std::max(B, kWindowBytes / B * B);
-    if (runs.size() == 1 && lo == blo && hi == bhi) {  // whole blocks: straight into dst
-      char* p = out + runs.front().dst;
-      for (std::uint64_t w = blo; w < bhi; w += window) {
-        const std::uint64_t n = std::min(window, bhi - w);
-        rd.read(p + (w - blo), w, w + n);
-        rd.verify(p + (w - blo), w, w + n);
+    while (!runs.done()) {
+      // A read: from the block of the first byte not copied yet, over the blocks the next runs
+      // touch, up to the window size or to a block no run touches (skipped: a Shard(1) box
+      // reads the blocks holding its columns, not the whole shard).
+      const std::uint64_t lo = runs.pending() / B * B;
+      const std::uint64_t cap = std::min(sh.length, lo + window);
+      std::uint64_t hi = lo;
+      while (!plan.done()) {
+        const detail::Run& r = plan.run();
+        const std::uint64_t a = std::max(r.src, lo);
+        if (a >= cap || (hi > lo && a / B * B > hi)) break;
+        const std::uint64_t end = r.src + r.len;
+        hi = std::min(cap, (end + B - 1) / B * B);
+        if (end > cap) break;  // continues in the next read
+        plan.next();
       }
-      continue;
-    }
-    std::vector<char>& scratch = files_->scratch;
-    scratch.resize(static_cast<std::size_t>(std::min(window, bhi - blo)));
-    std::size_t first = 0;  // runs before it are done
-    for (std::uint64_t w = blo; w < bhi; w += window) {
-      const std::uint64_t n = std::min(window, bhi - w);
-      rd.read(scratch.data(), w, w + n);
-      rd.verify(scratch.data(), w, w + n);
-      for (std::size_t i = first; i < runs.size() && runs[i].src < w + n; ++i) {
-        const std::uint64_t a = std::max(runs[i].src, w);
-        const std::uint64_t b = std::min(runs[i].src + runs[i].len, w + n);
-        if (a < b)
-          std::memcpy(out + runs[i].dst + (a - runs[i].src), scratch.data() + (a - w), b - a);
-        if (runs[i].src + runs[i].len <= w + n) first = i + 1;
+      const detail::Run& r = runs.run();
+      if (r.src <= lo && hi <= r.src + r.len) {  // inside one run: straight into place
+        char* p = out + r.dst + (lo - r.src);
+        rd.read(p, lo, hi);
+        rd.verify(p, lo, hi);
+        runs.copy(nullptr, lo, hi, out);
+        continue;
       }
+      detail::ByteBuffer& scratch = files_->scratch;
+      if (scratch.size() < hi - lo) scratch.resize(static_cast<std::size_t>(hi - lo));
+      rd.read(scratch.data(), lo, hi);
+      rd.verify(scratch.data(), lo, hi);
+      runs.copy(scratch.data(), lo, hi, out);
     }
   }
 }
@@ -522,8 +565,9 @@ void Reader::verify_shard(const TensorInfo& t, std::size_t s) {
   const ShardReader rd{index_, dir_, t, s, open_file(sh.file, t), bytes_read_};
   const std::uint64_t B = index_.block_bytes;
   const std::uint64_t window = std::max(B, kWindowBytes / B * B);
-  std::vector<char>& scratch = files_->scratch;
-  scratch.resize(static_cast<std::size_t>(std::min(window, sh.length)));
+  detail::ByteBuffer& scratch = files_->scratch;
+  const std::uint64_t need = std::min(window, sh.length);
+  if (scratch.size() < need) scratch.resize(static_cast<std::size_t>(need));
   for (std::uint64_t w = 0; w < sh.length; w += window) {
     const std::uint64_t n = std::min(window, sh.length - w);
     rd.read(scratch.data(), w, w + n);
@@ -532,50 +576,73 @@ void Reader::verify_shard(const TensorInfo& t, std::size_t s) {
 }
 
 const detail::File& Reader::open_file(std::size_t i, const TensorInfo& t) {
-  if (files_->open.size() != index_.files.size()) {
-    files_->open.resize(index_.files.size());
-    files_->checked.assign(index_.files.size(), 0);
+  Files& f = *files_;
+  if (f.open.size() != index_.files.size()) {
+    f.open.resize(index_.files.size());
+    f.last_use.assign(index_.files.size(), 0);
   }
-  if (!files_->checked[i]) {
-    const std::string path = detail::join(dir_, index_.files[i].name);
-    detail::File f = detail::File::open_read(path);
-    if (!f.valid())
-      throw InvalidArgument("checkpoint file " + path + " is missing (needed for tensor '" +
-                            t.name + "')");
-    const std::uint64_t size = f.size();
-    const std::uint64_t want = index_.files[i].bytes;
-    if (size != want)
-      throw InvalidArgument("checkpoint file " + path + " is " +
-                            (size < want ? "truncated" : "longer than the index says") + ": " +
-                            std::to_string(size) + " bytes, the index says " +
-                            std::to_string(want) + " (reading tensor '" + t.name + "')");
-    files_->open[i] = std::move(f);
-    files_->checked[i] = 1;
+  f.last_use[i] = ++f.clock;
+  if (f.open[i].valid()) return f.open[i];
+  if (f.lru.size() >= kMaxOpenFiles) {  // close the least recently used
+    auto oldest = std::min_element(f.lru.begin(), f.lru.end(), [&](std::size_t a, std::size_t b) {
+      return f.last_use[a] < f.last_use[b];
+    });
+    f.open[*oldest] = detail::File();
+    *oldest = f.lru.back();
+    f.lru.pop_back();
   }
-  return files_->open[i];
+  const std::string path = detail::join(dir_, index_.files[i].name);
+  detail::File file = detail::File::open_read(path);
+  if (!file.valid())
+    throw InvalidArgument("checkpoint file " + path + " is missing (needed for tensor '" + t.name +
+                          "')");
+  const std::uint64_t size = file.size();
+  const std::uint64_t want = index_.files[i].bytes;
+  if (size != want)
+    throw InvalidArgument("checkpoint file " + path + " is " +
+                          (size < want ? "truncated" : "longer than the index says") + ": " +
+                          std::to_string(size) + " bytes, the index says " + std::to_string(want) +
+                          " (reading tensor '" + t.name + "')");
+  f.open[i] = std::move(file);
+  f.lru.push_back(i);
+  return f.open[i];
 }
 
 // ---- verify -----------------------------------------------------------------------------------
 
 std::vector<VerifyIssue> verify(const std::string& path) {
   std::vector<VerifyIssue> issues;
-  std::string dir;
+  const std::string dir = find_step_dir(path);  // not a checkpoint: thrown
+  const std::string where = detail::join(dir, kIndexFile);
   Index index;
   try {
-    dir = resolve_step_dir(path);
-    const std::string where = detail::join(dir, "index.json");
-    index = parse_index(detail::read_text(where), where);
+    index = parse_index(read_index_text(dir), where);
   } catch (const Error& e) {
-    issues.push_back({dir.empty() ? path : detail::join(dir, "index.json"), "", e.what()});
+    issues.push_back({where, "", e.what()});
     return issues;
   }
   Reader reader(dir, index);
+  // Shards in file order, each file front to back: every file is opened once and read
+  // sequentially. `user`: a tensor stored in each file, for the messages.
+  std::vector<std::pair<std::size_t, std::size_t>> order;  // (tensor, shard)
+  std::vector<std::string> user(index.files.size());
+  for (std::size_t ti = 0; ti < index.tensors.size(); ++ti)
+    for (std::size_t s = 0; s < index.tensors[ti].shards.size(); ++s) {
+      const ShardInfo& sh = index.tensors[ti].shards[s];
+      if (sh.length == 0) continue;
+      order.emplace_back(ti, s);
+      if (user[sh.file].empty()) user[sh.file] = index.tensors[ti].name;
+    }
+  auto shard_of = [&](const std::pair<std::size_t, std::size_t>& x) -> const ShardInfo& {
+    return index.tensors[x.first].shards[x.second];
+  };
+  std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+    const ShardInfo& x = shard_of(a);
+    const ShardInfo& y = shard_of(b);
+    return x.file != y.file ? x.file < y.file : x.offset < y.offset;
+  });
   std::vector<char> bad(index.files.size(), 0);
   for (std::size_t i = 0; i < index.files.size(); ++i) {
-    std::string user;  // a tensor stored in the file, for the message
-    for (const TensorInfo& t : index.tensors)
-      for (const ShardInfo& s : t.shards)
-        if (user.empty() && s.file == i && s.length > 0) user = t.name;
     const std::string fpath = detail::join(dir, index.files[i].name);
     const detail::File f = detail::File::open_read(fpath);
     std::string problem;
@@ -589,17 +656,18 @@ std::vector<VerifyIssue> verify(const std::string& path) {
     if (problem.empty()) continue;
     bad[i] = 1;
     issues.push_back(
-        {fpath, user, problem + (user.empty() ? "" : " (holds tensor '" + user + "')")});
+        {fpath, user[i], problem + (user[i].empty() ? "" : " (holds tensor '" + user[i] + "')")});
   }
-  for (const TensorInfo& t : index.tensors)
-    for (std::size_t s = 0; s < t.shards.size(); ++s) {
-      if (bad[t.shards[s].file] || t.shards[s].length == 0) continue;
-      try {
-        reader.verify_shard(t, s);
-      } catch (const Error& e) {
-        issues.push_back({detail::join(dir, index.files[t.shards[s].file].name), t.name, e.what()});
-      }
+  for (const auto& x : order) {
+    const TensorInfo& t = index.tensors[x.first];
+    const std::size_t file = shard_of(x).file;
+    if (bad[file]) continue;
+    try {
+      reader.verify_shard(t, x.second);
+    } catch (const Error& e) {
+      issues.push_back({detail::join(dir, index.files[file].name), t.name, e.what()});
     }
+  }
   return issues;
 }
 

@@ -21,8 +21,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-[[noreturn]] void io_error(const std::string& what, const std::string& path, int err) {
-  throw Error("checkpoint: " + what + " '" + path + "' failed: " + std::strerror(err));
+[[noreturn]] void io_error(const std::string& what, const std::string& path, int err,
+                           const std::string& tensor = {}) {
+  throw Error("checkpoint: " + what + " '" + path + "' failed: " + std::strerror(err) +
+              (tensor.empty() ? "" : " (tensor '" + tensor + "')"));
 }
 
 // Largest single read/write request (Linux transfers at most ~2 GiB per call anyway).
@@ -70,20 +72,21 @@ std::uint64_t File::size() const {
   return static_cast<std::uint64_t>(st.st_size);
 }
 
-void File::write_all(const void* data, std::uint64_t n) {
+void File::write_all(const void* data, std::uint64_t n, const std::string& tensor) {
   const auto* p = static_cast<const char*>(data);
   while (n > 0) {
     const ssize_t w = ::write(fd_, p, static_cast<std::size_t>(std::min(n, kMaxIo)));
     if (w < 0) {
       if (errno == EINTR) continue;
-      io_error("write to", path_, errno);
+      io_error("write to", path_, errno, tensor);
     }
     p += w;
     n -= static_cast<std::uint64_t>(w);
   }
 }
 
-std::uint64_t File::pread_all(void* data, std::uint64_t n, std::uint64_t offset) const {
+std::uint64_t File::pread_all(void* data, std::uint64_t n, std::uint64_t offset,
+                              const std::string& tensor) const {
   auto* p = static_cast<char*>(data);
   std::uint64_t done = 0;
   while (done < n) {
@@ -91,7 +94,7 @@ std::uint64_t File::pread_all(void* data, std::uint64_t n, std::uint64_t offset)
                               static_cast<off_t>(offset + done));
     if (r < 0) {
       if (errno == EINTR) continue;
-      io_error("read from", path_, errno);
+      io_error("read from", path_, errno, tensor);
     }
     if (r == 0) break;  // end of file
     done += static_cast<std::uint64_t>(r);
@@ -178,6 +181,12 @@ bool Fault::armed(const char* here) const {
          (rank == 0 && fullshard::detail::world_rank_or_minus_one() < 0);
 }
 
+void Fault::maybe_throw(const char* here) const {
+  if (armed(here))
+    throw Error(std::string("FULLSHARD_CKPT_FAULT=") + here +
+                ": injected failure (as if out of memory) in a checkpoint save");
+}
+
 void Fault::maybe_exit(const char* here) const {
   if (!armed(here)) return;
   std::fprintf(stderr,
@@ -197,7 +206,8 @@ DataFileWriter::DataFileWriter(std::string path, std::uint64_t block_bytes, cons
       chunk_(std::max<std::uint64_t>(block_bytes, kWriteChunk / block_bytes * block_bytes)),
       fault_(fault) {}
 
-void DataFileWriter::append(const void* data, std::uint64_t n, ShardInfo& shard) {
+void DataFileWriter::append(const void* data, std::uint64_t n, ShardInfo& shard,
+                            const std::string& tensor) {
   shard.offset = bytes_;
   shard.length = n;
   shard.crc32c.clear();
@@ -211,10 +221,10 @@ void DataFileWriter::append(const void* data, std::uint64_t n, ShardInfo& shard)
       shard.crc32c.push_back(
           crc32c(p + done + b, static_cast<std::size_t>(std::min(block_, len - b))));
     if (fault_here) {
-      file_.write_all(p + done, std::max<std::uint64_t>(1, len / 2));
+      file_.write_all(p + done, std::max<std::uint64_t>(1, len / 2), tensor);
       fault_.maybe_exit("mid_shard");
     }
-    file_.write_all(p + done, len);
+    file_.write_all(p + done, len, tensor);
     file_.start_writeback(bytes_ + done, len);
     done += len;
   }
@@ -257,10 +267,19 @@ void write_atomic(const std::string& dir, const std::string& name, const std::st
 PendingStep begin_step(const std::string& root, std::int64_t step) {
   if (step < 0) throw InvalidArgument("checkpoint: step must be >= 0, got " + std::to_string(step));
   std::error_code ec;
+  // The directories about to be created: the parent of each is fsync'd once it exists, so
+  // that a new root survives a crash along with the checkpoints inside it.
+  std::vector<fs::path> created;
+  fs::path d = fs::absolute(root, ec).lexically_normal();
+  if (!d.has_filename()) d = d.parent_path();  // a trailing '/'
+  for (; !ec && d.has_relative_path() && !fs::exists(d, ec); d = d.parent_path())
+    created.push_back(d);
   fs::create_directories(root, ec);
   if (ec || !fs::is_directory(root))
     throw Error("checkpoint: cannot create the checkpoint directory '" + root +
                 "': " + (ec ? ec.message() : std::string("not a directory")));
+  for (auto it = created.rbegin(); it != created.rend(); ++it)
+    fsync_dir(it->parent_path().string());
   // Leftovers of an interrupted save: never referenced by `latest`, safe to remove.
   std::vector<std::string> stale;
   for (const auto& e : fs::directory_iterator(root, ec)) {
@@ -278,10 +297,20 @@ PendingStep begin_step(const std::string& root, std::int64_t step) {
   return p;
 }
 
+std::string index_checksum_text(const std::string& index_text) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "crc32c %08x bytes %llu\n",
+                crc32c(index_text.data(), index_text.size()),
+                static_cast<unsigned long long>(index_text.size()));
+  return buf;
+}
+
 std::string commit_step(const PendingStep& p, const std::string& index_text, const Fault& fault) {
   fault.maybe_exit("after_shards");
+  // The index's checksum first: p.tmp becomes visible (renamed) only after both are durable.
+  write_atomic(p.tmp, kIndexChecksumFile, index_checksum_text(index_text), fault, "");
   // write_atomic's fsync of p.tmp makes the data files' entries durable with the index's.
-  write_atomic(p.tmp, "index.json", index_text, fault, "mid_index");
+  write_atomic(p.tmp, kIndexFile, index_text, fault, "mid_index");
   fault.maybe_exit("after_index");
   std::string name = step_name(p.step);
   for (int k = 1; exists(join(p.root, name)); ++k)
@@ -327,15 +356,21 @@ std::string hex_decode(const std::string& hex, const std::string& what) {
 
 // ---- Box runs ---------------------------------------------------------------------------------
 
-std::vector<Run> box_runs(const std::vector<std::int64_t>& src_off, const Shape& src_shape,
-                          const std::vector<std::int64_t>& dst_off, const Shape& dst_shape,
-                          std::size_t elem_bytes) {
+BoxRuns::BoxRuns(const std::vector<std::int64_t>& src_off, const Shape& src_shape,
+                 const std::vector<std::int64_t>& dst_off, const Shape& dst_shape,
+                 std::size_t elem_bytes) {
+  const auto es = static_cast<std::uint64_t>(elem_bytes);
   const std::size_t n = src_shape.size();
+  if (n == 0) {  // a scalar: one element
+    count_ = left_ = 1;
+    run_ = {0, 0, es};
+    return;
+  }
   std::vector<std::int64_t> lo(n), ext(n);
   for (std::size_t d = 0; d < n; ++d) {
     lo[d] = std::max(src_off[d], dst_off[d]);
     const std::int64_t hi = std::min(src_off[d] + src_shape[d], dst_off[d] + dst_shape[d]);
-    if (hi <= lo[d]) return {};
+    if (hi <= lo[d]) return;  // no intersection: done()
     ext[d] = hi - lo[d];
   }
   std::vector<std::int64_t> sstride(n, 1), dstride(n, 1);
@@ -355,27 +390,61 @@ std::vector<Run> box_runs(const std::vector<std::int64_t>& src_off, const Shape&
     sbase += (lo[d] - src_off[d]) * sstride[d];
     dbase += (lo[d] - dst_off[d]) * dstride[d];
   }
-  std::int64_t count = 1;
-  for (std::size_t d = 0; d < k; ++d)
-    count *= ext[d];
-  std::vector<Run> runs;
-  runs.reserve(static_cast<std::size_t>(count));
-  std::vector<std::int64_t> idx(k, 0);
-  const auto es = static_cast<std::uint64_t>(elem_bytes);
-  for (std::int64_t c = 0; c < count; ++c) {
-    std::int64_t s = sbase, t = dbase;
-    for (std::size_t d = 0; d < k; ++d) {
-      s += idx[d] * sstride[d];
-      t += idx[d] * dstride[d];
-    }
-    runs.push_back({static_cast<std::uint64_t>(s) * es, static_cast<std::uint64_t>(t) * es,
-                    static_cast<std::uint64_t>(run) * es});
-    for (std::size_t d = k; d-- > 0;) {  // row-major increment of idx over dims [0, k)
-      if (++idx[d] < ext[d]) break;
-      idx[d] = 0;
-    }
+  count_ = 1;
+  idx_.assign(k, 0);
+  ext_.assign(ext.begin(), ext.begin() + static_cast<std::ptrdiff_t>(k));
+  sstep_.resize(k);
+  dstep_.resize(k);
+  for (std::size_t d = 0; d < k; ++d) {
+    count_ *= static_cast<std::uint64_t>(ext[d]);
+    sstep_[d] = static_cast<std::uint64_t>(sstride[d]) * es;
+    dstep_[d] = static_cast<std::uint64_t>(dstride[d]) * es;
   }
-  return runs;
+  left_ = count_;
+  run_ = {static_cast<std::uint64_t>(sbase) * es, static_cast<std::uint64_t>(dbase) * es,
+          static_cast<std::uint64_t>(run) * es};
+}
+
+void BoxRuns::next() noexcept {
+  if (left_ == 0) return;
+  copied_ = 0;
+  if (--left_ == 0) return;
+  // Row-major increment of the position over dims [0, k), moving src and dst along (unsigned
+  // wrap-around in between is harmless: the result is in range).
+  for (std::size_t d = idx_.size(); d-- > 0;) {
+    if (++idx_[d] < ext_[d]) {
+      run_.src += sstep_[d];
+      run_.dst += dstep_[d];
+      return;
+    }
+    idx_[d] = 0;
+    run_.src -= static_cast<std::uint64_t>(ext_[d] - 1) * sstep_[d];
+    run_.dst -= static_cast<std::uint64_t>(ext_[d] - 1) * dstep_[d];
+  }
+}
+
+void BoxRuns::copy(const char* window, std::uint64_t lo, std::uint64_t hi, char* dst) noexcept {
+  while (left_ > 0) {
+    const std::uint64_t a = std::max(run_.src + copied_, lo);
+    if (a >= hi) return;
+    const std::uint64_t end = run_.src + run_.len;
+    const std::uint64_t b = std::min(end, hi);
+    if (window) std::memcpy(dst + run_.dst + (a - run_.src), window + (a - lo), b - a);
+    if (end > hi) {
+      copied_ = hi - run_.src;
+      return;
+    }
+    next();
+  }
+}
+
+std::vector<Run> box_runs(const std::vector<std::int64_t>& src_off, const Shape& src_shape,
+                          const std::vector<std::int64_t>& dst_off, const Shape& dst_shape,
+                          std::size_t elem_bytes) {
+  std::vector<Run> out;
+  for (BoxRuns r(src_off, src_shape, dst_off, dst_shape, elem_bytes); !r.done(); r.next())
+    out.push_back(r.run());
+  return out;
 }
 
 }  // namespace fullshard::checkpoint::detail

@@ -4,14 +4,43 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fullshard/checkpoint/format.hpp"
 
 namespace fullshard::checkpoint::detail {
 
-/// An open file descriptor, closed on destruction. Errors are Error naming the path and errno.
+/// Allocator whose value-less construct() default-initialises: resize() of a vector of bytes
+/// leaves them uninitialised instead of zero-filling memory about to be overwritten.
+template <class T>
+struct UninitAllocator : std::allocator<T> {
+  using value_type = T;
+  template <class U>
+  struct rebind {
+    using other = UninitAllocator<U>;
+  };
+  UninitAllocator() noexcept = default;
+  template <class U>
+  UninitAllocator(const UninitAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible<U>::value) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+/// A byte buffer that grows without zero-filling.
+using ByteBuffer = std::vector<char, UninitAllocator<char>>;
+
+/// An open file descriptor, closed on destruction. Errors are Error naming the path and errno,
+/// and the tensor when the caller passes one.
 class File {
  public:
   File() = default;
@@ -28,9 +57,11 @@ class File {
   bool valid() const noexcept { return fd_ >= 0; }
   const std::string& path() const noexcept { return path_; }
   std::uint64_t size() const;
-  void write_all(const void* data, std::uint64_t n);
+  /// Writes n bytes; `tensor` (if not empty) is named in the error message.
+  void write_all(const void* data, std::uint64_t n, const std::string& tensor = {});
   /// Reads n bytes at `offset`; returns the bytes actually read (less only at end of file).
-  std::uint64_t pread_all(void* data, std::uint64_t n, std::uint64_t offset) const;
+  std::uint64_t pread_all(void* data, std::uint64_t n, std::uint64_t offset,
+                          const std::string& tensor = {}) const;
   /// Starts writeback of [offset, offset + n) without waiting (Linux sync_file_range; nothing
   /// elsewhere), so that the disk writes while the next chunk is checksummed and copied, and
   /// the final fsync has less left to do.
@@ -65,6 +96,8 @@ struct Fault {
   /// Exits the process if this is the configured point (and rank).
   void maybe_exit(const char* here) const;
   bool armed(const char* here) const;
+  /// Throws Error (an injected failure) if this is the configured point (and rank).
+  void maybe_throw(const char* here) const;
 };
 
 /// Writes a data file sequentially, computing each shard's per-block CRC32C on the bytes it
@@ -72,8 +105,9 @@ struct Fault {
 class DataFileWriter {
  public:
   DataFileWriter(std::string path, std::uint64_t block_bytes, const Fault& fault);
-  /// Appends one shard's bytes; fills offset, length and crc32c of `shard`.
-  void append(const void* data, std::uint64_t n, ShardInfo& shard);
+  /// Appends one shard of `tensor` (named in errors); fills offset, length and crc32c of
+  /// `shard`.
+  void append(const void* data, std::uint64_t n, ShardInfo& shard, const std::string& tensor);
   /// fsync and close.
   void finish();
   std::uint64_t bytes() const noexcept { return bytes_; }
@@ -94,14 +128,18 @@ struct PendingStep {
   std::int64_t step = 0;
 };
 
-/// Creates `root` if needed, removes what an interrupted save left (.tmp-* directories,
-/// latest.tmp) and creates the step's temporary directory. One saver per root at a time.
+/// Creates `root` if needed (fsync'ing the parent of every directory it creates), removes what
+/// an interrupted save left (.tmp-* directories, latest.tmp) and creates the step's temporary
+/// directory. One saver per root at a time.
 PendingStep begin_step(const std::string& root, std::int64_t step);
-/// Commits a step whose data files are written and fsync'd in p.tmp: fsync p.tmp; index.json
-/// (temporary name, fsync, rename, fsync p.tmp); rename p.tmp to root/step-XXXXXXXX (or
-/// step-XXXXXXXX.N when that name exists); fsync root; `latest` (temporary name, fsync, rename,
-/// fsync root). Returns the step directory.
+/// Commits a step whose data files are written and fsync'd in p.tmp: index.json.crc32c (the
+/// checksum of the index text; temporary name, fsync, rename); index.json (temporary name,
+/// fsync, rename, fsync p.tmp); rename p.tmp to root/step-XXXXXXXX (or step-XXXXXXXX.N when
+/// that name exists); fsync root; `latest` (temporary name, fsync, rename, fsync root).
+/// Returns the step directory.
 std::string commit_step(const PendingStep& p, const std::string& index_text, const Fault& fault);
+/// The content of index.json.crc32c for an index text: "crc32c XXXXXXXX bytes N\n".
+std::string index_checksum_text(const std::string& index_text);
 /// Removes the temporary directory of a failed save (best effort).
 void abandon_step(const PendingStep& p) noexcept;
 
@@ -116,9 +154,40 @@ struct Run {
   std::uint64_t dst;
   std::uint64_t len;
 };
+
 /// The runs copying the intersection of boxes (src_off, src_shape) and (dst_off, dst_shape)
-/// (global coordinates) from one to the other, in increasing src (and dst) order; empty when
-/// they do not intersect. Trailing dims both boxes span fully are merged into one run.
+/// (global coordinates) from one to the other, generated one at a time in increasing src (and
+/// dst) order: a Shard(1) box of a tall tensor has a run per row, never held all at once.
+/// Trailing dims both boxes span fully are merged into one run.
+class BoxRuns {
+ public:
+  BoxRuns(const std::vector<std::int64_t>& src_off, const Shape& src_shape,
+          const std::vector<std::int64_t>& dst_off, const Shape& dst_shape, std::size_t elem_bytes);
+  /// No run left (from the start when the boxes do not intersect).
+  bool done() const noexcept { return left_ == 0; }
+  /// The current run (not done()).
+  const Run& run() const noexcept { return run_; }
+  void next() noexcept;
+  /// Number of runs in all.
+  std::uint64_t count() const noexcept { return count_; }
+  /// First source byte not copied yet (within the current run).
+  std::uint64_t pending() const noexcept { return run_.src + copied_; }
+  /// Copies what the runs hold of source bytes [lo, hi), which `window` holds (source byte lo
+  /// at window[0]), to `dst` (the destination box's storage), and moves past everything before
+  /// hi. Windows come in increasing order, none starting after pending(). A null `window` only
+  /// moves on (the bytes were read straight into place).
+  void copy(const char* window, std::uint64_t lo, std::uint64_t hi, char* dst) noexcept;
+
+ private:
+  std::vector<std::int64_t> idx_, ext_;       // position in, and extent of, dims [0, k)
+  std::vector<std::uint64_t> sstep_, dstep_;  // bytes per step of those dims
+  Run run_{0, 0, 0};
+  std::uint64_t count_ = 0;
+  std::uint64_t left_ = 0;    // runs left, the current one included
+  std::uint64_t copied_ = 0;  // bytes of the current run already copied
+};
+
+/// Every run of BoxRuns in a vector (for small boxes and tests).
 std::vector<Run> box_runs(const std::vector<std::int64_t>& src_off, const Shape& src_shape,
                           const std::vector<std::int64_t>& dst_off, const Shape& dst_shape,
                           std::size_t elem_bytes);

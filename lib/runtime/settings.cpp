@@ -18,8 +18,9 @@ const char* const kKnown[] = {"FULLSHARD_TIMEOUT",       "FULLSHARD_LOG_LEVEL",
                               "FULLSHARD_HOST_PROGRESS", "FULLSHARD_RANKS_PER_NODE",
                               "FULLSHARD_BIND_DEVICE",   "FULLSHARD_CKPT_FAULT"};
 
-constexpr const char* kFaultPoints[] = {"mid_shard",   "after_shards",  "mid_index",
-                                        "after_index", "before_latest", "mid_latest"};
+constexpr const char* kFaultPoints[] = {"mid_shard",     "after_shards",  "mid_index",
+                                        "after_index",   "before_latest", "mid_latest",
+                                        "prepare_tensor"};
 
 std::string known_list() {
   std::string s;

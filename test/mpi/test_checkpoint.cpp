@@ -33,6 +33,7 @@
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/optim/optimizer.hpp"
+#include "lib/checkpoint/io.hpp"  // index_checksum_text, to rewrite an index consistently
 #include "test_support.hpp"
 
 using namespace fullshard;
@@ -81,9 +82,19 @@ class SharedTempDir {
   std::string path_;
 };
 
-// Runs f on rank 0, then every rank waits for it.
+// Runs f on rank 0, then every rank waits for it. An exception (a failed REQUIRE included) is
+// a failed check that does not skip the barrier, so the other ranks never wait forever.
 void on_rank0(const std::function<void()>& f) {
-  if (R() == 0) f();
+  if (R() == 0) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      const std::string msg = std::string("on rank 0: ") + e.what();
+      FAIL_CHECK(msg);
+    } catch (...) {
+      FAIL_CHECK("on rank 0: a check failed");
+    }
+  }
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
@@ -281,7 +292,8 @@ int mismatches(Module& root, const optim::Optimizer* opt, const Full& ref, doubl
 }
 
 // Runs f, turning an exception into a failed check (so that this rank still reaches the next
-// world-wide agreement instead of leaving the others waiting).
+// world-wide agreement instead of leaving the others waiting). Anything else f throws (a
+// failed REQUIRE throws doctest's own exception) is a failure too: use CHECK inside f.
 bool no_throw(const std::string& what, const std::function<void()>& f) {
   try {
     f();
@@ -289,8 +301,24 @@ bool no_throw(const std::string& what, const std::function<void()>& f) {
   } catch (const std::exception& e) {
     const std::string msg = what + ": " + e.what();
     FAIL_CHECK(msg);
-    return false;
+  } catch (...) {
+    const std::string msg = what + ": a check failed";
+    FAIL_CHECK(msg);
   }
+  return false;
+}
+
+// Writes an index text and the checksum file that matches it (a consistent index with other
+// contents, as another writer could have produced).
+void write_index(const std::string& step_dir, const std::string& text) {
+  std::ofstream(step_dir + "/index.json", std::ios::binary | std::ios::trunc) << text;
+  std::ofstream(step_dir + "/" + ck::kIndexChecksumFile, std::ios::binary | std::ios::trunc)
+      << ck::detail::index_checksum_text(text);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
 }  // namespace
@@ -308,10 +336,17 @@ TEST_CASE("sharded and full checkpoints: save on one mesh, load bit-exact on eve
   }
   auto targets = target_meshes();
   int case_no = 0;
-  for (ck::Kind kind : {ck::Kind::sharded, ck::Kind::full})
+  // 20-byte checksum blocks: every shard spans several blocks, cut inside rows and elements.
+  const std::pair<ck::Kind, std::uint64_t> cases[] = {{ck::Kind::sharded, ck::kDefaultBlockBytes},
+                                                      {ck::Kind::full, ck::kDefaultBlockBytes},
+                                                      {ck::Kind::sharded, 20}};
+  for (const auto& kb : cases)
     for (auto& src : sources) {
+      const ck::Kind kind = kb.first;
+      const std::uint64_t block = kb.second;
       const std::string kind_name = ck::kind_name(kind);
       CAPTURE(kind_name);
+      CAPTURE(block);
       CAPTURE(src->name);
       const DeviceMesh& mesh = *src->mesh;  // sources span the world
       Net a(mesh, 1);
@@ -328,7 +363,7 @@ TEST_CASE("sharded and full checkpoints: save on one mesh, load bit-exact on eve
       const std::string rng("rng\x00\x01\xff state", 13);
       std::string path;
       REQUIRE(test::all_ranks(no_throw("save", [&] {
-        path = ck::save(dir, *a.root, opt.get(), 7, {{"note", "x"}, {"k", 2}}, rng, {kind});
+        path = ck::save(dir, *a.root, opt.get(), 7, {{"note", "x"}, {"k", 2}}, rng, {kind, block});
       })));
       CHECK(path == dir + "/step-00000007");
       CHECK(fs::exists(dir + "/latest"));
@@ -412,7 +447,7 @@ TEST_CASE("bad checkpoints: errors name the file and the tensor on every rank; n
     opt->zero_grad();
     a.iteration(0);
     opt->step();
-    ck::save(dir, *a.root, opt.get(), 3);
+    ck::save(dir, *a.root, opt.get(), 3, {{"lr", 0.5}});
     ck::save(tmp.sub("noopt"), *a.root, nullptr, 3);
     Net other(mesh, 1, Variant::other);
     ck::save(tmp.sub("other"), *other.root, nullptr, 3);
@@ -420,6 +455,7 @@ TEST_CASE("bad checkpoints: errors name the file and the tensor on every rank; n
   const std::string step_dir = dir + "/step-00000003";
   const std::string file0 = step_dir + "/rank-00000.bin";
   const std::string index = step_dir + "/index.json";
+  const std::string index_sum = step_dir + "/index.json.crc32c";
 
   Net b(mesh, 2);
   auto opt_b = adamw(*b.root);
@@ -438,8 +474,18 @@ TEST_CASE("bad checkpoints: errors name the file and the tensor on every rank; n
       CHECK_MESSAGE(test::contains(msg, p), "'" << p << "' not in: " << msg);
     CHECK(untouched());
   };
-  auto backup = [&](const std::string& f) { on_rank0([&] { fs::copy_file(f, f + ".bak"); }); };
-  auto restore = [&](const std::string& f) { on_rank0([&] { fs::rename(f + ".bak", f); }); };
+  auto backup = [&](const std::string& f) {
+    on_rank0([&] {
+      fs::copy_file(f, f + ".bak");
+      if (f == index) fs::copy_file(index_sum, index_sum + ".bak");
+    });
+  };
+  auto restore = [&](const std::string& f) {
+    on_rank0([&] {
+      fs::rename(f + ".bak", f);
+      if (f == index) fs::rename(index_sum + ".bak", index_sum);
+    });
+  };
 
   SUBCASE("a flipped byte") {
     backup(file0);
@@ -460,7 +506,8 @@ TEST_CASE("bad checkpoints: errors name the file and the tensor on every rank; n
     expect({"rank-00000.bin", "checksum mismatch", "tensor 'l0.w'"});
     on_rank0([&] {
       const auto issues = ck::verify(dir);
-      REQUIRE(issues.size() == 1);
+      CHECK(issues.size() == 1);
+      if (issues.empty()) return;
       CHECK(issues[0].file == file0);
       CHECK(issues[0].tensor == "l0.w");
     });
@@ -483,7 +530,7 @@ TEST_CASE("bad checkpoints: errors name the file and the tensor on every rank; n
     on_rank0([&] {
       nlohmann::json j = nlohmann::json::parse(std::ifstream(index));
       j["format_version"] = 99;
-      std::ofstream(index) << j.dump();
+      write_index(step_dir, j.dump());
     });
     expect({"index.json", "unknown format version 99"});
     restore(index);
@@ -491,7 +538,40 @@ TEST_CASE("bad checkpoints: errors name the file and the tensor on every rank; n
   SUBCASE("a truncated index") {
     backup(index);
     on_rank0([&] { fs::resize_file(index, fs::file_size(index) / 2); });
+    expect({"index.json", "does not match its checksum"});
+    // Without the checksum file (a checkpoint from before it existed): the JSON parser finds it.
+    on_rank0([&] { fs::remove(index_sum); });
     expect({"index.json", "invalid JSON"});
+    restore(index);
+  }
+  SUBCASE("a flipped byte in the index: its step, its metadata, its checksum file") {
+    backup(index);
+    const std::string good = R() == 0 ? read_file(index) : "";
+    // Each edit leaves valid JSON with other values: only the checksum can tell.
+    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+             {"\"step\": 3", "\"step\": 7"}, {"\"lr\": 0.5", "\"lr\": 0.7"}}) {
+      CAPTURE(from);
+      on_rank0([&] {
+        std::string text = good;
+        const auto at = text.find(from);
+        REQUIRE(at != std::string::npos);
+        text.replace(at, from.size(), to);
+        std::ofstream(index, std::ios::binary | std::ios::trunc) << text;
+      });
+      expect({index, "does not match its checksum", "index.json.crc32c"});
+      on_rank0([&] {
+        CHECK_THROWS_WITH_AS(ck::Reader{dir}, doctest::Contains("does not match its checksum"),
+                             InvalidArgument);
+        const auto issues = ck::verify(dir);
+        CHECK(issues.size() == 1);
+        if (!issues.empty()) CHECK(issues[0].file == index);
+      });
+    }
+    on_rank0([&] {
+      std::ofstream(index, std::ios::binary | std::ios::trunc) << good;
+      std::ofstream(index_sum, std::ios::binary | std::ios::trunc) << "crc32c zz\n";
+    });
+    expect({"index.json.crc32c", "is corrupt"});
     restore(index);
   }
   SUBCASE("a checksum list that does not match the data") {
@@ -500,7 +580,7 @@ TEST_CASE("bad checkpoints: errors name the file and the tensor on every rank; n
       nlohmann::json j = nlohmann::json::parse(std::ifstream(index));
       for (auto& t : j["tensors"])
         if (t["name"] == "l1.w") t["shards"][0]["crc32c"][0] = 12345;
-      std::ofstream(index) << j.dump();
+      write_index(step_dir, j.dump());
     });
     expect({"checksum mismatch", "tensor 'l1.w'", ".bin"});
     restore(index);
@@ -522,10 +602,8 @@ TEST_CASE("bad checkpoints: errors name the file and the tensor on every rank; n
   }
   SUBCASE("an index from another model") {
     backup(index);
-    on_rank0([&] {
-      fs::copy_file(tmp.sub("other") + "/step-00000003/index.json", index,
-                    fs::copy_options::overwrite_existing);
-    });
+    on_rank0(
+        [&] { write_index(step_dir, read_file(tmp.sub("other") + "/step-00000003/index.json")); });
     expect({"index.json", "'l0.b' is missing", "another model"});
     restore(index);
   }
@@ -640,7 +718,8 @@ TEST_CASE("resume: 10 steps + save + load + 10 steps equals 20 steps, on any mes
       Trainer t(*tgt->mesh);
       ok = no_throw("resume", [&] {
         const ck::Loaded l = ck::load(tmp.sub("r"), *t.root, t.opt.get());
-        REQUIRE(l.step == 10);
+        CHECK(l.step == 10);
+        if (l.step != 10) return;
         CHECK(l.metadata["world"] == W());
         t.set_rng_state(l.rng_state);
         for (auto k = l.step; k < 20; ++k)
@@ -651,4 +730,175 @@ TEST_CASE("resume: 10 steps + save + load + 10 steps equals 20 steps, on any mes
     }
     CHECK(test::all_ranks(ok));
   }
+}
+
+TEST_CASE("a save failing on one rank while it prepares a tensor fails on every rank, no hang") {
+  // FULLSHARD_CKPT_FAULT=prepare_tensor@R: rank R throws (as if out of memory) where a full save
+  // allocates rank 0's buffer or a sender's host copy, and where a sharded save stages a shard.
+  SharedTempDir tmp;
+  DeviceMesh mesh(test::runtime(), {W()}, {"dp"});
+  Net a(mesh, 1);
+  auto opt = adamw(*a.root);
+  opt->zero_grad();
+  a.iteration(0);
+  opt->step();
+  const Full ref = gather(shapes_of(*a.root, opt.get()), a.root.get(), opt.get(), true, R() == 0);
+  const std::string dir = tmp.sub("c");
+  REQUIRE(test::all_ranks(no_throw("save", [&] { ck::save(dir, *a.root, opt.get(), 1); })));
+  std::vector<int> bad_ranks{0};
+  if (W() > 1) bad_ranks.push_back(W() - 1);
+  for (const int bad : bad_ranks)
+    for (const ck::Kind kind : {ck::Kind::full, ck::Kind::sharded}) {
+      CAPTURE(bad);
+      const std::string kind_name = ck::kind_name(kind);
+      CAPTURE(kind_name);
+      const std::string fault = "prepare_tensor@" + std::to_string(bad);
+      setenv("FULLSHARD_CKPT_FAULT", fault.c_str(), 1);
+      const std::string msg = test::error_of<Error>([&] {
+        ck::save(dir, *a.root, opt.get(), 2, {}, "", {kind, ck::kDefaultBlockBytes});
+      });
+      unsetenv("FULLSHARD_CKPT_FAULT");
+      CHECK_MESSAGE(test::contains(msg, "FULLSHARD_CKPT_FAULT=prepare_tensor: injected failure"),
+                    msg);
+      if (R() != bad) CHECK_MESSAGE(test::contains(msg, "failed on another rank"), msg);
+      on_rank0([&] {
+        for (const auto& e : fs::directory_iterator(dir))
+          CHECK_MESSAGE(e.path().filename().string().rfind(".tmp-", 0) != 0, e.path());
+        CHECK(read_file(dir + "/latest") == "step-00000001\n");
+      });
+    }
+  // The checkpoint of step 1 is intact.
+  Net b(mesh, 2);
+  auto opt_b = adamw(*b.root);
+  CHECK(test::all_ranks(no_throw("load", [&] {
+    CHECK(ck::load(dir, *b.root, opt_b.get()).step == 1);
+    CHECK(mismatches(*b.root, opt_b.get(), ref, 0) == 0);
+  })));
+}
+
+namespace {
+
+// A model of two tensors much larger than the checksum blocks of its test: l0.w (640, 2400)
+// Shard(0), 5.9 MiB (two 4 MiB read windows), and l1.w (448, 2400) Shard(1), 4.1 MiB (2400
+// columns: divisible by 1-4 ranks and by 100 shards).
+constexpr std::int64_t kBigCols = 2400;
+const Shape kBigShapes[2] = {{640, kBigCols}, {448, kBigCols}};
+
+// Element e of l0.w (which = 0) or l1.w (1): exact in f32.
+double big_value(int which, std::int64_t e) {
+  return static_cast<double>((e * 13 + which * 101) % 4093 - 2046) * 0.125;
+}
+
+struct BigNet {
+  std::unique_ptr<Module> root = Module::make_root("model");
+  BigNet(const DeviceMesh& mesh, bool zero) {
+    Module& l0 = root->add_module("l0");
+    Module& l1 = root->add_module("l1");
+    l0.add_param("w", kBigShapes[0]).init([zero](std::int64_t e) {
+      return zero ? 0.0 : big_value(0, e);
+    });
+    l1.add_param("w", kBigShapes[1]).init([zero](std::int64_t e) {
+      return zero ? 0.0 : big_value(1, e);
+    });
+    fsdp::FullyShardOptions cols;
+    cols.shard_placement_fn = [](const Parameter&) { return Placement::Shard(1); };
+    fsdp::fully_shard(l0, mesh);
+    fsdp::fully_shard(l1, mesh, cols);
+    fsdp::fully_shard(*root, mesh);
+  }
+};
+
+int big_mismatches(Module& root) {
+  int bad = 0;
+  for (auto& [name, st] : fsdp::sharded_state_dict(root)) {
+    const int which = name == "l0.w" ? 0 : 1;
+    for (std::int64_t e = 0; e < st.local.numel(); ++e) {
+      const std::int64_t g = global_index(st.layout, e);
+      if (st.local.at(e) != big_value(which, g) && bad++ < 5)
+        MESSAGE(name << "[" << g << "]: " << st.local.at(e) << ", expected "
+                     << big_value(which, g));
+    }
+  }
+  return bad;
+}
+
+// Entries of /proc/self/fd (open descriptors), or -1 where there is no /proc.
+long open_fds() {
+  std::error_code ec;
+  long n = 0;
+  for (fs::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end; it.increment(ec))
+    ++n;
+  return ec ? -1 : n;
+}
+
+}  // namespace
+
+TEST_CASE("small blocks, tensors of several windows: exact loads; Shard(1) reads its columns") {
+  constexpr std::uint64_t kBlock = 512;  // a row (9600 bytes) spans 19-20 blocks
+  SharedTempDir tmp;
+  {
+    DeviceMesh mesh(test::runtime(), {W()}, {"dp"});
+    REQUIRE(test::all_ranks(no_throw("save", [&] {
+      BigNet a(mesh, false);
+      ck::save(tmp.sub("s"), *a.root, nullptr, 1, {}, "", {ck::Kind::sharded, kBlock});
+      ck::save(tmp.sub("f"), *a.root, nullptr, 1, {}, "", {ck::Kind::full, kBlock});
+    })));
+  }
+  for (const std::string src : {"s", "f"})
+    for (auto& tgt : target_meshes()) {
+      CAPTURE(src);
+      CAPTURE(tgt->name);
+      bool ok = true;
+      if (tgt->mesh)
+        ok = no_throw("load", [&] {  // the model too: a rank that throws must reach all_ranks
+          BigNet b(*tgt->mesh, true);
+          const ck::Loaded l = ck::load(tmp.sub(src), *b.root);
+          CHECK(big_mismatches(*b.root) == 0);
+          if (src != "f") return;
+          // From one shard per tensor: the bytes of this rank's elements, plus at most the two
+          // partial blocks at the ends of each run (the Shard(0) slab is one run, the Shard(1)
+          // slab one per row), never the blocks between the rows of a column slab.
+          std::uint64_t need = 0, runs = 0;
+          for (auto& [name, st] : fsdp::sharded_state_dict(*b.root)) {
+            const std::int64_t n = st.layout.local_numel();
+            need += static_cast<std::uint64_t>(n) * 4;
+            if (n > 0)
+              runs += name == "l1.w" ? static_cast<std::uint64_t>(st.layout.local_shape[0]) : 1;
+          }
+          CHECK(l.bytes_read >= need);
+          CHECK(l.bytes_read <= need + runs * 2 * kBlock);
+        });
+      CHECK(test::all_ranks(ok));
+    }
+  on_rank0([&] {
+    // Boxes cut anywhere: partial rows and columns, across the 4 MiB window boundary.
+    ck::Reader r(tmp.sub("f"));
+    for (int which = 0; which < 2; ++which) {
+      const std::vector<std::int64_t> off{which ? 5 : 100, 3};
+      const Shape shape{which ? 400 : 500, 1001};
+      std::vector<float> got(static_cast<std::size_t>(numel(shape)));
+      r.read_box(r.tensor(which ? "l1.w" : "l0.w"), off, shape, got.data());
+      int bad = 0;
+      for (std::int64_t i = 0; i < shape[0]; ++i)
+        for (std::int64_t j = 0; j < shape[1]; ++j)
+          bad += got[static_cast<std::size_t>(i * shape[1] + j)] !=
+                 big_value(which, (off[0] + i) * kBigCols + off[1] + j);
+      CHECK(bad == 0);
+    }
+    // 100 data files: reading them all keeps at most 64 open.
+    ck::convert(tmp.sub("f"), tmp.sub("c"), {ck::Kind::sharded, 100, kBlock});
+    ck::Reader c(tmp.sub("c"));
+    CHECK(c.index().files.size() == 100);
+    const long before = open_fds();
+    for (int which = 0; which < 2; ++which) {
+      std::vector<float> got(static_cast<std::size_t>(numel(kBigShapes[which])));
+      c.read_full(c.tensor(which ? "l1.w" : "l0.w"), got.data());
+      int bad = 0;
+      for (std::size_t e = 0; e < got.size(); ++e)
+        bad += got[e] != big_value(which, static_cast<std::int64_t>(e));
+      CHECK(bad == 0);
+    }
+    if (before >= 0) CHECK(open_fds() - before <= 64);
+    CHECK(ck::verify(tmp.sub("c")).empty());
+  });
 }

@@ -5,13 +5,17 @@
 //   fullshard-test-ckpt-probe write DIR STEP [full]   save a model whose values encode STEP
 //   fullshard-test-ckpt-probe check DIR STEP          load DIR and check it holds STEP's values
 //   fullshard-test-ckpt-probe flip FILE OFFSET        flip one bit of FILE's byte at OFFSET
+//   fullshard-test-ckpt-probe stall DIR STEP          rank 0 saves, the others never join: the
+//                                                     save must abort the job (FULLSHARD_TIMEOUT)
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "fullshard/checkpoint/checkpoint.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
@@ -64,6 +68,18 @@ int run(Runtime& rt, const std::string& mode, const std::string& dir, long step,
     if (rt.rank() == 0) std::printf("saved step %ld to %s\n", step, path.c_str());
     return 0;
   }
+  if (mode == "stall") {
+    auto model = make_model(mesh, step);
+    if (rt.rank() == 0) {
+      checkpoint::save(dir, *model, nullptr, step);
+      std::fprintf(stderr, "stall: the save returned without the other ranks\n");
+    } else {
+      std::this_thread::sleep_for(std::chrono::seconds(20));
+      std::fprintf(stderr, "stall: rank %d: rank 0 did not abort the job\n", rt.rank());
+    }
+    std::fflush(stderr);
+    std::_Exit(1);  // no MPI_Finalize: it could wait for rank 0
+  }
   // check: start from other values, load, compare every local element.
   auto model = make_model(mesh, -1000);
   const checkpoint::Loaded l = checkpoint::load(dir, *model);
@@ -91,8 +107,9 @@ int run(Runtime& rt, const std::string& mode, const std::string& dir, long step,
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "flip" && argc == 4) return flip(argv[2], std::atol(argv[3]));
-  if ((mode != "write" && mode != "check") || argc < 4) {
-    std::fprintf(stderr, "usage: %s write|check DIR STEP [full] | flip FILE OFFSET\n", argv[0]);
+  if ((mode != "write" && mode != "check" && mode != "stall") || argc < 4) {
+    std::fprintf(stderr, "usage: %s write|check|stall DIR STEP [full] | flip FILE OFFSET\n",
+                 argv[0]);
     return 2;
   }
   try {

@@ -62,6 +62,8 @@ TEST_CASE("FULLSHARD_CKPT_FAULT: a known point, optionally on one rank") {
   CHECK(s.checkpoint_fault.rank == 3);
   CHECK(s.warnings.empty());
   CHECK(Settings::from_map({{"FULLSHARD_CKPT_FAULT", "after_shards"}}).checkpoint_fault.rank == -1);
+  CHECK(Settings::from_map({{"FULLSHARD_CKPT_FAULT", "prepare_tensor@1"}}).checkpoint_fault.point ==
+        "prepare_tensor");
   CHECK(Settings::from_map({}).checkpoint_fault.point.empty());
   const std::string msg = error_of({{"FULLSHARD_CKPT_FAULT", "mid_shrad"}});
   CHECK(msg.find("FULLSHARD_CKPT_FAULT='mid_shrad'") != std::string::npos);

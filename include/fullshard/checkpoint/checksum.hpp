@@ -19,4 +19,10 @@ std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b,
 /// "sse4.2" or "table": which implementation crc32c() uses on this machine.
 const char* crc32c_implementation() noexcept;
 
+namespace detail {
+/// crc32c() by the portable table implementation, whatever the machine (tests compare the
+/// SSE4.2 path against it).
+std::uint32_t crc32c_table(const void* data, std::size_t n, std::uint32_t crc = 0) noexcept;
+}  // namespace detail
+
 }  // namespace fullshard::checkpoint

@@ -33,6 +33,11 @@ constexpr int kFormatVersion = 1;
 /// covering it.
 constexpr std::uint64_t kDefaultBlockBytes = std::uint64_t{1} << 20;
 
+/// The index of a step directory, and the file holding the CRC32C of its text (written before
+/// it; a reader refuses an index that does not match it).
+constexpr const char* kIndexFile = "index.json";
+constexpr const char* kIndexChecksumFile = "index.json.crc32c";
+
 /// Sharded: one data file per writing rank (rank-00000.bin, ...). Full: one file (model.bin),
 /// one shard per tensor, written by rank 0.
 enum class Kind { sharded, full };
@@ -116,14 +121,21 @@ Index index_from_json(const nlohmann::json& j, const std::string& where);
 Index parse_index(const std::string& text, const std::string& where);
 
 /// The step directory a path designates: `path` itself when it holds index.json, else the
-/// directory named by path/latest. InvalidArgument when neither exists (naming the path).
+/// directory named by path/latest. InvalidArgument when neither exists (naming the path), or
+/// when its index does not match its checksum (read_index_text).
 std::string resolve_step_dir(const std::string& path);
+/// The text of step_dir/index.json, checked against the CRC32C in step_dir/index.json.crc32c
+/// (absent in checkpoints written before it existed: then unchecked). InvalidArgument naming
+/// the index file when they differ (a flipped byte anywhere in the index, metadata and step
+/// included); Error when it cannot be read.
+std::string read_index_text(const std::string& step_dir);
 
-/// Reads tensors out of one step directory. Data files are opened on first use and every
-/// block read is checked against its CRC32C. Not thread-safe; no MPI.
+/// Reads tensors out of one step directory. Data files are opened on first use (at most 64 at
+/// a time: the least recently used is closed first) and every block read is checked against
+/// its CRC32C. Not thread-safe; no MPI.
 class Reader {
  public:
-  /// Resolves `path` (resolve_step_dir) and reads its index.
+  /// Resolves `path` (resolve_step_dir) and reads its index (read_index_text, parse_index).
   explicit Reader(const std::string& path);
   /// Uses an index already read (e.g. broadcast by rank 0) for the step directory `step_dir`.
   Reader(std::string step_dir, Index index);
@@ -139,9 +151,10 @@ class Reader {
   const TensorInfo& tensor(const std::string& name) const;
 
   /// Reads the box [offset, offset + shape) of `t` into `dst` (row-major, numel(shape) elements
-  /// of t.dtype). Reads only the checksum blocks of the saved shards that the box intersects,
-  /// verifies each, and copies the intersections. Errors (InvalidArgument) name the file and the
-  /// tensor: missing file, file shorter than the index says, checksum mismatch.
+  /// of t.dtype). Reads only the checksum blocks of the saved shards that hold bytes of the box
+  /// (a column slab skips the blocks between its rows), verifies each, and copies the
+  /// intersections. Errors (InvalidArgument) name the file and the tensor: missing file, file
+  /// shorter than the index says, checksum mismatch; an I/O error is an Error naming both.
   void read_box(const TensorInfo& t, const std::vector<std::int64_t>& offset, const Shape& shape,
                 void* dst);
   /// read_box of the whole tensor.
@@ -168,9 +181,10 @@ struct VerifyIssue {
   std::string message;
 };
 
-/// Checks a checkpoint completely: the index, every data file's presence and size, every
-/// block's checksum. Collects every problem instead of stopping at the first (an unreadable
-/// index is one issue). Reads every byte once.
+/// Checks a checkpoint completely: the index (and its checksum), every data file's presence
+/// and size, every block's checksum. Collects every problem instead of stopping at the first
+/// (an index that cannot be read or parsed is one issue). Reads every byte once, file by file.
+/// InvalidArgument when `path` is not a checkpoint at all (resolve_step_dir's errors).
 std::vector<VerifyIssue> verify(const std::string& path);
 
 struct ConvertOptions {

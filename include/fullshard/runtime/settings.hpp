@@ -26,7 +26,8 @@ enum class HostProgress {
 /// process with std::_Exit at that point of its protocol (on every rank, or on one), to check
 /// that a killed writer leaves the previous checkpoint loadable. Points, in protocol order:
 /// mid_shard, after_shards, mid_index, after_index, before_latest, mid_latest
-/// (docs/checkpoint-format.md).
+/// (docs/checkpoint-format.md). prepare_tensor instead throws an Error where a save prepares a
+/// tensor (allocation, host copy), to check that a failure there fails the save on every rank.
 struct CheckpointFault {
   std::string point;  ///< empty: no fault
   int rank = -1;      ///< -1: every rank
