@@ -4,22 +4,9 @@
 # problems found (a flipped bit in index.json too), 2 for bad usage or no checkpoint. Run by CTest as
 #   cmake -DMPIEXEC=... -DPROBE=... -DCKPT=... -P checkpoint_cli.cmake
 # in a fresh directory under $TMPDIR or /tmp, removed at the end (also on failure).
-foreach(v MPIEXEC PROBE CKPT)
-  if(NOT DEFINED ${v})
-    message(FATAL_ERROR "checkpoint_cli.cmake needs -D${v}=...")
-  endif()
-endforeach()
-set(tmp "$ENV{TMPDIR}")
-if(NOT tmp)
-  set(tmp /tmp)
-endif()
-string(RANDOM LENGTH 10 suffix)
-set(DIR "${tmp}/fullshard-ckpt-cli-${suffix}")
-
-function(fail msg)
-  file(REMOVE_RECURSE "${DIR}")
-  message(FATAL_ERROR "${msg}")
-endfunction()
+set(SCRIPT ckpt-cli)
+set(REQUIRED MPIEXEC PROBE CKPT)
+include(${CMAKE_CURRENT_LIST_DIR}/checkpoint_script.cmake)
 
 # run(<expected exit code> <command...>): sets `out` (stdout and stderr).
 function(run code)

@@ -6,22 +6,9 @@
 #      with the fault message), then load: step 10 with step 10's values;
 #   3. save step 20 cleanly over the leftovers, load: step 20;
 #   4. rank 0 saves while the other ranks never join: the job aborts after FULLSHARD_TIMEOUT.
-foreach(v MPIEXEC NP PROBE)
-  if(NOT DEFINED ${v})
-    message(FATAL_ERROR "checkpoint_kill.cmake needs -D${v}=...")
-  endif()
-endforeach()
-set(tmp "$ENV{TMPDIR}")
-if(NOT tmp)
-  set(tmp /tmp)
-endif()
-string(RANDOM LENGTH 10 suffix)
-set(DIR "${tmp}/fullshard-ckpt-kill-${suffix}")
-
-function(fail msg)
-  file(REMOVE_RECURSE "${DIR}")
-  message(FATAL_ERROR "${msg}")
-endfunction()
+set(SCRIPT ckpt-kill)
+set(REQUIRED MPIEXEC NP PROBE)
+include(${CMAKE_CURRENT_LIST_DIR}/checkpoint_script.cmake)
 
 function(probe expect_ok)
   execute_process(COMMAND "${MPIEXEC}" -n ${NP} "${PROBE}" ${ARGN}
