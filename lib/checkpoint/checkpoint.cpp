@@ -638,8 +638,8 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
   std::exception_ptr err;
   if (c.rank == 0)
     err = attempt([&] {
-      step_dir = resolve_step_dir(dir);
-      text = read_index_text(step_dir);
+      step_dir = detail::find_step_dir(dir);
+      text = read_index_text(step_dir);  // checked against its checksum file, read once
     });
   agree(c, err, "checkpoint load");
   bcast_string(c, step_dir, 0);

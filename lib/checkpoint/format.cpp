@@ -360,9 +360,8 @@ Index parse_index(const std::string& text, const std::string& where) {
   return index_from_json(j, where);
 }
 
-namespace {
+namespace detail {
 
-// The step directory `path` designates (no checksum check).
 std::string find_step_dir(const std::string& path) {
   if (detail::exists(detail::join(path, kIndexFile))) return path;
   const std::string latest = detail::join(path, "latest");
@@ -384,7 +383,7 @@ std::string find_step_dir(const std::string& path) {
   throw InvalidArgument("'" + path + "' is not a checkpoint: it has no index.json and no 'latest'");
 }
 
-}  // namespace
+}  // namespace detail
 
 std::string read_index_text(const std::string& step_dir) {
   const std::string where = detail::join(step_dir, kIndexFile);
@@ -410,7 +409,7 @@ std::string read_index_text(const std::string& step_dir) {
 }
 
 std::string resolve_step_dir(const std::string& path) {
-  const std::string dir = find_step_dir(path);
+  const std::string dir = detail::find_step_dir(path);
   (void)read_index_text(dir);
   return dir;
 }
@@ -430,7 +429,7 @@ struct Reader::Files {
   detail::ByteBuffer scratch;
 };
 
-Reader::Reader(const std::string& path) : dir_(find_step_dir(path)) {
+Reader::Reader(const std::string& path) : dir_(detail::find_step_dir(path)) {
   index_ = parse_index(read_index_text(dir_), index_path());
   files_ = std::make_unique<Files>();
 }
@@ -614,7 +613,7 @@ const detail::File& Reader::open_file(std::size_t i, const TensorInfo& t) {
 
 std::vector<VerifyIssue> verify(const std::string& path) {
   std::vector<VerifyIssue> issues;
-  const std::string dir = find_step_dir(path);  // not a checkpoint: thrown
+  const std::string dir = detail::find_step_dir(path);  // not a checkpoint: thrown
   const std::string where = detail::join(dir, kIndexFile);
   Index index;
   try {

@@ -81,6 +81,9 @@ void fsync_dir(const std::string& dir);
 void rename_path(const std::string& from, const std::string& to);
 /// Whole file as a string; Error naming the path when it cannot be read.
 std::string read_text(const std::string& path);
+/// The step directory `path` designates (itself, or the one `latest` names) without reading
+/// its index: resolve_step_dir minus the checksum check, for callers that read the index next.
+std::string find_step_dir(const std::string& path);
 bool exists(const std::string& path) noexcept;
 /// Removes a file or a directory tree; errors ignored (clean-up paths).
 void remove_quietly(const std::string& path) noexcept;
