@@ -56,13 +56,13 @@ using fullshard::DType;
 using fullshard::bench::all_ranks;
 using fullshard::bench::die;
 using fullshard::bench::timed_loop;
-using fullshard::comm::MpiCommunicator;
+using fullshard::comm::Communicator;
 using fullshard::comm::ReduceOp;
 using fullshard::comm::Stream;
 
 // Communicators shared by all benchmarks (set in main, valid while benchmarks run).
 MPI_Comm g_raw = MPI_COMM_NULL;   // the raw MPI benchmarks' own dup of world
-MpiCommunicator* g_fs = nullptr;  // mesh.comm("dp")
+Communicator* g_fs = nullptr;  // mesh.comm("dp")
 int g_rank = 0;
 int g_size = 1;
 

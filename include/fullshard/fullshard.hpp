@@ -5,7 +5,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/communicator.hpp"
 #include "fullshard/comm/mpi_communicator.hpp"
-#include "fullshard/comm/nccl_info.hpp"
+#include "fullshard/runtime/nccl_info.hpp"
 #include "fullshard/comm/stream.hpp"
 #include "fullshard/config.hpp"
 #include "fullshard/mesh/device_mesh.hpp"

@@ -27,8 +27,6 @@
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/runtime/settings.hpp"
 #include "lib/checkpoint/io.hpp"
-#include "lib/comm/mpi_error.hpp"
-#include "lib/fsdp/param_group.hpp"
 
 namespace fullshard::checkpoint {
 
@@ -37,9 +35,11 @@ using nlohmann::json;
 namespace {
 
 void check_mpi(int rc, const char* op) {
-  if (rc != MPI_SUCCESS)
-    throw CommError(std::string("checkpoint: ") + op +
-                    " failed: " + comm::detail::mpi_error_string(rc));
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw CommError(std::string("checkpoint: ") + op + " failed: " + std::string(text, len));
 }
 
 // A private duplicate of a mesh communicator (so checkpoint traffic never meets a stream's).
@@ -481,7 +481,7 @@ std::string save_full(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>&
   std::unique_ptr<Comm> row;
   if (is_writer(mesh))
     row =
-        std::make_unique<Comm>(mesh.comm(mesh.names().back()).handle(), mesh.timeout_s(), c.what());
+        std::make_unique<Comm>(mesh.control_comm(mesh.names().back()), mesh.timeout_s(), c.what());
   std::exception_ptr err;
   bool stopped = false;  // the group agreed to stop after a failure (maybe another rank's)
   std::unique_ptr<detail::DataFileWriter> w;
@@ -572,7 +572,7 @@ std::string save(const std::string& dir, graph::Module& model, const optim::Opti
                  std::int64_t step, const json& metadata, const std::string& rng_state,
                  const SaveOptions& options) {
   const DeviceMesh& mesh = model_mesh(model, "checkpoint::save");
-  Comm c(mesh.world_comm().handle(), mesh.timeout_s(), "checkpoint save of '" + dir + "'");
+  Comm c(mesh.control_world(), mesh.timeout_s(), "checkpoint save of '" + dir + "'");
   std::vector<Entry> entries;
   Index index;
   detail::Fault fault;
@@ -617,8 +617,8 @@ void advise_huge_pages(const Tensor& t) noexcept {
 // the load reads straight into memory the model then adopts), or its own staging tensor
 // (parameters outside any group, and groups in device memory), copied in after agreement.
 struct GroupTarget {
-  fsdp::detail::ParamGroup* group = nullptr;
-  Tensor storage;  // fresh, same shape/dtype as the group's sharded storage
+  fsdp::FSDPModule* group = nullptr;  // the group's first module
+  Tensor storage;                     // fresh, same shape/dtype as the group's sharded storage
 };
 
 std::string fingerprint_note(const Index& index, const std::string& mine) {
@@ -631,7 +631,7 @@ std::string fingerprint_note(const Index& index, const std::string& mine) {
 
 Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* optimizer) {
   const DeviceMesh& mesh = model_mesh(model, "checkpoint::load");
-  Comm c(mesh.world_comm().handle(), mesh.timeout_s(), "checkpoint load of '" + dir + "'");
+  Comm c(mesh.control_world(), mesh.timeout_s(), "checkpoint load of '" + dir + "'");
 
   // Rank 0 finds the step directory and reads the index; every rank gets its text.
   std::string step_dir, text;
@@ -737,14 +737,11 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
     std::unordered_map<const graph::Parameter*, std::pair<std::size_t, std::int64_t>> slot_of;
     for (graph::Module* m : model.modules_preorder()) {
       fsdp::FSDPModule* st = fsdp::fsdp_state(*m);
-      if (!st) continue;
-      fsdp::detail::ParamGroup* g = st->group().get();
-      bool seen = false;
-      for (const GroupTarget& t : groups)
-        seen |= t.group == g;
-      if (seen || g->sharded_storage().space() != MemorySpace::host) continue;
+      if (!st || !st->owns_group()) continue;
+      fsdp::FSDPModule* g = st;
+      if (g->sharded_storage().space() != MemorySpace::host) continue;
       Tensor fresh = Tensor::empty(g->sharded_storage().shape(), g->sharded_storage().dtype(),
-                                   MemorySpace::host, "checkpoint.load " + g->name());
+                                   MemorySpace::host, "checkpoint.load " + g->group_name());
       advise_huge_pages(fresh);
       const std::string problem = g->adopt_problem(fresh);
       if (!problem.empty()) throw InvalidArgument("checkpoint::load: " + problem);
@@ -752,13 +749,13 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
       const std::size_t es = dtype_size(fresh.dtype());
       std::int64_t covered = 0;
       auto* base = static_cast<unsigned char*>(fresh.data());
-      const auto& members = g->layout().members;
+      const auto& members = g->group_layout().members;
       for (std::size_t i = 0; i < members.size(); ++i) {
         const std::int64_t off = members[i].slot_offset;
         if (off > covered)
           std::memset(base + covered * es, 0, static_cast<std::size_t>(off - covered) * es);
         covered = off + numel(members[i].layout.local_shape);
-        slot_of[g->params()[i]] = {groups.size(), off};
+        slot_of[g->group_params()[i]] = {groups.size(), off};
       }
       if (fresh.numel() > covered)
         std::memset(base + covered * es, 0, static_cast<std::size_t>(fresh.numel() - covered) * es);

@@ -1,5 +1,7 @@
 #include "fullshard/comm/mpi_communicator.hpp"
 
+#include <cmath>
+
 #include <climits>
 #include <cstring>
 #include <string>
@@ -74,15 +76,15 @@ std::unique_ptr<Communicator> MpiCommunicator::dup(const std::string& name) cons
   return d;
 }
 
-std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key,
-                                                        const std::string& name) const {
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key,
+                                                     const std::string& name) const {
   MPI_Comm comm = MPI_COMM_NULL;
   if (const int rc = MPI_Comm_split(comm_, color, key, &comm); rc != MPI_SUCCESS)
     throw CommError("MPI_Comm_split of communicator '" + name_ + "' into '" + name +
                     "' failed: " + mpi_error_string(rc));
   auto s = adopt(comm, name, timeout_s_);
   s->ops_ = ops_;
-  return s;
+  return std::unique_ptr<Communicator>(std::move(s));
 }
 
 void MpiCommunicator::check_count(std::size_t count, const char* op) const {
@@ -136,11 +138,10 @@ Work MpiCommunicator::all_gather(const void* send, void* recv, std::size_t count
                           "(recv + rank*count) for an in-place all-gather");
   const MPI_Datatype type = detail::mpi_datatype(dtype);
   const int n = static_cast<int>(count);
-  Work w =
-      launch("all_gather", count, dtype, stream, [=, comm = comm_](const std::string& label) {
-        check(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, type, recv, n, type, comm),
-              "MPI_Allgather", label);
-      });
+  Work w = launch("all_gather", count, dtype, stream, [=, comm = comm_](const std::string& label) {
+    check(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, type, recv, n, type, comm),
+          "MPI_Allgather", label);
+  });
   traffic_[0].fetch_add(bytes * static_cast<std::size_t>(size_), std::memory_order_relaxed);
   return w;
 }
@@ -163,23 +164,37 @@ Work MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t r
   const int rank = rank_;
   const int size = size_;
   Work w = launch("reduce_scatter", recv_count, dtype, stream,
-                [=, comm = comm_](const std::string& label) {
-                  if (in_place) {
-                    // MPI's in-place form leaves the result at the start of the buffer; NCCL's
-                    // (ours) at this rank's chunk. Move it there: 1/size of the bytes, only when
-                    // rank > 0.
-                    auto* buf = const_cast<void*>(send);
-                    check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, n, type, mpi_op, comm),
-                          "MPI_Reduce_scatter_block", label);
-                    if (rank > 0) std::memmove(recv, buf, bytes);
-                  } else {
-                    check(MPI_Reduce_scatter_block(send, recv, n, type, mpi_op, comm),
-                          "MPI_Reduce_scatter_block", label);
-                  }
-                  if (op == ReduceOp::avg) detail::divide_in_place(recv, recv_count, dtype, size);
-                });
+                  [=, comm = comm_](const std::string& label) {
+                    if (in_place) {
+                      // MPI's in-place form leaves the result at the start of the buffer; NCCL's
+                      // (ours) at this rank's chunk. Move it there: 1/size of the bytes, only when
+                      // rank > 0.
+                      auto* buf = const_cast<void*>(send);
+                      check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, n, type, mpi_op, comm),
+                            "MPI_Reduce_scatter_block", label);
+                      if (rank > 0) std::memmove(recv, buf, bytes);
+                    } else {
+                      check(MPI_Reduce_scatter_block(send, recv, n, type, mpi_op, comm),
+                            "MPI_Reduce_scatter_block", label);
+                    }
+                    if (op == ReduceOp::avg) detail::divide_in_place(recv, recv_count, dtype, size);
+                  });
   traffic_[1].fetch_add(bytes * static_cast<std::size_t>(size_), std::memory_order_relaxed);
   return w;
+}
+
+Work MpiCommunicator::reduce_scatter_divided(const void* send, void* recv, std::size_t recv_count,
+                                             DType dtype, double divide_factor, Stream& stream) {
+  if (!(divide_factor > 0) || !std::isfinite(divide_factor))
+    throw InvalidArgument("reduce_scatter_divided on communicator '" + name_ +
+                          "': the divide factor must be finite and > 0, got " +
+                          std::to_string(divide_factor));
+  Work w = reduce_scatter(send, recv, recv_count, dtype, ReduceOp::sum, stream);
+  if (divide_factor == 1.0) return w;
+  return stream.submit("divide after reduce_scatter on '" + name_ + "'", [=] {
+    w.test();  // the sum's error, not a division of what it did not write
+    detail::divide_in_place(recv, recv_count, dtype, divide_factor);
+  });
 }
 
 Work MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
@@ -196,12 +211,11 @@ Work MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
   const MPI_Op mpi_op = ops_->get(dtype, op);
   const int n = static_cast<int>(count);
   const int size = size_;
-  Work w =
-      launch("all_reduce", count, dtype, stream, [=, comm = comm_](const std::string& label) {
-        check(MPI_Allreduce(in_place ? MPI_IN_PLACE : send, recv, n, type, mpi_op, comm),
-              "MPI_Allreduce", label);
-        if (op == ReduceOp::avg) detail::divide_in_place(recv, count, dtype, size);
-      });
+  Work w = launch("all_reduce", count, dtype, stream, [=, comm = comm_](const std::string& label) {
+    check(MPI_Allreduce(in_place ? MPI_IN_PLACE : send, recv, n, type, mpi_op, comm),
+          "MPI_Allreduce", label);
+    if (op == ReduceOp::avg) detail::divide_in_place(recv, count, dtype, size);
+  });
   traffic_[2].fetch_add(bytes, std::memory_order_relaxed);
   return w;
 }
@@ -216,10 +230,9 @@ Work MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, in
     throw InvalidArgument("broadcast on communicator '" + name_ + "': null buffer");
   const MPI_Datatype type = detail::mpi_datatype(dtype);
   const int n = static_cast<int>(count);
-  Work w =
-      launch("broadcast", count, dtype, stream, [=, comm = comm_](const std::string& label) {
-        check(MPI_Bcast(buffer, n, type, root, comm), "MPI_Bcast", label);
-      });
+  Work w = launch("broadcast", count, dtype, stream, [=, comm = comm_](const std::string& label) {
+    check(MPI_Bcast(buffer, n, type, root, comm), "MPI_Bcast", label);
+  });
   traffic_[3].fetch_add(count * dtype_size(dtype), std::memory_order_relaxed);
   return w;
 }

@@ -5,6 +5,7 @@
 
 #include "fullshard/base/error.hpp"
 #include "lib/fsdp/param_group.hpp"
+#include "lib/fsdp/running_backend.hpp"
 
 namespace fullshard::fsdp {
 
@@ -34,15 +35,22 @@ std::set<const graph::Parameter*> grouped_params(graph::Module& m) {
   std::set<const graph::Parameter*> out;
   for (auto* sub : m.modules_preorder())
     if (auto st = state_ptr(*sub))
-      for (auto* p : st->group()->params())
+      for (auto* p : detail::group_of(*st).params())
         out.insert(p);
   return out;
 }
 
 }  // namespace
 
-FSDPModule::FSDPModule(graph::Module& module, DeviceMesh mesh, FullyShardOptions options,
-                       std::shared_ptr<detail::ParamGroup> group)
+namespace detail {
+struct Key {};
+ParamGroup& group_of(const FSDPModule& st) {
+  return *st.group_;
+}
+}  // namespace detail
+
+FSDPModule::FSDPModule(const detail::Key&, graph::Module& module, DeviceMesh mesh,
+                       FullyShardOptions options, std::shared_ptr<detail::ParamGroup> group)
     : module_(&module),
       mesh_(std::move(mesh)),
       options_(std::move(options)),
@@ -72,7 +80,7 @@ FSDPModule& fully_shard(const std::vector<graph::Module*>& modules, const Device
       throw InvalidArgument("fully_shard has already been applied to module '" +
                             (m->fqn().empty() ? m->name() : m->fqn()) + "'");
     for (auto* sub : m->modules_preorder())
-      if (auto st = state_ptr(*sub); st && st->group()->attached())
+      if (auto st = state_ptr(*sub); st && detail::group_of(*st).attached())
         throw InvalidArgument("fully_shard(" + name + "): submodule '" + sub->fqn() +
                               "' has already run forward; apply fully_shard bottom-up to every "
                               "module before the first forward");
@@ -83,7 +91,7 @@ FSDPModule& fully_shard(const std::vector<graph::Module*>& modules, const Device
   for (auto* m : modules)
     for (graph::Module* up = m->parent(); up; up = up->parent())
       if (auto st = state_ptr(*up))
-        for (auto* p : st->group()->params())
+        for (auto* p : detail::group_of(*st).params())
           for (auto* mine : m->parameters())
             if (p == mine)
               throw InvalidArgument("fully_shard(" + name + "): parameter '" + p->fqn() +
@@ -136,7 +144,7 @@ FSDPModule& fully_shard(const std::vector<graph::Module*>& modules, const Device
                                                     std::move(layouts), mesh, options);
   FSDPModule* first = nullptr;
   for (auto* m : modules) {
-    auto st = std::make_shared<FSDPModule>(*m, mesh, options, group);
+    auto st = std::make_shared<FSDPModule>(detail::Key{}, *m, mesh, options, group);
     m->extension() = st;
     if (!first) first = st.get();
   }
@@ -147,17 +155,23 @@ FSDPModule& fully_shard(const std::vector<graph::Module*>& modules, const Device
 
 namespace detail {
 
-// The root is the outermost module with FSDP state above (or at) `m`; it creates the comm
+// The root is the outermost module with FSDP state above (or at) `m`; it creates the root
 // context shared by every group of its subtree. Runs at the first forward or unshard.
 void ensure_initialized(FSDPModule& st) {
-  if (st.group()->attached()) return;
+  if (group_of(st).attached()) return;
   graph::Module* root = &st.module();
   for (graph::Module* m = root->parent(); m; m = m->parent())
     if (fsdp_state(*m)) root = m;
   FSDPModule* root_state = fsdp_state(*root);
-  auto ctx = std::make_shared<CommContext>();
-  for (FSDPModule* s : root_state->subtree_states())
-    if (!s->group()->attached()) s->group()->attach(ctx, s->group() == root_state->group());
+  auto ctx = std::make_shared<RootContext>();
+  std::vector<engine::Group*> groups;
+  for (FSDPModule* s : root_state->subtree_states()) {
+    ParamGroup& g = group_of(*s);
+    if (g.attached()) continue;
+    g.attach(ctx);
+    groups.push_back(&g.engine());
+  }
+  engine::attach(ctx->root, groups);
 }
 
 }  // namespace detail
@@ -186,83 +200,133 @@ const kernels::GroupLayout& FSDPModule::group_layout() const {
   return group_->layout();
 }
 
+const std::string& FSDPModule::group_name() const noexcept {
+  return group_->name();
+}
+const std::vector<graph::Parameter*>& FSDPModule::group_params() const noexcept {
+  return group_->params();
+}
+bool FSDPModule::is_sharded() const noexcept {
+  return group_->sharded_idle();
+}
+bool FSDPModule::owns_group() const noexcept {
+  return group_->modules().front() == module_;
+}
+const Tensor& FSDPModule::sharded_storage() const noexcept {
+  return group_->sharded_storage();
+}
+std::string FSDPModule::adopt_problem(const Tensor& storage) const {
+  return group_->adopt_problem(storage);
+}
+void FSDPModule::adopt_sharded_storage(Tensor storage) {
+  const std::string problem = group_->adopt_problem(storage);
+  if (!problem.empty()) throw InvalidArgument("adopt_sharded_storage: " + problem);
+  group_->adopt_sharded_storage(std::move(storage));
+}
+
+std::size_t FSDPModule::pool_bytes_in_use() const {
+  return group_->attached() ? group_->context()->backend.pool.bytes_in_use() : 0;
+}
+std::size_t FSDPModule::pool_peak_bytes() const {
+  return group_->attached() ? group_->context()->backend.pool.peak_bytes_in_use() : 0;
+}
+void FSDPModule::reset_pool_peak() {
+  detail::ensure_initialized(*this);
+  group_->context()->backend.pool.reset_peak();
+}
+void FSDPModule::record_operations(std::vector<engine::OpDesc>* log) {
+  if (!is_root())
+    throw InvalidArgument("record_operations() must be called on a root FSDP module, not on '" +
+                          module_->fqn() + "'");
+  detail::ensure_initialized(*this);
+  group_->context()->backend.op_log = log;
+}
+
 // ---- Controls -------------------------------------------------------------------------------
 
 void UnshardHandle::wait() {
-  if (group_) group_->wait_unshard();
+  if (group_) engine::wait_unshard(group_->engine());
   group_.reset();
 }
 
 UnshardHandle FSDPModule::unshard(bool async_op) {
   detail::ensure_initialized(*this);
-  group_->issue_unshard();
+  engine::issue_unshard(group_->engine());
   UnshardHandle h(group_);
   if (!async_op) h.wait();
   return h;
 }
 
 void FSDPModule::reshard() {
-  group_->reshard();
+  if (!group_->attached()) return;  // never unsharded
+  engine::reshard(group_->engine());
 }
 
 namespace {
 template <class F>
 void for_states(FSDPModule& self, bool recurse, F&& f) {
   if (!recurse) {
-    f(self);
+    f(detail::group_of(self));
     return;
   }
   for (FSDPModule* s : self.subtree_states())
-    f(*s);
+    f(detail::group_of(*s));
+}
+
+std::vector<engine::Group*> groups_of(const std::vector<graph::Module*>& modules, const char* what,
+                                      const graph::Module& self) {
+  std::vector<engine::Group*> out;
+  for (auto* m : modules) {
+    FSDPModule* st = fsdp_state(*m);
+    if (!st)
+      throw InvalidArgument(std::string(what) + " on '" + self.fqn() + "': module '" + m->fqn() +
+                            "' is not fully_shard'ed");
+    out.push_back(&detail::group_of(*st).engine());
+  }
+  return out;
 }
 }  // namespace
 
 void FSDPModule::set_reshard_after_forward(ReshardAfterForward v, bool recurse) {
-  for_states(*this, recurse, [&](FSDPModule& s) { s.group()->set_reshard_after_forward(v); });
+  for_states(*this, recurse, [&](detail::ParamGroup& g) { g.set_reshard_after_forward(v); });
 }
 void FSDPModule::set_reshard_after_backward(bool v, bool recurse) {
-  for_states(*this, recurse, [&](FSDPModule& s) { s.group()->reshard_after_backward = v; });
+  for_states(*this, recurse, [&](detail::ParamGroup& g) { g.engine().reshard_after_backward = v; });
 }
 void FSDPModule::set_requires_gradient_sync(bool v, bool recurse) {
-  for_states(*this, recurse, [&](FSDPModule& s) { s.group()->reduce_grads = v; });
+  for_states(*this, recurse, [&](detail::ParamGroup& g) { g.engine().reduce_grads = v; });
 }
 void FSDPModule::set_requires_all_reduce(bool v, bool recurse) {
-  for_states(*this, recurse, [&](FSDPModule& s) { s.group()->all_reduce_grads = v; });
+  for_states(*this, recurse, [&](detail::ParamGroup& g) { g.engine().all_reduce_grads = v; });
 }
 void FSDPModule::set_gradient_divide_factor(double factor) {
   if (!(factor > 0))
     throw InvalidArgument("set_gradient_divide_factor(" + std::to_string(factor) + ") on '" +
                           module_->fqn() + "': the factor must be > 0");
-  group_->divide_factor = factor;
+  group_->engine().divide_factor = factor;
 }
 void FSDPModule::set_modules_to_forward_prefetch(const std::vector<graph::Module*>& modules) {
-  for (auto* m : modules)
-    if (!fsdp_state(*m))
-      throw InvalidArgument("set_modules_to_forward_prefetch on '" + module_->fqn() +
-                            "': module '" + m->fqn() + "' is not fully_shard'ed");
-  forward_prefetch = modules;
+  group_->engine().forward_prefetch =
+      groups_of(modules, "set_modules_to_forward_prefetch", *module_);
 }
 void FSDPModule::set_modules_to_backward_prefetch(const std::vector<graph::Module*>& modules) {
-  for (auto* m : modules)
-    if (!fsdp_state(*m))
-      throw InvalidArgument("set_modules_to_backward_prefetch on '" + module_->fqn() +
-                            "': module '" + m->fqn() + "' is not fully_shard'ed");
-  backward_prefetch = modules;
-  explicit_backward_prefetch = true;
+  group_->engine().backward_prefetch =
+      groups_of(modules, "set_modules_to_backward_prefetch", *module_);
+  group_->engine().explicit_backward_prefetch = true;
 }
 void FSDPModule::set_unshard_in_backward(bool v) {
-  group_->unshard_in_backward = v;
+  group_->engine().unshard_in_backward = v;
 }
 void FSDPModule::set_reduce_scatter_max_input_buffers(int k) {
   if (k < 1)
     throw InvalidArgument("set_reduce_scatter_max_input_buffers(" + std::to_string(k) +
                           "): at least 1 buffer is needed");
   detail::ensure_initialized(*this);
-  group_->context()->max_reduce_buffers = k;
+  group_->context()->root.max_reduce_buffers = k;
 }
 void FSDPModule::set_is_last_backward(bool v) {
   detail::ensure_initialized(*this);
-  group_->context()->is_last_backward = v;
+  group_->context()->root.is_last_backward = v;
 }
 
 void FSDPModule::reset_iter_state() {
@@ -270,21 +334,13 @@ void FSDPModule::reset_iter_state() {
     throw InvalidArgument("reset_iter_state() must be called on the root FSDP module, not on '" +
                           module_->fqn() + "'");
   if (!group_->attached()) return;
-  auto* ctx = group_->context();
-  try {
-    ctx->wait_reduces(0);
-  } catch (...) {  // the failed iteration's reductions are discarded
-  }
-  ctx->post_forward_order.clear();
-  ctx->in_backward = false;
-  for (FSDPModule* s : subtree_states())
-    s->group()->discard_iteration_state();
+  engine::discard_iteration(group_->context()->root);
 }
 
 void FSDPModule::zero_grad() {
-  if (group_->attached()) group_->context()->wait_reduces(0);
+  if (group_->attached()) engine::wait_reductions(group_->context()->root, 0);
   for (FSDPModule* s : subtree_states())
-    s->group()->zero_grad();
+    detail::group_of(*s).zero_grad();
 }
 
 }  // namespace fullshard::fsdp

@@ -1,110 +1,69 @@
 #include "fullshard/fsdp/hooks.hpp"
 
+#include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "lib/fsdp/param_group.hpp"
+#include "lib/fsdp/running_backend.hpp"
 
 namespace fullshard::fsdp {
 
 namespace {
 
-// Resets the per-pass bookkeeping of every group under a root.
-void clear_iteration(FSDPModule& root) {
-  auto* ctx = root.group()->context();
-  ctx->post_forward_order.clear();
-  ctx->in_backward = false;
-  for (FSDPModule* s : root.subtree_states()) {
-    auto& g = *s->group();
-    g.forward_calls = g.forward_done = g.backward_calls = g.backward_done = 0;
-    g.post_forward_indices.clear();
-  }
+// The engine group fully_shard formed at a module (initialising its root on first use).
+engine::Group* running_group(graph::Module& m) {
+  FSDPModule* st = fsdp_state(m);
+  if (!st) return nullptr;
+  detail::ensure_initialized(*st);
+  return &detail::group_of(*st).engine();
 }
 
-void prefetch(graph::Module& m, bool backward) {
-  FSDPModule* st = fsdp_state(m);
-  detail::ensure_initialized(*st);
-  auto& g = *st->group();
-  if (backward && !g.unshard_in_backward) return;
-  g.issue_unshard();
-}
+// The traversal's view of a fully_shard'ed graph; installs `recorder` on the backends of the
+// roots it meets for the duration of one forward or backward.
+class RunningLookup final : public engine::GroupLookup {
+ public:
+  explicit RunningLookup(const ComputeRecorder& recorder) : recorder_(recorder) {}
+  ~RunningLookup() override {
+    for (detail::RunningBackend* b : touched_)
+      b->compute_recorder = nullptr;
+  }
+  engine::Group* group_at(const graph::Module& m) const override {
+    engine::Group* g = running_group(const_cast<graph::Module&>(m));
+    if (g && recorder_) {
+      auto* b = static_cast<detail::RunningBackend*>(g->root->backend);
+      if (!b->compute_recorder) {
+        b->compute_recorder = recorder_;
+        touched_.push_back(b);
+      }
+    }
+    return g;
+  }
+  engine::Backend* default_backend() const override { return nullptr; }
+
+ private:
+  const ComputeRecorder& recorder_;
+  mutable std::vector<detail::RunningBackend*> touched_;
+};
 
 }  // namespace
 
 void pre_forward(graph::Module& module) {
-  FSDPModule* st = fsdp_state(module);
-  if (!st) return;
-  detail::ensure_initialized(*st);
-  auto& g = *st->group();
-  auto* ctx = g.context();
-  if (ctx->in_backward) {  // recomputation inside backward: only make sure it is unsharded
-    g.wait_unshard();
-    return;
-  }
-  if (st->is_root() && g.forward_calls == 0) clear_iteration(*st);
-  if (g.forward_calls++ == 0) g.wait_unshard();
-  for (graph::Module* t : st->forward_prefetch)
-    prefetch(*t, false);
+  if (engine::Group* g = running_group(module)) engine::pre_forward(*g);
 }
 
 void post_forward(graph::Module& module) {
   FSDPModule* st = fsdp_state(module);
-  if (!st) return;
-  auto& g = *st->group();
-  auto* ctx = g.context();
-  if (!ctx || ctx->in_backward) return;
-  if (++g.forward_done < static_cast<int>(g.modules().size())) return;  // a list: wait for the last
-  g.post_forward_indices.push_back(ctx->post_forward_order.size());
-  ctx->post_forward_order.push_back(&g);
-  g.forward_calls = g.forward_done = 0;
-  g.post_forward_reshard();
+  if (!st || !detail::group_of(*st).attached()) return;
+  engine::post_forward(detail::group_of(*st).engine());
 }
 
 void pre_backward(graph::Module& module) {
-  FSDPModule* st = fsdp_state(module);
-  if (!st) return;
-  detail::ensure_initialized(*st);
-  auto& g = *st->group();
-  auto* ctx = g.context();
-  ctx->in_backward = true;
-  if (g.backward_calls++ > 0) return;
-  if (g.unshard_in_backward) g.wait_unshard();
-  g.prepare_gradients();
-  if (st->explicit_backward_prefetch) {
-    for (graph::Module* t : st->backward_prefetch)
-      prefetch(*t, true);
-  } else if (!g.post_forward_indices.empty()) {
-    // Reverse post-forward order: prefetch the group that ran forward just before this one.
-    const std::size_t i = g.post_forward_indices.back();
-    g.post_forward_indices.pop_back();
-    if (i > 0) {
-      auto* next = ctx->post_forward_order[i - 1];
-      if (next->unshard_in_backward) next->issue_unshard();
-    }
-  }
+  if (engine::Group* g = running_group(module)) engine::pre_backward(*g);
 }
 
 void post_backward(graph::Module& module) {
   FSDPModule* st = fsdp_state(module);
-  if (!st) return;
-  auto& g = *st->group();
-  auto* ctx = g.context();
-  if (!ctx) return;
-  if (++g.backward_done >= static_cast<int>(g.modules().size())) {
-    g.backward_calls = g.backward_done = 0;
-    g.reduce_gradients();
-    if (g.reshard_after_backward) g.reshard();
-  }
-  if (!st->is_root()) return;
-  // End of the iteration's backward.
-  for (FSDPModule* s : st->subtree_states()) {
-    auto& other = *s->group();
-    // Groups prefetched but never used in backward: finish their gather and reshard.
-    if (&other != &g &&
-        ((other.reshard_after_backward && other.state() != detail::ShardedState::sharded) ||
-         other.gather_in_flight()))
-      other.reshard();
-  }
-  if (ctx->is_last_backward) ctx->wait_reduces(0);
-  clear_iteration(*st);
+  if (!st || !detail::group_of(*st).attached()) return;
+  engine::post_backward(detail::group_of(*st).engine());
 }
 
 ForwardScope::ForwardScope(graph::Module& module)
@@ -125,18 +84,14 @@ BackwardScope::~BackwardScope() noexcept(false) {
   if (std::uncaught_exceptions() == uncaught_) post_backward(*module_);
 }
 
-void forward(graph::Module& module) {
-  auto scope = forward_scope(module);
-  if (module.forward_callback()) module.forward_callback()(module);
-  for (std::size_t i = 0; i < module.num_children(); ++i)
-    forward(module.child(i));
+void forward(graph::Module& module, const ComputeRecorder& recorder) {
+  RunningLookup lookup(recorder);
+  engine::forward(module, lookup);
 }
 
-void backward(graph::Module& module) {
-  auto scope = backward_scope(module);
-  for (std::size_t i = module.num_children(); i-- > 0;)
-    backward(module.child(i));
-  if (module.backward_callback()) module.backward_callback()(module);
+void backward(graph::Module& module, const ComputeRecorder& recorder) {
+  RunningLookup lookup(recorder);
+  engine::backward(module, lookup);
 }
 
 }  // namespace fullshard::fsdp

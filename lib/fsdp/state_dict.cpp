@@ -20,9 +20,9 @@ struct Located {
 Located locate(graph::Parameter& p) {
   for (graph::Module* m = &p.module(); m; m = m->parent())
     if (FSDPModule* st = fsdp_state(*m)) {
-      const auto& ps = st->group()->params();
+      const auto& ps = detail::group_of(*st).params();
       for (std::size_t i = 0; i < ps.size(); ++i)
-        if (ps[i] == &p) return {st->group().get(), i};
+        if (ps[i] == &p) return {&detail::group_of(*st), i};
     }
   return {};
 }
@@ -62,7 +62,7 @@ void check_tensor(const Tensor& t, const Shape& shape, DType dtype, const std::s
 }
 
 void require_sharded(const detail::ParamGroup& g, const char* what) {
-  if (g.state() != detail::ShardedState::sharded || g.gather_in_flight())
+  if (!g.sharded_idle())
     throw InvalidArgument(std::string(what) + ": group " + g.name() +
                           " is unsharded or being gathered; call reshard() before loading");
 }
@@ -123,7 +123,7 @@ std::map<std::string, Tensor> full_state_dict(graph::Module& module, bool rank0_
     }
     auto it = gathered.find(at.group);
     if (it == gathered.end()) it = gathered.emplace(at.group, at.group->gather_full()).first;
-    if (rank0_only && at.group->mesh_rank() != 0) continue;
+    if (rank0_only && at.group->mesh().rank() != 0) continue;
     out[key] = it->second.flat_view(at.group->layout().members[at.index].arena_offset, p->shape());
   }
   return out;

@@ -1,5 +1,7 @@
 #include "fullshard/mesh/device_mesh.hpp"
 
+#include "fullshard/comm/mpi_communicator.hpp"
+
 #include <algorithm>
 #include <array>
 #include <mutex>
@@ -39,9 +41,10 @@ struct MeshState {
   std::unique_ptr<comm::MpiCommunicator> world;
   // dims[d][channel]
   std::vector<std::array<std::unique_ptr<comm::MpiCommunicator>, kChannels>> dims;
-  // Declared after the communicators: destroyed (drained) before them.
-  std::mutex stream_mutex;
-  std::array<std::unique_ptr<comm::Stream>, kChannels> streams;
+  // Declared after the communicators: destroyed (drained) before them. Created on first use
+  // (mutable: a const mesh hands out its streams).
+  mutable std::mutex stream_mutex;
+  mutable std::array<std::unique_ptr<comm::Stream>, kChannels> streams;
 };
 
 }  // namespace detail
@@ -230,23 +233,32 @@ int DeviceMesh::coordinate(const std::string& dim) const {
   return s_->coords[dim_index(dim)];
 }
 
-comm::MpiCommunicator& DeviceMesh::comm(const std::string& dim, Channel channel) const {
+comm::Communicator& DeviceMesh::comm(const std::string& dim, Channel channel) const {
   return *s_->dims[dim_index(dim)][static_cast<int>(channel)];
 }
 
-comm::MpiCommunicator& DeviceMesh::world_comm() const {
+comm::Communicator& DeviceMesh::world_comm() const {
   return *s_->world;
+}
+
+MPI_Comm DeviceMesh::control_comm(const std::string& dim) const {
+  return s_->dims[dim_index(dim)][0]->handle();
+}
+
+MPI_Comm DeviceMesh::control_world() const {
+  return s_->world->handle();
 }
 
 comm::Traffic DeviceMesh::traffic() const {
   comm::Traffic t = s_->world->traffic();
   for (const auto& dim : s_->dims)
-    for (const auto& c : dim) t += c->traffic();
+    for (const auto& c : dim)
+      t += c->traffic();
   return t;
 }
 
 comm::Stream& DeviceMesh::stream(Channel channel) const {
-  auto& st = const_cast<detail::MeshState&>(*s_);
+  const detail::MeshState& st = *s_;
   std::lock_guard<std::mutex> lock(st.stream_mutex);
   auto& slot = st.streams[static_cast<int>(channel)];
   if (!slot)

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/comm/nccl_info.hpp"
+#include "fullshard/runtime/nccl_info.hpp"
 #include "fullshard/config.hpp"
 #include "lib/runtime/device_binding.hpp"
 
@@ -142,7 +142,7 @@ std::string Runtime::describe() const {
   s += FULLSHARD_HAS_CUDA ? (device_ >= 0 ? "device " + std::to_string(device_)
                                           : std::string("built, no GPU visible"))
                           : std::string("not built");
-  const std::string nccl = comm::nccl_version();
+  const std::string nccl = nccl_version();
   s += ", NCCL: " + (nccl.empty() ? std::string("not built") : "built (" + nccl + ")");
   return s;
 }

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/comm/mpi_communicator.hpp"
+#include "fullshard/comm/communicator.hpp"
 #include "fullshard/comm/stream.hpp"
 
 namespace fullshard::schedule {
@@ -231,8 +231,8 @@ double agree_max(comm::Communicator& c, comm::Stream& s, double v) {
 
 }  // namespace
 
-CostModel CostModel::calibrate(const comm::MpiCommunicator& shard_comm, const CostModel& base,
-                               const comm::MpiCommunicator* replicate_comm,
+CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostModel& base,
+                               const comm::Communicator* replicate_comm,
                                const std::vector<std::size_t>& sizes, int reps) {
   if (sizes.empty() || reps < 1)
     throw InvalidArgument("CostModel::calibrate: need at least one size and one repetition");

@@ -3,7 +3,6 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
-#include "lib/fsdp/param_group.hpp"
 
 namespace fullshard::schedule {
 
@@ -114,6 +113,13 @@ Executor::Executor(graph::Module& root, const DeviceMesh& mesh, const Plan& plan
       states[i]->set_modules_to_backward_prefetch({});
     states[i]->set_unshard_in_backward(
         plan.options.no_unshard_in_backward.count(plan.groups[i].name) == 0);
+    if (auto it = plan.options.backward_prefetch_targets.find(plan.groups[i].name);
+        it != plan.options.backward_prefetch_targets.end()) {
+      std::vector<graph::Module*> targets;
+      for (const std::string& t : it->second)
+        targets.push_back(&states[static_cast<std::size_t>(plan.group_index(t))]->module());
+      states[i]->set_modules_to_backward_prefetch(targets);
+    }
   }
   for (fsdp::FSDPModule* r : roots_of(root)) {
     r->set_reduce_scatter_max_input_buffers(plan.options.reduce_scatter_max_input_buffers);
@@ -138,36 +144,18 @@ Executor::~Executor() {
     mesh_.stream(cs.first).set_recorder(nullptr);
 }
 
-template <class F>
-void Executor::timed(const std::string& label, F&& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  timeline_.record(label, StreamKind::compute, t0, std::chrono::steady_clock::now());
-}
-
-void Executor::run_forward(graph::Module& m) {
-  const std::string name = m.fqn().empty() ? "<root>" : m.fqn();
-  timed("pre_forward(" + name + ")", [&] { fsdp::pre_forward(m); });
-  if (m.forward_callback()) timed("fwd(" + name + ")", [&] { m.forward_callback()(m); });
-  for (std::size_t i = 0; i < m.num_children(); ++i)
-    run_forward(m.child(i));
-  timed("post_forward(" + name + ")", [&] { fsdp::post_forward(m); });
-}
-
-void Executor::run_backward(graph::Module& m) {
-  const std::string name = m.fqn().empty() ? "<root>" : m.fqn();
-  timed("pre_backward(" + name + ")", [&] { fsdp::pre_backward(m); });
-  for (std::size_t i = m.num_children(); i-- > 0;)
-    run_backward(m.child(i));
-  if (m.backward_callback()) timed("bwd(" + name + ")", [&] { m.backward_callback()(m); });
-  timed("post_backward(" + name + ")", [&] { fsdp::post_backward(m); });
-}
-
 void Executor::forward() {
-  run_forward(*root_);
+  fsdp::forward(*root_, compute_recorder());
 }
 void Executor::backward() {
-  run_backward(*root_);
+  fsdp::backward(*root_, compute_recorder());
+}
+
+fsdp::ComputeRecorder Executor::compute_recorder() {
+  return [this](const std::string& label, std::chrono::steady_clock::time_point t0,
+                std::chrono::steady_clock::time_point t1) {
+    timeline_.record(label, StreamKind::compute, t0, t1);
+  };
 }
 
 void Executor::step() {
@@ -178,16 +166,14 @@ void Executor::step() {
 std::size_t Executor::measured_peak_bytes() const {
   std::size_t peak = 0;
   for (fsdp::FSDPModule* r : roots_of(*root_))
-    if (auto* ctx = r->group()->context()) peak += ctx->pool.peak_bytes_in_use();
+    peak += r->pool_peak_bytes();
   return peak;
 }
 
 void Executor::reset_measurement() {
   timeline_.clear();
-  for (fsdp::FSDPModule* r : roots_of(*root_)) {
-    fsdp::detail::ensure_initialized(*r);
-    r->group()->context()->pool.reset_peak();
-  }
+  for (fsdp::FSDPModule* r : roots_of(*root_))
+    r->reset_pool_peak();
 }
 
 }  // namespace fullshard::schedule

@@ -7,48 +7,6 @@
 
 namespace fullshard::schedule {
 
-const char* stream_name(StreamKind s) noexcept {
-  switch (s) {
-    case StreamKind::compute:
-      return "compute";
-    case StreamKind::all_gather:
-      return "all_gather";
-    case StreamKind::reduce_scatter:
-      return "reduce_scatter";
-    case StreamKind::all_reduce:
-      return "all_reduce";
-  }
-  return "?";
-}
-
-const char* op_kind_name(OpKind k) noexcept {
-  switch (k) {
-    case OpKind::all_gather:
-      return "all_gather";
-    case OpKind::copy_in:
-      return "copy_in";
-    case OpKind::copy_out:
-      return "copy_out";
-    case OpKind::forward:
-      return "forward";
-    case OpKind::backward:
-      return "backward";
-    case OpKind::reduce_scatter:
-      return "reduce_scatter";
-    case OpKind::all_reduce:
-      return "all_reduce";
-    case OpKind::reduce_copy_out:
-      return "reduce_copy_out";
-    case OpKind::reshard:
-      return "reshard";
-    case OpKind::grad_init:
-      return "grad_init";
-    case OpKind::wait:
-      return "wait";
-  }
-  return "?";
-}
-
 namespace {
 
 constexpr StreamKind kStreams[] = {StreamKind::compute, StreamKind::all_gather,

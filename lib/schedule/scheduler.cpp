@@ -1,572 +1,233 @@
-// Scheduler::plan: replays fsdp::forward(root) and fsdp::backward(root) over the graph with
-// the engine's rules (lib/fsdp/hooks.cpp, lib/fsdp/param_group.cpp) on a model of each
-// group's state, emitting ops in program order and the pool acquisitions/releases in the
-// order the engine makes them; then list-schedules the ops on their streams.
+// Scheduler::plan: runs the FSDP engine (fullshard/fsdp/engine.hpp) over the graph on the
+// planning backend below, which costs each operation with the cost model, records it and the
+// pool acquisitions and releases in the engine's order, then list-schedules the operations
+// on their streams. Nothing here decides what FSDP does: the engine does, as it does when it
+// runs.
 #include <algorithm>
-#include <deque>
-#include <map>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/engine.hpp"
 #include "fullshard/schedule/plan.hpp"
 
 namespace fullshard::schedule {
 
 namespace {
 
-enum class State { sharded, sharded_post_forward, unsharded };
-
-// The engine state of one ParamGroup that decides its buffers.
-struct GroupState {
-  State state = State::sharded;
-  bool gather_in_flight = false;
-  int gather_op = -1;            // last op of the in-flight all-gather (-1: none)
-  bool gather_pooled = false;    // the gather buffer came from the pool
-  bool arena = false;            // unsharded parameters held
-  bool post_forward = false;     // reshard_after_forward=k slice held
-  bool grad_arena = false;       // ParamGroup::grad_arena_ set
-  bool grads_on_params = false;  // the parameters' grad() still view the grad arena
-  bool partial = false;          // HSDP partial_reduce_ held
-  int ready_op = -1;             // the copy-out that made the unsharded parameters
-  int forward_calls = 0, forward_done = 0, backward_calls = 0, backward_done = 0;
-  std::vector<std::size_t> post_forward_indices;
-};
-
-// A reduce-scatter in flight (CommContext::PendingReduce) with its buffers.
-struct Pending {
-  int last_op = -1;
-  std::string input;
-  std::size_t input_bytes = 0;
-  std::string output;  // "" when the output is the input (one rank)
-  std::size_t output_bytes = 0;
-};
-
-// One CommContext: per FSDP root.
-struct Context {
-  int pool = 0;
-  std::vector<int> post_forward_order;
-  bool in_backward = false;
-  std::deque<Pending> pending;
-  int last_copy_out = -1;
-  std::vector<int> subtree_groups;  // pre-order of their modules (FSDPModule::subtree_states)
-};
+namespace engine = fsdp::engine;
 
 std::string display(const graph::Module& m) {
   return m.fqn().empty() ? "<root>" : m.fqn();
 }
 
-class Simulator {
- public:
-  Simulator(const graph::Module& root, Plan& plan)
-      : root_(root), p_(plan), cost_(*plan.options.cost) {}
-
-  void run() {
-    // About 12 ops and 8 buffer events per group and iteration: reserve once.
-    const std::size_t n = p_.groups.size() + 1;
-    p_.ops.reserve(16 * n);
-    p_.events.reserve(12 * n);
-    dur_.reserve(16 * n);
-    group_at_.reserve(2 * n);
-    for (std::size_t g = 0; g < p_.groups.size(); ++g)
-      for (const graph::Module* gm : p_.groups[g].modules)
-        group_at_[gm] = static_cast<int>(g);
-    index_modules(root_, -1);
-    const auto& G = p_.groups;
-    st_.assign(G.size(), GroupState{});
-    unshard_in_backward_.assign(G.size(), true);
-    for (std::size_t g = 0; g < G.size(); ++g)
-      if (p_.options.no_unshard_in_backward.count(G[g].name)) unshard_in_backward_[g] = false;
-    // One context (pool) per root group, in group order.
-    std::map<int, int> ctx_of_root;
-    for (std::size_t g = 0; g < G.size(); ++g)
-      if (G[g].is_root) {
-        ctx_of_root[static_cast<int>(g)] = static_cast<int>(ctx_.size());
-        Context c;
-        c.pool = static_cast<int>(ctx_.size());
-        ctx_.push_back(c);
-        p_.pool_roots.push_back(static_cast<int>(g));
-      }
-    ctx_of_.resize(G.size());
-    for (std::size_t g = 0; g < G.size(); ++g)
-      ctx_of_[g] = ctx_of_root.at(G[g].root_group);
-    for (int g : p_.forward_order)  // forward order is the modules' pre-order
-      ctx_[static_cast<std::size_t>(ctx_of_[static_cast<std::size_t>(g)])].subtree_groups.push_back(
-          g);
-    pool_in_use_.assign(ctx_.size(), 0);
-    p_.pool_peak_bytes.assign(ctx_.size(), 0);
-
-    phase_ = Phase::forward;
-    forward(root_);
-    last_forward_compute_ = last_compute_;
-    phase_ = Phase::backward;
-    backward(root_);
-    schedule();
+std::string label_of(const engine::OpDesc& d, const std::string& group) {
+  switch (d.kind) {
+    case OpKind::all_gather:
+      return "AG(" + group + ")" + (d.k ? "/" + std::to_string(d.k) : std::string());
+    case OpKind::copy_in:
+      return (d.stream == StreamKind::all_gather ? "AG.copy_in(" : "RS.copy_in(") + group + ")";
+    case OpKind::copy_out:
+      return "AG.copy_out(" + group + ")";
+    case OpKind::forward:
+      return "fwd(" + display(*d.module) + ")";
+    case OpKind::backward:
+      return "bwd(" + display(*d.module) + ")";
+    case OpKind::reduce_scatter:
+      return "RS(" + group + ")";
+    case OpKind::all_reduce:
+      return "AR(" + group + ")";
+    case OpKind::reduce_copy_out:
+      return (d.variant == 1   ? "accumulate("
+              : d.variant == 2 ? "add_partial("
+                               : "RS.copy_out(") +
+             group + ")";
+    case OpKind::reshard:
+      return "reshard(" + group + ")" + (d.k ? "/" + std::to_string(d.k) : std::string());
+    case OpKind::grad_init:
+      return "grad_init(" + group + ")";
+    case OpKind::wait:
+      return "wait(" + group + ")";
   }
+  return "?";
+}
+
+// The planning backend: every operation becomes an Op of the plan with its cost.
+class PlanningBackend final : public engine::Backend {
+ public:
+  PlanningBackend(Plan& plan, const CostModel& cost, std::vector<engine::Group>& groups)
+      : p_(plan), cost_(cost), groups_(groups) {
+    pool_in_use_.assign(p_.pool_roots.size(), 0);
+    p_.pool_peak_bytes.assign(p_.pool_roots.size(), 0);
+  }
+
+  std::vector<double> durations;
+  std::size_t in_use = 0;
+
+  engine::Buf acquire(const engine::Group& g, engine::BufKind kind, std::int64_t numel,
+                      DType dtype) override {
+    engine::Buf b;
+    b.kind = kind;
+    b.held = true;
+    b.bytes = static_cast<std::size_t>(numel) * dtype_size(dtype);
+    event(g, b, BufferAction::alloc);
+    return b;
+  }
+  void release(const engine::Group& g, engine::Buf& b) override {
+    event(g, b, BufferAction::free);
+    b = engine::Buf();
+  }
+
+  engine::Event gather_copy_in(const engine::OpDesc& d, engine::Group&, engine::Buf&) override {
+    return emit(d, cost_.copy_ms(double(d.bytes)));
+  }
+  engine::Event all_gather(const engine::OpDesc& d, engine::Group& g, engine::Buf&, bool,
+                           engine::Buf* slices) override {
+    double bytes = double(d.bytes);
+    if (slices) {  // inside the k-rank group: the share a W-rank all-gather would move
+      const double W = g.info.world;
+      bytes = bytes * (d.k - 1) / (W - 1);
+    }
+    return emit(d, cost_.time_ms(CollectiveKind::all_gather, MeshDim::shard, bytes));
+  }
+  engine::Event gather_copy_out(const engine::OpDesc& d, engine::Group&, const engine::Buf*,
+                                engine::Buf&, engine::Buf*) override {
+    return emit(d, cost_.copy_ms(double(d.bytes)));
+  }
+  engine::Event grad_init(const engine::OpDesc& d, engine::Group&, engine::Buf&) override {
+    return emit(d, cost_.copy_ms(double(d.bytes)));
+  }
+  engine::Event reduce_copy_in(const engine::OpDesc& d, engine::Group&, engine::Buf&,
+                               engine::Buf&) override {
+    return emit(d, cost_.copy_ms(double(d.bytes)));
+  }
+  engine::Event reduce_scatter(const engine::OpDesc& d, engine::Group&, engine::Buf&,
+                               engine::Buf&) override {
+    return emit(d, cost_.time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, double(d.bytes)));
+  }
+  engine::Event all_reduce(const engine::OpDesc& d, engine::Group&, engine::Buf&) override {
+    return emit(d, cost_.time_ms(CollectiveKind::all_reduce, MeshDim::replicate, double(d.bytes)));
+  }
+  engine::Event accumulate(const engine::OpDesc& d, engine::Group&, engine::Buf&, engine::Buf&,
+                           bool) override {
+    return emit(d, cost_.copy_ms(double(d.bytes)));
+  }
+  engine::Event reduce_copy_out(const engine::OpDesc& d, engine::Group&, const engine::Buf&, double,
+                                bool) override {
+    return emit(d, cost_.copy_ms(double(d.bytes)));
+  }
+  engine::Event reshard(const engine::OpDesc& d, engine::Group&) override { return emit(d, 0.0); }
+  engine::Event compute(const engine::OpDesc& d, graph::Module& m, engine::Phase ph) override {
+    return emit(d, ph == engine::Phase::forward ? m.cost().forward_ms : m.cost().backward_ms);
+  }
+  void host_wait(const engine::OpDesc& d, const std::vector<engine::Event>&) override {
+    emit(d, 0.0);
+  }
+  void host_wait(const engine::Event&) override {}
+  void drop_sharded_grads(engine::Group&) override {}
+  void show_sharded(engine::Group&) override {}
+  void show_unsharded(engine::Group&) override {}
+  void show_unsharded_grads(engine::Group&) override {}
+  void show_sharded_grads(engine::Group&) override {}
 
  private:
-  // ---- graph indexing --------------------------------------------------------------------
-
-  // owner_: the group holding a module's own parameters (nearest grouped ancestor-or-self).
-  void index_modules(const graph::Module& m, int owner) {
-    if (const int g = group_at(m); g >= 0) owner = g;
-    owner_[&m] = owner;
-    for (std::size_t i = 0; i < m.num_children(); ++i)
-      index_modules(m.child(i), owner);
-  }
-
-  int group_at(const graph::Module& m) const {
-    auto it = group_at_.find(&m);
-    return it == group_at_.end() ? -1 : it->second;
-  }
-
-  GroupState& st(int g) { return st_[static_cast<std::size_t>(g)]; }
-  bool unshard_in_backward(int g) const {
-    return unshard_in_backward_[static_cast<std::size_t>(g)];
-  }
-  const PlannedGroup& grp(int g) const { return p_.groups[static_cast<std::size_t>(g)]; }
-  Context& ctx(int g) {
-    return ctx_[static_cast<std::size_t>(ctx_of_[static_cast<std::size_t>(g)])];
-  }
-
-  // ---- emission --------------------------------------------------------------------------
-
-  int emit(StreamKind s, OpKind k, int g, const std::string& module, std::size_t bytes,
-           double dur_ms, std::vector<int> deps, std::string label) {
+  engine::Event emit(const engine::OpDesc& d, double ms) {
     Op op;
-    op.id = static_cast<int>(p_.ops.size());
-    op.stream = s;
-    op.kind = k;
-    op.group = g;
-    op.module = module;
-    op.bytes = bytes;
-    std::sort(deps.begin(), deps.end());
-    deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
-    deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
-    op.deps = std::move(deps);
-    op.phase = phase_;
-    op.label = std::move(label);
+    op.id = d.id;
+    op.stream = d.stream;
+    op.kind = d.kind;
+    op.group = d.group;
+    op.module = display(*d.module);
+    op.bytes = d.bytes;
+    op.deps = d.deps;
+    op.phase = d.phase;
+    op.label = label_of(
+        d, d.group >= 0 ? groups_[static_cast<std::size_t>(d.group)].info.name : std::string());
     p_.ops.push_back(std::move(op));
-    dur_.push_back(dur_ms);
-    if (s == StreamKind::compute) last_compute_ = p_.ops.back().id;
-    return p_.ops.back().id;
+    durations.push_back(ms);
+    return {};
   }
 
-  void buffer(int op, int g, const std::string& kind, std::size_t bytes, BufferAction a) {
-    if (bytes == 0) return;  // no pool block (an empty group)
-    const int pool = ctx_of_[static_cast<std::size_t>(g)];
-    auto& pin = pool_in_use_[static_cast<std::size_t>(pool)];
+  void event(const engine::Group& g, const engine::Buf& b, BufferAction a) {
+    if (b.bytes == 0) return;  // no pool block (an empty group)
+    const auto pool = static_cast<std::size_t>(g.root->pool);
+    auto& pin = pool_in_use_[pool];
     if (a == BufferAction::alloc) {
-      pin += bytes;
-      in_use_ += bytes;
-      auto& pp = p_.pool_peak_bytes[static_cast<std::size_t>(pool)];
-      pp = std::max(pp, pin);
+      pin += b.bytes;
+      in_use += b.bytes;
+      p_.pool_peak_bytes[pool] = std::max(p_.pool_peak_bytes[pool], pin);
     } else {
-      pin -= bytes;
-      in_use_ -= bytes;
+      pin -= b.bytes;
+      in_use -= b.bytes;
     }
     BufferEvent e;
-    e.op = op;
-    e.buffer = kind + "[" + grp(g).name + "]";
-    e.bytes = bytes;
+    e.op = ops_issued() - 1;
+    e.buffer = std::string(engine::buf_kind_name(b.kind)) + "[" + g.info.name + "]";
+    e.bytes = b.bytes;
     e.action = a;
-    e.pool = pool;
-    e.in_use = in_use_;
+    e.pool = g.root->pool;
+    e.in_use = in_use;
     p_.events.push_back(std::move(e));
   }
-  void alloc(int op, int g, const std::string& kind, std::size_t bytes) {
-    buffer(op, g, kind, bytes, BufferAction::alloc);
-  }
-  void release(int op, int g, const std::string& kind, std::size_t bytes) {
-    buffer(op, g, kind, bytes, BufferAction::free);
-  }
 
-  std::size_t gsn(int g) const { return static_cast<std::size_t>(grp(g).layout.shard_numel); }
-  std::size_t pbytes(int g) const { return dtype_size(grp(g).param_dtype); }
-  std::size_t rbytes(int g) const { return dtype_size(grp(g).reduce_dtype); }
-  std::size_t obytes(int g) const { return dtype_size(grp(g).orig_dtype); }
-  std::size_t W(int g) const { return static_cast<std::size_t>(grp(g).shard_size()); }
-  const std::string& gname(int g) const { return grp(g).name; }
-
-  // ---- ParamGroup ------------------------------------------------------------------------
-
-  // `own`: issued by the group's own hook (wait_unshard), not prefetched.
-  void issue_unshard(int g, bool own = false) {
-    GroupState& s = st(g);
-    if (s.state == State::unsharded || s.gather_in_flight) return;
-    const PlannedGroup& G = grp(g);
-    const bool cast = G.param_dtype != G.orig_dtype;
-    // FSDP2's all_gather_state: an all-gather waits for the last copy-out (at most one
-    // gathered buffer awaits its copy-out). Forward: the CPU runs ahead of the streams, so
-    // nothing else holds it back. Backward starts when forward's compute ended, and a
-    // group's own pre-backward runs when autograd reaches the module, i.e. once the compute
-    // issued before it is done: only a prefetch starts earlier.
-    std::vector<int> deps{ctx(g).last_copy_out};
-    if (phase_ == Phase::backward) deps.push_back(own ? last_compute_ : last_forward_compute_);
-    const std::size_t shard = gsn(g) * pbytes(g);
-    if (W(g) == 1) {
-      if (cast) {
-        const int op =
-            emit(StreamKind::all_gather, OpKind::copy_in, g, display(*G.modules[0]), shard,
-                 cost_.copy_ms(static_cast<double>(shard)), deps, "AG.copy_in(" + gname(g) + ")");
-        alloc(op, g, "ag_buffer", G.gather_bytes());
-        s.gather_op = op;
-        s.gather_pooled = true;
-      } else {
-        s.gather_op = -1;  // copy-out reads the shards themselves
-        s.gather_pooled = false;
-      }
-      s.gather_in_flight = true;
-      return;
-    }
-    int first = -1;
-    int ag = -1;
-    const std::string mod = display(*G.modules[0]);
-    if (s.state == State::sharded_post_forward) {
-      // Gather inside the k-rank group from the kept slices: (W/k)*gsn per rank.
-      const std::size_t k = static_cast<std::size_t>(G.reshard_after_forward);
-      const std::size_t block = (W(g) / k) * shard;
-      const double eff =
-          static_cast<double>(block) * static_cast<double>(k - 1) / static_cast<double>(W(g) - 1);
-      ag = first = emit(StreamKind::all_gather, OpKind::all_gather, g, mod, block,
-                        cost_.time_ms(CollectiveKind::all_gather, MeshDim::shard, eff), deps,
-                        "AG(" + gname(g) + ")/" + std::to_string(k));
-    } else if (!cast) {
-      ag = first = emit(
-          StreamKind::all_gather, OpKind::all_gather, g, mod, shard,
-          cost_.time_ms(CollectiveKind::all_gather, MeshDim::shard, static_cast<double>(shard)),
-          deps, "AG(" + gname(g) + ")");
-    } else {
-      first = emit(StreamKind::all_gather, OpKind::copy_in, g, mod, shard,
-                   cost_.copy_ms(static_cast<double>(shard)), deps, "AG.copy_in(" + gname(g) + ")");
-      ag = emit(
-          StreamKind::all_gather, OpKind::all_gather, g, mod, shard,
-          cost_.time_ms(CollectiveKind::all_gather, MeshDim::shard, static_cast<double>(shard)),
-          {first}, "AG(" + gname(g) + ")");
-    }
-    alloc(first, g, "ag_buffer", G.gather_bytes());
-    s.gather_op = ag;
-    s.gather_pooled = true;
-    s.gather_in_flight = true;
-  }
-
-  void wait_unshard(int g) {
-    GroupState& s = st(g);
-    if (s.state == State::unsharded) return;
-    issue_unshard(g, true);
-    const PlannedGroup& G = grp(g);
-    const std::size_t arena = G.unsharded_bytes();
-    const int op = emit(StreamKind::compute, OpKind::copy_out, g, display(*G.modules[0]), arena,
-                        cost_.copy_ms(static_cast<double>(arena)), {s.gather_op},
-                        "AG.copy_out(" + gname(g) + ")");
-    alloc(op, g, "unsharded", arena);
-    s.arena = true;
-    const int k = G.reshard_after_forward;
-    if (!ctx(g).in_backward && k > 1 && k < G.shard_size() && s.state == State::sharded) {
-      alloc(op, g, "post_forward", (W(g) / static_cast<std::size_t>(k)) * gsn(g) * pbytes(g));
-      s.post_forward = true;
-    }
-    if (s.gather_pooled) release(op, g, "ag_buffer", G.gather_bytes());
-    s.gather_pooled = false;
-    s.gather_in_flight = false;
-    s.gather_op = -1;
-    s.state = State::unsharded;
-    s.ready_op = op;
-    ctx(g).last_copy_out = op;
-  }
-
-  // ParamGroup::reshard: frees (in this order) a gather still in flight, the post-forward
-  // slice, the unsharded parameters (released when the parameters' views go), then the
-  // gradient arena if the parameters' grad() still viewed it and the group no longer holds
-  // it (it does without gradient sync).
-  void reshard(int g) {
-    GroupState& s = st(g);
-    const int op = emit(StreamKind::compute, OpKind::reshard, g, display(*grp(g).modules[0]), 0,
-                        0.0, {s.gather_in_flight ? s.gather_op : -1}, "reshard(" + gname(g) + ")");
-    if (s.gather_in_flight && s.gather_pooled) release(op, g, "ag_buffer", grp(g).gather_bytes());
-    s.gather_in_flight = false;
-    s.gather_pooled = false;
-    s.gather_op = -1;
-    if (s.post_forward)
-      release(op, g, "post_forward",
-              (W(g) / static_cast<std::size_t>(grp(g).reshard_after_forward)) * gsn(g) * pbytes(g));
-    s.post_forward = false;
-    if (s.arena) release(op, g, "unsharded", grp(g).unsharded_bytes());
-    s.arena = false;
-    // Without gradient sync ParamGroup::grad_arena_ still holds the arena: it stays.
-    if (s.grads_on_params && !s.grad_arena) release(op, g, "grads", grp(g).unsharded_bytes());
-    s.grads_on_params = false;
-    s.state = State::sharded;
-    s.ready_op = -1;  // compute from here on runs without the unsharded parameters
-  }
-
-  void post_forward_reshard(int g) {
-    GroupState& s = st(g);
-    const int k = grp(g).reshard_after_forward;
-    if (k == 1) return;  // kept for backward
-    if (k > 1 && k < grp(g).shard_size() && s.post_forward) {
-      const int op = emit(StreamKind::compute, OpKind::reshard, g, display(*grp(g).modules[0]), 0,
-                          0.0, {}, "reshard(" + gname(g) + ")/" + std::to_string(k));
-      if (s.arena) release(op, g, "unsharded", grp(g).unsharded_bytes());
-      s.arena = false;
-      s.state = State::sharded_post_forward;
-      s.ready_op = -1;
-      return;
-    }
-    reshard(g);
-  }
-
-  void prepare_gradients(int g) {
-    GroupState& s = st(g);
-    if (s.grad_arena) return;
-    const std::size_t bytes = grp(g).unsharded_bytes();
-    const int op =
-        emit(StreamKind::compute, OpKind::grad_init, g, display(*grp(g).modules[0]), bytes,
-             cost_.copy_ms(static_cast<double>(bytes)), {}, "grad_init(" + gname(g) + ")");
-    alloc(op, g, "grads", bytes);
-    s.grad_arena = true;
-    s.grads_on_params = true;
-  }
-
-  // CommContext::wait_reduces(keep): the oldest pending reduce-scatters, dropped in order
-  // (each entry releases its output, then its input).
-  std::vector<Pending> take_pending(Context& c, std::size_t keep) {
-    std::vector<Pending> out;
-    while (c.pending.size() > keep) {
-      out.push_back(c.pending.front());
-      c.pending.pop_front();
-    }
-    return out;
-  }
-  void release_pending(int op, const std::vector<Pending>& done) {
-    for (const Pending& d : done) {
-      const int pg = pending_group_.at(d.last_op);
-      if (!d.output.empty()) release(op, pg, d.output, d.output_bytes);
-      release(op, pg, d.input, d.input_bytes);
-    }
-  }
-
-  void reduce_gradients(int g) {
-    GroupState& s = st(g);
-    if (!s.grad_arena) return;
-    // no_sync: no communication; the unsharded gradients keep accumulating in the arena.
-    if (!p_.options.requires_gradient_sync) return;
-    const PlannedGroup& G = grp(g);
-    Context& c = ctx(g);
-    const std::string mod = display(*G.modules[0]);
-    const auto keep =
-        static_cast<std::size_t>(std::max(p_.options.reduce_scatter_max_input_buffers, 1) - 1);
-    std::vector<Pending> waited = take_pending(c, keep);
-    std::vector<int> deps{last_compute_};
-    for (const Pending& d : waited)
-      deps.push_back(d.last_op);
-    const std::size_t in_bytes = W(g) * gsn(g) * rbytes(g);
-    const int in =
-        emit(StreamKind::reduce_scatter, OpKind::copy_in, g, mod, in_bytes,
-             cost_.copy_ms(static_cast<double>(in_bytes)), deps, "RS.copy_in(" + gname(g) + ")");
-    release_pending(in, waited);
-    alloc(in, g, "rs_input", in_bytes);
-    s.grad_arena = false;  // the parameters' grad() views keep it until replaced
-
-    Pending pend;
-    pend.input = "rs_input";
-    pend.input_bytes = in_bytes;
-    int last = in;
-    StreamKind last_stream = StreamKind::reduce_scatter;
-    const std::size_t out_bytes = gsn(g) * rbytes(g);
-    if (W(g) > 1) {
-      last = emit(StreamKind::reduce_scatter, OpKind::reduce_scatter, g, mod, out_bytes,
-                  cost_.time_ms(CollectiveKind::reduce_scatter, MeshDim::shard,
-                                static_cast<double>(out_bytes)),
-                  {in}, "RS(" + gname(g) + ")");
-      alloc(last, g, "rs_output", out_bytes);
-      pend.output = "rs_output";
-      pend.output_bytes = out_bytes;
-    }
-    if (p_.mesh.replicate > 1) {
-      if (!p_.options.requires_all_reduce) {
-        const int acc = emit(StreamKind::reduce_scatter, OpKind::reduce_copy_out, g, mod, out_bytes,
-                             cost_.copy_ms(static_cast<double>(out_bytes)), {last},
-                             "accumulate(" + gname(g) + ")");
-        if (!s.partial) alloc(acc, g, "partial_reduce", out_bytes);
-        s.partial = true;
-        pend.last_op = acc;
-        pending_group_[acc] = g;
-        c.pending.push_back(pend);
-        return;  // the gradients stay unsharded on the parameters until reshard
-      }
-      last = emit(StreamKind::all_reduce, OpKind::all_reduce, g, mod, out_bytes,
-                  cost_.time_ms(CollectiveKind::all_reduce, MeshDim::replicate,
-                                static_cast<double>(out_bytes)),
-                  {last}, "AR(" + gname(g) + ")");
-      last_stream = StreamKind::all_reduce;
-    }
-    const std::size_t grad_bytes = gsn(g) * obytes(g);
-    const int out = emit(last_stream, OpKind::reduce_copy_out, g, mod, grad_bytes,
-                         cost_.copy_ms(static_cast<double>(grad_bytes)), {last},
-                         "RS.copy_out(" + gname(g) + ")");
-    pend.last_op = out;
-    pending_group_[out] = g;
-    c.pending.push_back(pend);
-    // The parameters' grad() now views the sharded gradients: the arena goes back.
-    if (s.grads_on_params) release(out, g, "grads", G.unsharded_bytes());
-    s.grads_on_params = false;
-  }
-
-  void clear_iteration(Context& c) {
-    c.post_forward_order.clear();
-    c.in_backward = false;
-    for (int g : c.subtree_groups) {
-      GroupState& s = st(g);
-      s.forward_calls = s.forward_done = s.backward_calls = s.backward_done = 0;
-      s.post_forward_indices.clear();
-    }
-  }
-
-  // ---- hooks -----------------------------------------------------------------------------
-
-  void pre_forward(const graph::Module& m) {
-    const int g = group_at(m);
-    if (g < 0) return;
-    GroupState& s = st(g);
-    Context& c = ctx(g);
-    if (c.in_backward) {
-      wait_unshard(g);
-      return;
-    }
-    if (grp(g).is_root && s.forward_calls == 0) clear_iteration(c);
-    if (s.forward_calls++ == 0) wait_unshard(g);
-    for (int t : p_.forward_prefetch[static_cast<std::size_t>(g)])
-      issue_unshard(t);
-  }
-
-  void post_forward(const graph::Module& m) {
-    const int g = group_at(m);
-    if (g < 0) return;
-    GroupState& s = st(g);
-    Context& c = ctx(g);
-    if (c.in_backward) return;
-    if (++s.forward_done < static_cast<int>(grp(g).modules.size())) return;
-    s.post_forward_indices.push_back(c.post_forward_order.size());
-    c.post_forward_order.push_back(g);
-    s.forward_calls = s.forward_done = 0;
-    post_forward_reshard(g);
-  }
-
-  void pre_backward(const graph::Module& m) {
-    const int g = group_at(m);
-    if (g < 0) return;
-    GroupState& s = st(g);
-    Context& c = ctx(g);
-    c.in_backward = true;
-    if (s.backward_calls++ > 0) return;
-    if (unshard_in_backward(g)) wait_unshard(g);
-    prepare_gradients(g);
-    if (p_.options.backward_prefetch == BackwardPrefetch::none) return;
-    if (!s.post_forward_indices.empty()) {
-      const std::size_t i = s.post_forward_indices.back();
-      s.post_forward_indices.pop_back();
-      if (i > 0) {
-        const int next = c.post_forward_order[i - 1];
-        if (unshard_in_backward(next)) issue_unshard(next);
-      }
-    }
-  }
-
-  void post_backward(const graph::Module& m) {
-    const int g = group_at(m);
-    if (g < 0) return;
-    GroupState& s = st(g);
-    Context& c = ctx(g);
-    if (++s.backward_done >= static_cast<int>(grp(g).modules.size())) {
-      s.backward_calls = s.backward_done = 0;
-      reduce_gradients(g);
-      if (p_.options.reshard_after_backward) reshard(g);
-    }
-    if (!grp(g).is_root) return;
-    for (int other : c.subtree_groups)
-      if (other != g && p_.options.reshard_after_backward && st(other).state != State::sharded)
-        reshard(other);
-    if (p_.options.is_last_backward) {  // wait for every reduce-scatter
-      std::vector<Pending> waited = take_pending(c, 0);
-      std::vector<int> deps;
-      for (const Pending& d : waited)
-        deps.push_back(d.last_op);
-      const int op = emit(StreamKind::compute, OpKind::wait, g, display(m), 0, 0.0, deps,
-                          "wait(" + gname(g) + ")");
-      release_pending(op, waited);
-    }  // else the pending reduce-scatters keep their buffers (a later K cap or root waits)
-    clear_iteration(c);
-  }
-
-  // ---- traversal (fsdp::forward / fsdp::backward) ---------------------------------------
-
-  std::vector<int> compute_deps(const graph::Module& m) {
-    const int owner = owner_.at(&m);
-    return {owner >= 0 ? st(owner).ready_op : -1};
-  }
-
-  void forward(const graph::Module& m) {
-    pre_forward(m);
-    if (m.cost().declared || m.forward_callback())
-      emit(StreamKind::compute, OpKind::forward, owner_.at(&m), display(m), 0, m.cost().forward_ms,
-           compute_deps(m), "fwd(" + display(m) + ")");
-    for (std::size_t i = 0; i < m.num_children(); ++i)
-      forward(m.child(i));
-    post_forward(m);
-  }
-
-  void backward(const graph::Module& m) {
-    pre_backward(m);
-    for (std::size_t i = m.num_children(); i-- > 0;)
-      backward(m.child(i));
-    if (m.cost().declared || m.backward_callback())
-      emit(StreamKind::compute, OpKind::backward, owner_.at(&m), display(m), 0,
-           m.cost().backward_ms, compute_deps(m), "bwd(" + display(m) + ")");
-    post_backward(m);
-  }
-
-  // ---- list scheduling -------------------------------------------------------------------
-
-  void schedule() {
-    double free_at[4] = {0, 0, 0, 0};
-    for (Op& op : p_.ops) {
-      double start = free_at[static_cast<int>(op.stream)];
-      for (int d : op.deps)
-        start = std::max(start, p_.ops[static_cast<std::size_t>(d)].end_ms);
-      op.start_ms = start;
-      op.end_ms = start + dur_[static_cast<std::size_t>(op.id)];
-      free_at[static_cast<int>(op.stream)] = op.end_ms;
-      p_.step_ms = std::max(p_.step_ms, op.end_ms);
-    }
-    for (const BufferEvent& e : p_.events) {
-      if (e.action != BufferAction::alloc) continue;
-      p_.peak_bytes = std::max(p_.peak_bytes, e.in_use);
-      if (p_.ops[static_cast<std::size_t>(e.op)].phase == Phase::forward)
-        p_.forward_peak_bytes = std::max(p_.forward_peak_bytes, e.in_use);
-      else
-        p_.backward_peak_bytes = std::max(p_.backward_peak_bytes, e.in_use);
-    }
-    p_.end_bytes = in_use_;
-  }
-
-  const graph::Module& root_;
   Plan& p_;
-  CostModel cost_;
-  std::unordered_map<const graph::Module*, int> group_at_;
-  std::unordered_map<const graph::Module*, int> owner_;
-  std::vector<GroupState> st_;
-  std::vector<bool> unshard_in_backward_;
-  std::vector<Context> ctx_;
-  std::vector<int> ctx_of_;
-  std::map<int, int> pending_group_;  // last op of a pending reduce -> its group
-  std::vector<double> dur_;
+  const CostModel& cost_;
+  std::vector<engine::Group>& groups_;
   std::vector<std::size_t> pool_in_use_;
-  std::size_t in_use_ = 0;
-  int last_compute_ = -1;
-  int last_forward_compute_ = -1;
-  Phase phase_ = Phase::forward;
 };
+
+class PlanLookup final : public engine::GroupLookup {
+ public:
+  PlanLookup(engine::Backend& b, std::size_t n) : backend_(b) { at_.reserve(2 * n); }
+  std::unordered_map<const graph::Module*, engine::Group*> at_;
+  engine::Group* group_at(const graph::Module& m) const override {
+    auto it = at_.find(&m);
+    return it == at_.end() ? nullptr : it->second;
+  }
+  engine::Backend* default_backend() const override { return &backend_; }
+
+ private:
+  engine::Backend& backend_;
+};
+
+// The engine groups of the plan's groups, as rank 0 of the mesh sees them, with the plan's
+// policies (what the executor applies to the FSDP modules).
+std::vector<engine::Group> engine_groups(const Plan& p) {
+  std::vector<engine::Group> out(p.groups.size());
+  for (std::size_t i = 0; i < p.groups.size(); ++i) {
+    const PlannedGroup& pg = p.groups[i];
+    engine::Group& g = out[i];
+    g.id = static_cast<int>(i);
+    engine::GroupInfo& I = g.info;
+    I.name = pg.name;
+    I.module = pg.modules.front();
+    I.num_modules = static_cast<int>(pg.modules.size());
+    I.world = pg.shard_size();
+    I.rank = 0;
+    I.replicate = p.mesh.replicate;
+    I.shard_numel = pg.layout.shard_numel;
+    I.arena_numel = pg.layout.arena_numel;
+    I.orig_dtype = pg.orig_dtype;
+    I.param_dtype = pg.param_dtype;
+    I.reduce_dtype = pg.reduce_dtype;
+    g.reshard_after_forward = pg.reshard_after_forward;
+    g.reshard_after_backward = p.options.reshard_after_backward;
+    g.reduce_grads = p.options.requires_gradient_sync;
+    g.all_reduce_grads = p.options.requires_all_reduce;
+    g.unshard_in_backward = p.options.no_unshard_in_backward.count(pg.name) == 0;
+    if (p.options.backward_prefetch == BackwardPrefetch::none) g.explicit_backward_prefetch = true;
+  }
+  for (std::size_t i = 0; i < p.groups.size(); ++i)
+    for (int t : p.forward_prefetch[i])
+      out[i].forward_prefetch.push_back(&out[static_cast<std::size_t>(t)]);
+  for (const auto& [name, targets] : p.options.backward_prefetch_targets) {
+    engine::Group& g = out[static_cast<std::size_t>(p.group_index(name))];
+    g.explicit_backward_prefetch = true;
+    g.backward_prefetch.clear();
+    for (const std::string& t : targets)
+      g.backward_prefetch.push_back(&out[static_cast<std::size_t>(p.group_index(t))]);
+  }
+  return out;
+}
 
 // Groups in the order of their first pre-forward: the pre-order of their modules.
 void preorder_groups(const graph::Module& m,
@@ -580,11 +241,36 @@ void preorder_groups(const graph::Module& m,
 
 std::vector<int> forward_order(const graph::Module& root, const std::vector<PlannedGroup>& groups) {
   std::unordered_map<const graph::Module*, int> at;
+  at.reserve(2 * groups.size());
   for (std::size_t g = 0; g < groups.size(); ++g)
     at[groups[g].modules.front()] = static_cast<int>(g);
   std::vector<int> out;
+  out.reserve(groups.size());
   preorder_groups(root, at, out);
   return out;
+}
+
+// List scheduling: each op starts when its stream is free and its dependencies ended.
+void schedule(Plan& p, const std::vector<double>& dur, std::size_t end_bytes) {
+  double free_at[engine::kNumStreams] = {0, 0, 0, 0};
+  for (Op& op : p.ops) {
+    double start = free_at[static_cast<int>(op.stream)];
+    for (int d : op.deps)
+      start = std::max(start, p.ops[static_cast<std::size_t>(d)].end_ms);
+    op.start_ms = start;
+    op.end_ms = start + dur[static_cast<std::size_t>(op.id)];
+    free_at[static_cast<int>(op.stream)] = op.end_ms;
+    p.step_ms = std::max(p.step_ms, op.end_ms);
+  }
+  for (const BufferEvent& e : p.events) {
+    if (e.action != BufferAction::alloc) continue;
+    p.peak_bytes = std::max(p.peak_bytes, e.in_use);
+    if (p.ops[static_cast<std::size_t>(e.op)].phase == Phase::forward)
+      p.forward_peak_bytes = std::max(p.forward_peak_bytes, e.in_use);
+    else
+      p.backward_peak_bytes = std::max(p.backward_peak_bytes, e.in_use);
+  }
+  p.end_bytes = end_bytes;
 }
 
 }  // namespace
@@ -605,14 +291,21 @@ Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOption
   p.options = options;
   if (!p.options.cost) p.options.cost = CostModel::defaults(mesh);
   p.groups = plan_groups(root, mesh.shard, options.defaults);
+  auto require_group = [&p](const std::string& name, const char* option) {
+    if (p.group_index(name) >= 0) return;
+    std::string names;
+    for (const auto& g : p.groups)
+      names += (names.empty() ? "" : ", ") + g.name;
+    throw InvalidArgument(std::string("Scheduler::plan: ") + option + ": no group named '" + name +
+                          "' (groups: " + (names.empty() ? "none" : names) + ")");
+  };
   for (const std::string& name : options.no_unshard_in_backward)
-    if (p.group_index(name) < 0) {
-      std::string names;
-      for (const auto& g : p.groups)
-        names += (names.empty() ? "" : ", ") + g.name;
-      throw InvalidArgument("Scheduler::plan: no_unshard_in_backward: no group named '" + name +
-                            "' (groups: " + (names.empty() ? "none" : names) + ")");
-    }
+    require_group(name, "no_unshard_in_backward");
+  for (const auto& [name, targets] : options.backward_prefetch_targets) {
+    require_group(name, "backward_prefetch_targets");
+    for (const std::string& t : targets)
+      require_group(t, "backward_prefetch_targets");
+  }
   for (const auto& g : p.groups) {
     p.sharded_bytes += g.shard_bytes();
     p.grad_bytes += g.shard_bytes();
@@ -625,9 +318,44 @@ Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOption
   for (std::size_t i = 0; i < order.size(); ++i)
     for (std::size_t j = i + 1; j < order.size() && j <= i + depth; ++j)
       p.forward_prefetch[static_cast<std::size_t>(order[i])].push_back(order[j]);
+  for (std::size_t g = 0; g < p.groups.size(); ++g)
+    if (p.groups[g].is_root) p.pool_roots.push_back(static_cast<int>(g));
 
-  Simulator sim(root, p);
-  sim.run();
+  // The engine, on the planning backend: one root per root group (one pool each).
+  std::vector<engine::Group> groups = engine_groups(p);
+  const CostModel cost = *p.options.cost;
+  PlanningBackend backend(p, cost, groups);
+  std::vector<engine::Root> roots;
+  roots.reserve(p.pool_roots.size());
+  std::unordered_map<int, std::size_t> root_of;  // root group -> its Root
+  for (std::size_t r = 0; r < p.pool_roots.size(); ++r) {
+    roots.emplace_back(backend, static_cast<int>(r));
+    roots.back().max_reduce_buffers = options.reduce_scatter_max_input_buffers;
+    roots.back().is_last_backward = options.is_last_backward;
+    root_of[p.pool_roots[r]] = r;
+  }
+  std::vector<std::vector<engine::Group*>> members(roots.size());
+  for (int g : p.forward_order)
+    members[root_of.at(p.groups[static_cast<std::size_t>(g)].root_group)].push_back(
+        &groups[static_cast<std::size_t>(g)]);
+  for (std::size_t r = 0; r < roots.size(); ++r)
+    engine::attach(roots[r], members[r]);
+
+  PlanLookup lookup(backend, groups.size());
+  for (std::size_t g = 0; g < p.groups.size(); ++g)
+    for (const graph::Module* m : p.groups[g].modules)
+      lookup.at_[m] = &groups[g];
+  const std::size_t n = p.groups.size() + 1;
+  p.ops.reserve(16 * n);
+  p.events.reserve(12 * n);
+  backend.durations.reserve(16 * n);
+
+  // The planning backend never calls a callback nor changes the graph.
+  auto& graph = const_cast<graph::Module&>(root);
+  engine::forward(graph, lookup);
+  engine::begin_backward(backend);
+  engine::backward(graph, lookup);
+  schedule(p, backend.durations, backend.in_use);
   return p;
 }
 

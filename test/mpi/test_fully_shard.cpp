@@ -18,7 +18,6 @@
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/graph/json_graph.hpp"
-#include "lib/fsdp/param_group.hpp"
 #include "test_support.hpp"
 
 using namespace fullshard;
@@ -481,7 +480,8 @@ TEST_CASE("communication groups of the seed's m1..m4 example") {
   auto root2 = build();
   auto& pair = fsdp::fully_shard({&root2->module("m2"), &root2->module("m3")}, mesh);
   CHECK(pair.group_fqns() == std::vector<std::string>{"m2.b", "m3.c"});
-  CHECK(fsdp::fsdp_state(root2->module("m3"))->group() == pair.group());
+  CHECK(fsdp::fsdp_state(root2->module("m3"))->group_name() == pair.group_name());
+  CHECK(pair.group_name() == "m2+m3");
 }
 
 TEST_CASE("list groups run once per pass; reshard policies; explicit prefetch") {
@@ -637,10 +637,8 @@ TEST_CASE("a group prefetched in backward but never used is resharded at the end
     auto r = fsdp::backward_scope(*bag.root);
     auto b1 = fsdp::backward_scope(l1);  // prefetches l0, whose backward never runs
   }
-  auto& g0 = *fsdp::fsdp_state(l0)->group();
-  CHECK_FALSE(g0.gather_in_flight());
-  CHECK(g0.state() == fsdp::detail::ShardedState::sharded);
-  CHECK(root.group()->context()->pool.bytes_in_use() == 0);
+  CHECK(fsdp::fsdp_state(l0)->is_sharded());
+  CHECK(root.pool_bytes_in_use() == 0);
 }
 
 TEST_CASE("unshard(async) and the pool returns every transient buffer") {
@@ -661,9 +659,9 @@ TEST_CASE("unshard(async) and the pool returns every transient buffer") {
   check_shards_and_grads(bag, {{0}, {0}}, W());
   // Every pooled buffer (gathers, unsharded parameters, gradients, reduce-scatter buffers) is
   // back in the pool after the iteration; the peak is what one iteration needs.
-  auto& pool = fsdp::fsdp_state(*bag.root)->group()->context()->pool;
-  CHECK(pool.bytes_in_use() == 0);
-  CHECK(pool.peak_bytes_in_use() > 0);
+  const fsdp::FSDPModule& root = *fsdp::fsdp_state(*bag.root);
+  CHECK(root.pool_bytes_in_use() == 0);
+  CHECK(root.pool_peak_bytes() > 0);
 }
 
 TEST_CASE("state dicts: sharded and full, saved and loaded back") {

@@ -20,7 +20,6 @@
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/schedule/executor.hpp"
 #include "fullshard/schedule/plan.hpp"
-#include "lib/fsdp/param_group.hpp"  // the engine's pool, for the measured peak
 #include "test_support.hpp"
 
 using namespace fullshard;
@@ -272,10 +271,11 @@ TEST_CASE("seed m1..m4: FSDP2's orders, overlaps and memory (root not resharded)
 
   // Memory, by hand (docs/plan-format.md walks through it): forward holds the root's
   // parameters plus one group's gather buffer and unsharded parameters; the backward peak is
-  // at m3's reduce-scatter: root params + root grads + m3 params + m3 grads + AG(b)'s buffer
-  // (prefetched) + m3's reduce-scatter input + output.
+  // at m3's reduce-scatter copy-in: root params + root grads + m3 params + m3 grads + AG(b)'s
+  // buffer (prefetched) + m3's reduce-scatter input. The unsharded gradients go back to the
+  // pool right after the copy-in, before the output is taken.
   CHECK(p.forward_peak_bytes == R + 2 * M);
-  CHECK(p.peak_bytes == 2 * R + 4 * M + M / 4);
+  CHECK(p.peak_bytes == 2 * R + 4 * M);
   CHECK(p.backward_peak_bytes == p.peak_bytes);
   CHECK(p.end_bytes == 0);
   CHECK(p.sharded_bytes == 2 * 262144 + 32768);
@@ -315,7 +315,7 @@ TEST_CASE("seed m1..m4 with the root resharded after forward (the seed's picture
     if (p.ops[static_cast<std::size_t>(e.op)].phase == Phase::forward) at_forward_end = e.in_use;
   CHECK(at_forward_end == 0);
   CHECK(p.forward_peak_bytes == R + 2 * M);
-  CHECK(p.peak_bytes == 2 * R + 4 * M + M / 4);
+  CHECK(p.peak_bytes == 2 * R + 4 * M);
 }
 
 TEST_CASE("reshard_after_forward false / automatic / true: 3, 5, 6 all-gathers") {
@@ -406,7 +406,9 @@ TEST_CASE("reduce-scatter buffer cap, no backward prefetch, HSDP") {
   const Plan none = Scheduler::plan(*g, {4, 1}, o);
   CHECK(phase_ops(none, OpKind::all_gather, Phase::backward).size() == 2);
   CHECK(max_live_gathers(none, Phase::backward) == 1);
-  CHECK(none.peak_bytes == k1.peak_bytes - M);  // no AG(b) buffer at m3's reduce-scatter
+  // No AG(b) buffer at m3's reduce-scatter: the peak moves to m2's own backward copy-out (its
+  // gather buffer and unsharded parameters, m3's reduce-scatter buffers still pending).
+  CHECK(none.peak_bytes == 2 * R + 3 * M + M / 4);
   CHECK(none.step_ms > k1.step_ms);
 
   // HSDP 2 x 2: an all-reduce after each reduce-scatter, on its own stream.
@@ -520,9 +522,9 @@ TEST_CASE("unshard_in_backward false: no backward all-gather, never prefetched i
         std::vector<std::string>{"m3"});
   CHECK(group_names(p, phase_ops(p, OpKind::all_gather, Phase::forward)) ==
         std::vector<std::string>{"<root>", "m2", "m3"});
-  // m2's backward runs without parameters: no copy-out to wait for.
-  CHECK(only(p, OpKind::backward, Phase::backward, "m2").deps.empty());
-  CHECK(!only(p, OpKind::backward, Phase::backward, "m3").deps.empty());
+  // m2's backward runs without parameters: no backward copy-out for it.
+  CHECK(group_names(p, phase_ops(p, OpKind::copy_out, Phase::backward)) ==
+        std::vector<std::string>{"m3"});
   // Its gradients are still made and reduced.
   CHECK(group_names(p, p.find(OpKind::reduce_scatter)) ==
         std::vector<std::string>{"m3", "m2", "<root>"});
@@ -546,8 +548,8 @@ TEST_CASE("unshard_in_backward false: no backward all-gather, never prefetched i
   const Plan r = Scheduler::plan(*g, {4, 1}, o);
   CHECK(group_names(r, phase_ops(r, OpKind::all_gather, Phase::backward)) ==
         std::vector<std::string>{"m3", "m2"});
-  CHECK(only(r, OpKind::backward, Phase::backward, "m4").deps.empty());
-  CHECK(only(r, OpKind::backward, Phase::backward, "m1").deps.empty());
+  CHECK(group_names(r, phase_ops(r, OpKind::copy_out, Phase::backward)) ==
+        std::vector<std::string>{"m3", "m2"});
 
   // Mixed: excluded groups never gather in backward; the others do as before.
   auto mixed = load(kMixed);
@@ -821,9 +823,51 @@ TEST_CASE("Scheduler::plan rejects bad meshes and options") {
 namespace {
 
 // Runs one iteration of the engine (fsdp::forward / fsdp::backward on the root, configured as
-// the plan says) and compares its pool's peak and end bytes with the plan's.
+// the plan says) and compares its operations, one by one, and its pool's peak and end bytes
+// with the plan's.
 void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOptions& o,
                           const std::string& what, HostProgress progress);
+
+// One operation as both sides describe it: stream, kind, module, bytes, phase, and (with one
+// root, where plan and run number operations alike) its dependencies.
+std::string describe_op(StreamKind s, OpKind k, const std::string& module, std::size_t bytes,
+                        Phase ph, const std::vector<int>& deps, bool with_deps) {
+  std::string d = std::string(stream_name(s)) + " " + op_kind_name(k) + " " + module + " " +
+                  std::to_string(bytes) + (ph == Phase::forward ? " fwd" : " bwd");
+  if (with_deps)
+    for (int x : deps)
+      d += " <" + std::to_string(x);
+  return d;
+}
+
+// The recorded run's operations, per root, equal the plan's, operation by operation. With
+// several roots, each run log is compared with the plan's operations of that root's groups
+// (the plan numbers all roots together, so dependencies are compared with one root only).
+void check_operations_match(const Plan& plan,
+                            const std::vector<std::vector<fsdp::engine::OpDesc>>& logs) {
+  const bool one = logs.size() == 1;
+  for (std::size_t r = 0; r < logs.size(); ++r) {
+    CAPTURE(r);
+    const int root_group = plan.pool_roots[r];
+    std::vector<std::string> planned, ran;
+    for (const Op& op : plan.ops) {
+      const bool mine =
+          op.group >= 0 && plan.groups[static_cast<std::size_t>(op.group)].root_group == root_group;
+      if (one || mine)
+        planned.push_back(
+            describe_op(op.stream, op.kind, op.module, op.bytes, op.phase, op.deps, one));
+    }
+    for (const fsdp::engine::OpDesc& d : logs[r]) {
+      const std::string module = d.module->fqn().empty() ? "<root>" : d.module->fqn();
+      ran.push_back(describe_op(d.stream, d.kind, module, d.bytes, d.phase, d.deps, one));
+    }
+    REQUIRE(planned.size() == ran.size());
+    for (std::size_t i = 0; i < ran.size(); ++i) {
+      CAPTURE(i);
+      CHECK(planned[i] == ran[i]);
+    }
+  }
+}
 
 // Both ways of running host streams must free memory at the same points.
 void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOptions& o,
@@ -863,6 +907,13 @@ void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOpt
     if (!targets.empty()) st->set_modules_to_forward_prefetch(targets);
     if (o.backward_prefetch == BackwardPrefetch::none) st->set_modules_to_backward_prefetch({});
     if (o.no_unshard_in_backward.count(plan.groups[i].name)) st->set_unshard_in_backward(false);
+    if (auto it = o.backward_prefetch_targets.find(plan.groups[i].name);
+        it != o.backward_prefetch_targets.end()) {
+      std::vector<graph::Module*> bt;
+      for (const std::string& t : it->second)
+        bt.push_back(modules[static_cast<std::size_t>(plan.group_index(t))]);
+      st->set_modules_to_backward_prefetch(bt);
+    }
   }
   std::vector<fsdp::FSDPModule*> roots;
   for (int r : plan.pool_roots) {
@@ -876,13 +927,18 @@ void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOpt
     roots.push_back(st);
   }
 
+  std::vector<std::vector<fsdp::engine::OpDesc>> logs(roots.size());
+  for (std::size_t i = 0; i < roots.size(); ++i)
+    roots[i]->record_operations(&logs[i]);
   fsdp::forward(*g);
   fsdp::backward(*g);
+  for (fsdp::FSDPModule* r : roots)
+    r->record_operations(nullptr);
+  check_operations_match(plan, logs);
   std::size_t end = 0;
   for (std::size_t i = 0; i < roots.size(); ++i) {
-    auto& pool = roots[i]->group()->context()->pool;
-    CHECK(pool.peak_bytes_in_use() == plan.pool_peak_bytes[i]);
-    end += pool.bytes_in_use();
+    CHECK(roots[i]->pool_peak_bytes() == plan.pool_peak_bytes[i]);
+    end += roots[i]->pool_bytes_in_use();
   }
   if (roots.size() == 1) CHECK(plan.pool_peak_bytes[0] == plan.peak_bytes);
   CHECK(end == plan.end_bytes);
@@ -892,6 +948,41 @@ void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOpt
 }
 
 }  // namespace
+
+TEST_CASE("explicit backward prefetch, and a reshard with its gather in flight: plan = run") {
+  const int W = test::world_size();
+  PlanOptions o;
+  // The root's pre-backward prefetches m3 and m2 at once.
+  o.backward_prefetch_targets = {{"<root>", {"m3", "m2"}}};
+  check_engine_matches(kSeed, {W, 1}, o, "root prefetches m3 and m2");
+  {
+    auto g = load(kSeed);
+    const Plan p = Scheduler::plan(*g, {W, 1}, o);
+    if (W > 1)
+      CHECK(group_names(p, phase_ops(p, OpKind::all_gather, Phase::backward)) ==
+            std::vector<std::string>{"m3", "m2"});
+  }
+  // m2's pre-backward prefetches m3, whose backward already ran: its gather is still in
+  // flight when the root's backward ends, which reshards it unused.
+  o.backward_prefetch_targets = {{"m2", {"m3"}}};
+  check_engine_matches(kSeed, {W, 1}, o, "m2 prefetches m3 (gather in flight at the end)");
+  auto g = load(kSeed);
+  const Plan p = Scheduler::plan(*g, {W, 1}, o);
+  const int m3 = p.group_index("m3");
+  const auto reshards = p.find(OpKind::reshard, m3);
+  REQUIRE(!reshards.empty());
+  if (W > 1) {  // the last reshard of m3 waits for its unused all-gather
+    const auto ags = p.find(OpKind::all_gather, m3);
+    REQUIRE(!ags.empty());
+    CHECK(reshards.back()->deps == std::vector<int>{ags.back()->id});
+  }
+  CHECK(p.end_bytes == 0);
+  o.backward_prefetch_targets = {{"m2", {"nope"}}};
+  CHECK(contains(error_of([&] {
+                   Scheduler::plan(*g, {W, 1}, o);
+                 }),
+                 "backward_prefetch_targets: no group named 'nope'"));
+}
 
 TEST_CASE("the engine's measured pool peak equals the plan's, byte for byte") {
   const int W = test::world_size();
@@ -1029,7 +1120,7 @@ TEST_CASE("the executor applies the backward and accumulation policies") {
     ex.step();
     CHECK(ex.measured_peak_bytes() == plan.peak_bytes);
     fsdp::FSDPModule* root = fsdp::fsdp_state(*graph);
-    CHECK(root->group()->context()->pool.bytes_in_use() == plan.end_bytes);
+    CHECK(root->pool_bytes_in_use() == plan.end_bytes);
     root->zero_grad();  // finishes the reduce-scatters the last backward would have waited for
     int collectives = 0;
     for (const MeasuredOp& op : ex.timeline().ops())

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -13,6 +14,21 @@ namespace fullshard::comm {
 
 enum class ReduceOp { sum, avg, max, min };
 const char* reduce_op_name(ReduceOp op) noexcept;
+
+/// Bytes that went through a communicator's collectives, counted as the size of the whole
+/// collective buffer: all_gather and reduce_scatter size x count elements (the unsharded
+/// tensor), all_reduce and broadcast count elements. What FSDP's "3x the parameter bytes per
+/// step" refers to.
+struct Traffic {
+  std::uint64_t all_gather = 0;
+  std::uint64_t reduce_scatter = 0;
+  std::uint64_t all_reduce = 0;
+  std::uint64_t broadcast = 0;
+  std::uint64_t total() const noexcept {
+    return all_gather + reduce_scatter + all_reduce + broadcast;
+  }
+  Traffic& operator+=(const Traffic& o) noexcept;
+};
 
 /// Collectives over a fixed group of ranks. Buffers are raw pointers with an element count
 /// and a dtype, as in MPI and NCCL. Every call is collective: all ranks of the group must
@@ -41,6 +57,10 @@ class Communicator {
   virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;
   virtual const std::string& name() const noexcept = 0;
+  /// Bound of Work::wait on this communicator's operations (seconds; 0 = none).
+  virtual double timeout_s() const noexcept = 0;
+  /// Bytes issued on this communicator since its creation.
+  virtual Traffic traffic() const noexcept = 0;
 
   /// recv (size*count) <- concatenation of every rank's send (count), rank-major.
   virtual Work all_gather(const void* send, void* recv, std::size_t count, DType dtype,
@@ -48,6 +68,10 @@ class Communicator {
   /// recv (recv_count) <- op over ranks of chunk `rank` of send (size*recv_count).
   virtual Work reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype,
                               ReduceOp op, Stream& stream) = 0;
+  /// recv <- (sum over ranks of chunk `rank` of send) / divide_factor: FSDP's gradient
+  /// reduction (NCCL: pre-multiplied sum; MPI: sum, then the division on the stream).
+  virtual Work reduce_scatter_divided(const void* send, void* recv, std::size_t recv_count,
+                                      DType dtype, double divide_factor, Stream& stream) = 0;
   virtual Work all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                           Stream& stream) = 0;
   virtual Work broadcast(void* buffer, std::size_t count, DType dtype, int root,
@@ -56,6 +80,9 @@ class Communicator {
 
   /// A new communicator over the same ranks (collective), e.g. one per stream.
   virtual std::unique_ptr<Communicator> dup(const std::string& name) const = 0;
+  /// The ranks with the same `color`, ordered by `key`, as a new communicator (collective).
+  virtual std::unique_ptr<Communicator> split(int color, int key,
+                                              const std::string& name) const = 0;
 
  protected:
   Communicator() = default;

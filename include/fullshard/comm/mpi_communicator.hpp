@@ -16,19 +16,6 @@ namespace detail {
 struct MpiReduceOps;
 }
 
-/// Bytes that went through a communicator's collectives, counted as the size of the whole
-/// collective buffer: all_gather and reduce_scatter size x count elements (the unsharded
-/// tensor), all_reduce and broadcast count elements. What FSDP's "3x the parameter bytes per
-/// step" refers to.
-struct Traffic {
-  std::uint64_t all_gather = 0;
-  std::uint64_t reduce_scatter = 0;
-  std::uint64_t all_reduce = 0;
-  std::uint64_t broadcast = 0;
-  std::uint64_t total() const noexcept { return all_gather + reduce_scatter + all_reduce + broadcast; }
-  Traffic& operator+=(const Traffic& o) noexcept;
-};
-
 class MpiCommunicator final : public Communicator {
  public:
   /// Duplicates `parent` (collective over parent) and names the result `name`. Errors on the
@@ -46,21 +33,23 @@ class MpiCommunicator final : public Communicator {
   const std::string& name() const noexcept override { return name_; }
   /// The underlying MPI communicator (owned by this object).
   MPI_Comm handle() const noexcept { return comm_; }
-  double timeout_s() const noexcept { return timeout_s_; }
+  double timeout_s() const noexcept override { return timeout_s_; }
 
   Work all_gather(const void* send, void* recv, std::size_t count, DType dtype,
                   Stream& stream) override;
   Work reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype,
                       ReduceOp op, Stream& stream) override;
+  Work reduce_scatter_divided(const void* send, void* recv, std::size_t recv_count, DType dtype,
+                              double divide_factor, Stream& stream) override;
   Work all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                   Stream& stream) override;
   Work broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override;
   Work barrier(Stream& stream) override;
   std::unique_ptr<Communicator> dup(const std::string& name) const override;
   /// The ranks with the same `color`, ordered by `key`, as a new communicator (collective).
-  std::unique_ptr<MpiCommunicator> split(int color, int key, const std::string& name) const;
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) const override;
   /// Bytes issued on this communicator since its creation (one relaxed atomic add per call).
-  Traffic traffic() const noexcept;
+  Traffic traffic() const noexcept override;
 
  private:
   MpiCommunicator(MPI_Comm comm, std::string name, double timeout_s);

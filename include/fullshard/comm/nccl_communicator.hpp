@@ -12,6 +12,7 @@
 #include <mpi.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -78,7 +79,8 @@ class NcclCommunicator final : public Communicator {
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
   const std::string& name() const noexcept override { return name_; }
-  double timeout_s() const noexcept { return timeout_s_; }
+  double timeout_s() const noexcept override { return timeout_s_; }
+  Traffic traffic() const noexcept override;
   bool blocking() const noexcept { return options_.blocking; }
   /// True once the communicator was aborted (after an error or a timeout).
   bool aborted() const noexcept;
@@ -94,8 +96,13 @@ class NcclCommunicator final : public Communicator {
   /// Sum of every rank's chunk divided by `divide_factor` (> 0, finite), as FSDP's gradient
   /// divide factor: by `mode`.
   Work reduce_scatter_divided(const void* send, void* recv, std::size_t recv_count, DType dtype,
-                              double divide_factor, Stream& stream,
-                              DivideMode mode = DivideMode::pre_mul_sum);
+                              double divide_factor, Stream& stream, DivideMode mode);
+  /// reduce_scatter_divided with DivideMode::pre_mul_sum.
+  Work reduce_scatter_divided(const void* send, void* recv, std::size_t recv_count, DType dtype,
+                              double divide_factor, Stream& stream) override {
+    return reduce_scatter_divided(send, recv, recv_count, dtype, divide_factor, stream,
+                                  DivideMode::pre_mul_sum);
+  }
   Work all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                   Stream& stream) override;
   Work broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override;
@@ -105,7 +112,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> dup(const std::string& name) const override;
   /// ncclCommSplit(comm, color, key): the ranks with the same color, ordered by key; nullptr
   /// on ranks that pass color < 0 (NCCL_SPLIT_NOCOLOR). NCCL >= 2.18. Collective.
-  std::unique_ptr<NcclCommunicator> split(int color, int key, const std::string& name) const;
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) const override;
 
  private:
   friend class NcclGroup;
@@ -122,6 +129,8 @@ class NcclCommunicator final : public Communicator {
   double timeout_s_ = 0.0;
   NcclOptions options_;
   std::uint64_t seq_ = 0;
+  std::shared_ptr<std::array<std::atomic<std::uint64_t>, 4>> traffic_ =
+      std::make_shared<std::array<std::atomic<std::uint64_t>, 4>>();
 };
 
 /// ncclGroupStart on construction, ncclGroupEnd on end() or destruction: collectives issued

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/options.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
@@ -19,9 +20,11 @@
 
 namespace fullshard::fsdp {
 
+class FSDPModule;
 namespace detail {
 class ParamGroup;
-class CommContext;
+struct Key;  // only lib/fsdp constructs FSDPModules
+ParamGroup& group_of(const FSDPModule& st);
 }  // namespace detail
 
 /// Returned by FSDPModule::unshard(true): wait() completes the all-gather and registers the
@@ -79,17 +82,40 @@ class FSDPModule {
   std::vector<std::string> group_fqns() const;
   const kernels::GroupLayout& group_layout() const;
   const DeviceMesh& mesh() const noexcept { return mesh_; }
+  /// True when the group shows its shards (no unsharded parameters, no all-gather in flight).
+  bool is_sharded() const noexcept;
+  /// The FSDP modules of this module's subtree, this one first (pre-order).
+  std::vector<FSDPModule*> subtree_states();
 
-  // Internals shared with the hooks and state-dict code.
-  FSDPModule(graph::Module& module, DeviceMesh mesh, FullyShardOptions options,
-             std::shared_ptr<detail::ParamGroup> group);
-  const std::shared_ptr<detail::ParamGroup>& group() const noexcept { return group_; }
-  std::vector<FSDPModule*> subtree_states();  // self first, pre-order
-  std::vector<graph::Module*> forward_prefetch;
-  std::vector<graph::Module*> backward_prefetch;
-  bool explicit_backward_prefetch = false;
+  // ---- the group's storage (checkpoints load into it without a staging copy) ----
+  /// The group's name ("layers.0", "<root>", "a+b" for a list).
+  const std::string& group_name() const noexcept;
+  /// The parameters of the group, in layout order.
+  const std::vector<graph::Parameter*>& group_params() const noexcept;
+  /// True for the first module of its group (a list group has several FSDPModules).
+  bool owns_group() const noexcept;
+  /// This rank's group shard in slot layout (group_layout()), original dtype, padding zero.
+  const Tensor& sharded_storage() const noexcept;
+  /// Why `storage` cannot replace the sharded storage (empty when it can): same shape, dtype
+  /// and memory space, and the group sharded with no all-gather in flight.
+  std::string adopt_problem(const Tensor& storage) const;
+  /// Replaces the sharded storage (checked with adopt_problem first; padding zero) and
+  /// shows the new shards on the parameters. Views of the old storage keep the old values.
+  void adopt_sharded_storage(Tensor storage);
+
+  // ---- the root's buffer pool (the memory Plan::peak_bytes predicts) ----
+  std::size_t pool_bytes_in_use() const;
+  std::size_t pool_peak_bytes() const;
+  void reset_pool_peak();
+  /// Root only: appends every operation the engine issues from now on to `log` (nullptr
+  /// stops), in the format of the planner's operations, for plan-versus-run comparisons.
+  void record_operations(std::vector<engine::OpDesc>* log);
+
+  FSDPModule(const detail::Key& key, graph::Module& module, DeviceMesh mesh,
+             FullyShardOptions options, std::shared_ptr<detail::ParamGroup> group);
 
  private:
+  friend detail::ParamGroup& detail::group_of(const FSDPModule& st);
   graph::Module* module_;
   DeviceMesh mesh_;
   FullyShardOptions options_;

@@ -16,7 +16,10 @@
 // full-batch gradient (mean over the data-parallel ranks unless a divide factor is set).
 #pragma once
 
+#include <chrono>
 #include <exception>
+#include <functional>
+#include <string>
 
 #include "fullshard/graph/module.hpp"
 
@@ -59,11 +62,18 @@ inline BackwardScope backward_scope(graph::Module& m) {
   return BackwardScope(m);
 }
 
+/// Called after each module's callback with "fwd(<fqn>)" / "bwd(<fqn>)" and its start and end
+/// (the executor's measured timeline).
+using ComputeRecorder =
+    std::function<void(const std::string& label, std::chrono::steady_clock::time_point start,
+                       std::chrono::steady_clock::time_point end)>;
+
 /// Runs forward over a subtree in declared order: pre-forward hook, the module's forward
-/// callback, its children in order, post-forward hook.
-void forward(graph::Module& module);
+/// callback, its children in order, post-forward hook (the engine's traversal, the same one
+/// Scheduler::plan runs on its planning backend).
+void forward(graph::Module& module, const ComputeRecorder& recorder = {});
 /// Runs backward in reverse: pre-backward hook, children in reverse order, the module's
 /// backward callback, post-backward hook.
-void backward(graph::Module& module);
+void backward(graph::Module& module, const ComputeRecorder& recorder = {});
 
 }  // namespace fullshard::fsdp

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "fullshard/comm/mpi_communicator.hpp"
+#include "fullshard/comm/communicator.hpp"
 #include "fullshard/runtime/settings.hpp"
 
 namespace fullshard {
@@ -60,14 +60,19 @@ class DeviceMesh {
   int coordinate(const std::string& dim) const;
 
   /// The communicator along `dim` (ranks that differ only in that dim) for `channel`.
-  comm::MpiCommunicator& comm(const std::string& dim, Channel channel = Channel::main) const;
+  comm::Communicator& comm(const std::string& dim, Channel channel = Channel::main) const;
   /// The stream that the collectives of `channel` run on: one per channel per mesh (copies of
   /// a mesh share it), created on first use as a worker or caller stream (host_progress()).
   /// Using a channel's communicators only on the channel's stream is what keeps two streams
   /// from ever sharing an MPI communicator.
   comm::Stream& stream(Channel channel) const;
   /// Communicator over all ranks of the mesh.
-  comm::MpiCommunicator& world_comm() const;
+  comm::Communicator& world_comm() const;
+  /// The MPI communicator under a dim's main channel and under the whole mesh (MPI
+  /// bootstraps every mesh): for control messages of layers that keep raw MPI (checkpoint
+  /// agreement), never for the collectives the mesh's communicators carry.
+  MPI_Comm control_comm(const std::string& dim) const;
+  MPI_Comm control_world() const;
   /// Bytes issued by this rank on the mesh's communicators (every dim and channel, and the
   /// world communicator) since the mesh was created; see comm::Traffic.
   comm::Traffic traffic() const;

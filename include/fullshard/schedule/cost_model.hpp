@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 namespace fullshard::comm {
-class MpiCommunicator;
+class Communicator;
 }
 
 namespace fullshard::schedule {
@@ -80,8 +80,8 @@ class CostModel {
   /// and fits alpha, beta by least squares (clamped at 0). The copy bandwidth is measured
   /// with a memcpy of the largest size. Collective over the communicators: every rank calls
   /// it with the same arguments. Values not measured come from `base`.
-  static CostModel calibrate(const comm::MpiCommunicator& shard_comm, const CostModel& base,
-                             const comm::MpiCommunicator* replicate_comm = nullptr,
+  static CostModel calibrate(const comm::Communicator& shard_comm, const CostModel& base,
+                             const comm::Communicator* replicate_comm = nullptr,
                              const std::vector<std::size_t>& sizes = {1 << 16, 1 << 20, 1 << 22},
                              int reps = 3);
 

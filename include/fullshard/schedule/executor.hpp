@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/schedule/plan.hpp"
@@ -74,10 +75,7 @@ class Executor {
   void reset_measurement();
 
  private:
-  void run_forward(graph::Module& m);
-  void run_backward(graph::Module& m);
-  template <class F>
-  void timed(const std::string& label, F&& f);
+  fsdp::ComputeRecorder compute_recorder();
 
   graph::Module* root_;
   DeviceMesh mesh_;

@@ -3,13 +3,14 @@
 // costs (predicted step time, peak memory per rank). Computed from the module graph alone:
 // deterministic, no communication, identical on every rank. Formats: docs/plan-format.md.
 //
-// The memory model mirrors lib/fsdp (param_group.cpp, hooks.cpp) driven by fsdp::forward /
-// fsdp::backward on the root: the buffer events are the pool acquisitions and releases in the
-// engine's order, so the executor's measured BufferPool peak equals peak_bytes.
+// The plan is the FSDP engine (fullshard/fsdp/engine.hpp) run on a planning backend: the
+// buffer events are the engine's pool acquisitions and releases, so the executor's measured
+// BufferPool peak equals peak_bytes, and its operations are those of a recorded run.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -17,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/options.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/schedule/cost_model.hpp"
@@ -57,6 +59,11 @@ struct PlanOptions {
   /// group resharded after forward runs its backward without parameters) and they are never
   /// prefetched in backward. An unknown name is an InvalidArgument.
   std::set<std::string> no_unshard_in_backward;
+  /// Explicit backward prefetch (set_modules_to_backward_prefetch): group name -> the groups
+  /// its pre-backward prefetches, replacing the implicit rule for that group. A target whose
+  /// backward already ran is gathered and resharded, unused, at the end of backward. Unknown
+  /// names are an InvalidArgument.
+  std::map<std::string, std::vector<std::string>> backward_prefetch_targets;
   /// set_is_last_backward on the roots: false skips the root's final wait for the pending
   /// reduce-scatters (more micro-batches follow): their buffers are in use at the end.
   bool is_last_backward = true;
@@ -64,28 +71,13 @@ struct PlanOptions {
   std::optional<CostModel> cost;
 };
 
-enum class StreamKind { compute, all_gather, reduce_scatter, all_reduce };
-const char* stream_name(StreamKind s) noexcept;
-
-enum class OpKind {
-  all_gather,       // the all-gather collective (all_gather stream)
-  copy_in,          // all-gather cast copy-in (all_gather stream) / reduce-scatter chunk-cat
-                    // copy-in (reduce_scatter stream)
-  copy_out,         // all-gather copy-out into the unsharded arena (compute stream)
-  forward,          // a module's own forward work (compute)
-  backward,         // a module's own backward work (compute)
-  reduce_scatter,   // the reduce-scatter collective (reduce_scatter stream)
-  all_reduce,       // HSDP replicate all-reduce (all_reduce stream)
-  reduce_copy_out,  // divide/cast/accumulate into the sharded gradients, or HSDP's deferred
-                    // accumulation (stream of the last collective)
-  reshard,          // frees unsharded parameters after forward / backward (compute, 0 ms)
-  grad_init,        // zeroes the unsharded gradient arena at pre-backward (compute)
-  wait,             // the root's end of backward waits for the pending reduce-scatters
-                    // (only with is_last_backward)
-};
-const char* op_kind_name(OpKind k) noexcept;
-
-enum class Phase { forward, backward };
+/// The plan speaks the engine's vocabulary (fullshard/fsdp/engine.hpp): the same streams,
+/// operation kinds and phases as a recorded run.
+using StreamKind = fsdp::engine::StreamKind;
+using OpKind = fsdp::engine::OpKind;
+using Phase = fsdp::engine::Phase;
+using fsdp::engine::op_kind_name;
+using fsdp::engine::stream_name;
 
 struct Op {
   int id = 0;

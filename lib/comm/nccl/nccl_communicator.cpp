@@ -305,6 +305,17 @@ Work NcclCommunicator::launch(const char* op, std::size_t count, DType dtype, St
                            std::to_string(++seq_) + ", " + std::to_string(count) + " x " +
                            dtype_name(dtype) + ")";
   if (!state_) throw InvalidArgument(what + ": the communicator was moved from");
+  {  // traffic counted as MpiCommunicator counts it
+    const std::uint64_t bytes = count * dtype_size(dtype);
+    const std::string o(op);
+    const int slot = o == "all_gather"                   ? 0
+                     : o.rfind("reduce_scatter", 0) == 0 ? 1
+                     : o == "all_reduce"                 ? 2
+                     : o == "broadcast"                  ? 3
+                                                         : -1;
+    const std::uint64_t mult = slot <= 1 ? static_cast<std::uint64_t>(size_) : 1;
+    if (slot >= 0) (*traffic_)[static_cast<std::size_t>(slot)].fetch_add(bytes * mult);
+  }
   if (!stream.is_device())
     throw InvalidArgument(what + ": stream '" + stream.name() + "' is a " +
                           stream_kind_name(stream.kind()) +
@@ -537,9 +548,18 @@ std::unique_ptr<Communicator> NcclCommunicator::dup(const std::string& name) con
   return split_impl(0, rank_, name);
 }
 
-std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key,
-                                                          const std::string& name) const {
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key,
+                                                      const std::string& name) const {
   return split_impl(color, key, name);
+}
+
+Traffic NcclCommunicator::traffic() const noexcept {
+  Traffic t;
+  t.all_gather = (*traffic_)[0].load();
+  t.reduce_scatter = (*traffic_)[1].load();
+  t.all_reduce = (*traffic_)[2].load();
+  t.broadcast = (*traffic_)[3].load();
+  return t;
 }
 
 // ---- NcclGroup --------------------------------------------------------------------------------

@@ -3,10 +3,10 @@
 
 #include <string>
 
-namespace fullshard::comm {
+namespace fullshard {
 
 /// "2.27.3" for the NCCL library found at run time, or "" when fullshard was built without
 /// NCCL. Needs no GPU.
 std::string nccl_version();
 
-}  // namespace fullshard::comm
+}  // namespace fullshard

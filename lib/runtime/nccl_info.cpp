@@ -1,8 +1,8 @@
-#include "fullshard/comm/nccl_info.hpp"
+#include "fullshard/runtime/nccl_info.hpp"
 
 #include <nccl.h>
 
-namespace fullshard::comm {
+namespace fullshard {
 
 std::string nccl_version() {
   int v = 0;
@@ -12,4 +12,4 @@ std::string nccl_version() {
          std::to_string(v % 100);
 }
 
-}  // namespace fullshard::comm
+}  // namespace fullshard

@@ -1,0 +1,295 @@
+// The FSDP engine: the one state machine behind fully_shard (running) and Scheduler::plan
+// (planning). It decides, group by group, when to all-gather, copy out, reshard, prepare and
+// reduce gradients, prefetch and wait, exactly as FSDP2 does; every side effect goes through
+// a Backend:
+//   - the running backend (lib/fsdp) owns the sharded storage, communicators, streams, the
+//     buffer pool and the copy kernels of the mesh's device, and calls the user's callbacks;
+//   - the planning backend (lib/schedule) costs each operation, simulates the streams and
+//     records the Plan.
+// The engine also numbers every operation and derives its dependencies from the events it
+// records and waits for, so a plan and a recorded run can be compared operation by operation.
+//
+// This header is for backends (and the planner); applications use fully_shard.hpp / hooks.hpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "fullshard/base/dtype.hpp"
+#include "fullshard/comm/stream.hpp"
+#include "fullshard/graph/module.hpp"
+#include "fullshard/tensor/tensor.hpp"
+
+namespace fullshard::fsdp::engine {
+
+/// The logical streams of one FSDP root (FSDP2's compute, all-gather, reduce-scatter and
+/// HSDP all-reduce streams).
+enum class StreamKind { compute, all_gather, reduce_scatter, all_reduce };
+constexpr int kNumStreams = 4;
+const char* stream_name(StreamKind s) noexcept;
+
+enum class OpKind {
+  all_gather,       // the all-gather collective (all_gather stream)
+  copy_in,          // all-gather cast copy-in (all_gather stream) / reduce-scatter chunk-cat
+                    // copy-in (reduce_scatter stream)
+  copy_out,         // all-gather copy-out into the unsharded arena (compute stream)
+  forward,          // a module's own forward work (compute)
+  backward,         // a module's own backward work (compute)
+  reduce_scatter,   // the reduce-scatter collective (reduce_scatter stream)
+  all_reduce,       // HSDP replicate all-reduce (all_reduce stream)
+  reduce_copy_out,  // divide/cast/accumulate into the sharded gradients, or HSDP's deferred
+                    // accumulation and its add-back (stream of the last collective)
+  reshard,          // frees unsharded parameters after forward / backward (compute, 0 ms)
+  grad_init,        // zeroes the unsharded gradient arena at pre-backward (compute)
+  wait,             // the host waits for pending reductions (compute)
+};
+const char* op_kind_name(OpKind k) noexcept;
+
+enum class Phase { forward, backward };
+
+/// What a pool buffer holds.
+enum class BufKind {
+  ag_buffer,
+  unsharded,
+  post_forward,
+  grads,
+  rs_input,
+  rs_output,
+  partial_reduce
+};
+const char* buf_kind_name(BufKind k) noexcept;
+
+/// A buffer from the backend's pool: its size, and (running backend) its memory.
+struct Buf {
+  BufKind kind = BufKind::ag_buffer;
+  std::size_t bytes = 0;
+  bool held = false;
+  Tensor tensor;    // running backend only
+  comm::Work used;  // running backend: the last operation reading or writing it
+};
+
+/// A point in a stream's order: the engine's number of the last operation before it (-1:
+/// none) and, on the running backend, the work to wait for.
+struct Event {
+  int op = -1;
+  comm::Work work;
+};
+
+/// One operation as the engine issues it: both backends see the same descriptions, so the
+/// plan and a recorded run agree by construction on everything but time.
+struct OpDesc {
+  int id = 0;
+  StreamKind stream = StreamKind::compute;
+  OpKind kind = OpKind::forward;
+  int group = -1;                         // Group::id, -1 for compute outside every group
+  const graph::Module* module = nullptr;  // the module the op belongs to
+  std::size_t bytes = 0;  // per rank for collectives (the shard), written bytes for copies
+  int k = 0;              // post-forward group size of a k-rank all-gather, else 0
+  int variant = 0;        // reduce_copy_out: 0 copy-out, 1 deferred accumulate, 2 add-back
+  Phase phase = Phase::forward;
+  std::vector<int> deps;  // ops that must finish first, besides the stream's previous op
+};
+
+/// Sizes and dtypes of one communication group (identical on every rank but `rank`).
+struct GroupInfo {
+  std::string name;                       // "layers.0", "<root>", "a+b"
+  const graph::Module* module = nullptr;  // its first module
+  int num_modules = 1;
+  int world = 1;                 // shard group size W
+  int rank = 0;                  // this rank's place in the shard group
+  int replicate = 1;             // HSDP replicate size
+  std::int64_t shard_numel = 0;  // gsn: the padded group shard (slot layout)
+  std::int64_t arena_numel = 0;  // the unsharded parameters
+  DType orig_dtype = DType::f32;
+  DType param_dtype = DType::f32;
+  DType reduce_dtype = DType::f32;
+
+  bool cast() const noexcept { return param_dtype != orig_dtype; }
+  std::size_t gather_bytes() const noexcept;     // the all-gather buffer (0: none needed)
+  std::size_t unsharded_bytes() const noexcept;  // arena_numel * param dtype
+};
+
+enum class ShardedState { sharded, sharded_post_forward, unsharded };
+
+class Root;
+
+/// The engine state of one communication group.
+class Group {
+ public:
+  GroupInfo info;
+  int id = 0;  // index among the groups of its backend (plan group index when planning)
+  Root* root = nullptr;
+
+  // Policies (FSDPModule setters / plan options).
+  int reshard_after_forward = 0;  // 0 automatic (resolved at attach), -1 true, k >= 1
+  bool reshard_after_backward = true;
+  bool reduce_grads = true;
+  bool all_reduce_grads = true;
+  bool unshard_in_backward = true;
+  double divide_factor = 0.0;  // 0: the data-parallel size
+  std::vector<Group*> forward_prefetch;
+  std::vector<Group*> backward_prefetch;
+  bool explicit_backward_prefetch = false;
+
+  // State.
+  ShardedState state = ShardedState::sharded;
+  bool gather_in_flight = false;
+  Event gather_done;
+  Buf gather, arena, post_forward, grads, partial;
+  bool has_sharded_grads = false;
+  int forward_calls = 0, forward_done = 0, backward_calls = 0, backward_done = 0;
+  std::vector<std::size_t> post_forward_indices;
+
+  bool post_forward_slicing() const noexcept {
+    return reshard_after_forward > 1 && reshard_after_forward < info.world;
+  }
+};
+
+class Backend;
+
+/// State shared by the groups under one FSDP root (FSDP2's FSDPState of the root): the
+/// backend, the post-forward order, the reductions in flight.
+class Root {
+ public:
+  explicit Root(Backend& backend, int pool = 0) : backend(&backend), pool(pool) {}
+  Backend* backend;
+  int pool;                    // the pool the groups' buffers count against
+  std::vector<Group*> groups;  // every group of the subtree, pre-order (root group first)
+  std::vector<Group*> post_forward_order;
+  bool in_backward = false;
+  int max_reduce_buffers = 1;
+  bool is_last_backward = true;
+  Event last_copy_out;  // FSDP2's all_gather_state: the next all-gather waits for it
+
+  struct Pending {
+    Group* group;
+    Event done;
+    Buf input, output;
+  };
+  std::deque<Pending> pending;
+};
+
+/// Every side effect of the engine. The engine calls begin() for each operation, then the
+/// operation's method; backends execute (running) or cost and record (planning) it.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // ---- order (the engine's bookkeeping; both backends share it) ----
+  /// Numbers an operation on its stream and attaches the dependencies waited for.
+  void begin(OpDesc& d);
+  /// The event after the last operation issued on `s`.
+  Event record(StreamKind s);
+  /// Operations issued on `waiter` from now on run after `e` (stream_wait orders the
+  /// backend's real streams).
+  void wait(StreamKind waiter, const Event& e);
+  int ops_issued() const noexcept { return next_op_; }
+  /// The phase of the operations being issued, and the end of forward's compute (backward
+  /// all-gathers start after it).
+  Phase phase = Phase::forward;
+  Event forward_end;
+
+  // ---- memory ----
+  virtual Buf acquire(const Group& g, BufKind kind, std::int64_t numel, DType dtype) = 0;
+  /// Returns a buffer to the pool (the engine holds it no longer).
+  virtual void release(const Group& g, Buf& b) = 0;
+
+  // ---- operations (each returns its completion) ----
+  /// dst (this rank's slot when W > 1) <- cast(sharded storage).
+  virtual Event gather_copy_in(const OpDesc& d, Group& g, Buf& dst) = 0;
+  /// dst <- all-gather of the shards (from the sharded storage, or in place when the copy-in
+  /// filled this rank's slot), or of the post-forward slices over the k-rank group.
+  virtual Event all_gather(const OpDesc& d, Group& g, Buf& dst, bool in_place, Buf* slices) = 0;
+  /// arena <- unpack `src` (nullptr: the sharded storage itself, W == 1 without a cast);
+  /// with `keep`, also keep this rank's k-group slice of `src` for the backward all-gather.
+  virtual Event gather_copy_out(const OpDesc& d, Group& g, const Buf* src, Buf& arena,
+                                Buf* keep) = 0;
+  virtual Event grad_init(const OpDesc& d, Group& g, Buf& grads) = 0;
+  virtual Event reduce_copy_in(const OpDesc& d, Group& g, Buf& grads, Buf& input) = 0;
+  virtual Event reduce_scatter(const OpDesc& d, Group& g, Buf& input, Buf& output) = 0;
+  virtual Event all_reduce(const OpDesc& d, Group& g, Buf& data) = 0;
+  /// dst = (accumulate ? dst : 0) + src (HSDP's deferred accumulation and its add-back).
+  virtual Event accumulate(const OpDesc& d, Group& g, Buf& src, Buf& dst, bool accumulate) = 0;
+  /// sharded grads = (accumulate ? grads : 0) + cast(src / divisor).
+  virtual Event reduce_copy_out(const OpDesc& d, Group& g, const Buf& src, double divisor,
+                                bool accumulate) = 0;
+  virtual Event reshard(const OpDesc& d, Group& g) = 0;
+  virtual Event compute(const OpDesc& d, graph::Module& m, Phase phase) = 0;
+  /// The host waits for `done` (errors re-thrown after all were waited for).
+  virtual void host_wait(const OpDesc& d, const std::vector<Event>& done) = 0;
+  /// The host waits for one event (a group's all-gather before its copy-out, with the
+  /// running backend's error handling); no operation of its own.
+  virtual void host_wait(const Event& e) = 0;
+  /// zero_grad: the sharded gradients go.
+  virtual void drop_sharded_grads(Group& g) = 0;
+
+  // ---- what the parameters show (running backend only) ----
+  /// data() the shards, grad() the sharded gradients (or none).
+  virtual void show_sharded(Group& g) = 0;
+  /// data() the unsharded parameters.
+  virtual void show_unsharded(Group& g) = 0;
+  /// grad() the unsharded gradients.
+  virtual void show_unsharded_grads(Group& g) = 0;
+  /// grad() the sharded gradients (or none).
+  virtual void show_sharded_grads(Group& g) = 0;
+
+ protected:
+  /// Orders a real stream after an event (device streams); host streams run in order.
+  virtual void stream_wait(StreamKind /*waiter*/, const Event& /*e*/) {}
+
+ private:
+  int next_op_ = 0;
+  int last_[kNumStreams] = {-1, -1, -1, -1};
+  std::vector<int> waits_[kNumStreams];
+};
+
+// ---- the state machine -------------------------------------------------------------------
+
+/// Attaches `groups` (pre-order, the root's group first) to `root` and resolves the automatic
+/// reshard_after_forward (false for the root group, true for the others).
+void attach(Root& root, const std::vector<Group*>& groups);
+
+void issue_unshard(Group& g, bool own = false);
+void wait_unshard(Group& g);
+void reshard(Group& g);
+void post_forward_reshard(Group& g);
+void prepare_gradients(Group& g);
+void reduce_gradients(Group& g);
+/// Waits for the oldest reductions until at most `keep` are in flight; first error re-thrown.
+void wait_reductions(Root& root, std::size_t keep);
+/// reset_iter_state: drops every unsharded buffer and the iteration's bookkeeping.
+void discard_iteration(Root& root);
+/// zero_grad of one group: its sharded gradients and unsharded buffers go.
+void zero_grad(Group& g);
+
+// Hooks of the module(s) of group `g` (called once per module; a list group acts on the
+// first pre-hook and the last post-hook).
+void pre_forward(Group& g);
+void post_forward(Group& g);
+void pre_backward(Group& g);
+void post_backward(Group& g);
+
+/// What the traversal needs of a graph: the engine group fully_shard formed at a module
+/// (nullptr: none), and the backend of compute outside every group.
+class GroupLookup {
+ public:
+  virtual ~GroupLookup() = default;
+  virtual Group* group_at(const graph::Module& m) const = 0;
+  /// nullptr: such compute runs the module's callback directly, outside the engine.
+  virtual Backend* default_backend() const = 0;
+};
+
+/// Starts the backward phase of `b` (the end of forward's compute is recorded); the first
+/// pre-backward does it when the driver did not.
+void begin_backward(Backend& b);
+
+/// fsdp::forward / fsdp::backward: hooks around each module's compute (Backend::compute of
+/// the backend of the group owning the module's parameters), children in order (reverse in
+/// backward).
+void forward(graph::Module& m, const GroupLookup& lookup, Group* owner = nullptr);
+void backward(graph::Module& m, const GroupLookup& lookup, Group* owner = nullptr);
+
+}  // namespace fullshard::fsdp::engine

@@ -1,0 +1,628 @@
+// The FSDP state machine (FSDP2's FSDPParamGroup and its hooks), written once for every
+// backend. Buffers are acquired and released at fixed points, so the planning backend's pool
+// accounting is the running backend's, byte for byte.
+#include "fullshard/fsdp/engine.hpp"
+
+#include <algorithm>
+#include <exception>
+
+#include "fullshard/base/error.hpp"
+
+namespace fullshard::fsdp::engine {
+
+const char* stream_name(StreamKind s) noexcept {
+  switch (s) {
+    case StreamKind::compute:
+      return "compute";
+    case StreamKind::all_gather:
+      return "all_gather";
+    case StreamKind::reduce_scatter:
+      return "reduce_scatter";
+    case StreamKind::all_reduce:
+      return "all_reduce";
+  }
+  return "?";
+}
+
+const char* op_kind_name(OpKind k) noexcept {
+  switch (k) {
+    case OpKind::all_gather:
+      return "all_gather";
+    case OpKind::copy_in:
+      return "copy_in";
+    case OpKind::copy_out:
+      return "copy_out";
+    case OpKind::forward:
+      return "forward";
+    case OpKind::backward:
+      return "backward";
+    case OpKind::reduce_scatter:
+      return "reduce_scatter";
+    case OpKind::all_reduce:
+      return "all_reduce";
+    case OpKind::reduce_copy_out:
+      return "reduce_copy_out";
+    case OpKind::reshard:
+      return "reshard";
+    case OpKind::grad_init:
+      return "grad_init";
+    case OpKind::wait:
+      return "wait";
+  }
+  return "?";
+}
+
+const char* buf_kind_name(BufKind k) noexcept {
+  switch (k) {
+    case BufKind::ag_buffer:
+      return "ag_buffer";
+    case BufKind::unsharded:
+      return "unsharded";
+    case BufKind::post_forward:
+      return "post_forward";
+    case BufKind::grads:
+      return "grads";
+    case BufKind::rs_input:
+      return "rs_input";
+    case BufKind::rs_output:
+      return "rs_output";
+    case BufKind::partial_reduce:
+      return "partial_reduce";
+  }
+  return "?";
+}
+
+std::size_t GroupInfo::gather_bytes() const noexcept {
+  const auto gsn = static_cast<std::size_t>(shard_numel);
+  if (world == 1) return cast() ? gsn * dtype_size(param_dtype) : 0;
+  return static_cast<std::size_t>(world) * gsn * dtype_size(param_dtype);
+}
+
+std::size_t GroupInfo::unsharded_bytes() const noexcept {
+  return static_cast<std::size_t>(arena_numel) * dtype_size(param_dtype);
+}
+
+// ---- Backend bookkeeping ------------------------------------------------------------------
+
+void Backend::begin(OpDesc& d) {
+  d.id = next_op_++;
+  d.phase = phase;
+  auto& w = waits_[static_cast<int>(d.stream)];
+  d.deps.clear();
+  for (int op : w)
+    if (op >= 0) d.deps.push_back(op);
+  w.clear();
+  std::sort(d.deps.begin(), d.deps.end());
+  d.deps.erase(std::unique(d.deps.begin(), d.deps.end()), d.deps.end());
+  last_[static_cast<int>(d.stream)] = d.id;
+}
+
+Event Backend::record(StreamKind s) {
+  Event e;
+  e.op = last_[static_cast<int>(s)];
+  return e;
+}
+
+void Backend::wait(StreamKind waiter, const Event& e) {
+  if (e.op >= 0) waits_[static_cast<int>(waiter)].push_back(e.op);
+  stream_wait(waiter, e);
+}
+
+// ---- groups ------------------------------------------------------------------------------
+
+namespace {
+
+OpDesc op(StreamKind s, OpKind k, const Group& g, std::size_t bytes) {
+  OpDesc d;
+  d.stream = s;
+  d.kind = k;
+  d.group = g.id;
+  d.module = g.info.module;
+  d.bytes = bytes;
+  return d;
+}
+
+Backend& be(const Group& g) {
+  return *g.root->backend;
+}
+
+void release(Group& g, Buf& b) {
+  if (b.held) be(g).release(g, b);
+  b = Buf();
+}
+
+std::size_t shard_bytes_param(const Group& g) {
+  return static_cast<std::size_t>(g.info.shard_numel) * dtype_size(g.info.param_dtype);
+}
+
+std::size_t slice_numel(const Group& g) {
+  return static_cast<std::size_t>(g.info.world / g.reshard_after_forward) *
+         static_cast<std::size_t>(g.info.shard_numel);
+}
+
+}  // namespace
+
+void attach(Root& root, const std::vector<Group*>& groups) {
+  for (Group* g : groups) {
+    g->root = &root;
+    if (g->reshard_after_forward == 0) g->reshard_after_forward = g == groups.front() ? 1 : -1;
+    root.groups.push_back(g);
+  }
+}
+
+void issue_unshard(Group& g, bool own) {
+  if (g.state == ShardedState::unsharded || g.gather_in_flight) return;
+  if (!g.root) throw InvalidArgument("group " + g.info.name + ": not initialised (internal)");
+  Backend& b = be(g);
+  Root& r = *g.root;
+  const GroupInfo& I = g.info;
+  const std::size_t shard = shard_bytes_param(g);
+  g.gather_in_flight = true;
+  if (I.world > 1 || I.cast()) {
+    // FSDP2's all_gather_state: an all-gather waits for the last copy-out. In backward a
+    // group's own all-gather is issued when autograd reaches it (after the compute before
+    // it); a prefetch only after forward's compute.
+    b.wait(StreamKind::all_gather, r.last_copy_out);
+    if (b.phase == Phase::backward)
+      b.wait(StreamKind::all_gather, own ? b.record(StreamKind::compute) : b.forward_end);
+  }
+  if (I.world == 1) {
+    if (I.cast()) {
+      OpDesc d = op(StreamKind::all_gather, OpKind::copy_in, g, shard);
+      b.begin(d);
+      g.gather = b.acquire(g, BufKind::ag_buffer, I.shard_numel, I.param_dtype);
+      g.gather_done = b.gather_copy_in(d, g, g.gather);
+      g.gather_done.op = d.id;
+    } else {
+      g.gather_done = Event();  // the copy-out reads the shards themselves
+    }
+    return;
+  }
+  const std::int64_t total = static_cast<std::int64_t>(I.world) * I.shard_numel;
+  if (g.state == ShardedState::sharded_post_forward) {
+    // Gather inside the k-rank group from the kept slices: (W/k)*gsn per rank.
+    OpDesc d = op(StreamKind::all_gather, OpKind::all_gather, g,
+                  slice_numel(g) * dtype_size(I.param_dtype));
+    d.k = g.reshard_after_forward;
+    b.begin(d);
+    g.gather = b.acquire(g, BufKind::ag_buffer, total, I.param_dtype);
+    g.gather_done = b.all_gather(d, g, g.gather, false, &g.post_forward);
+    g.gather_done.op = d.id;
+    return;
+  }
+  bool in_place = false;
+  if (I.cast()) {
+    OpDesc d = op(StreamKind::all_gather, OpKind::copy_in, g, shard);
+    b.begin(d);
+    g.gather = b.acquire(g, BufKind::ag_buffer, total, I.param_dtype);
+    b.gather_copy_in(d, g, g.gather);
+    in_place = true;
+  }
+  OpDesc d = op(StreamKind::all_gather, OpKind::all_gather, g, shard);
+  b.begin(d);
+  if (!in_place) g.gather = b.acquire(g, BufKind::ag_buffer, total, I.param_dtype);
+  g.gather_done = b.all_gather(d, g, g.gather, in_place, nullptr);
+  g.gather_done.op = d.id;
+}
+
+namespace {
+// Waits for the all-gather in flight; on error drops its buffer and rethrows.
+void await_gather(Group& g) {
+  try {
+    be(g).host_wait(g.gather_done);
+  } catch (...) {
+    release(g, g.gather);
+    g.gather_in_flight = false;
+    g.gather_done = Event();
+    throw;
+  }
+}
+}  // namespace
+
+void wait_unshard(Group& g) {
+  if (g.state == ShardedState::unsharded) return;
+  issue_unshard(g, true);
+  Backend& b = be(g);
+  await_gather(g);
+  const GroupInfo& I = g.info;
+  b.wait(StreamKind::compute, g.gather_done);
+  OpDesc d = op(StreamKind::compute, OpKind::copy_out, g, I.unsharded_bytes());
+  b.begin(d);
+  g.arena = b.acquire(g, BufKind::unsharded, I.arena_numel, I.param_dtype);
+  const bool keep =
+      !g.root->in_backward && g.post_forward_slicing() && g.state == ShardedState::sharded;
+  if (keep)
+    g.post_forward = b.acquire(g, BufKind::post_forward, static_cast<std::int64_t>(slice_numel(g)),
+                               I.param_dtype);
+  const Buf* src = g.gather.held ? &g.gather : nullptr;
+  b.gather_copy_out(d, g, src, g.arena, keep ? &g.post_forward : nullptr);
+  release(g, g.gather);
+  g.gather_in_flight = false;
+  g.gather_done = Event();
+  g.state = ShardedState::unsharded;
+  g.root->last_copy_out = b.record(StreamKind::compute);
+  b.show_unsharded(g);
+}
+
+void reshard(Group& g) {
+  Backend& b = be(g);
+  if (g.gather_in_flight) b.wait(StreamKind::compute, g.gather_done);
+  OpDesc d = op(StreamKind::compute, OpKind::reshard, g, 0);
+  b.begin(d);
+  if (g.gather_in_flight) {
+    try {
+      await_gather(g);
+    } catch (...) {
+      g.state = ShardedState::sharded;
+      throw;
+    }
+    release(g, g.gather);
+    g.gather_in_flight = false;
+    g.gather_done = Event();
+  }
+  b.reshard(d, g);
+  g.state = ShardedState::sharded;
+  b.show_sharded(g);
+  release(g, g.post_forward);
+  release(g, g.arena);
+}
+
+void post_forward_reshard(Group& g) {
+  const int k = g.reshard_after_forward;
+  if (k == 1) return;  // keep the unsharded parameters for backward
+  if (g.post_forward_slicing() && g.post_forward.held) {
+    Backend& b = be(g);
+    OpDesc d = op(StreamKind::compute, OpKind::reshard, g, 0);
+    d.k = k;
+    b.begin(d);
+    b.reshard(d, g);
+    g.state = ShardedState::sharded_post_forward;
+    b.show_sharded(g);
+    release(g, g.arena);
+    return;
+  }
+  reshard(g);
+}
+
+void prepare_gradients(Group& g) {
+  if (!g.grads.held) {
+    Backend& b = be(g);
+    OpDesc d = op(StreamKind::compute, OpKind::grad_init, g, g.info.unsharded_bytes());
+    b.begin(d);
+    g.grads = b.acquire(g, BufKind::grads, g.info.arena_numel, g.info.param_dtype);
+    b.grad_init(d, g, g.grads);
+  }
+  be(g).show_unsharded_grads(g);
+}
+
+void wait_reductions(Root& r, std::size_t keep) {
+  std::exception_ptr first;
+  while (r.pending.size() > keep) {
+    Root::Pending p = std::move(r.pending.front());
+    r.pending.pop_front();
+    try {
+      r.backend->host_wait(p.done);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+    release(*p.group, p.output);
+    release(*p.group, p.input);
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+namespace {
+
+// The oldest reductions beyond `keep` leave the queue; the host waits for them as part of
+// the operation `d` (their buffers go back to the pool at it).
+std::vector<Root::Pending> take_pending(Root& r, std::size_t keep) {
+  std::vector<Root::Pending> out;
+  while (r.pending.size() > keep) {
+    out.push_back(std::move(r.pending.front()));
+    r.pending.pop_front();
+  }
+  return out;
+}
+
+void finish_pending(Root& r, std::vector<Root::Pending>& done) {
+  std::exception_ptr first;
+  for (auto& p : done) {
+    try {
+      r.backend->host_wait(p.done);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  for (auto& p : done) {
+    release(*p.group, p.output);
+    release(*p.group, p.input);
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+// Copy-in: chunk every gradient along its shard dim into the rank-major input, after the
+// backward compute and at most max_reduce_buffers - 1 older reductions.
+Buf reduce_copy_in(Group& g) {
+  Backend& b = be(g);
+  Root& r = *g.root;
+  const auto keep = static_cast<std::size_t>(std::max(r.max_reduce_buffers, 1) - 1);
+  std::vector<Root::Pending> waited = take_pending(r, keep);
+  b.wait(StreamKind::reduce_scatter, b.record(StreamKind::compute));
+  for (const auto& p : waited)
+    b.wait(StreamKind::reduce_scatter, p.done);
+  const GroupInfo& I = g.info;
+  const std::int64_t n = static_cast<std::int64_t>(I.world) * I.shard_numel;
+  OpDesc d = op(StreamKind::reduce_scatter, OpKind::copy_in, g,
+                static_cast<std::size_t>(n) * dtype_size(I.reduce_dtype));
+  b.begin(d);
+  finish_pending(r, waited);
+  Buf input = b.acquire(g, BufKind::rs_input, n, I.reduce_dtype);
+  b.reduce_copy_in(d, g, g.grads, input);
+  // The parameters' grad() no longer views the unsharded gradients: they go back.
+  b.show_sharded_grads(g);
+  release(g, g.grads);
+  return input;
+}
+
+// Reduce-scatter over the shard group (one rank: the input is the reduced shard).
+Event reduce_scatter(Group& g, Buf& input, Buf& output) {
+  Backend& b = be(g);
+  if (g.info.world == 1) return b.record(StreamKind::reduce_scatter);
+  OpDesc d = op(StreamKind::reduce_scatter, OpKind::reduce_scatter, g,
+                static_cast<std::size_t>(g.info.shard_numel) * dtype_size(g.info.reduce_dtype));
+  b.begin(d);
+  output = b.acquire(g, BufKind::rs_output, g.info.shard_numel, g.info.reduce_dtype);
+  Event e = b.reduce_scatter(d, g, input, output);
+  e.op = d.id;
+  return e;
+}
+
+std::size_t reduced_bytes(const Group& g) {
+  return static_cast<std::size_t>(g.info.shard_numel) * dtype_size(g.info.reduce_dtype);
+}
+
+}  // namespace
+
+void reduce_gradients(Group& g) {
+  if (!g.grads.held) return;    // this group's backward did not run
+  if (!g.reduce_grads) return;  // no_sync: the unsharded gradients keep accumulating
+  Backend& b = be(g);
+  Root& r = *g.root;
+  const GroupInfo& I = g.info;
+  Buf input = reduce_copy_in(g);
+  Buf output;
+  Event last = reduce_scatter(g, input, output);
+  Buf& reduced = output.held ? output : input;
+  StreamKind last_stream = StreamKind::reduce_scatter;
+  if (I.replicate > 1) {
+    if (!g.all_reduce_grads) {
+      // Defer the replicate all-reduce: accumulate the reduce-scattered shard.
+      OpDesc d = op(StreamKind::reduce_scatter, OpKind::reduce_copy_out, g, reduced_bytes(g));
+      d.variant = 1;
+      b.begin(d);
+      const bool first = !g.partial.held;
+      if (first) g.partial = b.acquire(g, BufKind::partial_reduce, I.shard_numel, I.reduce_dtype);
+      Event e = b.accumulate(d, g, reduced, g.partial, !first);
+      e.op = d.id;
+      r.pending.push_back({&g, e, std::move(input), std::move(output)});
+      return;  // the sharded gradients change only with the all-reduce
+    }
+    if (g.partial.held) {
+      OpDesc d = op(StreamKind::reduce_scatter, OpKind::reduce_copy_out, g, reduced_bytes(g));
+      d.variant = 2;
+      b.begin(d);
+      b.accumulate(d, g, g.partial, reduced, true);
+      release(g, g.partial);
+    }
+    b.wait(StreamKind::all_reduce, b.record(StreamKind::reduce_scatter));
+    OpDesc d = op(StreamKind::all_reduce, OpKind::all_reduce, g, reduced_bytes(g));
+    b.begin(d);
+    last = b.all_reduce(d, g, reduced);
+    last.op = d.id;
+    last_stream = StreamKind::all_reduce;
+  }
+  // Copy-out: divide, cast, accumulate into the sharded gradients, after the collectives.
+  const double divisor =
+      g.divide_factor > 0 ? g.divide_factor : static_cast<double>(I.world) * I.replicate;
+  OpDesc d = op(last_stream, OpKind::reduce_copy_out, g,
+                static_cast<std::size_t>(I.shard_numel) * dtype_size(I.orig_dtype));
+  b.begin(d);
+  const bool accumulate = g.has_sharded_grads;
+  Event e = b.reduce_copy_out(d, g, reduced, divisor, accumulate);
+  e.op = d.id;
+  g.has_sharded_grads = true;
+  b.show_sharded_grads(g);
+  r.pending.push_back({&g, e, std::move(input), std::move(output)});
+}
+
+void discard_iteration(Root& r) {
+  try {
+    wait_reductions(r, 0);
+  } catch (...) {  // the failed iteration's reductions are discarded
+  }
+  r.post_forward_order.clear();
+  r.in_backward = false;
+  r.backend->phase = Phase::forward;
+  for (Group* g : r.groups) {
+    if (g->gather_in_flight) {
+      try {
+        r.backend->host_wait(g->gather_done);
+      } catch (...) {  // discarded with the iteration
+      }
+    }
+    g->gather_in_flight = false;
+    g->gather_done = Event();
+    g->state = ShardedState::sharded;
+    r.backend->show_sharded(*g);
+    release(*g, g->gather);
+    release(*g, g->arena);
+    release(*g, g->grads);
+    release(*g, g->post_forward);
+    release(*g, g->partial);
+    g->forward_calls = g->forward_done = g->backward_calls = g->backward_done = 0;
+    g->post_forward_indices.clear();
+  }
+}
+
+void zero_grad(Group& g) {
+  g.has_sharded_grads = false;
+  if (!g.root) return;
+  Backend& b = be(g);
+  b.drop_sharded_grads(g);
+  b.show_sharded_grads(g);
+  release(g, g.grads);
+  release(g, g.partial);
+}
+
+// ---- hooks -------------------------------------------------------------------------------
+
+namespace {
+
+void clear_iteration(Root& r) {
+  r.post_forward_order.clear();
+  r.in_backward = false;
+  for (Group* g : r.groups) {
+    g->forward_calls = g->forward_done = g->backward_calls = g->backward_done = 0;
+    g->post_forward_indices.clear();
+  }
+}
+
+bool is_root_group(const Group& g) {
+  return !g.root->groups.empty() && g.root->groups.front() == &g;
+}
+
+}  // namespace
+
+void pre_forward(Group& g) {
+  Root& r = *g.root;
+  if (!r.in_backward && r.backend->phase == Phase::backward) r.backend->phase = Phase::forward;
+  if (r.in_backward) {  // recomputation inside backward: only make sure it is unsharded
+    wait_unshard(g);
+    return;
+  }
+  if (is_root_group(g) && g.forward_calls == 0) clear_iteration(r);
+  if (g.forward_calls++ == 0) wait_unshard(g);
+  for (Group* t : g.forward_prefetch)
+    issue_unshard(*t);
+}
+
+void post_forward(Group& g) {
+  Root& r = *g.root;
+  if (r.in_backward) return;
+  if (++g.forward_done < g.info.num_modules) return;  // a list: wait for the last module
+  g.post_forward_indices.push_back(r.post_forward_order.size());
+  r.post_forward_order.push_back(&g);
+  g.forward_calls = g.forward_done = 0;
+  post_forward_reshard(g);
+}
+
+void pre_backward(Group& g) {
+  Root& r = *g.root;
+  Backend& b = *r.backend;
+  r.in_backward = true;
+  begin_backward(b);
+  if (g.backward_calls++ > 0) return;
+  if (g.unshard_in_backward) wait_unshard(g);
+  prepare_gradients(g);
+  if (g.explicit_backward_prefetch) {
+    for (Group* t : g.backward_prefetch)
+      if (t->unshard_in_backward) issue_unshard(*t);
+  } else if (!g.post_forward_indices.empty()) {
+    // Reverse post-forward order: prefetch the group that ran forward just before this one.
+    const std::size_t i = g.post_forward_indices.back();
+    g.post_forward_indices.pop_back();
+    if (i > 0) {
+      Group* next = r.post_forward_order[i - 1];
+      if (next->unshard_in_backward) issue_unshard(*next);
+    }
+  }
+}
+
+void post_backward(Group& g) {
+  Root& r = *g.root;
+  Backend& b = *r.backend;
+  if (++g.backward_done >= g.info.num_modules) {
+    g.backward_calls = g.backward_done = 0;
+    reduce_gradients(g);
+    if (g.reshard_after_backward) reshard(g);
+  }
+  if (!is_root_group(g)) return;
+  // End of the iteration's backward. Groups prefetched but never used in backward: finish
+  // their gather and reshard.
+  for (Group* other : r.groups)
+    if (other != &g && ((other->reshard_after_backward && other->state != ShardedState::sharded) ||
+                        other->gather_in_flight))
+      reshard(*other);
+  if (r.is_last_backward) {  // wait for every reduction
+    std::vector<Root::Pending> done = take_pending(r, 0);
+    std::vector<Event> events;
+    for (const auto& p : done) {
+      events.push_back(p.done);
+      b.wait(StreamKind::compute, p.done);
+    }
+    OpDesc d = op(StreamKind::compute, OpKind::wait, g, 0);
+    b.begin(d);
+    b.host_wait(d, events);
+    for (auto& p : done) {
+      release(*p.group, p.output);
+      release(*p.group, p.input);
+    }
+  }  // else the pending reductions keep their buffers (a later cap or root waits)
+  clear_iteration(r);
+}
+
+// ---- traversal ---------------------------------------------------------------------------
+
+void begin_backward(Backend& b) {
+  if (b.phase == Phase::backward) return;
+  b.phase = Phase::backward;
+  b.forward_end = b.record(StreamKind::compute);
+}
+
+namespace {
+
+void compute(graph::Module& m, const GroupLookup& lookup, Group* owner, Phase ph) {
+  const bool callback =
+      ph == Phase::forward ? bool(m.forward_callback()) : bool(m.backward_callback());
+  if (!m.cost().declared && !callback) return;
+  Backend* b = owner ? owner->root->backend : lookup.default_backend();
+  if (!b) {  // outside every FSDP root: nothing to order it with
+    if (callback) (ph == Phase::forward ? m.forward_callback() : m.backward_callback())(m);
+    return;
+  }
+  OpDesc d;
+  d.stream = StreamKind::compute;
+  d.kind = ph == Phase::forward ? OpKind::forward : OpKind::backward;
+  d.group = owner ? owner->id : -1;
+  d.module = &m;
+  b->begin(d);
+  b->compute(d, m, ph);
+}
+
+}  // namespace
+
+void forward(graph::Module& m, const GroupLookup& lookup, Group* owner) {
+  Group* g = lookup.group_at(m);
+  if (g) {
+    owner = g;
+    pre_forward(*g);
+  }
+  compute(m, lookup, owner, Phase::forward);
+  for (std::size_t i = 0; i < m.num_children(); ++i)
+    forward(m.child(i), lookup, owner);
+  if (g) post_forward(*g);
+}
+
+void backward(graph::Module& m, const GroupLookup& lookup, Group* owner) {
+  Group* g = lookup.group_at(m);
+  if (g) {
+    owner = g;
+    pre_backward(*g);
+  }
+  for (std::size_t i = m.num_children(); i-- > 0;)
+    backward(m.child(i), lookup, owner);
+  compute(m, lookup, owner, Phase::backward);
+  if (g) post_backward(*g);
+}
+
+}  // namespace fullshard::fsdp::engine

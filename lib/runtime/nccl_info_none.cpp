@@ -1,0 +1,9 @@
+#include "fullshard/runtime/nccl_info.hpp"
+
+namespace fullshard {
+
+std::string nccl_version() {
+  return {};
+}
+
+}  // namespace fullshard
