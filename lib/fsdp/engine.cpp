@@ -88,12 +88,26 @@ void Backend::begin(OpDesc& d) {
   d.id = next_op_++;
   d.phase = phase;
   auto& w = waits_[static_cast<int>(d.stream)];
+  // Sorted and unique; usually one or two entries (no allocation up to 16).
   d.deps.clear();
-  for (int op : w)
-    if (op >= 0) d.deps.push_back(op);
+  if (w.size() <= 16) {
+    int v[16];
+    std::size_t n = 0;
+    for (int op : w)
+      if (op >= 0) v[n++] = op;
+    std::sort(v, v + n);
+    for (std::size_t i = 0; i < n; ++i)
+      if (i == 0 || v[i] != v[i - 1]) d.deps.push_back(v[i]);
+  } else {
+    std::vector<int> v;
+    for (int op : w)
+      if (op >= 0) v.push_back(op);
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    for (int op : v)
+      d.deps.push_back(op);
+  }
   w.clear();
-  std::sort(d.deps.begin(), d.deps.end());
-  d.deps.erase(std::unique(d.deps.begin(), d.deps.end()), d.deps.end());
   last_[static_cast<int>(d.stream)] = d.id;
 }
 

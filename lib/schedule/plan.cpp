@@ -7,6 +7,45 @@
 
 namespace fullshard::schedule {
 
+std::string Plan::label(const Op& op) const {
+  const std::string g =
+      op.group >= 0 ? groups[static_cast<std::size_t>(op.group)].name : std::string();
+  const std::string k = op.k ? "/" + std::to_string(op.k) : std::string();
+  switch (op.kind) {
+    case OpKind::all_gather:
+      return "AG(" + g + ")" + k;
+    case OpKind::copy_in:
+      return (op.stream == StreamKind::all_gather ? "AG.copy_in(" : "RS.copy_in(") + g + ")";
+    case OpKind::copy_out:
+      return "AG.copy_out(" + g + ")";
+    case OpKind::forward:
+      return "fwd(" + std::string(op.module) + ")";
+    case OpKind::backward:
+      return "bwd(" + std::string(op.module) + ")";
+    case OpKind::reduce_scatter:
+      return "RS(" + g + ")";
+    case OpKind::all_reduce:
+      return "AR(" + g + ")";
+    case OpKind::reduce_copy_out:
+      return std::string(op.variant == 1   ? "accumulate("
+                         : op.variant == 2 ? "add_partial("
+                                           : "RS.copy_out(") +
+             g + ")";
+    case OpKind::reshard:
+      return "reshard(" + g + ")" + k;
+    case OpKind::grad_init:
+      return "grad_init(" + g + ")";
+    case OpKind::wait:
+      return "wait(" + g + ")";
+  }
+  return "?";
+}
+
+std::string Plan::buffer_name(const BufferEvent& e) const {
+  return std::string(fsdp::engine::buf_kind_name(e.kind)) + "[" +
+         groups[static_cast<std::size_t>(e.group)].name + "]";
+}
+
 namespace {
 
 constexpr StreamKind kStreams[] = {StreamKind::compute, StreamKind::all_gather,
@@ -124,7 +163,7 @@ std::string Plan::to_text() const {
         deps.push_back("#" + std::to_string(d));
       line("    " + rpad("#" + std::to_string(op->id), 5) + " " +
            rpad(fmt("%.3f", op->start_ms), 9) + " .. " + rpad(fmt("%.3f", op->end_ms), 9) + "  " +
-           pad(op_kind_name(op->kind), 15) + " " + pad(op->label, 28) + " " +
+           pad(op_kind_name(op->kind), 15) + " " + pad(label(*op), 28) + " " +
            rpad(std::to_string(op->bytes), 10) + " B" +
            (deps.empty() ? std::string() : "  after " + join(deps, " ")));
     }
@@ -133,8 +172,9 @@ std::string Plan::to_text() const {
   line("buffers (pool bytes in use after each event):");
   for (const BufferEvent& e : events)
     line("    " + rpad("#" + std::to_string(e.op), 5) + " " +
-         pad(e.action == BufferAction::alloc ? "alloc" : "free", 5) + " " + pad(e.buffer, 28) +
-         " " + rpad(std::to_string(e.bytes), 10) + " B  in use " + std::to_string(e.in_use) + " B");
+         pad(e.action == BufferAction::alloc ? "alloc" : "free", 5) + " " +
+         pad(buffer_name(e), 28) + " " + rpad(std::to_string(e.bytes), 10) + " B  in use " +
+         std::to_string(e.in_use) + " B");
 
   line("step time: " + fmt("%.3f", step_ms) + " ms");
   line("peak memory per rank: pool=" + std::to_string(peak_bytes) + " B (forward=" +
@@ -177,10 +217,10 @@ nlohmann::json Plan::to_chrome_trace() const {
                  {"kind", op_kind_name(op.kind)},
                  {"bytes", op.bytes},
                  {"group", op.group >= 0 ? groups[static_cast<std::size_t>(op.group)].name : ""},
-                 {"module", op.module},
+                 {"module", std::string(op.module)},
                  {"phase", op.phase == Phase::forward ? "forward" : "backward"},
-                 {"deps", op.deps}};
-    ev.push_back({{"name", op.label},
+                 {"deps", op.deps.to_vector()}};
+    ev.push_back({{"name", label(op)},
                   {"cat", op_kind_name(op.kind)},
                   {"ph", "X"},
                   {"pid", 0},

@@ -16,46 +16,16 @@ namespace {
 
 namespace engine = fsdp::engine;
 
-std::string display(const graph::Module& m) {
-  return m.fqn().empty() ? "<root>" : m.fqn();
-}
+constexpr std::string_view kRoot = "<root>";
 
-std::string label_of(const engine::OpDesc& d, const std::string& group) {
-  switch (d.kind) {
-    case OpKind::all_gather:
-      return "AG(" + group + ")" + (d.k ? "/" + std::to_string(d.k) : std::string());
-    case OpKind::copy_in:
-      return (d.stream == StreamKind::all_gather ? "AG.copy_in(" : "RS.copy_in(") + group + ")";
-    case OpKind::copy_out:
-      return "AG.copy_out(" + group + ")";
-    case OpKind::forward:
-      return "fwd(" + display(*d.module) + ")";
-    case OpKind::backward:
-      return "bwd(" + display(*d.module) + ")";
-    case OpKind::reduce_scatter:
-      return "RS(" + group + ")";
-    case OpKind::all_reduce:
-      return "AR(" + group + ")";
-    case OpKind::reduce_copy_out:
-      return (d.variant == 1   ? "accumulate("
-              : d.variant == 2 ? "add_partial("
-                               : "RS.copy_out(") +
-             group + ")";
-    case OpKind::reshard:
-      return "reshard(" + group + ")" + (d.k ? "/" + std::to_string(d.k) : std::string());
-    case OpKind::grad_init:
-      return "grad_init(" + group + ")";
-    case OpKind::wait:
-      return "wait(" + group + ")";
-  }
-  return "?";
+std::string_view display(const graph::Module& m) {
+  return m.fqn().empty() ? kRoot : std::string_view(m.fqn());
 }
 
 // The planning backend: every operation becomes an Op of the plan with its cost.
 class PlanningBackend final : public engine::Backend {
  public:
-  PlanningBackend(Plan& plan, const CostModel& cost, std::vector<engine::Group>& groups)
-      : p_(plan), cost_(cost), groups_(groups) {
+  PlanningBackend(Plan& plan, const CostModel& cost) : p_(plan), cost_(cost) {
     pool_in_use_.assign(p_.pool_roots.size(), 0);
     p_.pool_peak_bytes.assign(p_.pool_roots.size(), 0);
   }
@@ -140,8 +110,8 @@ class PlanningBackend final : public engine::Backend {
     op.bytes = d.bytes;
     op.deps = d.deps;
     op.phase = d.phase;
-    op.label = label_of(
-        d, d.group >= 0 ? groups_[static_cast<std::size_t>(d.group)].info.name : std::string());
+    op.k = d.k;
+    op.variant = d.variant;
     p_.ops.push_back(std::move(op));
     durations.push_back(ms);
     return {};
@@ -161,7 +131,8 @@ class PlanningBackend final : public engine::Backend {
     }
     BufferEvent e;
     e.op = ops_issued() - 1;
-    e.buffer = std::string(engine::buf_kind_name(b.kind)) + "[" + g.info.name + "]";
+    e.kind = b.kind;
+    e.group = g.id;
     e.bytes = b.bytes;
     e.action = a;
     e.pool = g.root->pool;
@@ -171,7 +142,6 @@ class PlanningBackend final : public engine::Backend {
 
   Plan& p_;
   const CostModel& cost_;
-  std::vector<engine::Group>& groups_;
   std::vector<std::size_t> pool_in_use_;
 };
 
@@ -324,7 +294,7 @@ Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOption
   // The engine, on the planning backend: one root per root group (one pool each).
   std::vector<engine::Group> groups = engine_groups(p);
   const CostModel cost = *p.options.cost;
-  PlanningBackend backend(p, cost, groups);
+  PlanningBackend backend(p, cost);
   std::vector<engine::Root> roots;
   roots.reserve(p.pool_roots.size());
   std::unordered_map<int, std::size_t> root_of;  // root group -> its Root

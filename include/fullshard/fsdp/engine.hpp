@@ -12,9 +12,11 @@
 // This header is for backends (and the planner); applications use fully_shard.hpp / hooks.hpp.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -78,6 +80,45 @@ struct Event {
   comm::Work work;
 };
 
+/// The operations an operation waits for (sorted, unique): up to four inline, no allocation
+/// for the common case (planning a 100,000-module graph makes a million of them).
+class DepList {
+ public:
+  DepList() = default;
+  DepList(std::initializer_list<int> v) {
+    for (int x : v)
+      push_back(x);
+  }
+  void push_back(int x) {
+    if (n_ < kInline) {
+      inline_[n_++] = x;
+      return;
+    }
+    if (n_ == kInline) more_.assign(inline_, inline_ + kInline);
+    more_.push_back(x);
+    ++n_;
+  }
+  void clear() noexcept {
+    n_ = 0;
+    more_.clear();
+  }
+  std::size_t size() const noexcept { return n_; }
+  bool empty() const noexcept { return n_ == 0; }
+  const int* begin() const noexcept { return n_ > kInline ? more_.data() : inline_; }
+  const int* end() const noexcept { return begin() + n_; }
+  int operator[](std::size_t i) const noexcept { return begin()[i]; }
+  std::vector<int> to_vector() const { return {begin(), end()}; }
+  bool operator==(const std::vector<int>& v) const {
+    return v.size() == n_ && std::equal(v.begin(), v.end(), begin());
+  }
+
+ private:
+  static constexpr std::size_t kInline = 4;
+  int inline_[kInline] = {};
+  std::size_t n_ = 0;
+  std::vector<int> more_;
+};
+
 /// One operation as the engine issues it: both backends see the same descriptions, so the
 /// plan and a recorded run agree by construction on everything but time.
 struct OpDesc {
@@ -90,7 +131,7 @@ struct OpDesc {
   int k = 0;              // post-forward group size of a k-rank all-gather, else 0
   int variant = 0;        // reduce_copy_out: 0 copy-out, 1 deferred accumulate, 2 add-back
   Phase phase = Phase::forward;
-  std::vector<int> deps;  // ops that must finish first, besides the stream's previous op
+  DepList deps;  // ops that must finish first, besides the stream's previous op
 };
 
 /// Sizes and dtypes of one communication group (identical on every rank but `rank`).
@@ -243,7 +284,7 @@ class Backend {
  private:
   int next_op_ = 0;
   int last_[kNumStreams] = {-1, -1, -1, -1};
-  std::vector<int> waits_[kNumStreams];
+  DepList waits_[kNumStreams];
 };
 
 // ---- the state machine -------------------------------------------------------------------

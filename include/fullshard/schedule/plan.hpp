@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -85,17 +86,20 @@ struct Op {
   OpKind kind = OpKind::forward;
   /// Index into Plan::groups, or -1 (compute of a module outside every group).
   int group = -1;
-  /// FQN of the module the op belongs to, "<root>" for the root module.
-  std::string module;
+  /// FQN of the module the op belongs to, "<root>" for the root module (a view of the
+  /// graph's own string: keep the graph alive).
+  std::string_view module;
   /// Bytes: per rank for collectives (the shard), written bytes for copies.
   std::size_t bytes = 0;
   /// Ops that must finish before this one starts (besides the previous op of its stream).
-  std::vector<int> deps;
+  fsdp::engine::DepList deps;
   Phase phase = Phase::forward;
   double start_ms = 0.0;
   double end_ms = 0.0;
-  /// "AG(layers.0)", "fwd(layers.0)", "RS(<root>)", ...
-  std::string label;
+  /// All-gather and reshard of a reshard_after_forward=k group: k; else 0.
+  int k = 0;
+  /// reduce_copy_out: 0 the copy-out, 1 HSDP's deferred accumulation, 2 its add-back.
+  int variant = 0;
 };
 
 enum class BufferAction { alloc, free };
@@ -104,9 +108,9 @@ enum class BufferAction { alloc, free };
 struct BufferEvent {
   /// The op at which the engine does it (the op being issued or just issued).
   int op = 0;
-  /// "ag_buffer[m2]", "unsharded[m2]", "post_forward[m2]", "grads[m2]", "rs_input[m2]",
-  /// "rs_output[m2]", "partial_reduce[m2]".
-  std::string buffer;
+  fsdp::engine::BufKind kind = fsdp::engine::BufKind::ag_buffer;
+  /// Index into Plan::groups.
+  int group = 0;
   std::size_t bytes = 0;
   BufferAction action = BufferAction::alloc;
   /// Index of the root group whose pool it is (one pool per FSDP root).
@@ -151,6 +155,11 @@ class Plan {
   std::vector<const Op*> find(OpKind k, int group = -2) const;
   /// Index of the group named `name` (module FQN or "<root>"), or -1.
   int group_index(const std::string& name) const noexcept;
+  /// "AG(layers.0)", "AG(m2)/2", "fwd(layers.0)", "RS(<root>)", "accumulate(m2)", ...
+  std::string label(const Op& op) const;
+  /// "ag_buffer[m2]", "unsharded[m2]", "post_forward[m2]", "grads[m2]", "rs_input[m2]",
+  /// "rs_output[m2]", "partial_reduce[m2]".
+  std::string buffer_name(const BufferEvent& e) const;
 
   /// Groups, then the schedule per stream, the buffer events, step time and peak memory.
   std::string to_text() const;
