@@ -10,6 +10,7 @@ Checks, each reported on its own line:
               is a standard CMake variable or an option()/cache variable of the project
   variants    every declared variant is used by cmake_args() or by a when=/conflicts
               condition, so that no variant silently does nothing
+  self-reference  no depends_on("X", when="... ^X ...") (spack audit rejects it)
   repo.yaml   the Spack repository is API v1 with namespace "fullshard"
 
 Exits non-zero, naming the failed checks, if any check fails. Needs only the
@@ -201,6 +202,34 @@ def check_variants(root):
     return ", ".join(sorted(declared))
 
 
+DEP_NAME_RE = re.compile(r"^\s*([A-Za-z0-9][\w.-]*)")
+
+
+def check_self_reference(root):
+    """No depends_on("X...", when="... ^X ..."): spack audit rejects a dependency whose
+    condition constrains that same dependency (it is self-referential); such a condition
+    belongs in requires("^X...", when=...)."""
+    tree = parse_recipe(root)
+    problems, count = [], 0
+    for node in calls(tree, "depends_on"):
+        dep = string_value(node.args[0]) if node.args else None
+        match = DEP_NAME_RE.match(dep or "")
+        if match is None:
+            continue
+        count += 1
+        name = match.group(1)
+        for kw in node.keywords:
+            when = string_value(kw.value) if kw.arg == "when" else None
+            if when and re.search(r"\^\s*(\[[^\]]*\]\s*)?" + re.escape(name) + r"\b", when):
+                problems.append(
+                    f"line {node.lineno}: depends_on({dep!r}, when={when!r}) is self-referential"
+                    f" (spack audit fails); use requires('^{dep}', when=...)"
+                )
+    if problems:
+        raise Failure("\n".join(problems))
+    return f"{count} depends_on, none conditioned on its own dependency"
+
+
 def check_repo_yaml(root):
     path = root / REPO_YAML
     if not path.is_file():
@@ -229,6 +258,7 @@ CHECKS = [
     ("black", check_black),
     ("cmake-vars", check_cmake_vars),
     ("variants", check_variants),
+    ("self-reference", check_self_reference),
     ("repo.yaml", check_repo_yaml),
 ]
 

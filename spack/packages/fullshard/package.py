@@ -38,8 +38,10 @@ class Fullshard(CMakePackage, CudaPackage):
     # Kokkos accepts a single cuda_arch, so +cuda needs exactly one value.
     for arch in CudaPackage.cuda_arch_values:
         depends_on(f"kokkos+cuda cuda_arch={arch}", when=f"+cuda cuda_arch={arch}")
-    # Device lambdas are always on in Kokkos 5; the variant exists only @:4.
-    depends_on("kokkos+cuda_lambda", when="+cuda ^kokkos@:4")
+    # Device lambdas are always on in Kokkos 5; the variant exists only @:4. A condition on
+    # the dependency itself belongs in requires() (depends_on with "^kokkos" in its when=
+    # is self-referential, and spack audit rejects it); builtin arborx does the same.
+    requires("^kokkos+cuda_lambda", when="+cuda ^kokkos@:4")
 
     depends_on("nccl+cuda", when="+nccl")
     for arch in CudaPackage.cuda_arch_values:
