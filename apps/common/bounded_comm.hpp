@@ -3,8 +3,9 @@
 // wait, so a rank that stops, dies or was started with other options makes the others abort
 // after FULLSHARD_TIMEOUT with the common message,
 //
-//   fullshard[rank 1]: halo exchange (up) on communicator 'heat.sim' (rank 1/3, seq 57,
-//   with ranks 0 and 2) did not finish within FULLSHARD_TIMEOUT=10 s; ...
+//   fullshard[rank 1]: halo exchange (down) on communicator 'heat.sim' (rank 1/3, seq 868,
+//   to rank 2, from rank 0) did not finish within FULLSHARD_TIMEOUT=3 s; another rank is
+//   not taking part (stopped, stuck, failed, or started with other options). Aborting the job.
 //
 // instead of hanging. agree_on_options() compares the ranks' options before any other traffic.
 #pragma once

@@ -1,8 +1,9 @@
 // The 2-D heat equation u_t = alpha (u_xx + u_yy) + s on an nx x ny grid (boundary cells
 // included), explicit FTCS: u' = u + cfl * (5-point Laplacian of u) + dt * s, with
 // cfl = alpha dt / dx^2 <= 1/4 (stable). The rows are decomposed over the simulation ranks;
-// each step exchanges one ghost row with each neighbour (MPI_Sendrecv on a duplicate of the
-// simulation communicator). Kokkos kernels on the default execution space.
+// each step exchanges one ghost row with each neighbour (MPI_Irecv + MPI_Isend on a
+// duplicate of the simulation communicator, waited for under FULLSHARD_TIMEOUT). Kokkos
+// kernels on the default execution space.
 //
 // The forcing changes once per window of K steps (constant within a window, so a sample's
 // inputs describe its whole window): moving Gaussian heat sources s, and the bottom wall
