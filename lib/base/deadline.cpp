@@ -129,7 +129,10 @@ Watchdog::~Watchdog() {
 
 void Watchdog::arm(const std::string& description, double timeout_s, const char* hint) {
   const Deadline d(timeout_s);
-  if (!d.bounded()) return;
+  if (!d.bounded()) {
+    disarm();
+    return;
+  }
   if (!s_->thread.joinable()) s_->thread = std::thread([s = s_.get()] { s->loop(); });
   bool wake = false;
   {

@@ -190,7 +190,8 @@ class Watchdog {
   Watchdog& operator=(const Watchdog&) = delete;
 
   /// Starts watching a call described by `description` (a WaitSite::describe() text or a
-  /// Stream label; it must stay alive until disarm()). timeout_s <= 0: not watched.
+  /// Stream label; it must stay alive until disarm()). timeout_s <= 0: not watched (and a
+  /// call armed before is disarmed).
   void arm(const std::string& description, double timeout_s,
            const char* hint = kCollectiveTimeoutHint);
   void disarm() noexcept;
