@@ -97,14 +97,14 @@ TEST_CASE("the back-off spins, then yields, then sleeps with a capped exponentia
   CHECK(sleeps == std::vector<long>{1, 2, 4, 8, 8});
   CHECK(b.pauses() == 10);
 
-  // The default policy: 16 spins, 64 yields, then 1 us doubling to 100 us.
+  // The default policy: 16 spins, 64 yields, then 1 us doubling to 50 us.
   BackOff d;
   for (int i = 0; i < 80; ++i)
     CHECK(d.pause().kind != K::sleep);
   std::vector<long> ds;
   for (int i = 0; i < 9; ++i)
     ds.push_back(static_cast<long>(d.pause().sleep.count()));
-  CHECK(ds == std::vector<long>{1, 2, 4, 8, 16, 32, 64, 100, 100});
+  CHECK(ds == std::vector<long>{1, 2, 4, 8, 16, 32, 50, 50, 50});
 }
 
 TEST_CASE("a bounded wait returns when its predicate holds, pausing between polls") {

@@ -83,7 +83,7 @@ class BackOff {
     int spins = 16;
     int yields = 64;
     std::chrono::microseconds first_sleep{1};
-    std::chrono::microseconds max_sleep{100};
+    std::chrono::microseconds max_sleep{50};  // what the loops it replaced slept
   };
   enum class Kind { spin, yield, sleep };
   struct Pause {
