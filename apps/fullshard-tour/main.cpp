@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "bounded_comm.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/fullshard.hpp"
@@ -16,32 +17,38 @@ using fullshard::DType;
 using fullshard::comm::ReduceOp;
 using fullshard::comm::Stream;
 
-// Prints one line per rank, in rank order, through rank 0.
-void print_ordered(MPI_Comm comm, const std::string& line) {
-  int rank = 0;
-  int size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
+using fullshard::apps::BoundedComm;
+
+// Prints one line per rank, in rank order, through rank 0. (The tour's own MPI calls are
+// bounded by FULLSHARD_TIMEOUT like the library's.)
+void print_ordered(BoundedComm& world, const std::string& line) {
+  const MPI_Comm comm = world.get();
+  const int rank = world.rank();
+  const int size = world.size();
   int len = static_cast<int>(line.size());
   std::vector<int> lens(size);
-  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, comm);
+  world.run("gather line lengths", [&](MPI_Request* r) {
+    return MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, comm, r);
+  });
   std::vector<int> offs(size, 0);
   int total = 0;
   for (int r = 0; r < size; ++r)
     offs[r] = (total += (r ? lens[r - 1] : 0));
   if (rank == 0) total += lens[size - 1];
   std::vector<char> all(rank == 0 ? total : 0);
-  MPI_Gatherv(line.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, 0, comm);
+  world.run("gather lines", [&](MPI_Request* r) {
+    return MPI_Igatherv(line.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR,
+                        0, comm, r);
+  });
   if (rank == 0)
     for (int r = 0; r < size; ++r)
       std::printf("  %.*s\n", lens[r], all.data() + offs[r]);
   std::fflush(stdout);
 }
 
-bool all_true(MPI_Comm comm, bool ok) {
-  int v = ok ? 1 : 0;
-  int all = 0;
-  MPI_Allreduce(&v, &all, 1, MPI_INT, MPI_MIN, comm);
+bool all_true(BoundedComm& world, bool ok) {
+  int all = ok ? 1 : 0;
+  world.allreduce(&all, 1, MPI_INT, MPI_MIN, "verdict");
   return all == 1;
 }
 
@@ -52,12 +59,13 @@ int main(int argc, char** argv) {
     fullshard::Runtime rt(argc, argv);
     const int rank = rt.rank();
     const int world = rt.world_size();
+    BoundedComm tour(rt.world(), "tour.world", rt.settings().timeout_s);
     auto say = [&](const std::string& s) {
       if (rank == 0) std::printf("%s\n", s.c_str());
       std::fflush(stdout);
     };
     auto verdict = [&](const std::string& what, bool ok) {
-      const bool all = all_true(rt.world(), ok);
+      const bool all = all_true(tour, ok);
       say(std::string(all ? "  [ok]   " : "  [FAIL] ") + what);
       return all;
     };
@@ -65,9 +73,9 @@ int main(int argc, char** argv) {
 
     say("fullshard " FULLSHARD_VERSION_STRING " tour");
     say("runtime: " + rt.describe());
-    print_ordered(rt.world(), "rank " + std::to_string(rank) + ": local rank " +
-                                  std::to_string(rt.local_rank()) + " of " +
-                                  std::to_string(rt.local_size()));
+    print_ordered(tour, "rank " + std::to_string(rank) + ": local rank " +
+                            std::to_string(rt.local_rank()) + " of " +
+                            std::to_string(rt.local_size()));
 
     // --- Meshes -------------------------------------------------------------------------
     std::vector<int> shape = {world};
@@ -78,7 +86,7 @@ int main(int argc, char** argv) {
     }
     fullshard::DeviceMesh mesh(rt, shape, names);
     say("\nmesh " + std::to_string(mesh.ndim()) + "-D; each rank's place:");
-    print_ordered(rt.world(), mesh.describe());
+    print_ordered(tour, mesh.describe());
     if (mesh.ndim() == 2) {
       auto dp = mesh.flatten({"replicate", "shard"}, "dp");
       say("flattened (replicate, shard) -> dp of " + std::to_string(dp.size()) + " ranks");
@@ -165,7 +173,7 @@ int main(int argc, char** argv) {
       fsdp::apply_fully_shard_requests(*model, dp);
       say("\nfully_shard of a 3-layer model over " + std::to_string(world) + " ranks (" +
           std::to_string(plan.groups.size()) + " communication groups)");
-      print_ordered(rt.world(),
+      print_ordered(tour,
                     "rank " + std::to_string(rank) + ": layers.0.w shard " +
                         fullshard::shape_string(model->find_param("layers.0.w").data().shape()) +
                         " of " + fullshard::shape_string({5, 4}));

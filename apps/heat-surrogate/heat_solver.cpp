@@ -17,10 +17,6 @@ constexpr double kPi = 3.14159265358979323846;
 // over which a blob of the initial field spreads by ~0.16 of the domain width.
 constexpr double kPeriod = 0.0125;
 
-void check_mpi(int rc, const char* what) {
-  if (rc != MPI_SUCCESS) throw CommError(std::string("heat solver: ") + what + " failed");
-}
-
 // Views whose memory MPI can read and write directly (host memory).
 constexpr bool kHostField =
     Kokkos::SpaceAccessibility<Kokkos::HostSpace, HeatSolver::Field::memory_space>::accessible;
@@ -136,7 +132,7 @@ void sum_and_max(const Field& u, const Slab& sl, double& sum, double& top) {
 
 }  // namespace detail
 
-HeatSolver::HeatSolver(const Options& o, MPI_Comm sim_comm) : o_(o) {
+HeatSolver::HeatSolver(const Options& o, MPI_Comm sim_comm, double timeout_s) : o_(o) {
   MPI_Comm_rank(sim_comm, &rank_);
   MPI_Comm_size(sim_comm, &size_);
   // Rows split as evenly as possible; the first ny % size ranks get one more.
@@ -150,7 +146,8 @@ HeatSolver::HeatSolver(const Options& o, MPI_Comm sim_comm) : o_(o) {
         " simulation ranks owns " + std::to_string(rows_) + " rows of --ny " +
         std::to_string(o.ny) + ", fewer than the halo width " + std::to_string(ghost_) +
         " (--radius): use fewer simulation ranks or a taller grid");
-  check_mpi(MPI_Comm_dup(sim_comm, &comm_), "MPI_Comm_dup");
+  comm_ = apps::BoundedComm::dup(sim_comm, "heat.sim", timeout_s);
+  halo_ = std::make_unique<apps::BoundedComm>(comm_, "heat.sim", timeout_s);
   const int span = 2 * o.radius + 1;
   patch_ = span * span;
   dx_ = 1.0 / (o.nx - 1);
@@ -189,6 +186,7 @@ HeatSolver::HeatSolver(const Options& o, MPI_Comm sim_comm) : o_(o) {
 }
 
 HeatSolver::~HeatSolver() {
+  halo_.reset();
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
@@ -235,13 +233,10 @@ void HeatSolver::exchange(int width) {
   if constexpr (kHostField) {
     double* base = u_.data();
     auto row = [&](int r) { return base + static_cast<std::size_t>(r) * nx; };
-    check_mpi(MPI_Sendrecv(row(first_owned), count, MPI_DOUBLE, up, 0, row(last_owned_end), count,
-                           MPI_DOUBLE, down, 0, comm_, MPI_STATUS_IGNORE),
-              "halo exchange (up)");
-    check_mpi(
-        MPI_Sendrecv(row(last_owned_end - width), count, MPI_DOUBLE, down, 1,
-                     row(first_owned - width), count, MPI_DOUBLE, up, 1, comm_, MPI_STATUS_IGNORE),
-        "halo exchange (down)");
+    halo_->sendrecv(row(first_owned), count, up, 0, row(last_owned_end), count, down, 0, MPI_DOUBLE,
+                    "halo exchange (up)");
+    halo_->sendrecv(row(last_owned_end - width), count, down, 1, row(first_owned - width), count,
+                    up, 1, MPI_DOUBLE, "halo exchange (down)");
   } else {
     using Pair = std::pair<int, int>;
     auto rows = [&](int a) { return Kokkos::subview(u_, Pair(a, a + width), Kokkos::ALL()); };
@@ -251,12 +246,10 @@ void HeatSolver::exchange(int width) {
     };
     Kokkos::deep_copy(flat(send_up_), rows(first_owned));
     Kokkos::deep_copy(flat(send_down_), rows(last_owned_end - width));
-    check_mpi(MPI_Sendrecv(send_up_.data(), count, MPI_DOUBLE, up, 0, recv_down_.data(), count,
-                           MPI_DOUBLE, down, 0, comm_, MPI_STATUS_IGNORE),
-              "halo exchange (up)");
-    check_mpi(MPI_Sendrecv(send_down_.data(), count, MPI_DOUBLE, down, 1, recv_up_.data(), count,
-                           MPI_DOUBLE, up, 1, comm_, MPI_STATUS_IGNORE),
-              "halo exchange (down)");
+    halo_->sendrecv(send_up_.data(), count, up, 0, recv_down_.data(), count, down, 0, MPI_DOUBLE,
+                    "halo exchange (up)");
+    halo_->sendrecv(send_down_.data(), count, down, 1, recv_up_.data(), count, up, 1, MPI_DOUBLE,
+                    "halo exchange (down)");
     if (down != MPI_PROC_NULL) Kokkos::deep_copy(rows(last_owned_end), flat(recv_down_));
     if (up != MPI_PROC_NULL) Kokkos::deep_copy(rows(first_owned - width), flat(recv_up_));
   }
@@ -329,8 +322,8 @@ void HeatSolver::read(const std::vector<Cell>& cells, float* out, int stride) {
 void HeatSolver::field_stats(double& mean, double& max) const {
   double sum = 0, top = -1e300;
   detail::sum_and_max(u_, slab(), sum, top);
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, comm_), "MPI_Allreduce");
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &top, 1, MPI_DOUBLE, MPI_MAX, comm_), "MPI_Allreduce");
+  halo_->allreduce(&sum, 1, MPI_DOUBLE, MPI_SUM, "field sum");
+  halo_->allreduce(&top, 1, MPI_DOUBLE, MPI_MAX, "field maximum");
   mean = sum / (static_cast<double>(o_.nx) * o_.ny);
   max = top;
 }

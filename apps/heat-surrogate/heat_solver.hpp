@@ -1,8 +1,9 @@
 // The 2-D heat equation u_t = alpha (u_xx + u_yy) + s on an nx x ny grid (boundary cells
 // included), explicit FTCS: u' = u + cfl * (5-point Laplacian of u) + dt * s, with
 // cfl = alpha dt / dx^2 <= 1/4 (stable). The rows are decomposed over the simulation ranks;
-// each step exchanges one ghost row with each neighbour (MPI_Sendrecv on a duplicate of the
-// simulation communicator). Kokkos kernels on the default execution space.
+// each step exchanges one ghost row with each neighbour (MPI_Irecv + MPI_Isend on a
+// duplicate of the simulation communicator, waited for under FULLSHARD_TIMEOUT). Kokkos
+// kernels on the default execution space.
 //
 // The forcing changes once per window of K steps (constant within a window, so a sample's
 // inputs describe its whole window): moving Gaussian heat sources s, and the bottom wall
@@ -15,7 +16,10 @@
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
+#include <memory>
 #include <vector>
+
+#include "bounded_comm.hpp"
 
 #include "options.hpp"
 
@@ -37,8 +41,10 @@ class HeatSolver {
   using Field = Kokkos::View<double**, Kokkos::LayoutRight, Exec::memory_space>;
 
   /// Collective over `sim_comm` (duplicated for the halo exchange). Sets the initial field,
-  /// the forcing of the first window, and fills the ghost rows.
-  HeatSolver(const Options& o, MPI_Comm sim_comm);
+  /// the forcing of the first window, and fills the ghost rows. Every MPI wait is bounded by
+  /// `timeout_s` (FULLSHARD_TIMEOUT; apps::BoundedComm 'heat.sim'): a stopped neighbour
+  /// aborts the job with the library's timeout message.
+  HeatSolver(const Options& o, MPI_Comm sim_comm, double timeout_s);
   ~HeatSolver();
   HeatSolver(const HeatSolver&) = delete;
   HeatSolver& operator=(const HeatSolver&) = delete;
@@ -76,6 +82,7 @@ class HeatSolver {
 
   Options o_;
   MPI_Comm comm_ = MPI_COMM_NULL;
+  std::unique_ptr<apps::BoundedComm> halo_;  // comm_ with bounded waits
   int rank_ = 0, size_ = 1;
   int row0_ = 0, rows_ = 0;
   int ghost_ = 1;  // ghost rows on each side (the patch radius)

@@ -35,6 +35,8 @@ using Clock = std::chrono::steady_clock;
 
 // Exit codes.
 constexpr int kPass = 0, kFail = 1, kUsage = 2, kRunError = 3;
+// The first entry of the options the ranks compare: whether this rank accepted its own.
+constexpr const char* kAccepted = "(options accepted)";
 
 // The records of one round that a simulation rank is filling: inputs now, targets K steps on.
 struct Pending {
@@ -68,16 +70,17 @@ int run(const fullshard::Runtime& rt, const heat::Options& o) {
   const bool printer = rank == 0;
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t_start).count(); };
 
-  heat::Roles roles(rt.world(), o.train_ranks);
+  const double timeout_s = rt.settings().timeout_s;
+  heat::Roles roles(rt.world(), o.train_ranks, timeout_s);
   std::optional<heat::HeatSolver> solver;
   std::optional<heat::Sampler> sampler;
   std::optional<heat::Surrogate> surrogate;
   if (roles.simulates()) {
-    solver.emplace(o, roles.sim_comm());
+    solver.emplace(o, roles.sim_comm(), timeout_s);
     sampler.emplace(o, solver->first_row(), solver->rows());
   }
   if (roles.trains())
-    surrogate.emplace(o, roles.train_comm(), rt.settings().timeout_s, rt.settings().host_progress);
+    surrogate.emplace(o, roles.train_comm(), timeout_s, rt.settings().host_progress);
   const int span = 2 * o.radius + 1;
   const int stride = span * span + 2;
 
@@ -181,9 +184,7 @@ int run(const fullshard::Runtime& rt, const heat::Options& o) {
     }
     std::fflush(stdout);
   }
-  MPI_Request request;
-  MPI_Ibcast(&code, 1, MPI_INT, 0, roles.transfer_comm(), &request);
-  heat::wait_idle(request);
+  roles.transfer().bcast(&code, 1, MPI_INT, 0, "verdict");
   return code;
 }
 
@@ -203,8 +204,31 @@ int main(int argc, char** argv) {
   const int rank = rt->rank();
   try {
     if (!help) {
-      const heat::Options o = heat::parse_options(args_count, args_data, help);
+      heat::Options o;
+      std::optional<apps::UsageError> refused;
+      try {
+        o = heat::parse_options(args_count, args_data, help);
+      } catch (const apps::UsageError& e) {
+        refused = e;
+      }
       if (!help) {
+        // Before any other communication: every rank must have accepted the same options
+        // (a mismatch would hang or compute nonsense). A rank that refused its options
+        // compares the defaults, so the first entry tells the others.
+        apps::BoundedComm world(rt->world(), "heat.world", rt->settings().timeout_s);
+        std::vector<apps::OptionValue> values = heat::option_values(refused ? heat::Options{} : o);
+        values.insert(values.begin(), {kAccepted, refused ? "no" : "yes"});
+        try {
+          apps::agree_on_options(world, values);
+        } catch (const apps::OptionMismatch& e) {
+          // Every rank gets here and says why: this rank's own error, or the difference.
+          std::fprintf(stderr, "heat-surrogate: rank %d: %s\n", rank,
+                       refused               ? (refused->message + " (see --help)").c_str()
+                       : e.flag == kAccepted ? "another rank refused its options (see its message)"
+                                             : e.message.c_str());
+          return kUsage;
+        }
+        if (refused) throw *refused;
         heat::check_world(o, rt->world_size());
         return run(*rt, o);
       }
@@ -212,7 +236,8 @@ int main(int argc, char** argv) {
     if (rank == 0) std::fputs(heat::usage(), stdout);
     return kPass;
   } catch (const apps::UsageError& e) {
-    // Every rank checks the same arguments, so every rank gets here: no one is left waiting.
+    // The ranks agreed on their options first, so every rank gets here: no one is left
+    // waiting.
     if (rank == 0) std::fprintf(stderr, "heat-surrogate: %s (see --help)\n", e.message.c_str());
     return kUsage;
   } catch (const std::exception& e) {

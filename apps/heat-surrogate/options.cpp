@@ -1,5 +1,6 @@
 #include "options.hpp"
 
+#include <cstdio>
 #include <optional>
 #include <string>
 
@@ -168,6 +169,45 @@ Options parse_options(int argc, char** argv, bool& help) {
                      " must be below the number of optimizer steps (" +
                      std::to_string(total_steps) + " = rounds x --train-steps)"};
   return o;
+}
+
+std::vector<OptionValue> option_values(const Options& o) {
+  auto num = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.17g", v);
+    return std::string(b);
+  };
+  auto dtype = [](const std::optional<DType>& t) {
+    return t ? std::string(dtype_name(*t)) : std::string("(parameter dtype)");
+  };
+  const auto& mp = o.plan.defaults.mp_policy;
+  return {{"--nx", std::to_string(o.nx)},
+          {"--ny", std::to_string(o.ny)},
+          {"--steps", std::to_string(o.steps)},
+          {"--interval", std::to_string(o.interval)},
+          {"--cfl", num(o.cfl)},
+          {"--blobs", std::to_string(o.blobs)},
+          {"--sources", std::to_string(o.sources)},
+          {"--radius", std::to_string(o.radius)},
+          {"--samples", std::to_string(o.samples)},
+          {"--eval-points", std::to_string(o.eval_points)},
+          {"--report-every", std::to_string(o.report_every)},
+          {"--hidden", std::to_string(o.hidden)},
+          {"--blocks", std::to_string(o.blocks)},
+          {"--batch", std::to_string(o.batch)},
+          {"--train-steps", std::to_string(o.train_steps)},
+          {"--buffer", std::to_string(o.buffer)},
+          {"--lr", num(o.lr)},
+          {"--weight-decay", num(o.weight_decay)},
+          {"--warmup", std::to_string(o.warmup)},
+          {"--clip", num(o.clip)},
+          {"--param-dtype", dtype(mp.param_dtype)},
+          {"--reduce-dtype", dtype(mp.reduce_dtype)},
+          {"--prefetch", std::to_string(o.plan.forward_prefetch_depth)},
+          {"--reshard", o.plan.defaults.reshard_after_forward.to_string()},
+          {"--seed", std::to_string(o.seed)},
+          {"--train-ranks", std::to_string(o.train_ranks)},
+          {"--pass-ratio", num(o.pass_ratio)}};
 }
 
 void check_world(const Options& o, int world_size) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "bounded_comm.hpp"
 #include "cli.hpp"
 #include "fullshard/schedule/plan.hpp"
 
@@ -54,6 +55,11 @@ const char* usage();
 /// Parses and checks the flags (not the world size: see check_world). Sets `help` when
 /// --help was given (the other flags are then not checked). Throws apps::UsageError.
 Options parse_options(int argc, char** argv, bool& help);
+
+/// Every flag with its effective value (defaults included), in --help order: what the ranks
+/// compare at start (apps::agree_on_options), so that ranks given different options stop with
+/// an error naming the first differing flag instead of hanging or computing nonsense.
+std::vector<OptionValue> option_values(const Options& o);
 
 /// Checks what depends on the world size: the split into simulation and training ranks and
 /// the row decomposition. Throws apps::UsageError naming the flag.

@@ -8,22 +8,16 @@
 #include "streams.hpp"
 
 namespace fullshard::apps::heat {
-namespace {
+namespace {}  // namespace
 
-void check_mpi(int rc, const char* what) {
-  if (rc != MPI_SUCCESS)
-    throw CommError(std::string("heat-surrogate training: ") + what + " failed");
+void Surrogate::sum_in_place(double* v, int n, const char* what) {
+  sums_.allreduce(v, n, MPI_DOUBLE, MPI_SUM, what);
 }
-
-void sum_in_place(double* v, int n, MPI_Comm comm) {
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, comm), "MPI_Allreduce");
-}
-
-}  // namespace
 
 Surrogate::Surrogate(const Options& o, MPI_Comm train_comm, double timeout_s, HostProgress progress)
     : o_(o),
       comm_(train_comm),
+      sums_(train_comm, "heat.train", timeout_s),
       mesh_(train_comm, {[&] {
               int n = 1;
               MPI_Comm_size(train_comm, &n);
@@ -69,7 +63,7 @@ void Surrogate::fix_scales(const std::vector<float>& records) {
     s[4] += c * c;
   }
   s[0] = static_cast<double>(n);
-  sum_in_place(s, 5, comm_);
+  sum_in_place(s, 5, "feature scales");
   auto positive = [](double v) { return v > 0 && std::isfinite(v) ? v : 1.0; };
   const double count = std::max(s[0], 1.0);
   s_in_ = positive(std::sqrt(s[1] / (count * (patch_ - 1))));
@@ -115,7 +109,7 @@ void Surrogate::train() {
   int rows = o_.batch / size_ + (rank_ < o_.batch % size_ ? 1 : 0);
   if (size_rows_ == 0) rows = 0;
   double global = rows;
-  sum_in_place(&global, 1, comm_);
+  sum_in_place(&global, 1, "minibatch rows");
   if (global <= 0) return;  // no training rank has a sample yet
   const auto global_rows = static_cast<std::int64_t>(global);
   bx_.resize(static_cast<std::size_t>(rows) * inputs_);
@@ -142,7 +136,7 @@ void Surrogate::train() {
 
 TrainProgress Surrogate::take_progress() {
   double v[2] = {sse_since_, static_cast<double>(received_)};
-  sum_in_place(v, 2, comm_);
+  sum_in_place(v, 2, "training progress");
   TrainProgress p;
   p.loss = rows_since_ > 0 ? v[0] / static_cast<double>(rows_since_) : 0.0;
   p.received = static_cast<std::int64_t>(v[1]);
@@ -168,7 +162,7 @@ EvalResult Surrogate::evaluate(const std::vector<float>& records) {
     v[0] += (model - truth) * (model - truth);
     v[1] += (c - truth) * (c - truth);
   }
-  sum_in_place(v, 3, comm_);
+  sum_in_place(v, 3, "held-out errors");
   EvalResult e;
   e.points = static_cast<std::int64_t>(v[2]);
   if (e.points > 0) {

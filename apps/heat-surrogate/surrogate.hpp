@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "bounded_comm.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/optim/optimizer.hpp"
 #include "options.hpp"
@@ -63,10 +64,13 @@ class Surrogate {
 
  private:
   void fix_scales(const std::vector<float>& records);
+  // Sum over the training ranks (MPI_Iallreduce under FULLSHARD_TIMEOUT).
+  void sum_in_place(double* v, int n, const char* what);
   void features(const float* record, float* x) const;
 
   Options o_;
-  MPI_Comm comm_;  // the training ranks (not owned)
+  MPI_Comm comm_;           // the training ranks (not owned)
+  apps::BoundedComm sums_;  // comm_ for the sums of the app (bounded waits)
   int rank_ = 0, size_ = 1;
   int patch_ = 0, stride_ = 0, inputs_ = 0;
   DeviceMesh mesh_;

@@ -1,8 +1,6 @@
 #include "transport.hpp"
 
-#include <chrono>
 #include <string>
-#include <thread>
 
 #include "fullshard/base/error.hpp"
 
@@ -16,31 +14,19 @@ void check_mpi(int rc, const char* what) {
     throw CommError(std::string("heat-surrogate transport: ") + what + " failed");
 }
 
-void nap() {
-  std::this_thread::sleep_for(std::chrono::microseconds(100));
-}
-
 }  // namespace
 
-void wait_idle(MPI_Request& request) {
-  for (;;) {
-    int done = 0;
-    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-    if (done) return;
-    nap();
-  }
-}
-
-Roles::Roles(MPI_Comm world, int train_ranks) {
+Roles::Roles(MPI_Comm world, int train_ranks, double timeout_s) : timeout_s_(timeout_s) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
-  check_mpi(MPI_Comm_dup(world, &xfer_), "MPI_Comm_dup");
+  xfer_ = apps::BoundedComm::dup(world, "heat.world", timeout_s);
+  transfer_ = std::make_unique<apps::BoundedComm>(xfer_, "heat.transfer", timeout_s);
   if (train_ranks == 0) {
     split_ = false;
     sims_ = trainers_ = size;
-    check_mpi(MPI_Comm_dup(world, &sim_), "MPI_Comm_dup");
-    check_mpi(MPI_Comm_dup(world, &train_), "MPI_Comm_dup");
+    sim_ = apps::BoundedComm::dup(world, "heat.world", timeout_s);
+    train_ = apps::BoundedComm::dup(world, "heat.world", timeout_s);
     return;
   }
   if (train_ranks >= size)
@@ -51,11 +37,12 @@ Roles::Roles(MPI_Comm world, int train_ranks) {
   sims_ = size - train_ranks;
   trains_ = rank < train_ranks;
   simulates_ = !trains_;
-  check_mpi(MPI_Comm_split(world, trains_ ? 0 : 1, rank, &sub_), "MPI_Comm_split");
+  sub_ = apps::BoundedComm::split(world, trains_ ? 0 : 1, rank, "heat.world", timeout_s);
   (trains_ ? train_ : sim_) = sub_;
 }
 
 Roles::~Roles() {
+  transfer_.reset();
   for (MPI_Comm* c : {&xfer_, &sim_, &train_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
@@ -70,7 +57,7 @@ SampleSender::~SampleSender() {
 void SampleSender::send(const RoundRecords& records) {
   while (static_cast<int>(rounds_.size()) >= kMaxRoundsAhead) {
     for (auto& p : rounds_.front())
-      wait_idle(p.request);
+      roles_.transfer().wait(p.request, "sample send (rounds ahead)");
     rounds_.pop_front();
   }
   const int trainers = roles_.train_ranks();
@@ -91,10 +78,10 @@ void SampleSender::send(const RoundRecords& records) {
                records.eval.begin() + static_cast<std::ptrdiff_t>(e1) * stride_);
     // Synchronous mode: a send completes only once its trainer has started receiving it, so
     // the rounds-ahead limit bounds memory on both sides (a buffered eager send would not).
-    check_mpi(
-        MPI_Issend(msg.data(), static_cast<int>(msg.size()), MPI_FLOAT,
-                   roles_.world_rank_of_trainer(t), kTag, roles_.transfer_comm(), &sends[t].request),
-        "MPI_Issend (samples)");
+    check_mpi(MPI_Issend(msg.data(), static_cast<int>(msg.size()), MPI_FLOAT,
+                         roles_.world_rank_of_trainer(t), kTag, roles_.transfer_comm(),
+                         &sends[t].request),
+              "MPI_Issend (samples)");
   }
   rounds_.push_back(std::move(sends));
 }
@@ -102,7 +89,7 @@ void SampleSender::send(const RoundRecords& records) {
 void SampleSender::finish() {
   for (auto& round : rounds_)
     for (auto& p : round)
-      wait_idle(p.request);
+      roles_.transfer().wait(p.request, "sample send (finish)");
   rounds_.clear();
 }
 
@@ -111,19 +98,11 @@ RoundRecords receive_round(const Roles& roles, int stride) {
   std::vector<float> msg;
   for (int s = 0; s < roles.sim_ranks(); ++s) {
     const int source = roles.world_rank_of_sim(s);
-    MPI_Status status;
-    for (int found = 0;;) {
-      check_mpi(MPI_Iprobe(source, kTag, roles.transfer_comm(), &found, &status),
-                "MPI_Iprobe (samples)");
-      if (found) break;
-      nap();
-    }
+    const MPI_Status status = roles.transfer().probe(source, kTag, "sample receive (probe)");
     int count = 0;
     MPI_Get_count(&status, MPI_FLOAT, &count);
     msg.resize(static_cast<std::size_t>(count));
-    check_mpi(MPI_Recv(msg.data(), count, MPI_FLOAT, source, kTag, roles.transfer_comm(),
-                       MPI_STATUS_IGNORE),
-              "MPI_Recv (samples)");
+    roles.transfer().recv(msg.data(), count, MPI_FLOAT, source, kTag, "sample receive");
     const auto nt = static_cast<std::size_t>(msg.at(0)), ne = static_cast<std::size_t>(msg.at(1));
     if (static_cast<std::size_t>(count) != 2 + (nt + ne) * static_cast<std::size_t>(stride))
       throw CommError("heat-surrogate transport: malformed sample message from world rank " +

@@ -6,20 +6,26 @@
 // round every simulation rank splits its records into T equal chunks and sends chunk t to
 // trainer t (nonblocking, on a duplicate of the world communicator), so every trainer gets
 // a slice of the whole grid. A simulation rank runs at most kMaxRoundsAhead rounds ahead of
-// the trainers (it waits for older sends), which bounds the memory in flight.
+// the trainers (it waits for older sends), which bounds the memory in flight. Every wait is
+// bounded by FULLSHARD_TIMEOUT (apps::BoundedComm): a stopped or missing rank aborts the job
+// with the library's timeout message instead of hanging it.
 #pragma once
 
 #include <mpi.h>
 
 #include <deque>
+#include <memory>
 #include <vector>
+
+#include "bounded_comm.hpp"
 
 namespace fullshard::apps::heat {
 
 class Roles {
  public:
   /// Collective over `world`. `train_ranks` 0: time-sliced, else 1 <= T < world size.
-  Roles(MPI_Comm world, int train_ranks);
+  /// `timeout_s` bounds every wait of the sample transfer (FULLSHARD_TIMEOUT).
+  Roles(MPI_Comm world, int train_ranks, double timeout_s);
   ~Roles();
   Roles(const Roles&) = delete;
   Roles& operator=(const Roles&) = delete;
@@ -38,12 +44,17 @@ class Roles {
   int world_rank_of_trainer(int t) const noexcept { return t; }
   /// Duplicate of the world communicator for the sample messages.
   MPI_Comm transfer_comm() const noexcept { return xfer_; }
+  /// transfer_comm() with bounded waits ('heat.transfer').
+  apps::BoundedComm& transfer() const noexcept { return *transfer_; }
+  double timeout_s() const noexcept { return timeout_s_; }
 
  private:
   bool split_ = false, simulates_ = true, trains_ = true;
   int sims_ = 1, trainers_ = 1;
   MPI_Comm sim_ = MPI_COMM_NULL, train_ = MPI_COMM_NULL, xfer_ = MPI_COMM_NULL;
   MPI_Comm sub_ = MPI_COMM_NULL;  // the split's communicator (sim_ or train_)
+  double timeout_s_ = 0;
+  std::unique_ptr<apps::BoundedComm> transfer_;
 };
 
 /// One round's records of one or more simulation ranks (`stride` floats each).
@@ -55,11 +66,6 @@ struct RoundRecords {
 };
 
 constexpr int kMaxRoundsAhead = 4;
-
-/// Waits for `request` without spinning: tests it, then sleeps briefly between tests, so a
-/// rank that waits (for its trainers, for the end of the run) leaves its core to the ranks
-/// that work (this matters when ranks share cores).
-void wait_idle(MPI_Request& request);
 
 /// On a simulation rank (split mode).
 class SampleSender {
@@ -83,7 +89,8 @@ class SampleSender {
 };
 
 /// On a training rank (split mode): the round's chunks of every simulation rank, in
-/// simulation-rank order. Waits with wait_idle's manners.
+/// simulation-rank order. Waits with the bounded wait's back-off (it sleeps once a wait lasts,
+/// leaving the core to the ranks that work).
 RoundRecords receive_round(const Roles& roles, int stride);
 
 }  // namespace fullshard::apps::heat

@@ -23,6 +23,7 @@
 #include <unordered_map>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/base/mpi_wait.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/runtime/settings.hpp"
@@ -35,17 +36,15 @@ using nlohmann::json;
 namespace {
 
 void check_mpi(int rc, const char* op) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING] = {0};
-  int len = 0;
-  MPI_Error_string(rc, text, &len);
-  throw CommError(std::string("checkpoint: ") + op + " failed: " + std::string(text, len));
+  if (rc != MPI_SUCCESS)
+    throw CommError(std::string("checkpoint: ") + op + " failed: " + mpi_error_text(rc));
 }
 
 // A private duplicate of a mesh communicator (so checkpoint traffic never meets a stream's).
-// Its operations are nonblocking MPI calls completed by wait(), which polls them until a
-// deadline: past `timeout_s` (> 0; 0 waits forever) it aborts the job like the library's other
-// collectives (fullshard::detail::abort_job), naming this rank, the operation and `what`.
+// Its operations are nonblocking MPI calls completed by wait() (fullshard::wait_mpi, the
+// library's one bounded wait): past `timeout_s` (> 0; 0 waits forever) it aborts the job like
+// the library's other collectives, naming the operation, `what`, this rank and the sequence
+// number.
 class Comm {
  public:
   Comm(MPI_Comm parent, double timeout_s, std::string what)
@@ -86,35 +85,15 @@ class Comm {
 
  private:
   void wait(MPI_Request& r, const char* op, int peer) const {
-    using clock = std::chrono::steady_clock;
-    const auto start = clock::now();
-    const auto limit = std::chrono::duration<double>(timeout_s_);
-    for (unsigned polls = 0;; ++polls) {
-      int done = 0;
-      check_mpi(MPI_Test(&r, &done, MPI_STATUS_IGNORE), op);
-      if (done) return;
-      if (timeout_s_ > 0 && clock::now() - start > limit) timed_out(op, peer);
-      // Spin briefly (small collectives), then back off to 50 us sleeps (large transfers,
-      // waiting for a slow rank) so that a waiting rank leaves the core to the others.
-      if (polls < 1000)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
-
-  [[noreturn]] void timed_out(const char* op, int peer) const {
-    char t[32];
-    std::snprintf(t, sizeof t, "%g", timeout_s_);
-    fullshard::detail::abort_job(
-        what_ + ": " + op + (peer >= 0 ? " with rank " + std::to_string(peer) : std::string()) +
-        " on rank " + std::to_string(rank) + " of " + std::to_string(size) +
-        " did not finish within FULLSHARD_TIMEOUT=" + t +
-        " s: another rank is not taking part (it never called the checkpoint function, failed "
-        "outside it, or is stuck). Aborting the job.");
+    WaitSite site{op,   what_,  rank,
+                  size, ++seq_, peer >= 0 ? "with rank " + std::to_string(peer) : std::string()};
+    wait_mpi(r, site, timeout_s_,
+             "another rank is not taking part (it never called the checkpoint function, failed "
+             "outside it, or is stuck)");
   }
 
   MPI_Comm c_ = MPI_COMM_NULL;
+  mutable std::uint64_t seq_ = 0;  // operations so far, for the timeout message
   double timeout_s_ = 0;
   std::string what_;
 };

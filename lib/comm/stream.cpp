@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "fullshard/base/deadline.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/config.hpp"
 #include "lib/comm/device_stream.hpp"
@@ -27,74 +28,6 @@ const char* stream_kind_name(StreamKind k) noexcept {
 }
 
 namespace detail {
-
-[[noreturn]] void report_timeout(const std::string& label, double timeout_s) {
-  fullshard::detail::abort_job(
-      label + " did not finish within FULLSHARD_TIMEOUT=" + std::to_string(timeout_s) +
-      " s; another rank is probably not calling the same collective (different order, "
-      "sizes or communicator). Aborting the job.");
-}
-
-// Watches operations that run on the calling thread (caller streams): nobody waits on them,
-// so a thread of its own aborts the job when one runs past its timeout. Started with the
-// first timed operation of the stream.
-class Watchdog {
- public:
-  Watchdog() : thread_([this] { loop(); }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void arm(const std::string& label, double timeout_s) {
-    bool wake = false;
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      armed_ = true;
-      label_ = &label;
-      timeout_s_ = timeout_s;
-      deadline_ = std::chrono::steady_clock::now() +
-                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                      std::chrono::duration<double>(timeout_s));
-      // A thread already waiting for an earlier deadline wakes then and re-checks: no need to
-      // wake it now (a wake-up per collective cost ~3 us on a one-core rank).
-      wake = idle_;
-    }
-    if (wake) cv_.notify_all();
-  }
-  void disarm() {
-    std::lock_guard<std::mutex> lock(m_);
-    armed_ = false;
-  }
-
- private:
-  void loop() {
-    std::unique_lock<std::mutex> lock(m_);
-    while (!stop_) {
-      if (!armed_) {
-        idle_ = true;
-        cv_.wait(lock);
-        idle_ = false;
-      } else if (cv_.wait_until(lock, deadline_) == std::cv_status::timeout && armed_ &&
-                 std::chrono::steady_clock::now() >= deadline_) {
-        report_timeout(*label_, timeout_s_);
-      }
-    }
-  }
-
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  bool armed_ = false;
-  bool idle_ = false;  // waiting with no deadline
-  const std::string* label_ = nullptr;
-  double timeout_s_ = 0.0;
-  std::chrono::steady_clock::time_point deadline_;
-  std::thread thread_;
-};
 
 struct Completion {
   std::string label;
@@ -138,30 +71,22 @@ struct Completion {
   // Blocks until the device operation finished, polling the producer's asynchronous errors;
   // on timeout the producer is told (it aborts its communicator) and CommError is stored.
   void wait_device() {
-    using clock = std::chrono::steady_clock;
-    const auto start = clock::now();
-    for (int spins = 0; !poll_device(); ++spins) {
-      if (timeout_s > 0 && clock::now() - start > std::chrono::duration<double>(timeout_s)) {
-        const std::string why =
-            label + " did not finish within FULLSHARD_TIMEOUT=" + std::to_string(timeout_s) +
-            " s; another rank is probably not calling the same collective "
-            "(different order, sizes or communicator)";
-        std::string aborted;
-        if (watch.on_timeout) {
-          try {
-            watch.on_timeout(why);
-            aborted = "; its communicator was aborted and cannot be used again";
-          } catch (...) {  // the timeout is the error to report
-          }
+    struct TimedOut {};
+    BoundedWait wait(WaitSite::labelled(label), timeout_s, [this](const std::string& why) {
+      std::string aborted;
+      if (watch.on_timeout) {
+        try {
+          watch.on_timeout(why);
+          aborted = "; its communicator was aborted and cannot be used again";
+        } catch (...) {  // the timeout is the error to report
         }
-        finish(std::make_exception_ptr(CommError(why + aborted)));
-        return;
       }
-      // Spin briefly (short collectives), then back off to 50 us sleeps.
-      if (spins < 64)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      finish(std::make_exception_ptr(CommError(why + aborted)));
+      throw TimedOut{};
+    });
+    try {
+      wait.poll([this] { return poll_device(); });
+    } catch (const TimedOut&) {  // stored by finish
     }
   }
 
@@ -178,12 +103,7 @@ struct Completion {
     if (done.load(std::memory_order_acquire)) return;
     std::unique_lock<std::mutex> lock(m);
     auto is_done = [&] { return done.load(std::memory_order_acquire); };
-    if (!with_timeout || timeout_s <= 0) {
-      cv.wait(lock, is_done);
-      return;
-    }
-    const auto limit = std::chrono::duration<double>(timeout_s);
-    if (!cv.wait_for(lock, limit, is_done)) report_timeout(label, timeout_s);
+    BoundedWait(WaitSite::labelled(label), with_timeout ? timeout_s : 0.0).block(cv, lock, is_done);
   }
 };
 

@@ -24,6 +24,8 @@ using apps::heat::Sampler;
 
 namespace {
 
+constexpr double kTimeout = 60;  // bounds every wait (FULLSHARD_TIMEOUT of the test jobs)
+
 Options small() {
   Options o;
   o.nx = 40;
@@ -56,8 +58,8 @@ std::vector<float> values(HeatSolver& s, const std::vector<Cell>& cells) {
 
 TEST_CASE("the decomposed solver equals the one-rank solver bitwise") {
   const Options o = small();
-  HeatSolver whole(o, MPI_COMM_SELF);
-  HeatSolver part(o, MPI_COMM_WORLD);
+  HeatSolver whole(o, MPI_COMM_SELF, kTimeout);
+  HeatSolver part(o, MPI_COMM_WORLD, kTimeout);
   CHECK(whole.rows() == o.ny);
   int rows = part.rows();
   MPI_Allreduce(MPI_IN_PLACE, &rows, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
@@ -85,8 +87,8 @@ TEST_CASE("the decomposed solver equals the one-rank solver bitwise") {
 TEST_CASE("one FTCS step against plain loops, with the walls") {
   Options o = small();
   o.radius = 1;  // every interior cell has a patch, so extract gives its source
-  HeatSolver whole(o, MPI_COMM_SELF);
-  HeatSolver part(o, MPI_COMM_WORLD);
+  HeatSolver whole(o, MPI_COMM_SELF, kTimeout);
+  HeatSolver part(o, MPI_COMM_WORLD, kTimeout);
   const int nx = o.nx, ny = o.ny;
   std::vector<Cell> all;
   for (int r = 0; r < ny; ++r)
@@ -147,7 +149,7 @@ TEST_CASE("one FTCS step against plain loops, with the walls") {
 
 TEST_CASE("sample positions do not depend on the decomposition and avoid the held-out cells") {
   const Options o = small();
-  HeatSolver part(o, MPI_COMM_WORLD);
+  HeatSolver part(o, MPI_COMM_WORLD, kTimeout);
   const Sampler mine(o, part.first_row(), part.rows());
   const Sampler whole(o, 0, o.ny);
   REQUIRE(whole.eval_cells().size() == static_cast<std::size_t>(o.eval_points));
@@ -207,7 +209,7 @@ TEST_CASE("samples travel from the simulation ranks to the training ranks in ord
     splits.push_back(t);
   for (int T : splits) {
     CAPTURE(T);
-    apps::heat::Roles roles(MPI_COMM_WORLD, T);
+    apps::heat::Roles roles(MPI_COMM_WORLD, T, kTimeout);
     const int R = test::world_rank();
     if (T == 0) {
       CHECK(!roles.split());
@@ -291,4 +293,41 @@ TEST_CASE("options: defaults pass, bad values name the flag") {
   CHECK(error({"--hidden", "x"}).find("--hidden expects an integer") == 0);
   CHECK(error({"--bogus"}).find("unknown option '--bogus'") == 0);
   CHECK(error({"--reshard", "maybe"}).find("--reshard") == 0);
+}
+
+TEST_CASE("the ranks compare their options: the first difference is named on every rank") {
+  const int W = test::world_size();
+  const int R = test::world_rank();
+  apps::BoundedComm world(MPI_COMM_WORLD, "test.world", kTimeout);
+  Options o = small();
+  const auto same = apps::heat::option_values(o);
+  REQUIRE(same.size() == 27);  // every flag of --help
+  CHECK(same[2] == apps::OptionValue{"--steps", "100"});
+  CHECK_NOTHROW(apps::agree_on_options(world, same));
+  // Rank-dependent --steps (and, on the last rank, --train-ranks): --steps comes first.
+  o.steps = 100 + (R == W - 1 ? 10 : 0);
+  if (R == W - 1) o.train_ranks = 1;
+  std::string flag = "(none)", message;
+  try {
+    apps::agree_on_options(world, apps::heat::option_values(o));
+  } catch (const apps::OptionMismatch& e) {
+    flag = e.flag;
+    message = e.message;
+  }
+  if (W == 1) {
+    CHECK(flag == "(none)");
+    return;
+  }
+  CHECK(flag == "--steps");
+  CHECK(message.find("--steps differs between ranks (this rank: --steps " +
+                     std::to_string(o.steps) + ")") != std::string::npos);
+  // Only --train-ranks differs.
+  o.steps = 100;
+  try {
+    apps::agree_on_options(world, apps::heat::option_values(o));
+    flag = "(none)";
+  } catch (const apps::OptionMismatch& e) {
+    flag = e.flag;
+  }
+  CHECK(flag == "--train-ranks");
 }

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "fullshard/base/deadline.hpp"
 #include "fullshard/base/error.hpp"
 #include "lib/comm/buffer_checks.hpp"
 #include "lib/comm/cuda/cuda_check.hpp"
@@ -40,14 +41,6 @@ void mpi_check(int rc, const char* call, const std::string& context) {
 std::string label(const std::string& name, int rank, int size) {
   return "communicator '" + name + "' (rank " + std::to_string(rank) + "/" + std::to_string(size) +
          ")";
-}
-
-// Short spins, then 50 us sleeps: the back-off of every NCCL poll loop.
-void back_off(int spins) {
-  if (spins < 64)
-    std::this_thread::yield();
-  else
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
 }
 
 }  // namespace
@@ -88,22 +81,17 @@ struct NcclCommState {
   // Polls `c`'s asynchronous state until it leaves ncclInProgress (non-blocking
   // communicators), bounded by the timeout. Aborts and throws on an error or the timeout.
   void wait_in_progress_locked(ncclComm_t c, const char* call, const std::string& context) {
-    using clock = std::chrono::steady_clock;
-    const auto start = clock::now();
     ncclResult_t st = ncclInProgress;
-    for (int spins = 0;; ++spins) {
+    BoundedWait wait(WaitSite::labelled(context + ": " + call), timeout_s,
+                     [&](const std::string& why) {
+                       if (c != comm) ncclCommAbort(c);
+                       abort_locked(why);
+                       throw CommError(why + "; the communicator was aborted (ncclCommAbort)");
+                     });
+    wait.poll([&] {
       if (const ncclResult_t r = ncclCommGetAsyncError(c, &st); r != ncclSuccess) st = r;
-      if (st != ncclInProgress) break;
-      if (timeout_s > 0 && clock::now() - start > std::chrono::duration<double>(timeout_s)) {
-        const std::string why =
-            context + ": " + call +
-            " still in progress after FULLSHARD_TIMEOUT=" + std::to_string(timeout_s) + " s";
-        if (c != comm) ncclCommAbort(c);
-        abort_locked(why);
-        throw CommError(why + "; the communicator was aborted (ncclCommAbort)");
-      }
-      back_off(spins);
-    }
+      return st != ncclInProgress;
+    });
     if (st != ncclSuccess) {
       const std::string why = context + ": " + call + " failed: " + nccl_error_message(st, call);
       if (c != comm) ncclCommAbort(c);

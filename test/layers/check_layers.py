@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""Checks fullshard's layering (docs/architecture.md) on the #include lines of the tree.
+
+The layer order is read from the table in docs/architecture.md (first column, top row =
+lowest layer), so the document and the check cannot drift apart. A file of layer L is one
+under include/fullshard/L/ or lib/L/. It fails on:
+
+  - upward:  a file of layer L includes fullshard/M/... of a layer M above L;
+  - private: a file includes lib/M/... (a private header) and is not itself in lib/M/
+             (public headers and apps/ may never include lib/ headers);
+  - unknown: a file or header of a layer that the table does not list;
+  - stale:   an ALLOWED entry below that no longer occurs (the list only shrinks).
+
+Usage: check_layers.py [ROOT]          check the tree at ROOT (default: two levels up)
+       check_layers.py --self-test     plant violations in a scratch tree and check that
+                                       each is reported (and a clean tree passes)
+"""
+import os
+import re
+import shutil
+import sys
+import tempfile
+
+# Known violations, (file, included header): none since the one-engine redesign (issue 12)
+# removed the executor's and the checkpoint layer's includes of lib/fsdp/param_group.hpp and
+# moved the NCCL version query into the runtime layer. Add an entry only with a reason; an
+# entry that no longer occurs fails.
+ALLOWED = set()
+
+# Headers at include/fullshard/ itself: the generated config (usable by every layer) and the
+# umbrella header (above every layer: for applications only).
+CONFIG = "fullshard/config.hpp"
+UMBRELLA = "fullshard/fullshard.hpp"
+
+SOURCE_EXT = (".hpp", ".h", ".cpp", ".cc", ".cu", ".cuh", ".inl")
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]')
+
+
+def read_layers(root):
+    """Layer names in order (lowest first) from docs/architecture.md's layer table."""
+    path = os.path.join(root, "docs", "architecture.md")
+    layers, in_table = [], False
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("|") and cells[:2] == ["layer", "owns"]:
+                in_table = True
+                continue
+            if in_table:
+                if not line.startswith("|"):
+                    break
+                m = re.fullmatch(r"`([a-z_]+)`", cells[0])
+                if m:
+                    layers.append(m.group(1))
+                elif not re.fullmatch(r"-+", cells[0]):
+                    raise SystemExit(f"{path}: cannot read the layer table row: {line.strip()}")
+    if not layers:
+        raise SystemExit(f"{path}: no layer table ('| layer | owns |') found")
+    return layers
+
+
+def layer_of(rel):
+    """("layer", name) for include/fullshard/<L>/ and lib/<L>/ files, ("apps", None) for
+    apps/, ("top", None) for include/fullshard/*.hpp, None otherwise."""
+    parts = rel.split("/")
+    if parts[0] == "lib" and len(parts) > 2:
+        return ("layer", parts[1])
+    if parts[:2] == ["include", "fullshard"]:
+        return ("layer", parts[2]) if len(parts) > 3 else ("top", None)
+    if parts[0] == "apps":
+        return ("apps", None)
+    return None
+
+
+def files(root):
+    for top in ("include", "lib", "apps"):
+        for d, _, names in os.walk(os.path.join(root, top)):
+            for n in sorted(names):
+                if n.endswith(SOURCE_EXT):
+                    yield os.path.relpath(os.path.join(d, n), root).replace(os.sep, "/")
+
+
+def check(root, allowed):
+    """(violations, stale allow-list entries), each sorted."""
+    layers = read_layers(root)
+    rank = {name: i for i, name in enumerate(layers)}
+    found, used = [], set()
+
+    def report(rel, line_no, header, why):
+        if (rel, header) in allowed:
+            used.add((rel, header))
+        else:
+            found.append(f"{rel}:{line_no}: includes {header}: {why}")
+
+    for rel in files(root):
+        kind, mine = layer_of(rel) or (None, None)
+        if kind == "layer" and mine not in rank:
+            found.append(f"{rel}: layer '{mine}' is not in docs/architecture.md's layer table")
+            continue
+        with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
+            for line_no, line in enumerate(f, 1):
+                m = INCLUDE_RE.match(line)
+                if not m:
+                    continue
+                header = m.group(1)
+                hp = header.split("/")
+                if hp[0] == "lib" and len(hp) > 2:  # a private header of layer hp[1]
+                    if kind == "apps":
+                        report(
+                            rel,
+                            line_no,
+                            header,
+                            "apps/ may use only public headers " "(include/fullshard/...)",
+                        )
+                    elif kind == "top" or (kind == "layer" and rel.startswith("include/")):
+                        report(rel, line_no, header, "a public header includes a private one")
+                    elif kind == "layer" and hp[1] != mine:
+                        report(
+                            rel,
+                            line_no,
+                            header,
+                            f"a private header of layer '{hp[1]}' " f"used from layer '{mine}'",
+                        )
+                elif hp[0] == "fullshard" and kind == "layer":
+                    if header == CONFIG:
+                        continue
+                    if header == UMBRELLA or len(hp) < 3:
+                        report(rel, line_no, header, "the umbrella header is for applications")
+                    elif hp[1] not in rank:
+                        report(
+                            rel,
+                            line_no,
+                            header,
+                            f"layer '{hp[1]}' is not in " "docs/architecture.md's layer table",
+                        )
+                    elif rank[hp[1]] > rank[mine]:
+                        report(
+                            rel,
+                            line_no,
+                            header,
+                            f"layer '{mine}' uses layer '{hp[1]}' "
+                            f"above it (order: {' < '.join(layers)})",
+                        )
+    stale = sorted(f"{f}: includes {h}" for f, h in allowed - used)
+    return sorted(found), stale
+
+
+def main(root):
+    found, stale = check(root, ALLOWED)
+    layers = read_layers(root)
+    print(f"layers (docs/architecture.md): {' < '.join(layers)}")
+    print(f"known violations still allowed ({len(ALLOWED) - len(stale)}):")
+    for f, h in sorted(ALLOWED):
+        print(f"  {f}: includes {h}")
+    for v in found:
+        print(f"LAYER VIOLATION {v}")
+    for s in stale:
+        print(f"STALE ALLOW-LIST ENTRY (fixed: delete it from test/layers/check_layers.py) {s}")
+    if found or stale:
+        print(f"layer check FAILED: {len(found)} violation(s), {len(stale)} stale entr(y/ies)")
+        return 1
+    print("layer check passed")
+    return 0
+
+
+def self_test(real_root):
+    """Plants each kind of violation in a scratch tree (with the real architecture.md)."""
+    tmp = tempfile.mkdtemp(prefix="fullshard-layers-")
+    try:
+
+        def write(rel, text):
+            p = os.path.join(tmp, rel)
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(p, "w", encoding="utf-8") as f:
+                f.write(text)
+
+        os.makedirs(os.path.join(tmp, "docs"))
+        shutil.copy(os.path.join(real_root, "docs", "architecture.md"), os.path.join(tmp, "docs"))
+        # A clean tree: downward and same-layer includes only.
+        write("include/fullshard/comm/stream.hpp", '#include "fullshard/base/error.hpp"\n')
+        write(
+            "lib/comm/stream.cpp",
+            '#include "fullshard/comm/stream.hpp"\n'
+            '#include "lib/comm/private.hpp"\n#include "fullshard/config.hpp"\n',
+        )
+        write("lib/comm/private.hpp", "#include <mpi.h>\n")
+        write("apps/a/main.cpp", '#include "fullshard/fullshard.hpp"\n#include "local.hpp"\n')
+        ok, stale = check(tmp, set())
+        assert ok == [] and stale == [], (ok, stale)
+        # Planted: one of each kind, plus a stale allow-list entry.
+        write("lib/base/up.cpp", '#include "fullshard/comm/stream.hpp"\n')
+        write("lib/mesh/peek.cpp", '#include "lib/comm/private.hpp"\n')
+        write("apps/a/bad.cpp", '#include "lib/comm/private.hpp"\n')
+        write("include/fullshard/tensor/t.hpp", '#include "lib/tensor/x.hpp"\n')
+        write("lib/nowhere/x.cpp", "\n")
+        allowed = {("lib/base/up.cpp", "fullshard/comm/stream.hpp"), ("lib/gone.cpp", "x.hpp")}
+        found, stale = check(tmp, allowed)
+        expect = [
+            "apps/a/bad.cpp:1: includes lib/comm/private.hpp",
+            "include/fullshard/tensor/t.hpp:1: includes lib/tensor/x.hpp",
+            "lib/mesh/peek.cpp:1: includes lib/comm/private.hpp",
+            "lib/nowhere/x.cpp: layer 'nowhere'",
+        ]
+        assert len(found) == len(expect) and all(
+            f.startswith(e) for f, e in zip(found, expect)
+        ), found
+        assert stale == ["lib/gone.cpp: includes x.hpp"], stale
+        found, _ = check(tmp, set())
+        assert any(
+            f.startswith(
+                "lib/base/up.cpp:1: includes fullshard/comm/stream.hpp: layer "
+                "'base' uses layer 'comm' above it"
+            )
+            for f in found
+        ), found
+        print("layer check self-test passed: every planted violation was reported")
+        return 0
+    finally:
+        shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    here = os.path.dirname(os.path.abspath(__file__))
+    default_root = os.path.dirname(os.path.dirname(here))
+    if sys.argv[1:2] == ["--self-test"]:
+        sys.exit(self_test(sys.argv[2] if len(sys.argv) > 2 else default_root))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else default_root))
