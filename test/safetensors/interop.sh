@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# safetensors files between fullshard-ckpt and the Python package: Python writes a file
+# (F32, F64, F16, BF16) -> fullshard-ckpt inspect, convert --from safetensors (full, and
+# sharded on 3 files) -> the checkpoints hold the reference values (read in Python from
+# index.json and the data files) -> convert --to safetensors -> safetensors.numpy.load_file
+# gives the reference values, laid out exactly as save_file lays them out. A file
+# truncated by one byte is refused naming the file.
+#   interop.sh PYTHON CKPT_BINARY
+set -euo pipefail
+py="$1" ckpt="$2"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [[ ! -x "$py" ]]; then
+  echo "FAIL: $py is missing: run scripts/setup (it creates .venv with safetensors, numpy and ml_dtypes)"
+  exit 1
+fi
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+interop() { "$py" "$here/interop.py" "$@"; }
+ckpt() {
+  "$ckpt" "$@" >"$work/out.log" 2>&1 || { echo "FAIL: fullshard-ckpt $*:"; cat "$work/out.log"; exit 1; }
+  cat "$work/out.log"
+}
+
+interop write "$work/py.safetensors"
+ckpt inspect "$work/py.safetensors" | grep -E "embed +BF16 +\(9, 3\)" \
+  || { echo "FAIL: inspect does not list embed as BF16 (9, 3)"; exit 1; }
+
+ckpt convert "$work/py.safetensors" "$work/full" --from safetensors
+interop check-ckpt "$work/full/step-00000000"
+ckpt convert "$work/py.safetensors" "$work/sh3" --from safetensors --to sharded --shards 3 --step 7
+interop check-ckpt "$work/sh3/step-00000007"
+ckpt verify "$work/sh3"
+
+for d in full sh3; do
+  ckpt convert "$work/$d" "$work/$d.safetensors" --to safetensors
+  interop check-st "$work/$d.safetensors" --gen
+done
+
+# Truncated by one byte: refused, naming the file.
+head -c -1 "$work/py.safetensors" >"$work/cut.safetensors"
+if "$ckpt" inspect "$work/cut.safetensors" >"$work/cut.log" 2>&1; then
+  echo "FAIL: a truncated file was accepted"; exit 1
+fi
+grep -q "safetensors file $work/cut.safetensors: tensor '[^']*': data_offsets .* lie beyond the data region" "$work/cut.log" \
+  || { echo "FAIL: unexpected message for a truncated file:"; cat "$work/cut.log"; exit 1; }
+echo "safetensors interop with the Python package: ok"
