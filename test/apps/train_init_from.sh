@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fullshard-train --init-from: a run of N ranks saves a checkpoint after 10 steps; it is converted
 # to safetensors (the Python package reads it: load_file equals the checkpoint's parameters,
-# read in Python from its data files) and back to a checkpoint (--from safetensors). Then on
+# and those of the optimizer file its AdamW states, read in Python from its data files) and back to a checkpoint (--from safetensors). Then on
 # each rank count M in MS, runs started from the safetensors file, from the original checkpoint
 # and from the converted one print identical loss lines, which differ from a run from the seed's
 # weights; across rank counts they agree within relative 1e-6. A file of another model is
@@ -30,6 +30,7 @@ run "$n" "$work/trained" --steps 10 --checkpoint-dir "$work/ck"
 "$ckpt" convert "$work/ck" "$work/w.safetensors" --to safetensors \
   --optimizer-out "$work/opt.safetensors" >/dev/null
 "$py" "$here/../safetensors/interop.py" check-st "$work/w.safetensors" --ckpt "$work/ck/step-00000010"
+"$py" "$here/../safetensors/interop.py" check-st "$work/opt.safetensors" --ckpt-states "$work/ck/step-00000010"
 "$ckpt" convert "$work/w.safetensors" "$work/back" --from safetensors --to sharded --shards 3 >/dev/null
 
 run 1 "$work/seed" --steps 5

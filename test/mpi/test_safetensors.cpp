@@ -58,11 +58,11 @@ double value(const std::string& name, std::int64_t e, int seed) {
 // l0 {w (7,3), b (5,)}, l1 {w (13,)}, l2 {w (4,12) Shard(1)}, root {scale (3,) ignored}.
 struct Net {
   std::unique_ptr<Module> root = Module::make_root("model");
-  Net(const DeviceMesh& mesh, int seed, bool wide_l0 = false) {
+  Net(const DeviceMesh& mesh, int seed) {
     Module& l0 = root->add_module("l0");
     Module& l1 = root->add_module("l1");
     Module& l2 = root->add_module("l2");
-    l0.add_param("w", {7, wide_l0 ? 4 : 3});
+    l0.add_param("w", {7, 3});
     l0.add_param("b", {5});
     l1.add_param("w", {13});
     l2.add_param("w", {4, 12});
@@ -196,6 +196,23 @@ TEST_CASE("load_safetensors: each rank reads its own shards, values exact") {
   (void)ck::load_safetensors(dir + "/ck.safetensors", *net.root);
   CHECK(mismatches(*net.root, 9) == 0);
 
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::error_code ec;
+  if (R() == 0) fs::remove_all(dir, ec);
+}
+
+TEST_CASE("load_safetensors on HSDP 2x2: each replica reads the shards of its shard group") {
+  if (test::world_size() != 4) return;
+  const std::string dir = shared_temp_dir();
+  REQUIRE(!dir.empty());
+  const std::string path = dir + "/w.safetensors";
+  if (R() == 0) write_file(path, 4);
+  MPI_Barrier(MPI_COMM_WORLD);
+  DeviceMesh mesh(test::runtime(), {2, 2}, {"replicate", "shard"});
+  Net net(mesh, 0);
+  const ck::SafetensorsLoaded l = ck::load_safetensors(path, *net.root);
+  CHECK(mismatches(*net.root, 4) == 0);
+  CHECK(l.bytes_read == ck::SafetensorsReader(path).data_offset() + expected_bytes(*net.root));
   MPI_Barrier(MPI_COMM_WORLD);
   std::error_code ec;
   if (R() == 0) fs::remove_all(dir, ec);

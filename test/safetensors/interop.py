@@ -6,6 +6,9 @@
     interop.py check-st FILE --ckpt DIR load_file(FILE) equals the parameters of the fullshard
                                         checkpoint step directory DIR, read here from its
                                         index.json and data files (an independent reader)
+    interop.py check-st FILE --ckpt-states DIR
+                                        the same for the optimizer states of DIR
+                                        ("<fqn>.<state>")
     interop.py check-ckpt DIR           the checkpoint DIR holds the reference tensors
 
 check-st also re-saves what it loaded with save_file and requires the same tensor layout
@@ -72,8 +75,8 @@ def compare(got, want, where):
             fail(f"{where}: tensor '{name}' values differ: {g.ravel()[:8]} vs {w.ravel()[:8]}")
 
 
-def read_checkpoint(step_dir):
-    """The parameters of a fullshard checkpoint, assembled from their shards."""
+def read_checkpoint(step_dir, states=False):
+    """The parameters (or optimizer states) of a fullshard checkpoint, from their shards."""
     with open(os.path.join(step_dir, "index.json")) as f:
         index = json.load(f)
     if index.get("format") != "fullshard-checkpoint":
@@ -81,7 +84,7 @@ def read_checkpoint(step_dir):
     files = [os.path.join(step_dir, x["name"]) for x in index["files"]]
     out = {}
     for t in index["tensors"]:
-        if t["state"]:
+        if bool(t["state"]) != states:
             continue
         dt = DTYPES[t["dtype"]]
         full = np.zeros(t["global_shape"], dtype=dt)
@@ -117,7 +120,12 @@ def main(argv):
         print(f"wrote {argv[1]} with safetensors.numpy.save_file")
     elif len(argv) >= 3 and argv[0] == "check-st":
         got = load_file(argv[1])
-        want = reference() if argv[2] == "--gen" else read_checkpoint(argv[3])
+        if argv[2] == "--gen":
+            want = reference()
+        else:
+            want = read_checkpoint(argv[3], states=argv[2] == "--ckpt-states")
+            if not want:
+                fail(f"{argv[3]}: no tensors to compare with")
         compare(got, want, argv[1])
         check_layout(argv[1], got)
         print(f"ok: {argv[1]}: {len(got)} tensors equal the reference, "

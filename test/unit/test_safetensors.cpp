@@ -410,7 +410,8 @@ TEST_CASE("safetensors reader: every bad file is refused naming the file and the
        "empty name"},
   };
   for (const Bad& b : cases) {
-    CAPTURE(b.what);
+    const std::string what = b.what;
+    CAPTURE(what);
     write_file(path, b.bytes);
     const std::string e = error_of<InvalidArgument>([&] { ck::SafetensorsReader r(path); });
     CHECK_MESSAGE(contains(e, "safetensors file " + path), e);
