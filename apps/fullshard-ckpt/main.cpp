@@ -46,9 +46,10 @@ const char* const kUsage =
     "           placement (default N: the number of data files of SRC; at most 1048576)\n"
     "           --to safetensors: the model's parameters as one safetensors file (FQNs as\n"
     "           names), streamed; --optimizer-out FILE: the optimizer state into a second\n"
-    "           --from safetensors: a checkpoint (parameters only, step N, default 0) of the\n"
-    "           file's tensors, split along dim 0 with --to sharded; --graph: names, shapes\n"
-    "           and dtypes must be those of the graph's parameters\n"
+    "           file. --from safetensors: a checkpoint (parameters only, step N, default 0)\n"
+    "           of the file's tensors, one file (--to full, the default) or split along\n"
+    "           dim 0 into N files (--to sharded --shards N, default 1); --graph: names,\n"
+    "           shapes and dtypes must be those of the graph's parameters\n"
     "\n"
     "Exit status: 0 success; 1 verify found problems (in the index or the data); 2 bad usage,\n"
     "or DIR/SRC is not a checkpoint or cannot be read (any error of inspect and convert).\n";
