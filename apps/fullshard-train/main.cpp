@@ -87,7 +87,8 @@ const char* const kUsage =
     "  --init-from FILE      start from these weights (step 0, a fresh optimizer): a\n"
     "                        .safetensors file (each rank reads only its shards' bytes) or\n"
     "                        a fullshard checkpoint (its parameters); names and shapes must\n"
-    "                        be the model's\n"
+    "                        be the model's (a safetensors dtype other than the model's is\n"
+    "                        converted, and the count printed)\n"
     "  --trace FILE          write the plan and the measured timeline (Chrome/Perfetto JSON)\n"
     "  --log-every N         print every N-th step line (default 1; the last step always)\n"
     "  --help                print this help\n"
@@ -462,9 +463,13 @@ class Trainer {
       bytes = ck.bytes_read;
       tensors = params_.size();
     } else {
+      fullshard::checkpoint::SafetensorsLoadOptions lo;
+      lo.cast = true;  // e.g. bf16 weights into the f32 model, as torch's load_state_dict
       const fullshard::checkpoint::SafetensorsLoaded l =
-          fullshard::checkpoint::load_safetensors(c_.init_from, model_.root());
-      what = c_.init_from + " (safetensors)";
+          fullshard::checkpoint::load_safetensors(c_.init_from, model_.root(), lo);
+      what = c_.init_from + " (safetensors" +
+             (l.cast ? ", " + std::to_string(l.cast) + " tensors cast to the model's dtype" : "") +
+             ")";
       bytes = l.bytes_read;
       tensors = l.tensors;
     }

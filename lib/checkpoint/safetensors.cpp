@@ -648,7 +648,7 @@ std::string relative_fqn(const graph::Module& root, const graph::Parameter& p) {
 }
 
 // Every parameter of `model` in the file with its shape and dtype, nothing else.
-void check_against_model(const SafetensorsReader& r, graph::Module& model) {
+void check_against_model(const SafetensorsReader& r, graph::Module& model, bool cast = false) {
   std::set<std::string> want;
   for (graph::Parameter* p : model.parameters()) {
     const std::string name = relative_fqn(model, *p);
@@ -659,7 +659,7 @@ void check_against_model(const SafetensorsReader& r, graph::Module& model) {
       fail(r.path(), name,
            "has shape " + shape_string(t->shape) + ", the model's parameter is " +
                shape_string(p->shape()));
-    if (t->dtype != p->dtype())
+    if (t->dtype != p->dtype() && !cast)
       fail(r.path(), name,
            std::string("is ") + safetensors_dtype_name(t->dtype) + ", the model's parameter is " +
                safetensors_dtype_name(p->dtype()) + " (" + dtype_name(p->dtype()) + ")");
@@ -780,21 +780,32 @@ std::string safetensors_to_checkpoint(const std::string& src, const std::string&
 // ---- Loading into a model ---------------------------------------------------------------------
 
 SafetensorsLoaded load_safetensors(const std::string& path, graph::Module& model,
-                                   const SafetensorsLimits& limits) {
-  SafetensorsReader r(path, limits);
-  check_against_model(r, model);
+                                   const SafetensorsLoadOptions& options) {
+  SafetensorsReader r(path, options.limits);
+  check_against_model(r, model, options.cast);
   const auto sd = fsdp::sharded_state_dict(model);
   std::map<std::string, ShardedTensor> staged;
+  SafetensorsLoaded out;
+  detail::ByteBuffer raw;
   for (const auto& [name, st] : sd) {
     const SafetensorsTensor& t = r.tensor(name);
+    const DType want = st.local.dtype();
     ShardedTensor s;
     s.layout = st.layout;
-    s.local = Tensor::empty(st.layout.local_shape, t.dtype, MemorySpace::host, "safetensors.load");
-    r.read_box(t, st.layout.global_offset, st.layout.local_shape, s.local.data());
+    s.local = Tensor::empty(st.layout.local_shape, want, MemorySpace::host, "safetensors.load");
+    if (t.dtype == want) {
+      r.read_box(t, st.layout.global_offset, st.layout.local_shape, s.local.data());
+    } else {  // options.cast
+      const auto n = static_cast<std::size_t>(numel(st.layout.local_shape));
+      raw.resize(n * dtype_size(t.dtype));
+      r.read_box(t, st.layout.global_offset, st.layout.local_shape, raw.data());
+      for (std::size_t e = 0; e < n; ++e)
+        store_from_double(s.local.data(), want, e, load_as_double(raw.data(), t.dtype, e));
+      ++out.cast;
+    }
     staged.emplace(name, std::move(s));
   }
   fsdp::load_sharded_state_dict(model, staged);
-  SafetensorsLoaded out;
   out.tensors = staged.size();
   out.bytes_read = r.bytes_read();
   out.metadata = r.metadata();

@@ -4,8 +4,9 @@
 # and those of the optimizer file its AdamW states, read in Python from its data files) and back to a checkpoint (--from safetensors). Then on
 # each rank count M in MS, runs started from the safetensors file, from the original checkpoint
 # and from the converted one print identical loss lines, which differ from a run from the seed's
-# weights; across rank counts they agree within relative 1e-6. A file of another model is
-# refused naming the tensor.
+# weights; across rank counts they agree within relative 1e-6. BF16 weights are cast into the
+# f32 model (the run equals one from the same values stored as F32). A file of another model
+# is refused naming the tensor.
 #   train_init_from.sh MPIEXEC TRAIN CKPT PYTHON N "1 2 3"
 set -euo pipefail
 mpiexec="$1" train="$2" ckpt="$3" py="$4" n="$5" ms="$6"
@@ -56,6 +57,19 @@ for m in $ms; do
     END { exit bad }'
   echo "ok: $m ranks: --init-from safetensors = --init-from the checkpoint = --init-from the converted checkpoint: $(head -1 "$work/st$m")"
 done
+
+# BF16 weights go into the f32 model converted: the same run as from those values in F32.
+"$py" "$here/../safetensors/interop.py" to-bf16 "$work/w.safetensors" "$work/w16.safetensors" \
+  "$work/w32.safetensors" >/dev/null
+run 2 "$work/b16" --steps 3 --init-from "$work/w16.safetensors"
+run 2 "$work/b32" --steps 3 --init-from "$work/w32.safetensors"
+grep -Eq "\(safetensors, [0-9]+ tensors cast to the model's dtype\)" "$work/b16.log" \
+  || { echo "FAIL: no cast note:"; cat "$work/b16.log"; exit 1; }
+cmp -s "$work/b16" "$work/b32" \
+  || { echo "FAIL: --init-from BF16 weights and from the same values in F32 differ"; exit 1; }
+cmp -s "$work/b16" <(head -3 "$work/st2") \
+  && { echo "FAIL: BF16-rounded weights gave exactly the F32 run (not rounded?)"; exit 1; }
+echo "ok: BF16 weights cast into the f32 model: $(head -1 "$work/b16")"
 
 # Another model's weights: refused, naming the tensor.
 if "$mpiexec" -n 2 "$train" "${flags[@]}" --hidden 40 --steps 1 --init-from "$work/w.safetensors" \

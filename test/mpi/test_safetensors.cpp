@@ -188,6 +188,16 @@ TEST_CASE("load_safetensors: each rank reads its own shards, values exact") {
     CHECK(mismatches(*net.root, 3) == 0);
   }
 
+  // With cast, a BF16 tensor goes into the f32 parameter (the values are exact in bf16).
+  {
+    const std::string b16 = dir + "/bad3.safetensors";  // l0.b in BF16, seed 5
+    ck::SafetensorsLoadOptions lo;
+    lo.cast = true;
+    const ck::SafetensorsLoaded c = ck::load_safetensors(b16, *net.root, lo);
+    CHECK(c.cast == 1);
+    CHECK(mismatches(*net.root, 5) == 0);
+  }
+
   // A checkpoint saved on the world, converted: the same values load back.
   Net saved(mesh, 9);
   ck::save(dir + "/ck", *saved.root, nullptr, 2);

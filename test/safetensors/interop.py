@@ -10,6 +10,8 @@
                                         the same for the optimizer states of DIR
                                         ("<fqn>.<state>")
     interop.py check-ckpt DIR           the checkpoint DIR holds the reference tensors
+    interop.py to-bf16 IN OUT16 OUT32   IN's tensors rounded to BF16 (OUT16), and those values
+                                        as F32 again (OUT32, exact)
 
 check-st also re-saves what it loaded with save_file and requires the same tensor layout
 (dtype, shape, data_offsets: the reference writer's order) and the same data bytes as FILE.
@@ -130,6 +132,12 @@ def main(argv):
         check_layout(argv[1], got)
         print(f"ok: {argv[1]}: {len(got)} tensors equal the reference, "
               f"laid out like safetensors.numpy.save_file")
+    elif len(argv) >= 4 and argv[0] == "to-bf16":
+        t = load_file(argv[1])
+        b16 = {k: v.astype(BF16) for k, v in t.items()}
+        save_file(b16, argv[2])
+        save_file({k: v.astype(np.float32) for k, v in b16.items()}, argv[3])
+        print(f"wrote {argv[2]} (BF16) and {argv[3]} (the same values in F32)")
     elif len(argv) >= 2 and argv[0] == "check-ckpt":
         compare(read_checkpoint(argv[1]), reference(), argv[1])
         print(f"ok: {argv[1]}: the checkpoint holds the reference tensors")

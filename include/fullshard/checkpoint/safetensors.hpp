@@ -186,9 +186,18 @@ struct FromSafetensorsOptions {
 std::string safetensors_to_checkpoint(const std::string& src, const std::string& dst,
                                       const FromSafetensorsOptions& options = {});
 
+struct SafetensorsLoadOptions {
+  SafetensorsLimits limits;
+  /// A tensor whose dtype differs from its parameter's: converted (through double, rounding to
+  /// nearest even when narrowing, e.g. F32 into a bf16 parameter) when true, refused when false.
+  bool cast = false;
+};
+
 /// What load_safetensors read.
 struct SafetensorsLoaded {
   std::size_t tensors = 0;
+  /// Tensors converted to their parameter's dtype (SafetensorsLoadOptions::cast).
+  std::size_t cast = 0;
   /// Bytes this rank read from the file (its shards' bytes plus the header).
   std::uint64_t bytes_read = 0;
   std::map<std::string, std::string> metadata;
@@ -196,14 +205,14 @@ struct SafetensorsLoaded {
 
 /// Loads the parameters of `model` (FQNs relative to it; fully_shard'ed or not) from the
 /// safetensors file at `path`: every rank reads the header, checks it against the model (every
-/// parameter present with its shape and dtype, no other tensor) and then reads only the byte
-/// ranges of its own shards (its dim-0 rows of a Shard(0) parameter: one pread), into staging
-/// tensors that load_sharded_state_dict copies in once everything was read. Nothing in the model
-/// changes on error. Not collective: every rank checks the same header, so a bad file or a
-/// mismatch is refused on every rank alike (InvalidArgument naming the file and the tensor);
-/// an I/O error while reading a rank's own bytes is thrown on that rank only. Call with every
-/// group sharded (outside forward/backward).
+/// parameter present with its shape and dtype, unless options.cast, no other tensor) and then
+/// reads only the byte ranges of its own shards (its dim-0 rows of a Shard(0) parameter: one
+/// pread), into staging tensors that load_sharded_state_dict copies in once everything was
+/// read. Nothing in the model changes on error. Not collective: every rank checks the same
+/// header, so a bad file or a mismatch is refused on every rank alike (InvalidArgument naming
+/// the file and the tensor); an I/O error while reading a rank's own bytes is thrown on that
+/// rank only. Call with every group sharded (outside forward/backward).
 SafetensorsLoaded load_safetensors(const std::string& path, graph::Module& model,
-                                   const SafetensorsLimits& limits = {});
+                                   const SafetensorsLoadOptions& options = {});
 
 }  // namespace fullshard::checkpoint
