@@ -5,15 +5,22 @@
 //   fullshard-ckpt verify ckpt/             # every checksum; exit 1 naming file and tensor
 //   fullshard-ckpt convert ckpt/ full/ --to full
 //   fullshard-ckpt convert full/ sh3/ --to sharded --shards 3
+//   fullshard-ckpt convert ckpt/ model.safetensors --to safetensors
+//   fullshard-ckpt convert model.safetensors ckpt/ --from safetensors [--graph model.json]
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/checksum.hpp"
 #include "fullshard/checkpoint/format.hpp"
+#include "fullshard/checkpoint/safetensors.hpp"
+#include "fullshard/graph/json_graph.hpp"
 
 namespace {
 
@@ -23,16 +30,26 @@ const char* const kUsage =
     "usage: fullshard-ckpt inspect DIR\n"
     "       fullshard-ckpt verify DIR\n"
     "       fullshard-ckpt convert SRC DST --to full|sharded [--shards N] [--block-bytes B]\n"
+    "       fullshard-ckpt convert SRC OUT.safetensors --to safetensors [--optimizer-out FILE]\n"
+    "       fullshard-ckpt convert IN.safetensors DST --from safetensors [--to full|sharded]\n"
+    "                      [--shards N] [--block-bytes B] [--graph GRAPH.json] [--step N]\n"
     "\n"
     "DIR and SRC are a checkpoint root (its 'latest' is followed) or one step directory.\n"
     "\n"
     "  inspect  the index: step, kind, model fingerprint, optimizer, metadata, files, and per\n"
-    "           tensor its dtype, global shape, placement, shards, bytes and CRC32C\n"
+    "           tensor its dtype, global shape, placement, shards, bytes and CRC32C; given a\n"
+    "           .safetensors file: its metadata and tensors (checked like every read)\n"
     "  verify   checks the index against its checksum, re-reads every data file and checks\n"
     "           every checksum; prints each problem with its file and tensor\n"
     "  convert  writes SRC as a new checkpoint in the root DST (atomically, like a save):\n"
     "           --to full: one file; --to sharded: N shards per tensor along its saved\n"
     "           placement (default N: the number of data files of SRC; at most 1048576)\n"
+    "           --to safetensors: the model's parameters as one safetensors file (FQNs as\n"
+    "           names), streamed; --optimizer-out FILE: the optimizer state into a second\n"
+    "           file. --from safetensors: a checkpoint (parameters only, step N, default 0)\n"
+    "           of the file's tensors, one file (--to full, the default) or split along\n"
+    "           dim 0 into N files (--to sharded --shards N, default 1); --graph: names,\n"
+    "           shapes and dtypes must be those of the graph's parameters\n"
     "\n"
     "Exit status: 0 success; 1 verify found problems (in the index or the data); 2 bad usage,\n"
     "or DIR/SRC is not a checkpoint or cannot be read (any error of inspect and convert).\n";
@@ -103,7 +120,35 @@ bool tensor_crc(const ck::TensorInfo& t, std::uint64_t block, std::uint32_t& out
   return true;
 }
 
+bool is_regular_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int inspect_safetensors(const std::string& path) {
+  ck::SafetensorsReader r(path);
+  std::uint64_t bytes = 0;
+  for (const auto& t : r.tensors())
+    bytes += t.bytes();
+  std::printf("safetensors  %s\n", path.c_str());
+  std::printf("header       %llu bytes (data at byte %llu)\n",
+              static_cast<unsigned long long>(r.data_offset() - 8),
+              static_cast<unsigned long long>(r.data_offset()));
+  std::printf("metadata     %zu\n", r.metadata().size());
+  for (const auto& [k, v] : r.metadata())
+    std::printf("  %s: %s\n", k.c_str(), v.c_str());
+  std::printf("tensors      %zu, %s\n", r.tensors().size(), human(bytes).c_str());
+  std::printf("  %-40s %-5s %-18s %14s %14s\n", "name", "dtype", "shape", "begin", "bytes");
+  for (const auto& t : r.tensors())
+    std::printf("  %-40s %-5s %-18s %14llu %14llu\n", t.name.c_str(),
+                ck::safetensors_dtype_name(t.dtype), fullshard::shape_string(t.shape).c_str(),
+                static_cast<unsigned long long>(t.begin),
+                static_cast<unsigned long long>(t.bytes()));
+  return 0;
+}
+
 int inspect(const std::string& path) {
+  if (is_regular_file(path)) return inspect_safetensors(path);
   ck::Reader r(path);
   const ck::Index& x = r.index();
   std::uint64_t total = 0;
@@ -190,7 +235,9 @@ std::uint64_t parse_count(const std::string& flag, const std::string& v, std::ui
 int convert(const std::vector<std::string>& args) {
   std::vector<std::string> pos;
   ck::ConvertOptions opt;
-  bool have_to = false, have_shards = false;
+  std::string to, from, optimizer_out, graph;
+  std::int64_t step = -1;
+  bool have_shards = false;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> std::string {
@@ -198,19 +245,28 @@ int convert(const std::vector<std::string>& args) {
       return args[++i];
     };
     if (a == "--to") {
-      const std::string v = value();
-      if (v == "full")
-        opt.to = ck::Kind::full;
-      else if (v == "sharded")
-        opt.to = ck::Kind::sharded;
-      else
-        throw UsageError{"--to expects full or sharded, got '" + v + "'"};
-      have_to = true;
+      to = value();
+      if (to != "full" && to != "sharded" && to != "safetensors")
+        throw UsageError{"--to expects full, sharded or safetensors, got '" + to + "'"};
+      opt.to = to == "sharded" ? ck::Kind::sharded : ck::Kind::full;
+    } else if (a == "--from") {
+      from = value();
+      if (from != "safetensors")
+        throw UsageError{
+            "--from expects safetensors (a fullshard checkpoint needs no --from), "
+            "got '" +
+            from + "'"};
     } else if (a == "--shards") {
       opt.shards = static_cast<int>(parse_count("--shards", value(), 1, kMaxShards));
       have_shards = true;
     } else if (a == "--block-bytes") {
       opt.block_bytes = parse_count("--block-bytes", value(), 1, std::uint64_t{1} << 40);
+    } else if (a == "--optimizer-out") {
+      optimizer_out = value();
+    } else if (a == "--graph") {
+      graph = value();
+    } else if (a == "--step") {
+      step = static_cast<std::int64_t>(parse_count("--step", value(), 0, std::uint64_t{1} << 62));
     } else if (a.rfind("--", 0) == 0) {
       throw UsageError{"unknown option '" + a + "'"};
     } else {
@@ -218,10 +274,50 @@ int convert(const std::vector<std::string>& args) {
     }
   }
   if (pos.size() != 2) throw UsageError{"convert needs SRC and DST"};
-  if (!have_to) throw UsageError{"convert needs --to full or --to sharded"};
+  if (to.empty() && from.empty())
+    throw UsageError{
+        "convert needs --to full or --to sharded (or --to safetensors, --from safetensors)"};
   if (have_shards && opt.to == ck::Kind::full)
     throw UsageError{"--shards applies to --to sharded only"};
-  const std::string out = ck::convert(pos[0], pos[1], opt);
+  if (!optimizer_out.empty() && to != "safetensors")
+    throw UsageError{"--optimizer-out applies to --to safetensors only"};
+  if ((!graph.empty() || step >= 0) && from.empty())
+    throw UsageError{std::string(graph.empty() ? "--step" : "--graph") +
+                     " applies to --from safetensors only"};
+
+  if (to == "safetensors") {
+    if (!from.empty()) throw UsageError{"--to safetensors and --from safetensors together"};
+    if (have_shards) throw UsageError{"--shards does not apply to --to safetensors"};
+    ck::ToSafetensorsOptions so;
+    so.optimizer_path = optimizer_out;
+    ck::checkpoint_to_safetensors(pos[0], pos[1], so);
+    const ck::SafetensorsReader r(pos[1]);
+    std::printf("wrote safetensors %s (%zu tensors, %llu bytes)\n", pos[1].c_str(),
+                r.tensors().size(), static_cast<unsigned long long>(r.file_bytes()));
+    if (!optimizer_out.empty()) {
+      const ck::SafetensorsReader o(optimizer_out);
+      std::printf("wrote safetensors %s (%zu optimizer tensors, %llu bytes)\n",
+                  optimizer_out.c_str(), o.tensors().size(),
+                  static_cast<unsigned long long>(o.file_bytes()));
+    }
+    return 0;
+  }
+  std::string out;
+  if (!from.empty()) {
+    ck::FromSafetensorsOptions fo;
+    fo.kind = opt.to;
+    fo.shards = opt.to == ck::Kind::sharded ? (have_shards ? opt.shards : 1) : 1;
+    fo.block_bytes = opt.block_bytes;
+    if (step >= 0) fo.step = step;
+    std::unique_ptr<fullshard::graph::Module> model;
+    if (!graph.empty()) {
+      model = fullshard::graph::load_graph_json(graph);
+      fo.expect = model.get();
+    }
+    out = ck::safetensors_to_checkpoint(pos[0], pos[1], fo);
+  } else {
+    out = ck::convert(pos[0], pos[1], opt);
+  }
   ck::Reader r(out);
   std::printf("wrote %s checkpoint %s (%zu tensors, %zu files)\n", ck::kind_name(r.index().kind),
               out.c_str(), r.index().tensors.size(), r.index().files.size());

@@ -5,6 +5,7 @@
 //
 //   mpirun -n 4 fullshard-train --layers 8 --hidden 512 --batch 256 --steps 100 --seed 1
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <mpi.h>
 
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,6 +23,7 @@
 #include "cli.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/checkpoint.hpp"
+#include "fullshard/checkpoint/safetensors.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/optim/optimizer.hpp"
@@ -81,6 +84,11 @@ const char* const kUsage =
     "  --resume DIR          continue from the checkpoint in DIR (saved on any number of\n"
     "                        ranks or mesh) up to --steps S, the total; model, --batch and\n"
     "                        --seed must be those of the saved run\n"
+    "  --init-from FILE      start from these weights (step 0, a fresh optimizer): a\n"
+    "                        .safetensors file (each rank reads only its shards' bytes) or\n"
+    "                        a fullshard checkpoint (its parameters); names and shapes must\n"
+    "                        be the model's (a safetensors dtype other than the model's is\n"
+    "                        converted, and the count printed)\n"
     "  --trace FILE          write the plan and the measured timeline (Chrome/Perfetto JSON)\n"
     "  --log-every N         print every N-th step line (default 1; the last step always)\n"
     "  --help                print this help\n"
@@ -100,7 +108,7 @@ struct Config {
   std::optional<fullshard::DType> param_dtype, reduce_dtype;
   std::string trace;
   int log_every = 1;
-  std::string checkpoint_dir, resume_dir;
+  std::string checkpoint_dir, resume_dir, init_from;
   int save_every = 0;
   int stop_after = -1;
   fullshard::checkpoint::Kind checkpoint_kind = fullshard::checkpoint::Kind::sharded;
@@ -139,6 +147,7 @@ Config parse(int argc, char** argv) {
     else if (f == "--checkpoint-dir") c.checkpoint_dir = a.value();
     else if (f == "--save-every") c.save_every = a.int_value(1);
     else if (f == "--resume") c.resume_dir = a.value();
+    else if (f == "--init-from") c.init_from = a.value();
     else if (f == "--stop-after") c.stop_after = a.int_value(0);
     else if (f == "--checkpoint-kind") {
       const std::string k = a.value();
@@ -148,6 +157,9 @@ Config parse(int argc, char** argv) {
     }
     else a.unknown();
   }
+  if (!c.init_from.empty() && !c.resume_dir.empty())
+    throw apps::UsageError{"--init-from and --resume exclude each other (--resume restores the "
+                           "weights too)"};
   if (c.save_every > 0 && c.checkpoint_dir.empty())
     throw apps::UsageError{"--save-every needs --checkpoint-dir"};
   if (c.warmup >= 0 && c.warmup >= c.steps)
@@ -216,204 +228,311 @@ double peak_rss_mib() {
   return static_cast<double>(ru.ru_maxrss) / 1024.0;  // Linux: KiB
 }
 
-int train(const fullshard::Runtime& rt, const Config& c) {
-  const int world = rt.world_size(), rank = rt.rank();
+fullshard::DeviceMesh make_mesh(const fullshard::Runtime& rt, const Config& c) {
+  const int world = rt.world_size();
   auto [R, S] = c.mesh;
   if (S == 0) R = 1, S = world;
   if (static_cast<std::int64_t>(R) * S != world)
     throw apps::UsageError{"--mesh " + std::to_string(R) + "x" + std::to_string(S) + " needs " +
-                           std::to_string(static_cast<std::int64_t>(R) * S) + " ranks, the job has " +
-                           std::to_string(world)};
-  const fullshard::DeviceMesh mesh =
-      R == 1 ? fullshard::DeviceMesh(rt, {S}, {"shard"})
-             : fullshard::DeviceMesh(rt, {R, S}, {"replicate", "shard"});
+                           std::to_string(static_cast<std::int64_t>(R) * S) +
+                           " ranks, the job has " + std::to_string(world)};
+  return R == 1 ? fullshard::DeviceMesh(rt, {S}, {"shard"})
+                : fullshard::DeviceMesh(rt, {R, S}, {"replicate", "shard"});
+}
 
-  apps::ResidualMlp model(c.shape, c.seed);
-  model.shard(mesh, c.plan);
-  const Teacher teacher(c.shape, c.seed + 1);
+const double kMiB = 1024.0 * 1024.0;
 
-  std::vector<fullshard::graph::Parameter*> params = model.root().parameters();
-  std::unique_ptr<fullshard::optim::Optimizer> opt;
-  fullshard::optim::SGD* sgd = nullptr;
-  fullshard::optim::AdamW* adamw = nullptr;
-  if (c.optimizer == "sgd") {
-    auto o = std::make_unique<fullshard::optim::SGD>(params, c.lr, c.momentum, c.weight_decay);
-    sgd = o.get();
-    opt = std::move(o);
-  } else {
-    auto o = std::make_unique<fullshard::optim::AdamW>(params, c.lr, 0.9, 0.999, 1e-8,
-                                                       c.weight_decay);
-    adamw = o.get();
-    opt = std::move(o);
+/// One training run: set-up (constructor), restoring state (restore), steps (step), logging
+/// (log_step), checkpoints (save), and the end (summary, write_trace).
+class Trainer {
+ public:
+  /// Set-up: mesh, sharded model, teacher, optimizer, lr schedule, this rank's batch slice.
+  Trainer(const fullshard::Runtime& rt, const Config& c)
+      : c_(c),
+        rank_(rt.rank()),
+        mesh_(make_mesh(rt, c)),
+        model_(c.shape, c.seed),
+        teacher_(c.shape, c.seed + 1),
+        run_identity_({{"batch", c.batch},
+                       {"seed", c.seed},
+                       {"optimizer", c.optimizer},
+                       {"lr", c.lr},
+                       {"warmup", c.warmup},
+                       {"steps", c.steps}}),
+        keep_timeline_(!c.trace.empty()) {
+    model_.shard(mesh_, c.plan);
+    params_ = model_.root().parameters();
+    if (c.optimizer == "sgd") {
+      auto o = std::make_unique<fullshard::optim::SGD>(params_, c.lr, c.momentum, c.weight_decay);
+      sgd_ = o.get();
+      opt_ = std::move(o);
+    } else {
+      auto o = std::make_unique<fullshard::optim::AdamW>(params_, c.lr, 0.9, 0.999, 1e-8,
+                                                         c.weight_decay);
+      adamw_ = o.get();
+      opt_ = std::move(o);
+    }
+    if (c.warmup >= 0) schedule_.emplace(c.lr, c.warmup, c.steps);
+    // This rank's slice of every global batch: rows split as evenly as possible.
+    const std::int64_t dp_rank = mesh_.rank();
+    dp_ = rt.world_size();
+    base_ = c.batch / dp_;
+    const std::int64_t extra = c.batch % dp_;
+    rows_ = static_cast<int>(base_ + (dp_rank < extra ? 1 : 0));
+    first_row_ = dp_rank * base_ + std::min(dp_rank, extra);
+    last_step_ = c.stop_after >= 0 ? std::min(c.steps, c.stop_after) : c.steps;
   }
-  std::optional<fullshard::optim::WarmupCosine> schedule;
-  if (c.warmup >= 0) schedule.emplace(c.lr, c.warmup, c.steps);
 
-  // This rank's slice of every global batch: rows split as evenly as possible.
-  const std::int64_t dp_rank = mesh.rank(), dp = world;
-  const std::int64_t base = c.batch / dp, extra = c.batch % dp;
-  const int rows = static_cast<int>(base + (dp_rank < extra ? 1 : 0));
-  const std::int64_t first_row = dp_rank * base + std::min(dp_rank, extra);
-
-  const double mib = 1024.0 * 1024.0;
-  if (rank == 0) {
-    std::printf("fullshard-train: %lld parameters (%.1f MiB f32), %d blocks x hidden %d, "
-                "global batch %lld on %s, %zu communication groups, plan: step %.2f ms, "
-                "pool peak %.2f MiB\n",
-                static_cast<long long>(model.num_params()), model.num_params() * 4.0 / mib,
-                c.shape.blocks, c.shape.hidden, static_cast<long long>(c.batch),
-                mesh.describe().c_str(), model.plan().groups.size(), model.plan().step_ms,
-                model.plan().peak_bytes / mib);
-    if (rows == 0 || base == 0)
+  void print_header() const {
+    if (rank_ != 0) return;
+    std::printf(
+        "fullshard-train: %lld parameters (%.1f MiB f32), %d blocks x hidden %d, "
+        "global batch %lld on %s, %zu communication groups, plan: step %.2f ms, "
+        "pool peak %.2f MiB\n",
+        static_cast<long long>(model_.num_params()), model_.num_params() * 4.0 / kMiB,
+        c_.shape.blocks, c_.shape.hidden, static_cast<long long>(c_.batch),
+        mesh_.describe().c_str(), model_.plan().groups.size(), model_.plan().step_ms,
+        model_.plan().peak_bytes / kMiB);
+    if (rows_ == 0 || base_ == 0)
       std::printf("warning: global batch %lld < %lld ranks: some ranks have no samples\n",
-                  static_cast<long long>(c.batch), static_cast<long long>(dp));
+                  static_cast<long long>(c_.batch), static_cast<long long>(dp_));
     std::fflush(stdout);
   }
 
-  auto& timeline = model.executor().timeline();
-  std::vector<float> x, t;
-  std::vector<double> step_ms, comm_ms;
-  double first_loss = 0, last_loss = 0;
-  std::size_t ops_seen = 0;
-  // Bytes of the training steps after the first (which also initialises): checkpoint saves
-  // and loads are not counted.
-  fullshard::comm::Traffic step_traffic;
-  const bool keep_timeline = !c.trace.empty();
-  // What a resumed run must share with the saved one for the data stream and the schedule to
-  // continue where they stopped (the model itself is checked by checkpoint::load).
-  const nlohmann::json run_identity = {{"batch", c.batch},       {"seed", c.seed},
-                                       {"optimizer", c.optimizer}, {"lr", c.lr},
-                                       {"warmup", c.warmup},     {"steps", c.steps}};
-  int first_step = 0;
-  if (!c.resume_dir.empty()) {
-    const auto t0 = Clock::now();
-    const fullshard::checkpoint::Loaded ck = fullshard::checkpoint::load(c.resume_dir, model.root(), opt.get());
-    const nlohmann::json saved = ck.metadata.value("fullshard-train", nlohmann::json::object());
-    for (const char* key : {"batch", "seed", "optimizer"})
-      if (saved.contains(key) && saved[key] != run_identity[key])
-        throw apps::UsageError{std::string("--resume ") + c.resume_dir + ": the checkpoint was "
-                               "saved with --" + key + " " + saved[key].dump() + ", this run has " +
-                               run_identity[key].dump() + " (the data would not continue)"};
-    for (const char* key : {"lr", "warmup", "steps"})
-      if (rank == 0 && saved.contains(key) && saved[key] != run_identity[key])
-        std::printf("warning: --resume: the checkpoint's run had --%s %s, this run has %s: the "
-                    "learning-rate schedule changes from here\n",
-                    key, saved[key].dump().c_str(), run_identity[key].dump().c_str());
-    if (c.stop_after >= 0 && c.stop_after <= ck.step)
-      throw apps::UsageError{"--stop-after " + std::to_string(c.stop_after) +
-                             ": the checkpoint is already at step " + std::to_string(ck.step)};
-    if (ck.step > c.steps)
-      throw apps::UsageError{"--resume " + c.resume_dir + ": the checkpoint is at step " +
-                             std::to_string(ck.step) + ", beyond --steps " +
-                             std::to_string(c.steps)};
-    first_step = static_cast<int>(ck.step);
-    if (rank == 0) {
-      std::printf("resumed from %s at step %d (%s checkpoint, %.2f MiB read by rank 0 in %.3f s)\n",
-                  ck.step_dir.c_str(), first_step, fullshard::checkpoint::kind_name(ck.kind),
-                  ck.bytes_read / mib,
-                  std::chrono::duration<double>(Clock::now() - t0).count());
-      std::fflush(stdout);
-    }
+  /// --resume (model, optimizer and step) or --init-from (weights only); returns the first step.
+  int restore() {
+    if (!c_.resume_dir.empty()) return resume();
+    if (!c_.init_from.empty()) init_from();
+    return 0;
   }
-  auto save = [&](int steps_done, double loss) {
-    const auto t0 = Clock::now();
-    nlohmann::json meta = {{"fullshard-train", run_identity}, {"loss", loss}};
-    fullshard::checkpoint::SaveOptions so;
-    so.kind = c.checkpoint_kind;
-    const std::string where = fullshard::checkpoint::save(c.checkpoint_dir, model.root(), opt.get(),
-                                                          steps_done, meta, std::string(), so);
-    if (rank == 0) {
-      std::printf("checkpoint: step %d saved to %s in %.3f s\n", steps_done, where.c_str(),
-                  std::chrono::duration<double>(Clock::now() - t0).count());
-      std::fflush(stdout);
-    }
-  };
 
-  const int last_step = c.stop_after >= 0 ? std::min(c.steps, c.stop_after) : c.steps;
-  const auto t_start = Clock::now();
-  for (int step = first_step; step < last_step; ++step) {
-    teacher.batch(static_cast<std::int64_t>(step) * c.batch + first_row, rows, x, t);
+  /// One training step on global batch `step`; returns the loss (and records the times).
+  double step(int step, int first_step) {
+    teacher_.batch(static_cast<std::int64_t>(step) * c_.batch + first_row_, rows_, x_, t_);
     const auto t0 = Clock::now();
-    const fullshard::comm::Traffic traffic0 = mesh.traffic();
-    if (schedule) {
-      const double lr = schedule->lr(step);
-      if (sgd) sgd->lr = lr;
-      if (adamw) adamw->lr = lr;
+    const fullshard::comm::Traffic traffic0 = mesh_.traffic();
+    if (schedule_) {
+      const double lr = schedule_->lr(step);
+      if (sgd_) sgd_->lr = lr;
+      if (adamw_) adamw_->lr = lr;
     }
-    opt->zero_grad();
-    const double sse = model.forward_backward(x.data(), t.data(), rows, c.batch);
-    if (c.clip > 0) fullshard::optim::clip_grad_norm(params, c.clip, mesh);
-    opt->step();
-    const double loss = apps::sum_over_mesh(sse, mesh) / (double(c.batch) * c.shape.outputs);
+    opt_->zero_grad();
+    const double sse = model_.forward_backward(x_.data(), t_.data(), rows_, c_.batch);
+    if (c_.clip > 0) fullshard::optim::clip_grad_norm(params_, c_.clip, mesh_);
+    opt_->step();
+    const double loss = apps::sum_over_mesh(sse, mesh_) / (double(c_.batch) * c_.shape.outputs);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     if (step > first_step) {
-      const fullshard::comm::Traffic t1 = mesh.traffic();
-      step_traffic.all_gather += t1.all_gather - traffic0.all_gather;
-      step_traffic.reduce_scatter += t1.reduce_scatter - traffic0.reduce_scatter;
-      step_traffic.all_reduce += t1.all_reduce - traffic0.all_reduce;
+      const fullshard::comm::Traffic t1 = mesh_.traffic();
+      step_traffic_.all_gather += t1.all_gather - traffic0.all_gather;
+      step_traffic_.reduce_scatter += t1.reduce_scatter - traffic0.reduce_scatter;
+      step_traffic_.all_reduce += t1.all_reduce - traffic0.all_reduce;
     }
 
     // Communication time of this step: collectives on the channel streams (inline progress
     // runs them on this thread, so they add to the step time).
-    const double comm = timeline.busy_us(ops_seen, /*communication=*/true) / 1e3;
-    if (keep_timeline)
-      ops_seen = timeline.size();
+    auto& timeline = model_.executor().timeline();
+    const double comm = timeline.busy_us(ops_seen_, /*communication=*/true) / 1e3;
+    if (keep_timeline_)
+      ops_seen_ = timeline.size();
     else
       timeline.clear();
 
-    step_ms.push_back(ms);
-    comm_ms.push_back(comm);
-    if (step == first_step) first_loss = loss;
-    last_loss = loss;
-    if (rank == 0 && ((step + 1) % c.log_every == 0 || step + 1 == last_step)) {
+    step_ms_.push_back(ms);
+    comm_ms_.push_back(comm);
+    if (step == first_step) first_loss_ = loss;
+    last_loss_ = loss;
+    return loss;
+  }
+
+  /// The step line (every --log-every steps and the last), and the divergence check.
+  void log_step(int step, double loss) {
+    if (rank_ == 0 && ((step + 1) % c_.log_every == 0 || step + 1 == last_step_)) {
       std::printf("step %d loss %.9g step_ms %.3f comm_ms %.3f peak_mib %.2f\n", step + 1, loss,
-                  ms, comm, model.executor().measured_peak_bytes() / mib);
+                  step_ms_.back(), comm_ms_.back(), model_.executor().measured_peak_bytes() / kMiB);
       std::fflush(stdout);
     }
     if (!std::isfinite(loss))
       throw fullshard::Error("step " + std::to_string(step + 1) + ": the loss is " +
                              std::to_string(loss) + " (diverged; lower --lr)");
-    if (!c.checkpoint_dir.empty() &&
-        ((c.save_every > 0 && (step + 1) % c.save_every == 0) || step + 1 == last_step))
+  }
+
+  /// Saves after every --save-every steps and after the last one (with --checkpoint-dir).
+  void maybe_save(int step, double loss) {
+    if (!c_.checkpoint_dir.empty() &&
+        ((c_.save_every > 0 && (step + 1) % c_.save_every == 0) || step + 1 == last_step_))
       save(step + 1, loss);
   }
-  const double total_s = std::chrono::duration<double>(Clock::now() - t_start).count();
-  const int steps_run = std::max(0, last_step - first_step);
 
-  if (rank == 0) {
+  void summary(int first_step, double total_s) {
+    if (rank_ != 0) return;
+    const int steps_run = std::max(0, last_step_ - first_step);
     auto median = [](std::vector<double> v) {
       if (v.empty()) return 0.0;
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    std::printf("summary: %d steps in %.2f s, loss %.6g -> %.6g, median step %.3f ms "
-                "(comm %.3f ms), pool peak %.2f MiB (plan %.2f MiB), max RSS %.1f MiB\n",
-                steps_run, total_s, first_loss, last_loss, median(step_ms), median(comm_ms),
-                model.executor().measured_peak_bytes() / mib, model.plan().peak_bytes / mib,
-                peak_rss_mib());
+    std::printf(
+        "summary: %d steps in %.2f s, loss %.6g -> %.6g, median step %.3f ms "
+        "(comm %.3f ms), pool peak %.2f MiB (plan %.2f MiB), max RSS %.1f MiB\n",
+        steps_run, total_s, first_loss_, last_loss_, median(step_ms_), median(comm_ms_),
+        model_.executor().measured_peak_bytes() / kMiB, model_.plan().peak_bytes / kMiB,
+        peak_rss_mib());
     // Bytes per step against FSDP's reference: every parameter all-gathered in forward and
     // again in backward, and its gradient reduce-scattered once (3x the parameter bytes).
     if (steps_run > 1) {
-      const double n = steps_run - 1, pbytes = model.num_params() * 4.0;
-      const double ag = step_traffic.all_gather / n, rs = step_traffic.reduce_scatter / n,
-                   ar = step_traffic.all_reduce / n;
-      std::printf("communicated per step (rank 0, steps %d..%d): %.3f MiB = %.3f x the f32 "
-                  "parameter bytes (all-gather %.3f x, reduce-scatter %.3f x, all-reduce "
-                  "%.3f x); FSDP reference 3 x (2 x with reshard_after_forward=false)\n",
-                  first_step + 2, last_step, (ag + rs + ar) / mib, (ag + rs + ar) / pbytes, ag / pbytes,
-                  rs / pbytes, ar / pbytes);
+      const double n = steps_run - 1, pbytes = model_.num_params() * 4.0;
+      const double ag = step_traffic_.all_gather / n, rs = step_traffic_.reduce_scatter / n,
+                   ar = step_traffic_.all_reduce / n;
+      std::printf(
+          "communicated per step (rank 0, steps %d..%d): %.3f MiB = %.3f x the f32 "
+          "parameter bytes (all-gather %.3f x, reduce-scatter %.3f x, all-reduce "
+          "%.3f x); FSDP reference 3 x (2 x with reshard_after_forward=false)\n",
+          first_step + 2, last_step_, (ag + rs + ar) / kMiB, (ag + rs + ar) / pbytes, ag / pbytes,
+          rs / pbytes, ar / pbytes);
     }
     std::fflush(stdout);
   }
-  if (keep_timeline && rank == 0) {
-    auto trace = model.plan().to_chrome_trace();
-    const auto measured = timeline.to_chrome_trace(1, "fullshard-train rank 0 (measured)");
-    for (const auto& ev : measured.at("traceEvents")) trace["traceEvents"].push_back(ev);
-    std::ofstream out(c.trace);
+
+  /// --trace: the plan and rank 0's measured timeline in one Chrome/Perfetto file.
+  void write_trace() {
+    if (!keep_timeline_ || rank_ != 0) return;
+    auto trace = model_.plan().to_chrome_trace();
+    const auto measured =
+        model_.executor().timeline().to_chrome_trace(1, "fullshard-train rank 0 (measured)");
+    for (const auto& ev : measured.at("traceEvents"))
+      trace["traceEvents"].push_back(ev);
+    std::ofstream out(c_.trace);
     out << trace.dump() << "\n";
-    if (!out) throw fullshard::Error("--trace: cannot write '" + c.trace + "'");
-    std::printf("trace: %s (pid 0: the plan, pid 1: measured on rank 0)\n", c.trace.c_str());
+    if (!out) throw fullshard::Error("--trace: cannot write '" + c_.trace + "'");
+    std::printf("trace: %s (pid 0: the plan, pid 1: measured on rank 0)\n", c_.trace.c_str());
   }
+
+  int last_step() const noexcept { return last_step_; }
+
+ private:
+  int resume() {
+    const auto t0 = Clock::now();
+    const fullshard::checkpoint::Loaded ck =
+        fullshard::checkpoint::load(c_.resume_dir, model_.root(), opt_.get());
+    const nlohmann::json saved = ck.metadata.value("fullshard-train", nlohmann::json::object());
+    for (const char* key : {"batch", "seed", "optimizer"})
+      if (saved.contains(key) && saved[key] != run_identity_[key])
+        throw apps::UsageError{std::string("--resume ") + c_.resume_dir +
+                               ": the checkpoint was "
+                               "saved with --" +
+                               key + " " + saved[key].dump() + ", this run has " +
+                               run_identity_[key].dump() + " (the data would not continue)"};
+    for (const char* key : {"lr", "warmup", "steps"})
+      if (rank_ == 0 && saved.contains(key) && saved[key] != run_identity_[key])
+        std::printf(
+            "warning: --resume: the checkpoint's run had --%s %s, this run has %s: the "
+            "learning-rate schedule changes from here\n",
+            key, saved[key].dump().c_str(), run_identity_[key].dump().c_str());
+    if (c_.stop_after >= 0 && c_.stop_after <= ck.step)
+      throw apps::UsageError{"--stop-after " + std::to_string(c_.stop_after) +
+                             ": the checkpoint is already at step " + std::to_string(ck.step)};
+    if (ck.step > c_.steps)
+      throw apps::UsageError{"--resume " + c_.resume_dir + ": the checkpoint is at step " +
+                             std::to_string(ck.step) + ", beyond --steps " +
+                             std::to_string(c_.steps)};
+    const int first_step = static_cast<int>(ck.step);
+    if (rank_ == 0) {
+      std::printf("resumed from %s at step %d (%s checkpoint, %.2f MiB read by rank 0 in %.3f s)\n",
+                  ck.step_dir.c_str(), first_step, fullshard::checkpoint::kind_name(ck.kind),
+                  ck.bytes_read / kMiB, std::chrono::duration<double>(Clock::now() - t0).count());
+      std::fflush(stdout);
+    }
+    return first_step;
+  }
+
+  // The model's weights from a safetensors file (each rank reads its shards' bytes) or from a
+  // fullshard checkpoint directory (parameters only); step 0, a fresh optimizer.
+  void init_from() {
+    const auto t0 = Clock::now();
+    struct stat st {};
+    const bool dir = ::stat(c_.init_from.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+    std::string what;
+    std::uint64_t bytes = 0;
+    std::size_t tensors = 0;
+    if (dir) {
+      const fullshard::checkpoint::Loaded ck =
+          fullshard::checkpoint::load(c_.init_from, model_.root(), nullptr);
+      what = ck.step_dir + " (" + fullshard::checkpoint::kind_name(ck.kind) +
+             " checkpoint, parameters only)";
+      bytes = ck.bytes_read;
+      tensors = params_.size();
+    } else {
+      fullshard::checkpoint::SafetensorsLoadOptions lo;
+      lo.cast = true;  // e.g. bf16 weights into the f32 model, as torch's load_state_dict
+      const fullshard::checkpoint::SafetensorsLoaded l =
+          fullshard::checkpoint::load_safetensors(c_.init_from, model_.root(), lo);
+      what = c_.init_from + " (safetensors" +
+             (l.cast ? ", " + std::to_string(l.cast) + " tensors cast to the model's dtype" : "") +
+             ")";
+      bytes = l.bytes_read;
+      tensors = l.tensors;
+    }
+    if (rank_ == 0) {
+      std::printf("initialised from %s: %zu tensors, %.2f MiB read by rank 0 in %.3f s\n",
+                  what.c_str(), tensors, bytes / kMiB,
+                  std::chrono::duration<double>(Clock::now() - t0).count());
+      std::fflush(stdout);
+    }
+  }
+
+  void save(int steps_done, double loss) {
+    const auto t0 = Clock::now();
+    nlohmann::json meta = {{"fullshard-train", run_identity_}, {"loss", loss}};
+    fullshard::checkpoint::SaveOptions so;
+    so.kind = c_.checkpoint_kind;
+    const std::string where = fullshard::checkpoint::save(
+        c_.checkpoint_dir, model_.root(), opt_.get(), steps_done, meta, std::string(), so);
+    if (rank_ == 0) {
+      std::printf("checkpoint: step %d saved to %s in %.3f s\n", steps_done, where.c_str(),
+                  std::chrono::duration<double>(Clock::now() - t0).count());
+      std::fflush(stdout);
+    }
+  }
+
+  const Config& c_;
+  const int rank_;
+  const fullshard::DeviceMesh mesh_;
+  apps::ResidualMlp model_;
+  const Teacher teacher_;
+  // What a resumed run must share with the saved one for the data stream and the schedule to
+  // continue where they stopped (the model itself is checked by checkpoint::load).
+  const nlohmann::json run_identity_;
+  const bool keep_timeline_;
+  std::vector<fullshard::graph::Parameter*> params_;
+  std::unique_ptr<fullshard::optim::Optimizer> opt_;
+  fullshard::optim::SGD* sgd_ = nullptr;
+  fullshard::optim::AdamW* adamw_ = nullptr;
+  std::optional<fullshard::optim::WarmupCosine> schedule_;
+  std::int64_t dp_ = 1, base_ = 0, first_row_ = 0;
+  int rows_ = 0;
+  int last_step_ = 0;
+  std::vector<float> x_, t_;
+  std::vector<double> step_ms_, comm_ms_;
+  double first_loss_ = 0, last_loss_ = 0;
+  std::size_t ops_seen_ = 0;
+  // Bytes of the training steps after the first (which also initialises): checkpoint saves
+  // and loads are not counted.
+  fullshard::comm::Traffic step_traffic_;
+};
+
+int train(const fullshard::Runtime& rt, const Config& c) {
+  Trainer run(rt, c);
+  run.print_header();
+  const int first_step = run.restore();
+  const auto t_start = Clock::now();
+  for (int step = first_step; step < run.last_step(); ++step) {
+    const double loss = run.step(step, first_step);
+    run.log_step(step, loss);
+    run.maybe_save(step, loss);
+  }
+  run.summary(first_step, std::chrono::duration<double>(Clock::now() - t_start).count());
+  run.write_trace();
   return 0;
 }
 

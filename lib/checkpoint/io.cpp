@@ -85,6 +85,22 @@ void File::write_all(const void* data, std::uint64_t n, const std::string& tenso
   }
 }
 
+void File::pwrite_all(const void* data, std::uint64_t n, std::uint64_t offset,
+                      const std::string& tensor) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w =
+        ::pwrite(fd_, p, static_cast<std::size_t>(std::min(n, kMaxIo)), static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      io_error("write to", path_, errno, tensor);
+    }
+    p += w;
+    n -= static_cast<std::uint64_t>(w);
+    offset += static_cast<std::uint64_t>(w);
+  }
+}
+
 std::uint64_t File::pread_all(void* data, std::uint64_t n, std::uint64_t offset,
                               const std::string& tensor) const {
   auto* p = static_cast<char*>(data);

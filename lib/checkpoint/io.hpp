@@ -59,6 +59,9 @@ class File {
   std::uint64_t size() const;
   /// Writes n bytes; `tensor` (if not empty) is named in the error message.
   void write_all(const void* data, std::uint64_t n, const std::string& tensor = {});
+  /// Writes n bytes at `offset` (pwrite; the file position is unchanged).
+  void pwrite_all(const void* data, std::uint64_t n, std::uint64_t offset,
+                  const std::string& tensor = {});
   /// Reads n bytes at `offset`; returns the bytes actually read (less only at end of file).
   std::uint64_t pread_all(void* data, std::uint64_t n, std::uint64_t offset,
                           const std::string& tensor = {}) const;
