@@ -327,29 +327,22 @@ void wait_reductions(Root& r, std::size_t keep) {
 
 namespace {
 
-// The oldest reductions beyond `keep` leave the queue; the host waits for them as part of
-// the operation `d` (their buffers go back to the pool at it).
-std::vector<Root::Pending> take_pending(Root& r, std::size_t keep) {
-  std::vector<Root::Pending> out;
-  while (r.pending.size() > keep) {
-    out.push_back(std::move(r.pending.front()));
-    r.pending.pop_front();
-  }
-  return out;
-}
-
-void finish_pending(Root& r, std::vector<Root::Pending>& done) {
+// The host waits for the oldest `n` reductions and returns their buffers (first error
+// re-thrown after all of them), as part of the operation being issued.
+void finish_oldest(Root& r, std::size_t n) {
   std::exception_ptr first;
-  for (auto& p : done) {
+  for (std::size_t i = 0; i < n; ++i) {
     try {
-      r.backend->host_wait(p.done);
+      r.backend->host_wait(r.pending[i].done);
     } catch (...) {
       if (!first) first = std::current_exception();
     }
   }
-  for (auto& p : done) {
+  for (std::size_t i = 0; i < n; ++i) {
+    Root::Pending& p = r.pending.front();
     release(*p.group, p.output);
     release(*p.group, p.input);
+    r.pending.pop_front();
   }
   if (first) std::rethrow_exception(first);
 }
@@ -360,16 +353,16 @@ Buf reduce_copy_in(Group& g) {
   Backend& b = be(g);
   Root& r = *g.root;
   const auto keep = static_cast<std::size_t>(std::max(r.max_reduce_buffers, 1) - 1);
-  std::vector<Root::Pending> waited = take_pending(r, keep);
+  const std::size_t waited = r.pending.size() > keep ? r.pending.size() - keep : 0;
   b.wait(StreamKind::reduce_scatter, b.record(StreamKind::compute));
-  for (const auto& p : waited)
-    b.wait(StreamKind::reduce_scatter, p.done);
+  for (std::size_t i = 0; i < waited; ++i)
+    b.wait(StreamKind::reduce_scatter, r.pending[i].done);
   const GroupInfo& I = g.info;
   const std::int64_t n = static_cast<std::int64_t>(I.world) * I.shard_numel;
   OpDesc d = op(StreamKind::reduce_scatter, OpKind::copy_in, g,
                 static_cast<std::size_t>(n) * dtype_size(I.reduce_dtype));
   b.begin(d);
-  finish_pending(r, waited);
+  finish_oldest(r, waited);
   Buf input = b.acquire(g, BufKind::rs_input, n, I.reduce_dtype);
   b.reduce_copy_in(d, g, g.grads, input);
   // The parameters' grad() no longer views the unsharded gradients: they go back.
@@ -524,7 +517,7 @@ void post_forward(Group& g) {
   Root& r = *g.root;
   if (r.in_backward) return;
   if (++g.forward_done < g.info.num_modules) return;  // a list: wait for the last module
-  g.post_forward_indices.push_back(r.post_forward_order.size());
+  g.post_forward_indices.push_back(static_cast<int>(r.post_forward_order.size()));
   r.post_forward_order.push_back(&g);
   g.forward_calls = g.forward_done = 0;
   post_forward_reshard(g);
@@ -543,7 +536,7 @@ void pre_backward(Group& g) {
       if (t->unshard_in_backward) issue_unshard(*t);
   } else if (!g.post_forward_indices.empty()) {
     // Reverse post-forward order: prefetch the group that ran forward just before this one.
-    const std::size_t i = g.post_forward_indices.back();
+    const auto i = static_cast<std::size_t>(g.post_forward_indices.back());
     g.post_forward_indices.pop_back();
     if (i > 0) {
       Group* next = r.post_forward_order[i - 1];
@@ -568,19 +561,21 @@ void post_backward(Group& g) {
                         other->gather_in_flight))
       reshard(*other);
   if (r.is_last_backward) {  // wait for every reduction
-    std::vector<Root::Pending> done = take_pending(r, 0);
     std::vector<Event> events;
-    for (const auto& p : done) {
+    events.reserve(r.pending.size());
+    for (const auto& p : r.pending) {
       events.push_back(p.done);
       b.wait(StreamKind::compute, p.done);
     }
     OpDesc d = op(StreamKind::compute, OpKind::wait, g, 0);
     b.begin(d);
-    b.host_wait(d, events);
-    for (auto& p : done) {
-      release(*p.group, p.output);
-      release(*p.group, p.input);
+    try {
+      b.host_wait(d, events);
+    } catch (...) {
+      finish_oldest(r, r.pending.size());  // errors known; the buffers go back
+      throw;
     }
+    finish_oldest(r, r.pending.size());
   }  // else the pending reductions keep their buffers (a later cap or root waits)
   clear_iteration(r);
 }

@@ -107,6 +107,18 @@ class DepList {
   const int* begin() const noexcept { return n_ > kInline ? more_.data() : inline_; }
   const int* end() const noexcept { return begin() + n_; }
   int operator[](std::size_t i) const noexcept { return begin()[i]; }
+  int back() const noexcept { return begin()[n_ - 1]; }
+  void pop_back() noexcept {
+    if (n_ <= kInline) {
+      --n_;
+      return;
+    }
+    more_.pop_back();
+    if (--n_ == kInline) {
+      std::copy(more_.begin(), more_.end(), inline_);
+      more_.clear();
+    }
+  }
   std::vector<int> to_vector() const { return {begin(), end()}; }
   bool operator==(const std::vector<int>& v) const {
     return v.size() == n_ && std::equal(v.begin(), v.end(), begin());
@@ -182,7 +194,7 @@ class Group {
   Buf gather, arena, post_forward, grads, partial;
   bool has_sharded_grads = false;
   int forward_calls = 0, forward_done = 0, backward_calls = 0, backward_done = 0;
-  std::vector<std::size_t> post_forward_indices;
+  DepList post_forward_indices;  // positions in the root's post-forward order
 
   bool post_forward_slicing() const noexcept {
     return reshard_after_forward > 1 && reshard_after_forward < info.world;
