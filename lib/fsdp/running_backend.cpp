@@ -13,7 +13,6 @@ using engine::Buf;
 using engine::Event;
 using engine::OpDesc;
 using engine::StreamKind;
-using kernels::ExecTarget;
 
 namespace {
 
@@ -123,8 +122,9 @@ Event RunningBackend::gather_copy_in(const OpDesc& d, engine::Group& g, Buf& dst
                                                     dtype_size(I.param_dtype)
                                               : 0);
   const void* from = p.sharded().data();
-  Event e = on_stream(d, g, [=] {
-    kernels::cast_copy(ExecTarget::host, from, I.orig_dtype, to, I.param_dtype, I.shard_numel);
+  const kernels::ExecStream& on = exec(d.stream);
+  Event e = on_stream(d, g, [=, &on] {
+    kernels::cast_copy(on, from, I.orig_dtype, to, I.param_dtype, I.shard_numel);
   });
   dst.used = e.work;
   return e;
@@ -135,6 +135,7 @@ Event RunningBackend::all_gather(const OpDesc& d, engine::Group& g, Buf& dst, bo
   ParamGroup& p = pg(g);
   const auto& I = g.info;
   comm::Stream& s = stream(g, d.stream);
+  exec(d.stream).fence();  // the copy-in before it (an event on the same stream)
   const std::size_t gsn = static_cast<std::size_t>(I.shard_numel);
   if (slices) {
     const std::size_t block = static_cast<std::size_t>(I.world / d.k) * gsn;
@@ -152,11 +153,13 @@ Event RunningBackend::gather_copy_out(const OpDesc& d, engine::Group& g, const B
   ParamGroup& p = pg(g);
   const auto& I = g.info;
   const void* from = src ? src->tensor.data() : p.sharded().data();
-  kernels::run_copies(p.copy_out_plan(), from, I.param_dtype, arena.tensor.data(), I.param_dtype);
+  kernels::run_copies(p.copy_out_plan(), from, I.param_dtype, arena.tensor.data(), I.param_dtype,
+                      exec(d.stream));
   if (keep) {
     // reshard_after_forward=k: keep the W/k slots this rank serves in its k-rank group.
     const int k = g.reshard_after_forward;
     const std::size_t block = keep->bytes;
+    exec(d.stream).fence();  // the slice is copied by the host
     std::memcpy(keep->tensor.data(),
                 static_cast<const std::byte*>(from) + static_cast<std::size_t>(I.rank % k) * block,
                 block);
@@ -178,10 +181,11 @@ Event RunningBackend::reduce_copy_in(const OpDesc& d, engine::Group& g, Buf& gra
   // The kernel holds the buffers until it ran (worker streams run it later).
   Tensor keep_from = grads.tensor;
   Tensor keep_to = input.tensor;
-  Event e = on_stream(d, g, [=] {
+  const kernels::ExecStream& on = exec(d.stream);
+  Event e = on_stream(d, g, [=, &on] {
     (void)keep_from;
     (void)keep_to;
-    kernels::run_copies(*plan, from, I.param_dtype, to, I.reduce_dtype);
+    kernels::run_copies(*plan, from, I.param_dtype, to, I.reduce_dtype, on);
   });
   grads.used = input.used = e.work;
   return e;
@@ -189,6 +193,7 @@ Event RunningBackend::reduce_copy_in(const OpDesc& d, engine::Group& g, Buf& gra
 
 Event RunningBackend::reduce_scatter(const OpDesc& d, engine::Group& g, Buf& input, Buf& output) {
   const auto& I = g.info;
+  exec(d.stream).fence();  // the copy-in before it
   return done(
       d, pg(g).rs_comm().reduce_scatter(input.tensor.data(), output.tensor.data(),
                                         static_cast<std::size_t>(I.shard_numel), I.reduce_dtype,
@@ -197,6 +202,7 @@ Event RunningBackend::reduce_scatter(const OpDesc& d, engine::Group& g, Buf& inp
 
 Event RunningBackend::all_reduce(const OpDesc& d, engine::Group& g, Buf& data) {
   const auto& I = g.info;
+  exec(StreamKind::reduce_scatter).fence();  // what the reduce-scatter stream wrote into it
   return done(d, pg(g).ar_comm().all_reduce(data.tensor.data(), data.tensor.data(),
                                             static_cast<std::size_t>(I.shard_numel), I.reduce_dtype,
                                             comm::ReduceOp::sum, stream(g, d.stream)));
@@ -206,9 +212,10 @@ Event RunningBackend::accumulate(const OpDesc& d, engine::Group& g, Buf& src, Bu
   const auto& I = g.info;
   Tensor from = src.tensor;
   Tensor to = dst.tensor;
-  Event e = on_stream(d, g, [=] {
-    kernels::reduce_copy_out(ExecTarget::host, from.data(), I.reduce_dtype, to.data(),
-                             I.reduce_dtype, I.shard_numel, 1.0, acc);
+  const kernels::ExecStream& on = exec(d.stream);
+  Event e = on_stream(d, g, [=, &on] {
+    kernels::reduce_copy_out(on, from.data(), I.reduce_dtype, to.data(), I.reduce_dtype,
+                             I.shard_numel, 1.0, acc);
   });
   src.used = dst.used = e.work;
   return e;
@@ -223,8 +230,9 @@ Event RunningBackend::reduce_copy_out(const OpDesc& d, engine::Group& g, const B
         Tensor::empty({I.shard_numel}, I.orig_dtype, MemorySpace::host, "fsdp.grads:" + p.name());
   Tensor from = src.tensor;
   Tensor to = p.sharded_grads();
-  return on_stream(d, g, [=] {
-    kernels::reduce_copy_out(ExecTarget::host, from.data(), I.reduce_dtype, to.data(), I.orig_dtype,
+  const kernels::ExecStream& on = exec(d.stream);
+  return on_stream(d, g, [=, &on] {
+    kernels::reduce_copy_out(on, from.data(), I.reduce_dtype, to.data(), I.orig_dtype,
                              I.shard_numel, divisor, acc);
   });
 }
@@ -236,6 +244,7 @@ Event RunningBackend::reshard(const OpDesc& d, engine::Group&) {
 Event RunningBackend::compute(const OpDesc& d, graph::Module& m, engine::Phase phase) {
   const auto& cb = phase == engine::Phase::forward ? m.forward_callback() : m.backward_callback();
   if (cb) {
+    exec(StreamKind::compute).fence();  // the copy-outs the callback reads
     const auto t0 = std::chrono::steady_clock::now();
     cb(m);
     if (compute_recorder) {
@@ -249,6 +258,8 @@ Event RunningBackend::compute(const OpDesc& d, graph::Module& m, engine::Phase p
 
 void RunningBackend::host_wait(const OpDesc& d, const std::vector<Event>& events) {
   if (op_log) op_log->push_back(d);
+  for (const auto& e : exec_)
+    e.fence();
   std::exception_ptr first;
   for (const Event& e : events) {
     try {
@@ -262,6 +273,7 @@ void RunningBackend::host_wait(const OpDesc& d, const std::vector<Event>& events
 
 void RunningBackend::host_wait(const Event& e) {
   e.work.wait();
+  exec(StreamKind::all_gather).fence();
 }
 
 void RunningBackend::drop_sharded_grads(engine::Group& g) {
@@ -273,10 +285,14 @@ void RunningBackend::drop_sharded_grads(engine::Group& g) {
 void RunningBackend::show_sharded(engine::Group& g) {
   pg(g).show_sharded();
 }
+// The host sees the parameters and gradients from here on: the kernels that made them are
+// finished first.
 void RunningBackend::show_unsharded(engine::Group& g) {
+  exec(StreamKind::compute).fence();
   pg(g).show_unsharded(g.arena.tensor);
 }
 void RunningBackend::show_unsharded_grads(engine::Group& g) {
+  exec(StreamKind::compute).fence();
   pg(g).show_unsharded_grads(g.grads.tensor);
 }
 void RunningBackend::show_sharded_grads(engine::Group& g) {

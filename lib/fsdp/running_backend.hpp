@@ -11,6 +11,7 @@
 
 #include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/hooks.hpp"
+#include "fullshard/kernels/shard_copy.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/tensor/buffer_pool.hpp"
 
@@ -71,6 +72,13 @@ class RunningBackend final : public engine::Backend {
                           std::function<void()> kernel);
   engine::Event done(const engine::OpDesc& d, comm::Work w);
   comm::Work last_[engine::kNumStreams];  // the last operation's work per stream
+  // The execution-space instance of each stream: kernels are enqueued on it without a fence;
+  // it is fenced where its results are consumed (a collective on the stream, the host
+  // reading parameters or gradients, the end of a worker-stream operation).
+  kernels::ExecStream exec_[engine::kNumStreams] = {
+      kernels::ExecStream::host(), kernels::ExecStream::host(), kernels::ExecStream::host(),
+      kernels::ExecStream::host()};
+  const kernels::ExecStream& exec(engine::StreamKind s) const { return exec_[static_cast<int>(s)]; }
 };
 
 /// One FSDP root: its backend and the engine state shared by its groups.

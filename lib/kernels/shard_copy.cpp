@@ -115,9 +115,65 @@ std::int64_t CopyPlan::elements_written() const noexcept {
   return impl_ ? impl_->written : 0;
 }
 
-void run_copies(const CopyPlan& plan, const void* src, DType src_t, void* dst, DType dst_t) {
+// ---- execution streams ------------------------------------------------------------------------
+
+namespace detail {
+struct ExecStreamImpl {
+  ExecTarget target = ExecTarget::host;
+  HostExec host;
+  DeviceExec device;
+  static ExecStream make(std::shared_ptr<const ExecStreamImpl> i) {
+    return ExecStream(std::move(i));
+  }
+};
+}  // namespace detail
+
+ExecStream ExecStream::host() {
+  auto i = std::make_shared<detail::ExecStreamImpl>();
+  i->target = ExecTarget::host;
+  return detail::ExecStreamImpl::make(std::move(i));
+}
+
+ExecStream ExecStream::device(void* cuda_stream) {
+  auto i = std::make_shared<detail::ExecStreamImpl>();
+  i->target = ExecTarget::device;
+#if defined(KOKKOS_ENABLE_CUDA)
+  if (cuda_stream) i->device = Kokkos::Cuda(static_cast<cudaStream_t>(cuda_stream));
+#else
+  (void)cuda_stream;
+#endif
+  return detail::ExecStreamImpl::make(std::move(i));
+}
+
+ExecTarget ExecStream::target() const noexcept {
+  return impl_->target;
+}
+
+void ExecStream::fence() const {
+  if (impl_->target == ExecTarget::host)
+    impl_->host.fence();
+  else
+    impl_->device.fence();
+}
+
+namespace {
+// The default instance of a target (the fencing forms).
+ExecStream default_stream(ExecTarget t) {
+  return t == ExecTarget::host ? ExecStream::host() : ExecStream::device();
+}
+}  // namespace
+
+// ---- kernels ----------------------------------------------------------------------------------
+
+void run_copies(const CopyPlan& plan, const void* src, DType src_t, void* dst, DType dst_t,
+                const ExecStream& on) {
   if (!plan.impl_ || plan.impl_->written == 0) return;
   const detail::CopyPlanImpl& p = *plan.impl_;
+  if (on.target() != p.target)
+    throw InvalidArgument("fullshard::kernels::run_copies: the copy plan was built for the " +
+                          std::string(p.target == ExecTarget::host ? "host" : "device") +
+                          " but the stream runs on the " +
+                          (on.target() == ExecTarget::host ? "host" : "device"));
   if (p.read > 0) require_data(src, "src", "run_copies");
   require_data(dst, "dst", "run_copies");
   detail::dispatch(src_t, dst_t, [&](auto s, auto d) {
@@ -126,13 +182,19 @@ void run_copies(const CopyPlan& plan, const void* src, DType src_t, void* dst, D
     const auto* in = static_cast<const typename S::storage*>(src);
     auto* out = static_cast<typename D::storage*>(dst);
     if (p.target == ExecTarget::host)
-      detail::run_copies_on<HostExec, S, D>(HostExec(), p.host_runs, in, out);
+      detail::run_copies_on<HostExec, S, D>(on.impl_->host, p.host_runs, in, out);
     else
-      detail::run_copies_on<DeviceExec, S, D>(DeviceExec(), p.device_runs, in, out);
+      detail::run_copies_on<DeviceExec, S, D>(on.impl_->device, p.device_runs, in, out);
   });
 }
 
-void cast_copy(ExecTarget where, const void* src, DType src_t, void* dst, DType dst_t,
+void run_copies(const CopyPlan& plan, const void* src, DType src_t, void* dst, DType dst_t) {
+  const ExecStream on = default_stream(plan.target());
+  run_copies(plan, src, src_t, dst, dst_t, on);
+  on.fence();
+}
+
+void cast_copy(const ExecStream& on, const void* src, DType src_t, void* dst, DType dst_t,
                std::int64_t n) {
   require_count(n, "cast_copy");
   if (n == 0) return;
@@ -144,14 +206,21 @@ void cast_copy(ExecTarget where, const void* src, DType src_t, void* dst, DType 
     using D = decltype(d);
     const auto* in = static_cast<const typename S::storage*>(src);
     auto* out = static_cast<typename D::storage*>(dst);
-    if (where == ExecTarget::host)
-      detail::cast_copy_on<HostExec, S, D>(HostExec(), in, out, n);
+    if (on.target() == ExecTarget::host)
+      detail::cast_copy_on<HostExec, S, D>(on.impl_->host, in, out, n);
     else
-      detail::cast_copy_on<DeviceExec, S, D>(DeviceExec(), in, out, n);
+      detail::cast_copy_on<DeviceExec, S, D>(on.impl_->device, in, out, n);
   });
 }
 
-void reduce_copy_out(ExecTarget where, const void* src, DType src_t, void* dst, DType dst_t,
+void cast_copy(ExecTarget where, const void* src, DType src_t, void* dst, DType dst_t,
+               std::int64_t n) {
+  const ExecStream on = default_stream(where);
+  cast_copy(on, src, src_t, dst, dst_t, n);
+  on.fence();
+}
+
+void reduce_copy_out(const ExecStream& on, const void* src, DType src_t, void* dst, DType dst_t,
                      std::int64_t n, double divisor, bool accumulate) {
   require_count(n, "reduce_copy_out");
   if (n == 0) return;
@@ -168,18 +237,27 @@ void reduce_copy_out(ExecTarget where, const void* src, DType src_t, void* dst, 
     const auto* in = static_cast<const typename S::storage*>(src);
     auto* out = static_cast<typename D::storage*>(dst);
     const A div = static_cast<A>(divisor);
-    if (where == ExecTarget::host) {
+    if (on.target() == ExecTarget::host) {
+      const HostExec& e = on.impl_->host;
       if (accumulate)
-        detail::reduce_copy_out_on<HostExec, S, D, true>(HostExec(), in, out, n, div, divide);
+        detail::reduce_copy_out_on<HostExec, S, D, true>(e, in, out, n, div, divide);
       else
-        detail::reduce_copy_out_on<HostExec, S, D, false>(HostExec(), in, out, n, div, divide);
+        detail::reduce_copy_out_on<HostExec, S, D, false>(e, in, out, n, div, divide);
     } else {
+      const DeviceExec& e = on.impl_->device;
       if (accumulate)
-        detail::reduce_copy_out_on<DeviceExec, S, D, true>(DeviceExec(), in, out, n, div, divide);
+        detail::reduce_copy_out_on<DeviceExec, S, D, true>(e, in, out, n, div, divide);
       else
-        detail::reduce_copy_out_on<DeviceExec, S, D, false>(DeviceExec(), in, out, n, div, divide);
+        detail::reduce_copy_out_on<DeviceExec, S, D, false>(e, in, out, n, div, divide);
     }
   });
+}
+
+void reduce_copy_out(ExecTarget where, const void* src, DType src_t, void* dst, DType dst_t,
+                     std::int64_t n, double divisor, bool accumulate) {
+  const ExecStream on = default_stream(where);
+  reduce_copy_out(on, src, src_t, dst, dst_t, n, divisor, accumulate);
+  on.fence();
 }
 
 }  // namespace fullshard::kernels

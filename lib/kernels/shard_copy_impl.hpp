@@ -10,7 +10,9 @@
 //   over the elements for the flat kernels. On Serial they give the same results but run
 //   run_copies 1.1-3x slower than the host loops (measured with bench/bench_shard_copy.cpp);
 //   the unit tests run them there against the host loops.
-// Every kernel makes one pass over the bytes and fences its execution space instance.
+// Every kernel makes one pass over the bytes, enqueued on its execution space instance
+// without a fence: the caller orders it (ExecStream::fence, or an event on the instance's
+// stream).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -265,7 +267,6 @@ void run_copies_host(const Exec& exec, const RunView& runs, const typename S::st
                          host_convert<S, D>(src + run.src_offset, dst + run.dst_offset, run.len);
                          host_zero<D>(dst + run.dst_offset + run.len, run.pad);
                        });
-  exec.fence();
 }
 
 /// Portable algorithm: one team per run, its elements over the team's threads.
@@ -289,7 +290,6 @@ void run_copies_team(const Exec& exec, const RunView& runs, const typename S::st
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, run.pad),
                              [&](std::int64_t i) { z[i] = DS(0); });
       });
-  exec.fence();
 }
 
 // ---- cast_copy --------------------------------------------------------------------------------
@@ -306,7 +306,6 @@ void cast_copy_host(const Exec& exec, const typename S::storage* src, typename D
                          const std::int64_t len = n - begin < kHostBlock ? n - begin : kHostBlock;
                          host_convert<S, D>(src + begin, dst + begin, len);
                        });
-  exec.fence();
 }
 
 template <class Exec, class S, class D>
@@ -316,7 +315,6 @@ void cast_copy_flat(const Exec& exec, const typename S::storage* src, typename D
       "fullshard::kernels::cast_copy",
       Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, n),
       KOKKOS_LAMBDA(std::int64_t i) { dst[i] = convert<S, D>(src[i]); });
-  exec.fence();
 }
 
 // ---- reduce_copy_out ----------------------------------------------------------------------------
@@ -335,7 +333,6 @@ void reduce_copy_out_host(const Exec& exec, const typename S::storage* src,
                          host_reduce<S, D, Accumulate>(src + begin, dst + begin, len, divisor,
                                                        divide);
                        });
-  exec.fence();
 }
 
 template <class Exec, class S, class D, bool Accumulate>
@@ -348,7 +345,6 @@ void reduce_copy_out_flat(const Exec& exec, const typename S::storage* src,
       KOKKOS_LAMBDA(std::int64_t i) {
         dst[i] = reduce_elem<S, D, Accumulate>(src[i], dst[i], divisor, divide);
       });
-  exec.fence();
 }
 
 // ---- The algorithm of an execution space --------------------------------------------------------

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "error_check.hpp"
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
@@ -603,4 +604,36 @@ TEST_CASE("team and flat algorithms (the GPU path) match the host loops on the h
       }
     }
   }
+}
+
+TEST_CASE("kernels on an ExecStream: enqueued without a fence, in order, fenced once") {
+  // Three kernels on one host instance, each reading what the previous wrote: after one
+  // fence the chain's result is the reference computed here.
+  const std::int64_t n = 1000;
+  std::vector<float> a(static_cast<std::size_t>(n)), b(a.size()), c(a.size());
+  for (std::int64_t i = 0; i < n; ++i)
+    a[static_cast<std::size_t>(i)] = static_cast<float>(i % 97) - 40.0f;
+  const ExecStream on = ExecStream::host();
+  CHECK(on.target() == ExecTarget::host);
+  cast_copy(on, a.data(), DType::f32, b.data(), DType::f32, n);
+  reduce_copy_out(on, b.data(), DType::f32, c.data(), DType::f32, n, 4.0, false);
+  reduce_copy_out(on, b.data(), DType::f32, c.data(), DType::f32, n, 2.0, true);
+  on.fence();
+  int bad = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float x = a[static_cast<std::size_t>(i)];
+    bad += c[static_cast<std::size_t>(i)] != x / 4.0f + x / 2.0f;
+  }
+  CHECK(bad == 0);
+
+  // A copy plan runs only on its own target's stream.
+  const CopyPlan plan(ExecTarget::host, {{0, 0, 4, 2}});
+  std::vector<float> dst(6, 9.0f);
+  run_copies(plan, a.data(), DType::f32, dst.data(), DType::f32, on);
+  on.fence();
+  CHECK(dst == std::vector<float>{a[0], a[1], a[2], a[3], 0.0f, 0.0f});
+  const std::string msg = test::error_of<InvalidArgument>([&] {
+    run_copies(plan, a.data(), DType::f32, dst.data(), DType::f32, ExecStream::device());
+  });
+  CHECK(test::contains(msg, "built for the host but the stream runs on the device"));
 }

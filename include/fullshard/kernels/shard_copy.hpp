@@ -57,9 +57,40 @@ std::vector<CopyRun> reduce_scatter_copy_in_runs(const GroupLayout& g);
 /// Where a kernel runs: on the host, or on the default (device) execution space.
 enum class ExecTarget { host, device };
 
+class CopyPlan;
+
 namespace detail {
 struct CopyPlanImpl;
-}
+struct ExecStreamImpl;
+}  // namespace detail
+
+/// An execution-space instance the kernels are enqueued on (kokkos-comm's pairing of a stream
+/// with its work): the host execution space, or the device space's instance over a CUDA
+/// stream. Kernels on one ExecStream run in order; none of them fences; fence() waits for
+/// everything enqueued. Copies share the instance.
+class ExecStream {
+ public:
+  /// Kokkos::DefaultHostExecutionSpace.
+  static ExecStream host();
+  /// Kokkos::DefaultExecutionSpace; with a CUDA Kokkos, an instance over `cuda_stream` (a
+  /// cudaStream_t, nullptr for the default stream). Without a device backend this is the
+  /// host space.
+  static ExecStream device(void* cuda_stream = nullptr);
+  ExecStream() : ExecStream(host()) {}
+  ExecTarget target() const noexcept;
+  /// Blocks until every kernel enqueued on this instance has finished.
+  void fence() const;
+
+ private:
+  friend struct detail::ExecStreamImpl;
+  explicit ExecStream(std::shared_ptr<const detail::ExecStreamImpl> impl)
+      : impl_(std::move(impl)) {}
+  std::shared_ptr<const detail::ExecStreamImpl> impl_;
+  friend void run_copies(const CopyPlan&, const void*, DType, void*, DType, const ExecStream&);
+  friend void cast_copy(const ExecStream&, const void*, DType, void*, DType, std::int64_t);
+  friend void reduce_copy_out(const ExecStream&, const void*, DType, void*, DType, std::int64_t,
+                              double, bool);
+};
 
 /// A list of runs placed in the memory of its execution target, built once per group and
 /// reused every step (no per-step allocation or host-to-device transfer of the runs).
@@ -74,22 +105,32 @@ class CopyPlan {
   std::int64_t elements_written() const noexcept;
 
  private:
-  friend void run_copies(const CopyPlan&, const void*, DType, void*, DType);
+  friend void run_copies(const CopyPlan&, const void*, DType, void*, DType, const ExecStream&);
   std::shared_ptr<const detail::CopyPlanImpl> impl_;
 };
 
-/// Executes a plan's runs from `src` (dtype src_t) to `dst` (dtype dst_t). One pass.
+/// Executes a plan's runs from `src` (dtype src_t) to `dst` (dtype dst_t). One pass,
+/// enqueued on `on` (whose target must be the plan's) without a fence.
+void run_copies(const CopyPlan& plan, const void* src, DType src_t, void* dst, DType dst_t,
+                const ExecStream& on);
+/// The same on the default instance of the plan's target, returning when it is done.
 void run_copies(const CopyPlan& plan, const void* src, DType src_t, void* dst, DType dst_t);
 
 /// dst[i] = cast(src[i]) for i < n (all-gather copy-in: cast the group shard to param_dtype
 /// into this rank's slot). With equal dtypes this is a plain copy.
 void cast_copy(ExecTarget where, const void* src, DType src_t, void* dst, DType dst_t,
                std::int64_t n);
+/// cast_copy enqueued on `on` without a fence.
+void cast_copy(const ExecStream& on, const void* src, DType src_t, void* dst, DType dst_t,
+               std::int64_t n);
 
 /// dst[i] = (accumulate ? dst[i] : 0) + cast(src[i] / divisor) for i < n (reduce-scatter
 /// copy-out: divide, cast to the parameter dtype, accumulate into the sharded gradient). The
 /// division is done in f32 (f64 for f64 buffers); divisor 1 skips it.
 void reduce_copy_out(ExecTarget where, const void* src, DType src_t, void* dst, DType dst_t,
+                     std::int64_t n, double divisor, bool accumulate);
+/// reduce_copy_out enqueued on `on` without a fence.
+void reduce_copy_out(const ExecStream& on, const void* src, DType src_t, void* dst, DType dst_t,
                      std::int64_t n, double divisor, bool accumulate);
 
 }  // namespace fullshard::kernels
