@@ -184,13 +184,17 @@ class Builder {
     }
     constexpr std::size_t kKeep = 8;
     std::string out;
-    for (std::size_t i = 0; i < parts.size(); ++i) {
-      if (parts.size() > 3 * kKeep && i == kKeep) {
-        out += ".(" + std::to_string(parts.size() - 2 * kKeep) + " more levels)";
-        i = parts.size() - kKeep - 1;
-        continue;
-      }
-      out += parts[i];
+    if (parts.size() <= 3 * kKeep) {
+      for (const auto& p : parts)
+        out += p;
+    } else {
+      std::size_t tail = parts.size() - kKeep;
+      if (parts[tail][0] == '[') --tail;  // resume at a key: "...(N more levels).modules[0]"
+      for (std::size_t i = 0; i < kKeep; ++i)
+        out += parts[i];
+      out += ".(" + std::to_string(tail - kKeep) + " more levels)";
+      for (std::size_t i = tail; i < parts.size(); ++i)
+        out += parts[i];
     }
     return !out.empty() && out[0] == '.' ? out.substr(1) : out;
   }

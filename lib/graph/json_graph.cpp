@@ -184,7 +184,12 @@ class Reader {
         cost.backward_ms = milliseconds(*v, at / "backward_ms");
       cost.declared = true;
     }
-    if (const auto ps = j.find("params"); ps != j.end()) {
+    const auto ps = j.find("params");
+    const auto ms = j.find("modules");
+    const std::size_t n_children = ms != j.end() && ms->is_array() ? ms->size() : 0;
+    const std::size_t n_params = ps != j.end() && ps->is_object() ? ps->size() : 0;
+    if (n_children + n_params > 16) m.reserve(n_children, n_params);
+    if (ps != j.end()) {
       const Where at = here / "params";
       expect_object(*ps, at, "an object mapping parameter names to {shape, dtype, requires_grad}");
       for (const auto& item : ps->items()) {
@@ -193,7 +198,7 @@ class Reader {
         param(item.value(), item.key(), at / item.key(), m);
       }
     }
-    if (const auto ms = j.find("modules"); ms != j.end()) {
+    if (ms != j.end()) {
       const Where at = here / "modules";
       if (!ms->is_array()) fail(at, "expected an array of module objects, got " + describe(*ms));
       for (std::size_t i = 0; i < ms->size(); ++i) {
@@ -207,15 +212,20 @@ class Reader {
           fail(cat / "name", "expected a module name string, got " + describe(*n));
         const std::string& cname = n->get_ref<const std::string&>();
         check_name(cname, m, cat / "name", "module");
-        if (const Module* other = m.find_module(cname))
-          fail(cat,
-               "duplicate module name " + shown(cname) + " (also at " + other->json_path() + ")");
-        if (m.try_find_param(cname) != nullptr)
-          fail(cat, "module name " + shown(cname) + " is also a parameter name (also at " +
-                        (here / "params" / cname).str() + ")");
-        Module& child = m.add_module(cname);
-        child.set_json_index(i);
-        module_body(c, child);
+        Module* child = nullptr;
+        try {
+          child = &m.add_module(cname);  // checks uniqueness in O(1)
+        } catch (const InvalidArgument&) {
+          if (const Module* other = m.find_module(cname))
+            fail(cat,
+                 "duplicate module name " + shown(cname) + " (also at " + other->json_path() + ")");
+          if (m.try_find_param(cname) != nullptr)
+            fail(cat, "module name " + shown(cname) + " is also a parameter name (also at " +
+                          (here / "params" / cname).str() + ")");
+          throw;
+        }
+        child->set_json_index(i);
+        module_body(c, *child);
       }
     }
   }

@@ -137,6 +137,9 @@ class Module {
   Parameter& add_param(const std::string& name, Shape shape, DType dtype = DType::f32,
                        bool requires_grad = true);
 
+  /// Makes room for this many children and parameters (a loader that knows the counts).
+  void reserve(std::size_t children, std::size_t params);
+
   std::size_t num_children() const noexcept { return children_.size(); }
   /// Child i in execution order; InvalidArgument when out of range.
   Module& child(std::size_t i) const;
@@ -204,7 +207,9 @@ class Module {
   Module(std::string name, Module* parent);
   /// "root module 'model'" or "module 'layers.0'", for messages.
   std::string describe() const;
+  /// Name syntax and FQN length of a new child or parameter (not uniqueness).
   void check_new_name(const std::string& name, const char* what) const;
+  [[noreturn]] void name_taken(const std::string& name, const char* what, bool by_module) const;
   /// The descendant at relative_fqn, or nullptr with *error saying what is missing.
   const Module* walk(const std::string& relative_fqn, std::string* error) const;
   const Parameter* own_param(const std::string& name) const noexcept;
