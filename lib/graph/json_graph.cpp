@@ -56,20 +56,43 @@ detail::JsonLimits graph_limits() {
   return l;
 }
 
-/// Where in the file a value is: the JSON path of a module (built from the module's indices,
-/// and only when an error needs it) followed by a short suffix within that module.
+/// Where in the file a value is: a chain of (key or index) steps from a module object, kept on
+/// the stack while the reader is there and only turned into a string when an error needs it
+/// (the module's own path comes from its indices, Module::json_path()). Steps refer to their
+/// parent Where and to keys in the document: a Where lives no longer than the full expression
+/// or the scope it was made in.
 struct Where {
-  const Module* module;
-  std::string suffix;  // "params.w1.shape[2]", "" for the module object itself
+  const Module* module = nullptr;  // the first step only
+  const Where* parent = nullptr;
+  const char* ckey = nullptr;
+  const std::string* skey = nullptr;
+  std::size_t index = 0;  // when there is no key
 
   std::string str() const {
-    const std::string base = module->json_path();
-    if (suffix.empty()) return base;
-    if (base.empty()) return suffix;
-    return base + (suffix[0] == '[' ? "" : ".") + suffix;
+    if (parent == nullptr) return module->json_path();
+    const std::string p = parent->str();
+    if (ckey != nullptr) return json_member(p, ckey);
+    if (skey != nullptr) return json_member(p, *skey);
+    return json_element(p, index);
   }
-  Where operator/(const std::string& key) const { return {module, json_member(suffix, key)}; }
-  Where operator[](std::size_t i) const { return {module, json_element(suffix, i)}; }
+  Where operator/(const char* key) const {
+    Where w;
+    w.parent = this;
+    w.ckey = key;
+    return w;
+  }
+  Where operator/(const std::string& key) const {
+    Where w;
+    w.parent = this;
+    w.skey = &key;
+    return w;
+  }
+  Where operator[](std::size_t i) const {
+    Where w;
+    w.parent = this;
+    w.index = i;
+    return w;
+  }
 };
 
 class Reader {
@@ -149,7 +172,11 @@ class Reader {
     DType dtype = DType::f32;
     if (const auto d = j.find("dtype"); d != j.end()) {
       if (!d->is_string()) fail(at / "dtype", "expected a dtype name string, got " + describe(*d));
-      dtype = parse_dtype(d->get<std::string>(), source_ + ": " + (at / "dtype").str());
+      try {
+        dtype = parse_dtype(d->get<std::string>());
+      } catch (const ConfigError&) {  // again, naming the path (only built for the error)
+        dtype = parse_dtype(d->get<std::string>(), source_ + ": " + (at / "dtype").str());
+      }
     }
     // Every size computed from the shape later (bytes, shards, offsets) must fit.
     checked_nbytes<ConfigError>(s, dtype, [&] { return source_ + ": " + (at / "shape").str(); });
@@ -166,7 +193,8 @@ class Reader {
   /// object's path). Recursion is bounded: the JSON reader refused more than kMaxModuleDepth
   /// nested "modules" arrays.
   void module_body(const ojson& j, Module& m) const {
-    const Where here{&m, std::string()};
+    Where here;
+    here.module = &m;
     if (const auto f = j.find("fully_shard"); f != j.end()) {
       if (!f->is_boolean() && !f->is_object())
         fail(here / "fully_shard",
@@ -282,7 +310,9 @@ std::unique_ptr<Module> parse_graph_json(const std::string& text, const std::str
       reader.fail("name", "invalid root module name " + Reader::shown(root_name) + ": " + problem);
   }
   auto root = Module::make_root(root_name);
-  reader.check_keys(doc, Where{root.get(), std::string()}, kModuleKeys);
+  Where top;
+  top.module = root.get();
+  reader.check_keys(doc, top, kModuleKeys);
   reader.module_body(doc, *root);
   return root;
 }
