@@ -6,40 +6,94 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
-#include <map>
-#include <set>
 #include <sstream>
 #include <utility>
 #include <vector>
 
+#include "fullshard/base/checked.hpp"
 #include "fullshard/base/error.hpp"
+#include "lib/base/json_reader.hpp"
 
 namespace fullshard::graph {
 
 namespace {
 
 using ojson = nlohmann::ordered_json;
+using detail::json_element;
+using detail::json_member;
 
-const char* const kModuleKeys = "name, params, modules, cost, fully_shard";
-const char* const kParamKeys = "shape, dtype, requires_grad";
-const char* const kCostKeys = "forward_ms, backward_ms";
+const char* const kModuleKeys[] = {"name", "params", "modules", "cost", "fully_shard"};
+const char* const kParamKeys[] = {"shape", "dtype", "requires_grad"};
+const char* const kCostKeys[] = {"forward_ms", "backward_ms"};
 
-std::string member(const std::string& path, const std::string& key) {
-  return path.empty() ? key : path + "." + key;
-}
-
-std::string element(const std::string& path, std::size_t i) {
-  return path + "[" + std::to_string(i) + "]";
+/// "a, b, c".
+template <std::size_t N>
+std::string key_list(const char* const (&keys)[N]) {
+  std::string s;
+  for (std::size_t i = 0; i < N; ++i)
+    s += (i ? ", " : "") + std::string(keys[i]);
+  return s;
 }
 
 /// "-3", "\"x\"", "an array": what a value is, for "got ..." in messages.
 std::string describe(const ojson& j) {
   if (j.is_object()) return "an object";
   if (j.is_array()) return "an array";
-  std::string s = j.dump();
+  std::string s = j.dump(-1, ' ', true, ojson::error_handler_t::replace);
   if (s.size() > 40) s = s.substr(0, 37) + "...";
   return s;
 }
+
+/// The JSON limits of a graph file (docs/graph-format.md, "Limits").
+detail::JsonLimits graph_limits() {
+  detail::JsonLimits l;
+  l.max_depth = 1024;
+  l.nested_key = "modules";
+  l.max_nested_key = kMaxModuleDepth;
+  l.nested_key_problem = "modules nest more than " + std::to_string(kMaxModuleDepth) +
+                         " levels below the root (the limit)";
+  l.duplicate_words = {{"params", "parameter name"}};
+  return l;
+}
+
+/// Where in the file a value is: a chain of (key or index) steps from a module object, kept on
+/// the stack while the reader is there and only turned into a string when an error needs it
+/// (the module's own path comes from its indices, Module::json_path()). Steps refer to their
+/// parent Where and to keys in the document: a Where lives no longer than the full expression
+/// or the scope it was made in.
+struct Where {
+  const Module* module = nullptr;  // the first step only
+  const Where* parent = nullptr;
+  const char* ckey = nullptr;
+  const std::string* skey = nullptr;
+  std::size_t index = 0;  // when there is no key
+
+  std::string str() const {
+    if (parent == nullptr) return module->json_path();
+    const std::string p = parent->str();
+    if (ckey != nullptr) return json_member(p, ckey);
+    if (skey != nullptr) return json_member(p, *skey);
+    return json_element(p, index);
+  }
+  Where operator/(const char* key) const {
+    Where w;
+    w.parent = this;
+    w.ckey = key;
+    return w;
+  }
+  Where operator/(const std::string& key) const {
+    Where w;
+    w.parent = this;
+    w.skey = &key;
+    return w;
+  }
+  Where operator[](std::size_t i) const {
+    Where w;
+    w.parent = this;
+    w.index = i;
+    return w;
+  }
+};
 
 class Reader {
  public:
@@ -48,34 +102,48 @@ class Reader {
   [[noreturn]] void fail(const std::string& path, const std::string& problem) const {
     throw ConfigError(source_ + ": " + (path.empty() ? "" : path + ": ") + problem);
   }
-
-  /// Rejects keys of object `j` (at `path`) other than those in `allowed` (", "-separated).
-  void check_keys(const ojson& j, const std::string& path, const char* allowed) const {
-    const std::string list = std::string(", ") + allowed + ", ";
-    for (const auto& item : j.items())
-      if (list.find(", " + item.key() + ", ") == std::string::npos)
-        fail(path, "unknown key '" + item.key() + "' (allowed: " + allowed + ")");
+  [[noreturn]] void fail(const Where& at, const std::string& problem) const {
+    fail(at.str(), problem);
   }
 
-  void expect_object(const ojson& j, const std::string& path, const char* what) const {
-    if (!j.is_object()) fail(path, std::string("expected ") + what + ", got " + describe(j));
+  /// Rejects keys of object `j` other than those in `allowed`.
+  template <std::size_t N>
+  void check_keys(const ojson& j, const Where& at, const char* const (&allowed)[N]) const {
+    for (const auto& item : j.items()) {
+      bool ok = false;
+      for (const char* a : allowed)
+        ok = ok || item.key() == a;
+      if (!ok)
+        fail(at, "unknown key " + detail::json_key_shown(item.key()) +
+                     " (allowed: " + key_list(allowed) + ")");
+    }
   }
 
-  /// A child-module or parameter name at `path`: a non-empty string without '.'.
-  std::string name(const ojson& j, const std::string& path, const char* what) const {
-    if (!j.is_string())
-      fail(path, std::string("expected a ") + what + " name string, got " + describe(j));
-    const std::string n = j.get<std::string>();
-    if (n.empty() || n.find('.') != std::string::npos)
-      fail(path, std::string("invalid ") + what + " name '" + n +
-                     "' (names are non-empty and contain no '.')");
-    return n;
+  void expect_object(const ojson& j, const Where& at, const char* what) const {
+    if (!j.is_object()) fail(at, std::string("expected ") + what + ", got " + describe(j));
   }
 
-  Shape shape(const ojson& j, const std::string& path) const {
-    if (!j.is_array()) fail(path, "expected an array of non-negative integers, got " + describe(j));
-    if (j.empty()) fail(path, "expected at least one extent (use [1] for a scalar), got []");
+  /// A child-module or parameter name of module `m`, at `at`: a valid name (name_problem) that
+  /// keeps the FQN within kMaxFqnBytes.
+  void check_name(const std::string& n, const Module& m, const Where& at, const char* what) const {
+    const std::string problem = name_problem(n);
+    if (!problem.empty())
+      fail(at, std::string("invalid ") + what + " name " + shown(n) + ": " + problem);
+    const std::size_t fqn_bytes = m.fqn().empty() ? n.size() : m.fqn().size() + 1 + n.size();
+    if (fqn_bytes > kMaxFqnBytes)
+      fail(at, std::string("the ") + what + " " + shown(n) +
+                   " would have a fully qualified name of " + std::to_string(fqn_bytes) +
+                   " bytes, more than " + std::to_string(kMaxFqnBytes) + " (the limit)");
+  }
+
+  /// 'name' for printable ASCII (as the old messages), else an escaped JSON string.
+  static std::string shown(const std::string& n) { return detail::json_key_shown(n); }
+
+  Shape shape(const ojson& j, const Where& at) const {
+    if (!j.is_array()) fail(at, "expected an array of non-negative integers, got " + describe(j));
+    if (j.empty()) fail(at, "expected at least one extent (use [1] for a scalar), got []");
     Shape s;
+    s.reserve(j.size());
     for (std::size_t i = 0; i < j.size(); ++i) {
       const ojson& e = j[i];
       const bool ok =
@@ -83,95 +151,109 @@ class Reader {
            e.get<std::uint64_t>() <=
                static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) ||
           (e.is_number_integer() && !e.is_number_unsigned() && e.get<std::int64_t>() >= 0);
-      if (!ok) fail(element(path, i), "expected a non-negative integer, got " + describe(e));
+      if (!ok) fail(at[i], "expected a non-negative integer, got " + describe(e));
       s.push_back(e.get<std::int64_t>());
     }
     return s;
   }
 
-  double milliseconds(const ojson& j, const std::string& path) const {
+  double milliseconds(const ojson& j, const Where& at) const {
     if (!j.is_number() || !std::isfinite(j.get<double>()) || j.get<double>() < 0.0)
-      fail(path, "expected a non-negative number of milliseconds, got " + describe(j));
+      fail(at, "expected a non-negative number of milliseconds, got " + describe(j));
     return j.get<double>();
   }
 
-  void param(const ojson& j, const std::string& pname, const std::string& path, Module& m) const {
-    expect_object(j, path, "an object with keys shape, dtype, requires_grad");
-    check_keys(j, path, kParamKeys);
-    if (!j.contains("shape")) fail(path, "missing required key 'shape'");
-    Shape s = shape(j.at("shape"), member(path, "shape"));
+  void param(const ojson& j, const std::string& pname, const Where& at, Module& m) const {
+    expect_object(j, at, "an object with keys shape, dtype, requires_grad");
+    check_keys(j, at, kParamKeys);
+    const auto shape_it = j.find("shape");
+    if (shape_it == j.end()) fail(at, "missing required key 'shape'");
+    Shape s = shape(*shape_it, at / "shape");
     DType dtype = DType::f32;
-    if (j.contains("dtype")) {
-      const ojson& d = j.at("dtype");
-      const std::string dpath = member(path, "dtype");
-      if (!d.is_string()) fail(dpath, "expected a dtype name string, got " + describe(d));
-      dtype = parse_dtype(d.get<std::string>(), source_ + ": " + dpath);
+    if (const auto d = j.find("dtype"); d != j.end()) {
+      if (!d->is_string()) fail(at / "dtype", "expected a dtype name string, got " + describe(*d));
+      try {
+        dtype = parse_dtype(d->get<std::string>());
+      } catch (const ConfigError&) {  // again, naming the path (only built for the error)
+        dtype = parse_dtype(d->get<std::string>(), source_ + ": " + (at / "dtype").str());
+      }
     }
+    // Every size computed from the shape later (bytes, shards, offsets) must fit.
+    checked_nbytes<ConfigError>(s, dtype, [&] { return source_ + ": " + (at / "shape").str(); });
     bool requires_grad = true;
-    if (j.contains("requires_grad")) {
-      const ojson& r = j.at("requires_grad");
-      if (!r.is_boolean())
-        fail(member(path, "requires_grad"), "expected true or false, got " + describe(r));
-      requires_grad = r.get<bool>();
+    if (const auto r = j.find("requires_grad"); r != j.end()) {
+      if (!r->is_boolean())
+        fail(at / "requires_grad", "expected true or false, got " + describe(*r));
+      requires_grad = r->get<bool>();
     }
     m.add_param(pname, std::move(s), dtype, requires_grad);
   }
 
-  /// Reads everything of module object `j` at `path` except its name into `m`.
-  void module_body(const ojson& j, const std::string& path, Module& m) const {
-    if (j.contains("fully_shard")) {
-      const ojson& f = j.at("fully_shard");
-      if (!f.is_boolean() && !f.is_object())
-        fail(member(path, "fully_shard"),
-             "expected true, false or an object of options, got " + describe(f));
-      m.set_fully_shard_request(nlohmann::json(f));
+  /// Reads everything of module object `j` except its name into `m` (whose json_path() is the
+  /// object's path). Recursion is bounded: the JSON reader refused more than kMaxModuleDepth
+  /// nested "modules" arrays.
+  void module_body(const ojson& j, Module& m) const {
+    Where here;
+    here.module = &m;
+    if (const auto f = j.find("fully_shard"); f != j.end()) {
+      if (!f->is_boolean() && !f->is_object())
+        fail(here / "fully_shard",
+             "expected true, false or an object of options, got " + describe(*f));
+      m.set_fully_shard_request(nlohmann::json(*f));
     }
-    if (j.contains("cost")) {
-      const ojson& c = j.at("cost");
-      const std::string cpath = member(path, "cost");
-      expect_object(c, cpath, "an object with keys forward_ms, backward_ms");
-      check_keys(c, cpath, kCostKeys);
+    if (const auto c = j.find("cost"); c != j.end()) {
+      const Where at = here / "cost";
+      expect_object(*c, at, "an object with keys forward_ms, backward_ms");
+      check_keys(*c, at, kCostKeys);
       Cost& cost = m.cost();
-      if (c.contains("forward_ms"))
-        cost.forward_ms = milliseconds(c.at("forward_ms"), member(cpath, "forward_ms"));
-      if (c.contains("backward_ms"))
-        cost.backward_ms = milliseconds(c.at("backward_ms"), member(cpath, "backward_ms"));
+      if (const auto v = c->find("forward_ms"); v != c->end())
+        cost.forward_ms = milliseconds(*v, at / "forward_ms");
+      if (const auto v = c->find("backward_ms"); v != c->end())
+        cost.backward_ms = milliseconds(*v, at / "backward_ms");
       cost.declared = true;
     }
-    // name -> (JSON path where it was declared, whether it is a parameter)
-    std::map<std::string, std::pair<std::string, bool>> taken;
-    if (j.contains("params")) {
-      const ojson& ps = j.at("params");
-      const std::string ppath = member(path, "params");
-      expect_object(ps, ppath,
-                    "an object mapping parameter names to {shape, dtype, requires_grad}");
-      for (const auto& item : ps.items()) {
-        const std::string pname = name(ojson(item.key()), ppath, "parameter");
-        const std::string at = member(ppath, pname);
-        taken.emplace(pname,
-                      std::make_pair(at, true));  // duplicate keys were rejected while parsing
-        param(item.value(), pname, at, m);
+    const auto ps = j.find("params");
+    const auto ms = j.find("modules");
+    const std::size_t n_children = ms != j.end() && ms->is_array() ? ms->size() : 0;
+    const std::size_t n_params = ps != j.end() && ps->is_object() ? ps->size() : 0;
+    if (n_children + n_params > 16) m.reserve(n_children, n_params);
+    if (ps != j.end()) {
+      const Where at = here / "params";
+      expect_object(*ps, at, "an object mapping parameter names to {shape, dtype, requires_grad}");
+      for (const auto& item : ps->items()) {
+        // Duplicate keys were refused while parsing.
+        check_name(item.key(), m, at, "parameter");
+        param(item.value(), item.key(), at / item.key(), m);
       }
     }
-    if (j.contains("modules")) {
-      const ojson& ms = j.at("modules");
-      const std::string mpath = member(path, "modules");
-      if (!ms.is_array()) fail(mpath, "expected an array of module objects, got " + describe(ms));
-      for (std::size_t i = 0; i < ms.size(); ++i) {
-        const ojson& c = ms[i];
-        const std::string cpath = element(mpath, i);
-        expect_object(c, cpath, "a module object");
-        check_keys(c, cpath, kModuleKeys);
-        if (!c.contains("name")) fail(cpath, "missing required key 'name'");
-        const std::string cname = name(c.at("name"), member(cpath, "name"), "module");
-        const auto [it, inserted] = taken.emplace(cname, std::make_pair(cpath, false));
-        if (!inserted)
-          fail(cpath, (it->second.second ? "module name '" + cname + "' is also a parameter name"
-                                         : "duplicate module name '" + cname + "'") +
-                          " (also at " + it->second.first + ")");
-        Module& child = m.add_module(cname);
-        child.set_json_path(cpath);
-        module_body(c, cpath, child);
+    if (ms != j.end()) {
+      const Where at = here / "modules";
+      if (!ms->is_array()) fail(at, "expected an array of module objects, got " + describe(*ms));
+      for (std::size_t i = 0; i < ms->size(); ++i) {
+        const ojson& c = (*ms)[i];
+        const Where cat = at[i];
+        expect_object(c, cat, "a module object");
+        check_keys(c, cat, kModuleKeys);
+        const auto n = c.find("name");
+        if (n == c.end()) fail(cat, "missing required key 'name'");
+        if (!n->is_string())
+          fail(cat / "name", "expected a module name string, got " + describe(*n));
+        const std::string& cname = n->get_ref<const std::string&>();
+        check_name(cname, m, cat / "name", "module");
+        Module* child = nullptr;
+        try {
+          child = &m.add_module(cname);  // checks uniqueness in O(1)
+        } catch (const InvalidArgument&) {
+          if (const Module* other = m.find_module(cname))
+            fail(cat,
+                 "duplicate module name " + shown(cname) + " (also at " + other->json_path() + ")");
+          if (m.try_find_param(cname) != nullptr)
+            fail(cat, "module name " + shown(cname) + " is also a parameter name (also at " +
+                          (here / "params" / cname).str() + ")");
+          throw;
+        }
+        child->set_json_index(i);
+        module_body(c, *child);
       }
     }
   }
@@ -179,64 +261,6 @@ class Reader {
  private:
   std::string source_;
 };
-
-/// Parses `text` into an ordered_json, rejecting duplicate object keys (which nlohmann would
-/// silently merge) with their JSON path.
-ojson parse_json(const std::string& text, const Reader& reader) {
-  struct Frame {
-    bool array;
-    std::size_t index;
-    std::string key;
-    std::set<std::string> keys;
-  };
-  std::vector<Frame> frames;
-  auto path_of = [&frames](std::size_t n) {
-    std::string p;
-    for (std::size_t i = 0; i < n; ++i)
-      p = frames[i].array ? element(p, frames[i].index) : member(p, frames[i].key);
-    return p;
-  };
-  auto element_done = [&frames] {
-    if (!frames.empty() && frames.back().array) ++frames.back().index;
-  };
-  const ojson::parser_callback_t callback = [&](int /*depth*/, ojson::parse_event_t event,
-                                                ojson& parsed) {
-    switch (event) {
-      case ojson::parse_event_t::object_start:
-        frames.push_back(Frame{false, 0, std::string(), {}});
-        break;
-      case ojson::parse_event_t::array_start:
-        frames.push_back(Frame{true, 0, std::string(), {}});
-        break;
-      case ojson::parse_event_t::key: {
-        const std::string key = parsed.get<std::string>();
-        if (!frames.back().keys.insert(key).second) {
-          const std::string object_path = path_of(frames.size() - 1);
-          const bool params = frames.size() >= 2 && !frames[frames.size() - 2].array &&
-                              frames[frames.size() - 2].key == "params";
-          reader.fail(object_path,
-                      (params ? "duplicate parameter name '" : "duplicate key '") + key + "'");
-        }
-        frames.back().key = key;
-        break;
-      }
-      case ojson::parse_event_t::object_end:
-      case ojson::parse_event_t::array_end:
-        frames.pop_back();
-        element_done();
-        break;
-      case ojson::parse_event_t::value:
-        element_done();
-        break;
-    }
-    return true;
-  };
-  try {
-    return ojson::parse(text, callback);
-  } catch (const ojson::parse_error& e) {
-    reader.fail("", "invalid JSON at byte " + std::to_string(e.byte) + ": " + e.what());
-  }
-}
 
 void module_to_json(const Module& m, ojson& out) {
   out["name"] = m.name();
@@ -252,7 +276,9 @@ void module_to_json(const Module& m, ojson& out) {
       spec["shape"] = p.shape();
       spec["dtype"] = dtype_name(p.dtype());
       if (!p.requires_grad()) spec["requires_grad"] = false;
-      params[p.name()] = std::move(spec);
+      // Names are unique: append without ordered_map's linear lookup.
+      static_cast<ojson::object_t::Container&>(params.get_ref<ojson::object_t&>())
+          .emplace_back(p.name(), std::move(spec));
     }
     out["params"] = std::move(params);
   }
@@ -271,18 +297,23 @@ void module_to_json(const Module& m, ojson& out) {
 
 std::unique_ptr<Module> parse_graph_json(const std::string& text, const std::string& source) {
   const Reader reader(source);
-  const ojson doc = parse_json(text, reader);
-  reader.expect_object(doc, "", "a module object at the top level");
-  reader.check_keys(doc, "", kModuleKeys);
+  const ojson doc = detail::parse_json_strict(text, source, graph_limits());
+  if (!doc.is_object())
+    reader.fail("", "expected a module object at the top level, got " + describe(doc));
   std::string root_name = "model";
-  if (doc.contains("name")) {
-    const ojson& n = doc.at("name");
-    if (!n.is_string() || n.get<std::string>().empty())
-      reader.fail("name", "expected a non-empty root module name string, got " + describe(n));
-    root_name = n.get<std::string>();
+  if (const auto n = doc.find("name"); n != doc.end()) {
+    if (!n->is_string() || n->get<std::string>().empty())
+      reader.fail("name", "expected a non-empty root module name string, got " + describe(*n));
+    root_name = n->get<std::string>();
+    const std::string problem = name_problem(root_name);
+    if (!problem.empty())
+      reader.fail("name", "invalid root module name " + Reader::shown(root_name) + ": " + problem);
   }
   auto root = Module::make_root(root_name);
-  reader.module_body(doc, "", *root);
+  Where top;
+  top.module = root.get();
+  reader.check_keys(doc, top, kModuleKeys);
+  reader.module_body(doc, *root);
   return root;
 }
 

@@ -1,7 +1,9 @@
 #include "fullshard/graph/module.hpp"
 
+#include <cstdio>
 #include <utility>
 
+#include "fullshard/base/checked.hpp"
 #include "fullshard/base/error.hpp"
 
 namespace fullshard::graph {
@@ -31,7 +33,92 @@ std::pair<std::string, std::string> split_last(const std::string& fqn) {
   return {fqn.substr(0, dot), fqn.substr(dot + 1)};
 }
 
+/// Length of the UTF-8 sequence at s[i] encoding a character from U+00A0 up, or 0 when the
+/// bytes there are malformed, overlong, a surrogate, beyond U+10FFFF or a C1 control.
+std::size_t utf8_printable(const std::string& s, std::size_t i) {
+  const auto b = [&](std::size_t k) {
+    return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u;
+  };
+  const auto cont = [&](std::size_t k) { return (b(k) & 0xC0u) == 0x80u; };
+  const unsigned c = b(0);
+  if (c >= 0xC2 && c <= 0xDF) return cont(1) && !(c == 0xC2 && b(1) < 0xA0) ? 2 : 0;
+  if (c == 0xE0) return b(1) >= 0xA0 && b(1) <= 0xBF && cont(2) ? 3 : 0;
+  if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) return cont(1) && cont(2) ? 3 : 0;
+  if (c == 0xED) return b(1) >= 0x80 && b(1) <= 0x9F && cont(2) ? 3 : 0;
+  if (c == 0xF0) return b(1) >= 0x90 && b(1) <= 0xBF && cont(2) && cont(3) ? 4 : 0;
+  if (c >= 0xF1 && c <= 0xF3) return cont(1) && cont(2) && cont(3) ? 4 : 0;
+  if (c == 0xF4) return b(1) >= 0x80 && b(1) <= 0x8F && cont(2) && cont(3) ? 4 : 0;
+  return 0;
+}
+
+/// 'name' when it is plain printable ASCII, else quoted_name(name) (escaped).
+std::string shown(const std::string& name) {
+  for (char ch : name)
+    if (ch < 0x20 || ch > 0x7E) return quoted_name(name);
+  return name.size() > 80 ? quoted_name(name) : "'" + name + "'";
+}
+
 }  // namespace
+
+std::string name_problem(const std::string& name) {
+  if (name.empty()) return "the name is empty";
+  if (name.size() > kMaxFqnBytes)
+    return "the name has " + std::to_string(name.size()) + " bytes, more than " +
+           std::to_string(kMaxFqnBytes);
+  for (std::size_t i = 0; i < name.size();) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c > 0x20 && c < 0x7F && c != '.') {
+      ++i;
+      continue;
+    }
+    const auto at = [i] { return " at byte " + std::to_string(i); };
+    if (c == '.') return "names must not contain '.' (found" + at() + ")";
+    if (c < 0x80) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "U+%04X", c);
+      return std::string(c == 0x20 ? "a space" : std::string("control character ") + hex) + at() +
+             " (names are printable and contain no spaces)";
+    }
+    const std::size_t n = utf8_printable(name, i);
+    if (n == 0)
+      return "malformed UTF-8 or a C1 control character" + at() +
+             " (names are printable UTF-8 text)";
+    i += n;
+  }
+  return std::string();
+}
+
+std::string quoted_name(const std::string& s, std::size_t max_bytes) {
+  std::string out = "\"";
+  for (std::size_t i = 0; i < s.size();) {
+    if (out.size() > max_bytes) {
+      out += "...";
+      break;
+    }
+    const auto c = static_cast<unsigned char>(s[i]);
+    char hex[8];
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+      ++i;
+    } else if (c >= 0x20 && c < 0x7F) {
+      out += static_cast<char>(c);
+      ++i;
+    } else if (c < 0x80) {
+      std::snprintf(hex, sizeof hex, "\\u%04x", c);
+      out += hex;
+      ++i;
+    } else if (const std::size_t n = utf8_printable(s, i)) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+      ++i;
+    }
+  }
+  return out + "\"";
+}
 
 // ---------------------------------------------------------------------------------------------
 // Parameter
@@ -60,13 +147,31 @@ Module::Module(std::string name, Module* parent)
     : name_(std::move(name)),
       fqn_(parent == nullptr ? std::string()
                              : (parent->is_root() ? name_ : parent->fqn() + "." + name_)),
-      parent_(parent) {}
+      parent_(parent),
+      depth_(parent == nullptr ? 0 : parent->depth_ + 1) {}
 
 Module::~Module() = default;
 
 std::unique_ptr<Module> Module::make_root(std::string name) {
   if (name.empty()) throw InvalidArgument("Module::make_root: the root module's name is empty");
+  const std::string problem = name_problem(name);
+  if (!problem.empty())
+    throw InvalidArgument("Module::make_root: invalid root module name " + quoted_name(name) +
+                          ": " + problem);
   return std::unique_ptr<Module>(new Module(std::move(name), nullptr));
+}
+
+std::string Module::json_path() const {
+  if (is_root() || json_index_ == static_cast<std::size_t>(-1)) return std::string();
+  std::vector<std::size_t> indices;
+  for (const Module* m = this; !m->is_root(); m = m->parent_) {
+    if (m->json_index_ == static_cast<std::size_t>(-1)) return std::string();  // built in C++
+    indices.push_back(m->json_index_);
+  }
+  std::string path;
+  for (auto it = indices.rbegin(); it != indices.rend(); ++it)
+    path += (path.empty() ? "modules[" : ".modules[") + std::to_string(*it) + "]";
+  return path;
 }
 
 Module& Module::root() noexcept {
@@ -83,27 +188,54 @@ std::string Module::describe() const {
 void Module::check_new_name(const std::string& name, const char* what) const {
   if (name.empty())
     throw InvalidArgument(describe() + ": cannot add a " + what + " with an empty name");
-  if (name.find('.') != std::string::npos)
-    throw InvalidArgument(describe() + ": invalid " + what + " name '" + name +
-                          "' (names must not contain '.')");
-  if (child_by_name_.count(name))
-    throw InvalidArgument(describe() + ": cannot add " + what + " '" + name +
-                          "': a child module of that name exists");
-  if (own_param(name) != nullptr)
-    throw InvalidArgument(describe() + ": cannot add " + what + " '" + name +
-                          "': a parameter of that name exists");
+  const std::string problem = name_problem(name);
+  if (!problem.empty())
+    throw InvalidArgument(describe() + ": invalid " + what + " name " + shown(name) + ": " +
+                          problem);
+  // FQN of the new child or parameter: fqn_ + "." + name.
+  const std::size_t fqn_bytes = fqn_.empty() ? name.size() : fqn_.size() + 1 + name.size();
+  if (fqn_bytes > kMaxFqnBytes)
+    throw InvalidArgument(describe() + ": cannot add " + what + " " + quoted_name(name) +
+                          ": its fully qualified name would have " + std::to_string(fqn_bytes) +
+                          " bytes, more than " + std::to_string(kMaxFqnBytes));
 }
 
+void Module::name_taken(const std::string& name, const char* what, bool by_module) const {
+  throw InvalidArgument(describe() + ": cannot add " + what + " '" + name + "': a " +
+                        (by_module ? "child module" : "parameter") + " of that name exists");
+}
+
+void Module::reserve(std::size_t children, std::size_t params) {
+  children_.reserve(children);
+  child_by_name_.reserve(children);
+  params_.reserve(params);
+  param_by_name_.reserve(params);
+}
+
+// One lookup in each name table per add (graphs of 400,000 siblings load in linear time).
 Module& Module::add_module(const std::string& name) {
   check_new_name(name, "child module");
-  children_.push_back(std::unique_ptr<Module>(new Module(name, this)));
-  child_by_name_[name] = children_.back().get();
+  if (depth_ + 1 > kMaxModuleDepth)
+    throw InvalidArgument(describe() + ": cannot add child module " + quoted_name(name) +
+                          ": modules nest at most " + std::to_string(kMaxModuleDepth) +
+                          " levels below the root");
+  if (param_by_name_.count(name)) name_taken(name, "child module", false);
+  const auto [slot, inserted] = child_by_name_.try_emplace(name, nullptr);
+  if (!inserted) name_taken(name, "child module", true);
+  try {
+    children_.push_back(std::unique_ptr<Module>(new Module(name, this)));
+  } catch (...) {
+    child_by_name_.erase(slot);
+    throw;
+  }
+  slot->second = children_.back().get();
   return *children_.back();
 }
 
 Parameter& Module::add_param(const std::string& name, Shape shape, DType dtype,
                              bool requires_grad) {
   check_new_name(name, "parameter");
+  if (child_by_name_.count(name)) name_taken(name, "parameter", true);
   if (shape.empty())
     throw InvalidArgument(describe() + ": parameter '" + name +
                           "' has a 0-d shape (); use shape (1,)");
@@ -112,9 +244,19 @@ Parameter& Module::add_param(const std::string& name, Shape shape, DType dtype,
       throw InvalidArgument(describe() + ": parameter '" + name + "' has shape " +
                             shape_string(shape) + " with negative extent " +
                             std::to_string(shape[d]) + " in dim " + std::to_string(d));
-  params_.push_back(std::unique_ptr<Parameter>(
-      new Parameter(this, name, std::move(shape), dtype, requires_grad)));
-  param_by_name_[name] = params_.back().get();
+  checked_nbytes(shape, dtype, [&] {
+    return describe() + ": parameter '" + (fqn_.empty() ? name : fqn_ + "." + name) + "'";
+  });
+  const auto [slot, inserted] = param_by_name_.try_emplace(name, nullptr);
+  if (!inserted) name_taken(name, "parameter", false);
+  try {
+    params_.push_back(std::unique_ptr<Parameter>(
+        new Parameter(this, name, std::move(shape), dtype, requires_grad)));
+  } catch (...) {
+    param_by_name_.erase(slot);
+    throw;
+  }
+  slot->second = params_.back().get();
   return *params_.back();
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "fullshard/base/checked.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 
@@ -61,8 +62,15 @@ GroupLayout make_group_layout(const std::vector<ShardLayout>& layouts) {
     m.layout = l;
     m.slot_offset = g.shard_numel;
     m.arena_offset = g.arena_numel;
-    g.shard_numel += l.padded_numel();
-    g.arena_numel += numel(l.global_shape);
+    // Sizes come from user shapes: the sums (and world * shard_numel, the gathered buffer) are
+    // checked so that every offset of the runs below fits.
+    g.shard_numel = checked_add(g.shard_numel, l.padded_numel(), [&] { return member_name(i, l); });
+    g.arena_numel =
+        checked_add(g.arena_numel, numel(l.global_shape), [&] { return member_name(i, l); });
+    checked_mul(g.shard_numel, static_cast<std::int64_t>(g.world), [&] {
+      return member_name(i, l) + ": the group's padded shards on " + std::to_string(g.world) +
+             " ranks";
+    });
     g.members.push_back(std::move(m));
   }
   return g;

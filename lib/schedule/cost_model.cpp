@@ -12,6 +12,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/communicator.hpp"
 #include "fullshard/comm/stream.hpp"
+#include "lib/base/json_reader.hpp"
 
 namespace fullshard::schedule {
 
@@ -172,13 +173,11 @@ CostModel CostModel::from_json(const nlohmann::json& j, const CostModel& base,
 
 CostModel CostModel::parse_json(const std::string& text, const CostModel& base,
                                 const std::string& source) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw ConfigError(source + ": invalid JSON at byte " + std::to_string(e.byte) + ": " +
-                      e.what());
-  }
+  // The graph loader's reader: duplicate keys, nesting and out-of-range numbers are refused
+  // naming the JSON path. The document is a few levels deep, so the conversion is cheap.
+  detail::JsonLimits limits;
+  limits.max_depth = 64;
+  const nlohmann::json j = detail::parse_json_strict(text, source, limits);
   return from_json(j, base, source);
 }
 

@@ -2,11 +2,13 @@
 
 #include "fullshard/fsdp/fully_shard.hpp"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "fullshard/base/checked.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/tensor/sharding.hpp"
 
@@ -66,6 +68,8 @@ std::vector<PlannedGroup> plan_groups(const graph::Module& root, int shard_size,
   std::unordered_map<const graph::Parameter*, int> grouped;  // parameter -> group
   std::unordered_map<const graph::Module*, int> group_of;    // module with a request -> group
 
+  std::int64_t model_bytes = 0;  // see the byte checks below
+
   std::vector<const graph::Module*> order;
   postorder(root, order);
   for (const graph::Module* m : order) {
@@ -122,6 +126,24 @@ std::vector<PlannedGroup> plan_groups(const graph::Module& root, int shard_size,
     g.reduce_dtype = g.options.mp_policy.reduce_dtype.value_or(g.param_dtype);
     g.layout = kernels::make_group_layout(layouts);
     g.layout.world = W;  // also for a group without parameters
+    // Byte counts from user shapes, checked here so that shard_bytes(), unsharded_bytes(),
+    // gather_bytes() and the scheduler's sums of them over groups cannot wrap: every buffer a
+    // group can hold at once (all-gather and reduce-scatter buffers, unsharded parameters and
+    // gradients, sharded parameters and gradients), summed over all groups, fits in int64.
+    {
+      const auto ctx = [&] { return "fully_shard(" + g.name + ")"; };
+      const auto widest = static_cast<std::int64_t>(std::max(
+          {dtype_size(g.orig_dtype), dtype_size(g.param_dtype), dtype_size(g.reduce_dtype)}));
+      const std::int64_t gathered = checked_mul(
+          checked_mul(g.layout.shard_numel, static_cast<std::int64_t>(W), ctx), widest, ctx);
+      const std::int64_t arena = checked_mul(g.layout.arena_numel, widest, ctx);
+      const std::int64_t shard = checked_mul(g.layout.shard_numel, widest, ctx);
+      std::int64_t group_total = checked_mul(gathered, 2, ctx);
+      group_total = checked_add(group_total, checked_mul(arena, 2, ctx), ctx);
+      group_total = checked_add(group_total, checked_mul(shard, 2, ctx), ctx);
+      model_bytes = checked_add(model_bytes, group_total,
+                                [&] { return ctx() + ": the buffers of all groups together"; });
+    }
 
     const int k = g.options.reshard_after_forward.value();
     if (k >= 1 && W % k != 0)

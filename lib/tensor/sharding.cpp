@@ -19,9 +19,7 @@ ShardLayout shard_layout(const Shape& global_shape, Placement placement, int wor
                           std::to_string(world));
   if (global_shape.empty())
     throw InvalidArgument(what + ": a 0-d (scalar) tensor cannot be sharded; give it shape (1,)");
-  for (auto e : global_shape)
-    if (e < 0)
-      throw InvalidArgument(what + ": negative extent in shape " + shape_string(global_shape));
+  checked_numel(global_shape, what);  // extents >= 0, product fits: the products below do too
 
   ShardLayout l;
   l.global_shape = global_shape;
@@ -48,7 +46,7 @@ ShardLayout shard_layout(const Shape& global_shape, Placement placement, int wor
                           " (size " + std::to_string(D) + ") divisible by the " +
                           std::to_string(world) + " ranks of the shard group; use Shard(0) or " +
                           "another dim");
-  l.chunk = (D + world - 1) / world;
+  l.chunk = D / world + (D % world != 0 ? 1 : 0);  // ceil(D / W); D + W - 1 could overflow
   l.local_rows = l.rows_of(rank);
   l.local_shape[d] = l.local_rows;
   l.global_offset[d] = std::min<std::int64_t>(static_cast<std::int64_t>(rank) * l.chunk, D);
@@ -56,6 +54,11 @@ ShardLayout shard_layout(const Shape& global_shape, Placement placement, int wor
     l.outer *= global_shape[i];
   for (int i = d + 1; i < nd; ++i)
     l.inner *= global_shape[i];
+  // The padded shards of all ranks (the all-gather buffer) can hold more elements than the
+  // tensor: outer * (chunk * world) * inner must fit too.
+  checked_mul(checked_mul(checked_mul(l.outer, l.chunk, what), l.inner, what),
+              static_cast<std::int64_t>(world),
+              [&] { return what + ": the padded shards of " + std::to_string(world) + " ranks"; });
   return l;
 }
 

@@ -31,8 +31,7 @@ const char* memory_space_name(MemorySpace s) noexcept {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, MemorySpace space, const std::string& label) {
-  for (auto e : shape)
-    if (e < 0) throw InvalidArgument("Tensor::empty: negative extent in " + shape_string(shape));
+  checked_nbytes(shape, dtype, [&] { return "Tensor::empty(" + label + ")"; });
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = shape;

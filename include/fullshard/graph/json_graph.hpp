@@ -13,7 +13,10 @@ namespace fullshard::graph {
 /// Builds the module tree described by `text`. Every module gets its json_path(); parameter
 /// order is the order of the keys of each "params" object. Throws ConfigError
 /// "<source>: <JSON path>: <problem>" on invalid JSON (with the byte position), unknown keys,
-/// wrong types, bad shapes or dtypes, and duplicate names.
+/// wrong types, bad shapes or dtypes, shapes whose size overflows, invalid or duplicate names,
+/// out-of-range numbers, and graphs beyond the limits of docs/graph-format.md ("Limits":
+/// kMaxModuleDepth, 1024 levels of JSON nesting, kMaxFqnBytes). Time and memory are linear in
+/// the text's size; nothing recurses deeper than the limits.
 std::unique_ptr<Module> parse_graph_json(const std::string& text,
                                          const std::string& source = "<string>");
 

@@ -29,6 +29,23 @@ struct Cost {
   bool declared = false;
 };
 
+/// Limits of a graph (docs/graph-format.md, "Limits"), enforced by Module and the JSON loader
+/// alike, so that every walk over a graph (recursive traversals, the destructor) is bounded.
+/// Modules nest at most this many levels below the root.
+inline constexpr std::size_t kMaxModuleDepth = 256;
+/// A fully qualified name (and the root's name) has at most this many bytes.
+inline constexpr std::size_t kMaxFqnBytes = 1024;
+
+/// Why `name` is not a valid module or parameter name, or "" when it is one. Valid names are
+/// non-empty, contain no '.', and consist of printable characters: ASCII 0x21-0x7E (no space,
+/// no control character) or UTF-8 encoded characters from U+00A0 up (no C1 control, no
+/// malformed UTF-8). Length: see kMaxFqnBytes.
+std::string name_problem(const std::string& name);
+
+/// `s` in double quotes, safe to print: control characters and malformed UTF-8 escaped
+/// (\u0000, \xff), quotes and backslashes escaped, cut to about `max_bytes` with "...".
+std::string quoted_name(const std::string& s, std::size_t max_bytes = 80);
+
 class Module;
 /// A user callback run with the module it is attached to.
 using Callback = std::function<void(Module&)>;
@@ -87,13 +104,15 @@ class Parameter {
 /// add_module; the root owns the whole tree, and references to modules and parameters stay
 /// valid while it lives. Not copyable or movable.
 ///
-/// Names (of child modules and parameters) are non-empty, contain no '.', and are unique among
-/// the children and parameters of one module. Errors are InvalidArgument naming the module
-/// ("root module 'model'" for the root, else "module '<fqn>'") and the offending name.
+/// Names (of child modules and parameters) are valid (name_problem) and unique among the
+/// children and parameters of one module; modules nest at most kMaxModuleDepth levels and FQNs
+/// have at most kMaxFqnBytes bytes; a parameter's size in bytes fits in a signed 64-bit
+/// integer. Errors are InvalidArgument naming the module ("root module 'model'" for the root,
+/// else "module '<fqn>'") and the offending name.
 class Module {
  public:
   /// A root module. Its name (e.g. "model") is not part of any FQN (torch semantics); it must
-  /// not be empty.
+  /// be a valid name (name_problem) of at most kMaxFqnBytes bytes.
   static std::unique_ptr<Module> make_root(std::string name = "model");
 
   Module(const Module&) = delete;
@@ -104,15 +123,22 @@ class Module {
   /// "" for the root, "layers" for a child of the root, "layers.0" for a grandchild.
   const std::string& fqn() const noexcept { return fqn_; }
   Module* parent() const noexcept { return parent_; }
+  /// Levels below the root: 0 for the root, 1 for its children.
+  std::size_t depth() const noexcept { return depth_; }
   bool is_root() const noexcept { return parent_ == nullptr; }
   Module& root() noexcept;
 
-  /// Appends a child; children run in the order they are added.
+  /// Appends a child; children run in the order they are added. InvalidArgument beyond
+  /// kMaxModuleDepth levels.
   Module& add_module(const std::string& name);
   /// Adds a parameter (declaration order defines the flat layout). The shape needs at least one
-  /// dim (use (1,) for a scalar) and extents >= 0.
+  /// dim (use (1,) for a scalar), extents >= 0, and numel * dtype size must fit in an int64
+  /// (InvalidArgument naming the parameter's FQN otherwise).
   Parameter& add_param(const std::string& name, Shape shape, DType dtype = DType::f32,
                        bool requires_grad = true);
+
+  /// Makes room for this many children and parameters (a loader that knows the counts).
+  void reserve(std::size_t children, std::size_t params);
 
   std::size_t num_children() const noexcept { return children_.size(); }
   /// Child i in execution order; InvalidArgument when out of range.
@@ -166,10 +192,11 @@ class Module {
   void set_fully_shard_request(nlohmann::json r);
 
   /// JSON path of this module in the file it came from, e.g. "modules[1].modules[0]"; "" for
-  /// the root or a module built in C++.
-  const std::string& json_path() const noexcept { return json_path_; }
-  /// Set by the graph loader.
-  void set_json_path(std::string path) { json_path_ = std::move(path); }
+  /// the root or a module built in C++. Built on demand from the indices set by the loader (a
+  /// stored path per module would cost memory quadratic in the depth).
+  std::string json_path() const;
+  /// Set by the graph loader: this module is element `index` of its parent's "modules" array.
+  void set_json_index(std::size_t index) noexcept { json_index_ = index; }
 
   /// Reserved for fullshard: the fsdp layer attaches its per-module state here. User code must
   /// not set it.
@@ -180,7 +207,9 @@ class Module {
   Module(std::string name, Module* parent);
   /// "root module 'model'" or "module 'layers.0'", for messages.
   std::string describe() const;
+  /// Name syntax and FQN length of a new child or parameter (not uniqueness).
   void check_new_name(const std::string& name, const char* what) const;
+  [[noreturn]] void name_taken(const std::string& name, const char* what, bool by_module) const;
   /// The descendant at relative_fqn, or nullptr with *error saying what is missing.
   const Module* walk(const std::string& relative_fqn, std::string* error) const;
   const Parameter* own_param(const std::string& name) const noexcept;
@@ -200,7 +229,8 @@ class Module {
   Callback backward_callback_;
   Cost cost_;
   nlohmann::json fully_shard_request_;
-  std::string json_path_;
+  std::size_t depth_ = 0;
+  std::size_t json_index_ = static_cast<std::size_t>(-1);  // none
   std::shared_ptr<void> extension_;
 };
 
