@@ -1,4 +1,4 @@
-#include "lib/base/json_reader.hpp"
+#include "fullshard/base/json_reader.hpp"
 
 #include <memory>
 #include <unordered_set>

@@ -114,6 +114,7 @@ void Backend::begin(OpDesc& d) {
 Event Backend::record(StreamKind s) {
   Event e;
   e.op = last_[static_cast<int>(s)];
+  stream_record(s, e);
   return e;
 }
 

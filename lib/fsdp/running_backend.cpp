@@ -93,6 +93,11 @@ void RunningBackend::stream_wait(StreamKind waiter, const Event& e) {
     s.wait(e.work.event());
 }
 
+void RunningBackend::stream_record(StreamKind s, Event& e) {
+  // Operations of one stream finish in order: the last one's completion is the stream's.
+  e.work = last_[static_cast<int>(s)];
+}
+
 // ---- memory -------------------------------------------------------------------------------
 
 Buf RunningBackend::acquire(const engine::Group& g, engine::BufKind kind, std::int64_t numel,

@@ -63,6 +63,7 @@ class RunningBackend final : public engine::Backend {
 
  protected:
   void stream_wait(engine::StreamKind waiter, const engine::Event& e) override;
+  void stream_record(engine::StreamKind s, engine::Event& e) override;
 
  private:
   ParamGroup& pg(const engine::Group& g) const;

@@ -12,7 +12,7 @@
 
 #include "fullshard/base/checked.hpp"
 #include "fullshard/base/error.hpp"
-#include "lib/base/json_reader.hpp"
+#include "fullshard/base/json_reader.hpp"
 
 namespace fullshard::graph {
 

@@ -12,7 +12,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/communicator.hpp"
 #include "fullshard/comm/stream.hpp"
-#include "lib/base/json_reader.hpp"
+#include "fullshard/base/json_reader.hpp"
 
 namespace fullshard::schedule {
 

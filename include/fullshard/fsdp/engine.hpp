@@ -290,8 +290,10 @@ class Backend {
   virtual void show_sharded_grads(Group& g) = 0;
 
  protected:
-  /// Orders a real stream after an event (device streams); host streams run in order.
+  /// Orders a real stream after an event (worker and device streams).
   virtual void stream_wait(StreamKind /*waiter*/, const Event& /*e*/) {}
+  /// Fills in the real completion of the last operation issued on `s`.
+  virtual void stream_record(StreamKind /*s*/, Event& /*e*/) {}
 
  private:
   int next_op_ = 0;

@@ -1,6 +1,7 @@
 // The strict JSON reader shared by the graph loader and the cost-model loader: nlohmann's
 // iterative SAX parser feeding a DOM builder that refuses what nlohmann's own parse() would
-// let through or crash on. Internal (not installed).
+// let through or crash on. For fullshard's own loaders (graph, cost model, checkpoint index):
+// a detail, not part of the user API.
 //
 // - Duplicate keys in one object (nlohmann keeps the last one silently) are refused.
 // - Nesting deeper than a limit is refused before it is built, so that the recursive parts of
