@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bounded_comm.hpp"
 #include "cli.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/checkpoint.hpp"
@@ -121,45 +122,73 @@ Config parse(int argc, char** argv) {
   apps::ArgParser a(argc, argv);
   while (a.next()) {
     const std::string& f = a.flag();
-    if (f == "--layers") c.shape.blocks = a.int_value(0, 100000);
-    else if (f == "--hidden") c.shape.hidden = a.int_value(1, 1 << 16);
-    else if (f == "--inputs") c.shape.inputs = a.int_value(1, 1 << 16);
-    else if (f == "--outputs") c.shape.outputs = a.int_value(1, 1 << 16);
-    else if (f == "--batch") c.batch = a.int64_value(1, 1 << 24);
-    else if (f == "--steps") c.steps = a.int_value(0);
-    else if (f == "--seed") c.seed = static_cast<std::uint64_t>(a.int64_value(0));
+    if (f == "--layers")
+      c.shape.blocks = a.int_value(0, 100000);
+    else if (f == "--hidden")
+      c.shape.hidden = a.int_value(1, 1 << 16);
+    else if (f == "--inputs")
+      c.shape.inputs = a.int_value(1, 1 << 16);
+    else if (f == "--outputs")
+      c.shape.outputs = a.int_value(1, 1 << 16);
+    else if (f == "--batch")
+      c.batch = a.int64_value(1, 1 << 24);
+    else if (f == "--steps")
+      c.steps = a.int_value(0);
+    else if (f == "--seed")
+      c.seed = static_cast<std::uint64_t>(a.int64_value(0));
     else if (f == "--optimizer") {
       c.optimizer = a.value();
       if (c.optimizer != "adamw" && c.optimizer != "sgd")
         throw apps::UsageError{"--optimizer expects adamw or sgd, got '" + c.optimizer + "'"};
-    } else if (f == "--lr") c.lr = a.double_value(0.0, 1e3);
-    else if (f == "--weight-decay") c.weight_decay = a.double_value(0.0, 1e3);
-    else if (f == "--momentum") c.momentum = a.double_value(0.0, 1.0);
-    else if (f == "--warmup") c.warmup = a.int_value(0);
-    else if (f == "--clip") c.clip = a.double_value(0.0, 1e30);
-    else if (f == "--mesh") c.mesh = a.mesh_value();
-    else if (f == "--param-dtype") c.param_dtype = a.dtype_value();
-    else if (f == "--reduce-dtype") c.reduce_dtype = a.dtype_value();
-    else if (f == "--reshard") c.plan.defaults.reshard_after_forward = a.reshard_value();
-    else if (f == "--prefetch") c.plan.forward_prefetch_depth = a.int_value(0, 1 << 20);
-    else if (f == "--trace") c.trace = a.value();
-    else if (f == "--log-every") c.log_every = a.int_value(1);
-    else if (f == "--checkpoint-dir") c.checkpoint_dir = a.value();
-    else if (f == "--save-every") c.save_every = a.int_value(1);
-    else if (f == "--resume") c.resume_dir = a.value();
-    else if (f == "--init-from") c.init_from = a.value();
-    else if (f == "--stop-after") c.stop_after = a.int_value(0);
+    } else if (f == "--lr")
+      c.lr = a.double_value(0.0, 1e3);
+    else if (f == "--weight-decay")
+      c.weight_decay = a.double_value(0.0, 1e3);
+    else if (f == "--momentum")
+      c.momentum = a.double_value(0.0, 1.0);
+    else if (f == "--warmup")
+      c.warmup = a.int_value(0);
+    else if (f == "--clip")
+      c.clip = a.double_value(0.0, 1e30);
+    else if (f == "--mesh")
+      c.mesh = a.mesh_value();
+    else if (f == "--param-dtype")
+      c.param_dtype = a.dtype_value();
+    else if (f == "--reduce-dtype")
+      c.reduce_dtype = a.dtype_value();
+    else if (f == "--reshard")
+      c.plan.defaults.reshard_after_forward = a.reshard_value();
+    else if (f == "--prefetch")
+      c.plan.forward_prefetch_depth = a.int_value(0, 1 << 20);
+    else if (f == "--trace")
+      c.trace = a.value();
+    else if (f == "--log-every")
+      c.log_every = a.int_value(1);
+    else if (f == "--checkpoint-dir")
+      c.checkpoint_dir = a.value();
+    else if (f == "--save-every")
+      c.save_every = a.int_value(1);
+    else if (f == "--resume")
+      c.resume_dir = a.value();
+    else if (f == "--init-from")
+      c.init_from = a.value();
+    else if (f == "--stop-after")
+      c.stop_after = a.int_value(0);
     else if (f == "--checkpoint-kind") {
       const std::string k = a.value();
-      if (k == "sharded") c.checkpoint_kind = fullshard::checkpoint::Kind::sharded;
-      else if (k == "full") c.checkpoint_kind = fullshard::checkpoint::Kind::full;
-      else throw apps::UsageError{"--checkpoint-kind expects sharded or full, got '" + k + "'"};
-    }
-    else a.unknown();
+      if (k == "sharded")
+        c.checkpoint_kind = fullshard::checkpoint::Kind::sharded;
+      else if (k == "full")
+        c.checkpoint_kind = fullshard::checkpoint::Kind::full;
+      else
+        throw apps::UsageError{"--checkpoint-kind expects sharded or full, got '" + k + "'"};
+    } else
+      a.unknown();
   }
   if (!c.init_from.empty() && !c.resume_dir.empty())
-    throw apps::UsageError{"--init-from and --resume exclude each other (--resume restores the "
-                           "weights too)"};
+    throw apps::UsageError{
+        "--init-from and --resume exclude each other (--resume restores the "
+        "weights too)"};
   if (c.save_every > 0 && c.checkpoint_dir.empty())
     throw apps::UsageError{"--save-every needs --checkpoint-dir"};
   if (c.warmup >= 0 && c.warmup >= c.steps)
@@ -167,9 +196,9 @@ Config parse(int argc, char** argv) {
                            std::to_string(c.steps)};
   auto& mp = c.plan.defaults.mp_policy;
   mp.param_dtype = c.param_dtype;
-  mp.reduce_dtype = c.reduce_dtype ? c.reduce_dtype
-                                   : (c.param_dtype ? std::optional(fullshard::DType::f32)
-                                                    : std::nullopt);
+  mp.reduce_dtype = c.reduce_dtype
+                        ? c.reduce_dtype
+                        : (c.param_dtype ? std::optional(fullshard::DType::f32) : std::nullopt);
   return c;
 }
 
@@ -203,12 +232,14 @@ class Teacher {
       }
       for (int j = 0; j < T; ++j) {
         double acc = c_[j];
-        for (int i = 0; i < I; ++i) acc += a_[static_cast<std::size_t>(j) * I + i] * xi[i];
+        for (int i = 0; i < I; ++i)
+          acc += a_[static_cast<std::size_t>(j) * I + i] * xi[i];
         hid[j] = std::tanh(acc);
       }
       for (int o = 0; o < O; ++o) {
         double acc = 0;
-        for (int j = 0; j < T; ++j) acc += b_[static_cast<std::size_t>(o) * T + j] * hid[j];
+        for (int j = 0; j < T; ++j)
+          acc += b_[static_cast<std::size_t>(o) * T + j] * hid[j];
         t[static_cast<std::size_t>(r) * O + o] = static_cast<float>(acc);
       }
     }
@@ -538,6 +569,44 @@ int train(const fullshard::Runtime& rt, const Config& c) {
 
 }  // namespace
 
+// The options every rank must share (flag, value): a rank given different ones would
+// desynchronise the collectives or train on other data.
+std::vector<apps::OptionValue> option_values(const Config& c) {
+  auto num = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.17g", v);
+    return std::string(b);
+  };
+  auto dtype = [](const std::optional<fullshard::DType>& t) {
+    return t ? std::string(fullshard::dtype_name(*t)) : std::string("(default)");
+  };
+  return {{"--layers", std::to_string(c.shape.blocks)},
+          {"--hidden", std::to_string(c.shape.hidden)},
+          {"--inputs", std::to_string(c.shape.inputs)},
+          {"--outputs", std::to_string(c.shape.outputs)},
+          {"--batch", std::to_string(c.batch)},
+          {"--steps", std::to_string(c.steps)},
+          {"--seed", std::to_string(c.seed)},
+          {"--optimizer", c.optimizer},
+          {"--lr", num(c.lr)},
+          {"--weight-decay", num(c.weight_decay)},
+          {"--momentum", num(c.momentum)},
+          {"--warmup", std::to_string(c.warmup)},
+          {"--clip", num(c.clip)},
+          {"--mesh", std::to_string(c.mesh.first) + "x" + std::to_string(c.mesh.second)},
+          {"--param-dtype", dtype(c.param_dtype)},
+          {"--reduce-dtype", dtype(c.reduce_dtype)},
+          {"--reshard", c.plan.defaults.reshard_after_forward.to_string()},
+          {"--prefetch", std::to_string(c.plan.forward_prefetch_depth)},
+          {"--checkpoint-dir", c.checkpoint_dir},
+          {"--save-every", std::to_string(c.save_every)},
+          {"--checkpoint-kind",
+           c.checkpoint_kind == fullshard::checkpoint::Kind::full ? "full" : "sharded"},
+          {"--resume", c.resume_dir},
+          {"--init-from", c.init_from},
+          {"--stop-after", std::to_string(c.stop_after)}};
+}
+
 int main(int argc, char** argv) {
   const bool help = apps::take_help(argc, argv);
   std::optional<fullshard::Runtime> rt;
@@ -553,12 +622,36 @@ int main(int argc, char** argv) {
       if (rank == 0) std::fputs(kUsage, stdout);
       return 0;
     }
-    const Config c = parse(argc, argv);
+    // Every rank parses its own arguments; then the ranks compare them (an MPMD launch can
+    // give ranks different ones), so that a rank refusing its options or differing from the
+    // others is reported on every rank, exit 2, before any collective of the model.
+    std::optional<apps::UsageError> refused;
+    Config c;
+    try {
+      c = parse(argc, argv);
+    } catch (const apps::UsageError& e) {
+      refused = e;
+    }
+    {
+      apps::BoundedComm world(rt->world(), "train.world", rt->settings().timeout_s);
+      std::vector<apps::OptionValue> values = option_values(refused ? Config{} : c);
+      values.insert(values.begin(), {"(options accepted)", refused ? "no" : "yes"});
+      try {
+        apps::agree_on_options(world, values);
+      } catch (const apps::OptionMismatch& e) {
+        std::fprintf(stderr, "fullshard-train: rank %d: %s\n", rank,
+                     refused ? (refused->message + " (see --help)").c_str()
+                     : e.flag == "(options accepted)"
+                         ? "another rank refused its options (see its message)"
+                         : e.message.c_str());
+        return 2;
+      }
+    }
+    if (refused) throw *refused;
     return train(*rt, c);
   } catch (const apps::UsageError& e) {
     // Every rank parses the same arguments, so every rank gets here: no one is left waiting.
-    if (rank == 0)
-      std::fprintf(stderr, "fullshard-train: %s (see --help)\n", e.message.c_str());
+    if (rank == 0) std::fprintf(stderr, "fullshard-train: %s (see --help)\n", e.message.c_str());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fullshard-train: rank %d: %s\n", rank, e.what());

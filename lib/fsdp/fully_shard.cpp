@@ -4,6 +4,7 @@
 #include <set>
 
 #include "fullshard/base/error.hpp"
+#include "lib/fsdp/fingerprint.hpp"
 #include "lib/fsdp/param_group.hpp"
 #include "lib/fsdp/running_backend.hpp"
 
@@ -165,13 +166,37 @@ void ensure_initialized(FSDPModule& st) {
   FSDPModule* root_state = fsdp_state(*root);
   auto ctx = std::make_shared<RootContext>();
   std::vector<engine::Group*> groups;
+  std::vector<ParamGroup*> mine;
   for (FSDPModule* s : root_state->subtree_states()) {
     ParamGroup& g = group_of(*s);
     if (g.attached()) continue;
     g.attach(ctx);
     groups.push_back(&g.engine());
+    mine.push_back(&g);
   }
   engine::attach(ctx->root, groups);
+
+  // Before the root's first collective, the ranks compare what they declared.
+  const DeviceMesh& mesh = group_of(*root_state).mesh();
+  std::vector<std::string> items;
+  items.reserve(mine.size() + 1);
+  std::string m = "mesh shape (";
+  for (int i = 0; i < mesh.ndim(); ++i)
+    m += (i ? ", " : "") + mesh.names()[static_cast<std::size_t>(i)] + "=" +
+         std::to_string(mesh.shape()[static_cast<std::size_t>(i)]);
+  items.push_back(m + ")");
+  for (ParamGroup* g : mine) {
+    const engine::Group& e = g->engine();
+    std::string it = "group " + g->name() + ": dtypes " + dtype_name(e.info.orig_dtype) + "/" +
+                     dtype_name(e.info.param_dtype) + "/" + dtype_name(e.info.reduce_dtype) +
+                     ", reshard_after_forward " + std::to_string(e.reshard_after_forward) +
+                     ", params";
+    for (const graph::Parameter* p : g->params())
+      it += " " + p->fqn() + " " + shape_string(p->shape()) + " " + dtype_name(p->dtype());
+    items.push_back(std::move(it));
+  }
+  agree_across_ranks(mesh, items,
+                     "the FSDP configuration of root '" + root_state->group_name() + "'");
 }
 
 }  // namespace detail

@@ -800,3 +800,54 @@ TEST_CASE("errors name the module and the parameter") {
       fsdp::apply_fully_shard_requests(*bad_json, mesh),
       doctest::Contains("modules[0].fully_shard.reshard: unknown fully_shard option"), ConfigError);
 }
+
+TEST_CASE("ranks that declare different models are told so before the first collective") {
+  if (W() < 2) return;  // needs two ranks to disagree
+  auto mesh = world_mesh();
+  const int rank = test::world_rank();
+  auto catch_config = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  {  // the last rank's layer is wider (the 32-vs-64 hidden-size case that crashed in MPI)
+    auto root = Module::make_root("model");
+    auto& l = root->add_module("l0");
+    const std::int64_t h = rank == W() - 1 ? 64 : 32;
+    l.add_param("w", {h, 8});
+    fsdp::fully_shard(l, mesh);
+    fsdp::fully_shard(*root, mesh);
+    const std::string msg = catch_config([&] { fsdp::forward(*root); });
+    CHECK(msg.find("differs across ranks") != std::string::npos);
+    CHECK(msg.find("group l0") != std::string::npos);
+    CHECK(msg.find("l0.w (32, 8) f32") != std::string::npos);  // rank 0's version, on every rank
+    if (rank == W() - 1) CHECK(msg.find("l0.w (64, 8) f32") != std::string::npos);
+  }
+  {  // one rank forms an extra group
+    auto root = Module::make_root("model");
+    auto& a = root->add_module("a");
+    a.add_param("w", {4});
+    auto& b = root->add_module("b");
+    b.add_param("w", {4});
+    fsdp::fully_shard(a, mesh);
+    if (rank == 0) fsdp::fully_shard(b, mesh);
+    fsdp::fully_shard(*root, mesh);
+    const std::string msg = catch_config([&] { fsdp::forward(*root); });
+    CHECK(msg.find("differs across ranks") != std::string::npos);
+    CHECK(msg.find("entries") != std::string::npos);
+  }
+  {  // the same declarations agree: one step runs
+    auto root = Module::make_root("model");
+    auto& l = root->add_module("l0");
+    l.add_param("w", {6, 2});
+    fsdp::fully_shard(l, mesh);
+    fsdp::fully_shard(*root, mesh);
+    CHECK(catch_config([&] {
+            fsdp::forward(*root);
+            fsdp::backward(*root);
+          }).empty());
+  }
+}
