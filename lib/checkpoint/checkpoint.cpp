@@ -577,8 +577,13 @@ std::string save(const std::string& dir, graph::Module& model, const optim::Opti
   Index index;
   detail::Fault fault;
   std::exception_ptr err = attempt([&] {
-    if (options.block_bytes == 0)
-      throw InvalidArgument("checkpoint::save: block_bytes must be > 0");
+    if (options.block_bytes == 0 || options.block_bytes > kMaxBlockBytes)
+      throw InvalidArgument("checkpoint::save: block_bytes must be in [1, " +
+                            std::to_string(kMaxBlockBytes) + "], got " +
+                            std::to_string(options.block_bytes));
+    if (detail::json_deeper_than(metadata, kMaxMetadataDepth))
+      throw InvalidArgument("checkpoint::save: the metadata nests arrays and objects deeper than " +
+                            std::to_string(kMaxMetadataDepth) + " levels");
     if (step < 0)
       throw InvalidArgument("checkpoint::save: step must be >= 0, got " + std::to_string(step));
     fault = detail::Fault::from_environment();

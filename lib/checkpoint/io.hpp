@@ -146,6 +146,12 @@ std::string index_checksum_text(const std::string& index_text);
 /// Removes the temporary directory of a failed save (best effort).
 void abandon_step(const PendingStep& p) noexcept;
 
+/// The byte offset of the first '[' or '{' of `text` (JSON) nested deeper than `max_depth`,
+/// or npos (strings skipped; linear, constant stack; a syntax error is left to the parser).
+std::size_t json_depth_exceeded(const std::string& text, std::size_t max_depth) noexcept;
+/// Whether a JSON value nests arrays and objects deeper than `max_depth` (iterative).
+bool json_deeper_than(const nlohmann::json& j, std::size_t max_depth);
+
 std::string hex_encode(const std::string& bytes);
 /// InvalidArgument naming `what` on a bad hex string.
 std::string hex_decode(const std::string& hex, const std::string& what);
