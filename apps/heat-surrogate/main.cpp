@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
     rt.emplace(args_count, args_data);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "heat-surrogate: %s\n", e.what());
-    return kRunError;
+    return apps::startup_exit_code(e, kRunError);
   }
   const int rank = rt->rank();
   try {
