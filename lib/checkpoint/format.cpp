@@ -702,7 +702,7 @@ const detail::File& Reader::open_file(std::size_t i, const TensorInfo& t) {
     f.lru.pop_back();
   }
   const std::string path = detail::join(dir_, index_.files[i].name);
-  detail::File file = detail::File::open_read(path);
+  detail::File file = detail::File::open_read(path, t.name);
   if (!file.valid())
     throw InvalidArgument("checkpoint file " + path + " is missing (needed for tensor '" + t.name +
                           "')");

@@ -44,8 +44,11 @@ using ByteBuffer = std::vector<char, UninitAllocator<char>>;
 class File {
  public:
   File() = default;
-  /// Opens for reading; returns an invalid File when the path does not exist (ENOENT).
-  static File open_read(const std::string& path);
+  /// Opens a regular file for reading; returns an invalid File when the path does not exist
+  /// (ENOENT). Anything else in its place (a FIFO, a directory, a device) is an
+  /// InvalidArgument naming the path and `tensor` (if not empty), and is never opened
+  /// blocking (a FIFO would block forever).
+  static File open_read(const std::string& path, const std::string& tensor = {});
   /// Creates (truncating) for writing, mode 0644.
   static File create(const std::string& path);
   ~File();

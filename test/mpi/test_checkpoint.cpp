@@ -678,7 +678,7 @@ TEST_CASE("bad checkpoints: errors name the file and the tensor on every rank; n
       fs::remove(file0);
       REQUIRE(::mkfifo(file0.c_str(), 0644) == 0);
     });
-    expect({"rank-00000.bin' is a FIFO, not a regular file"});
+    expect({"rank-00000.bin' is a FIFO, not a regular file", "(needed for tensor '"});
     on_rank0([&] { fs::remove(file0); });
     restore(file0);
   }

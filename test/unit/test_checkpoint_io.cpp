@@ -504,6 +504,7 @@ TEST_CASE("hostile files: a FIFO, a directory or a device in place of a checkpoi
     const std::string msg =
         test::error_of<InvalidArgument>([&] { r.read_full(r.tensor("w"), w.data()); });
     CHECK_MESSAGE(test::contains(msg, "'" + file + "' is a FIFO"), msg);
+    CHECK_MESSAGE(test::contains(msg, "(needed for tensor 'w')"), msg);
     const auto issues = ck::verify(root);
     REQUIRE(issues.size() == 1);
     CHECK(issues[0].file == file);
