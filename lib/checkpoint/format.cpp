@@ -180,6 +180,12 @@ void check_tiling(const TensorInfo& t, std::int64_t want, const Where& w) {
       if (boxes_overlap(*live[i - 1], *live[i])) w.fail("two of its shards overlap");
     return;
   }
+  // Other layouts (fullshard writes none) are compared pairwise: bounded, so that a crafted
+  // index cannot make the check quadratic in millions of shards.
+  if (live.size() > kMaxNonSlabShards)
+    w.fail("its " + std::to_string(live.size()) +
+           " non-empty shards are not slabs along one dim; at most " +
+           std::to_string(kMaxNonSlabShards) + " such shards are supported");
   for (std::size_t i = 0; i < live.size(); ++i)
     for (std::size_t j = i + 1; j < live.size(); ++j)
       if (boxes_overlap(*live[i], *live[j])) w.fail("two of its shards overlap");

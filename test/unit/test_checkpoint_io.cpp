@@ -538,3 +538,48 @@ TEST_CASE("hostile files: a FIFO, a directory or a device in place of a checkpoi
   }
   CHECK(ck::verify(root).empty());
 }
+
+TEST_CASE("hostile index: a layout of many non-slab shards is refused, a small one checked") {
+  // An n x n tensor of n*n single-element shards: not slabs along one dim, so compared pairwise.
+  auto index_of = [](int n) {
+    nlohmann::json shards = nlohmann::json::array();
+    for (int k = 0; k < n * n; ++k)
+      shards.push_back({{"file", 0},
+                        {"offset", 4 * k},
+                        {"length", 4},
+                        {"global_offset", {k / n, k % n}},
+                        {"shape", {1, 1}},
+                        {"crc32c", {0u}}});
+    return nlohmann::json{{"format", "fullshard-checkpoint"},
+                          {"format_version", ck::kFormatVersion},
+                          {"kind", "sharded"},
+                          {"step", 1},
+                          {"model_fingerprint", "0"},
+                          {"checksum", "crc32c"},
+                          {"block_bytes", 1024},
+                          {"metadata", nlohmann::json::object()},
+                          {"rng_state", ""},
+                          {"optimizer", nullptr},
+                          {"files", {{{"name", "rank-00000.bin"}, {"bytes", 4 * n * n}}}},
+                          {"tensors",
+                           {{{"name", "w"},
+                             {"param", "w"},
+                             {"state", ""},
+                             {"dtype", "f32"},
+                             {"global_shape", {n, n}},
+                             {"placement", "Shard(0)"},
+                             {"shards", shards}}}}};
+  };
+  CHECK(ck::index_from_json(index_of(3), "x/index.json").tensors[0].shards.size() == 9);
+  nlohmann::json overlap = index_of(3);
+  overlap["tensors"][0]["shards"][4]["global_offset"] = {0, 0};  // (1, 1) left uncovered
+  const std::string msg =
+      test::error_of<InvalidArgument>([&] { (void)ck::index_from_json(overlap, "x/index.json"); });
+  CHECK_MESSAGE(test::contains(msg, "tensor 'w': two of its shards overlap"), msg);
+  const std::string many = test::error_of<InvalidArgument>(
+      [&] { (void)ck::index_from_json(index_of(130), "x/index.json"); });
+  CHECK_MESSAGE(test::contains(many,
+                               "its 16900 non-empty shards are not slabs along one dim; "
+                               "at most 16384"),
+                many);
+}

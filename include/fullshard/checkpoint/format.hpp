@@ -39,6 +39,9 @@ constexpr std::uint64_t kMaxBlockBytes = std::uint64_t{1} << 30;
 /// on the text before it is parsed, in linear time and constant stack).
 constexpr std::size_t kMaxMetadataDepth = 256;
 constexpr std::size_t kMaxIndexDepth = kMaxMetadataDepth + 1;
+/// The most non-empty shards of one tensor whose boxes are not slabs along one dim (what
+/// fullshard writes are slabs, checked in n log n); other layouts are checked pairwise.
+constexpr std::size_t kMaxNonSlabShards = 16384;
 
 /// The index of a step directory, and the file holding the CRC32C of its text (written before
 /// it; a reader refuses an index that does not match it).
