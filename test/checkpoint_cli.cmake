@@ -1,7 +1,11 @@
 # fullshard-ckpt end to end: a checkpoint written on 2 ranks is inspected, converted to full
 # and to 3 shards, loaded on 1 and 3 ranks, verified; then a flipped bit and a missing file
 # make verify fail naming the file and the tensor, and the exit codes are checked: 1 for
-# problems found (a flipped bit in index.json too), 2 for bad usage or no checkpoint. Run by CTest as
+# problems found (a flipped bit in index.json too), 2 for bad usage or no checkpoint. Crafted
+# indexes (re-signed so that their checksum matches: a shard offset of INT64_MAX, block_bytes
+# 2^64-1 with no checksums, metadata nested 100,000 deep) and FIFOs in place of index.json, a
+# rank file or `latest`: verify reports a problem (1), inspect, convert and a load refuse (2),
+# naming the file and the tensor; nothing crashes or blocks (every command has 60 s). Run by CTest as
 #   cmake -DMPIEXEC=... -DPROBE=... -DCKPT=... -P checkpoint_cli.cmake
 # in a fresh directory under $TMPDIR or /tmp, removed at the end (also on failure).
 set(SCRIPT ckpt-cli)
@@ -10,7 +14,8 @@ include(${CMAKE_CURRENT_LIST_DIR}/checkpoint_script.cmake)
 
 # run(<expected exit code> <command...>): sets `out` (stdout and stderr).
 function(run code)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE o ERROR_VARIABLE e)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE o ERROR_VARIABLE e
+                  TIMEOUT 60)
   set(out "${o}${e}" PARENT_SCOPE)
   if(NOT rc STREQUAL "${code}")
     fail("${ARGN}: exit code ${rc}, expected ${code}:\n${o}${e}")
@@ -78,5 +83,87 @@ run(1 "${CKPT}" verify "${DIR}/full")
 expect("FAILED: file [^\n]*/full/step-00000005/index.json: [^\n]*does not match its checksum")
 run(2 "${CKPT}" inspect "${DIR}/full")
 expect("fullshard-ckpt: error: checkpoint index [^\n]*/index.json does not match its checksum")
+
+# ---- Hostile checkpoints ----
+run(0 "${MPIEXEC}" -n 2 "${PROBE}" write "${DIR}/bad" 5)
+set(bad "${DIR}/bad/step-00000005")
+file(READ "${bad}/index.json" good_index)
+string(JSON t0 GET "${good_index}" tensors 0 name)
+if(NOT t0 STREQUAL "l0.w")
+  fail("tensor 0 of the index is '${t0}', expected l0.w")
+endif()
+# signed(<text>): writes the index and a checksum file that matches it.
+function(signed text)
+  file(WRITE "${bad}/index.json" "${text}")
+  run(0 "${PROBE}" sign "${bad}")
+endfunction()
+# refused(<regex>): verify reports the index (1), inspect and convert refuse it (2), a load on
+# 2 ranks refuses it (2); each message matches regex.
+function(refused regex)
+  run(1 "${CKPT}" verify "${DIR}/bad")
+  expect("FAILED: file [^\n]*/bad/step-00000005/index.json: [^\n]*${regex}")
+  run(2 "${CKPT}" inspect "${DIR}/bad")
+  expect("fullshard-ckpt: error: [^\n]*${regex}")
+  run(2 "${CKPT}" convert "${DIR}/bad" "${DIR}/bad-out" --to full)
+  expect("fullshard-ckpt: error: [^\n]*${regex}")
+  run(2 "${MPIEXEC}" -n 2 "${PROBE}" check "${DIR}/bad" 5)
+  expect("${regex}")
+endfunction()
+
+string(JSON text SET "${good_index}" tensors 0 shards 0 global_offset "[9223372036854775807, 0]")
+signed("${text}")
+refused("index.json: tensor 'l0.w': shard #0 at \\(9223372036854775807, 0\\) of shape \\([0-9]+, 3\\) lies outside the global shape \\(9, 3\\)")
+
+string(JSON text SET "${good_index}" block_bytes 18446744073709551615)
+foreach(t 0 1)
+  foreach(sh 0 1)
+    string(JSON text SET "${text}" tensors ${t} shards ${sh} crc32c "[]")
+  endforeach()
+endforeach()
+signed("${text}")
+refused("index.json: 'block_bytes' must be in \\[1, 1073741824\\], got 18446744073709551615")
+
+string(JSON text SET "${good_index}" metadata "\"DEEP\"")
+string(REPEAT "[" 100000 open)
+string(REPEAT "]" 100000 close)
+string(REPLACE "\"DEEP\"" "${open}${close}" text "${text}")
+signed("${text}")
+refused("index.json: JSON nested deeper than 257 levels")
+file(WRITE "${bad}/index.json" "${good_index}")
+run(0 "${PROBE}" sign "${bad}")
+run(0 "${CKPT}" verify "${DIR}/bad")
+
+# FIFOs: refused without blocking (no writer ever opens them).
+function(fifo path)
+  file(RENAME "${path}" "${path}.saved")
+  execute_process(COMMAND mkfifo "${path}" RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    fail("mkfifo ${path} failed")
+  endif()
+endfunction()
+function(unfifo path)
+  file(REMOVE "${path}")
+  file(RENAME "${path}.saved" "${path}")
+endfunction()
+fifo("${bad}/index.json")
+run(1 "${CKPT}" verify "${DIR}/bad")
+expect("FAILED: file [^\n]*/index.json: [^\n]*/index.json' is a FIFO, not a regular file")
+run(2 "${CKPT}" inspect "${DIR}/bad")
+expect("/index.json' is a FIFO, not a regular file")
+unfifo("${bad}/index.json")
+fifo("${bad}/rank-00001.bin")
+run(1 "${CKPT}" verify "${DIR}/bad")
+expect("FAILED: file [^\n]*/rank-00001.bin, tensor 'l0.w': [^\n]*rank-00001.bin' is a FIFO")
+run(2 "${MPIEXEC}" -n 2 "${PROBE}" check "${DIR}/bad" 5)
+expect("rank-00001.bin' is a FIFO, not a regular file")
+unfifo("${bad}/rank-00001.bin")
+fifo("${DIR}/bad/latest")
+run(2 "${CKPT}" verify "${DIR}/bad")
+expect("/bad/latest' is a FIFO, not a regular file")
+run(2 "${CKPT}" inspect "${DIR}/bad")
+expect("/bad/latest' is a FIFO, not a regular file")
+unfifo("${DIR}/bad/latest")
+run(0 "${CKPT}" verify "${DIR}/bad")
+
 file(REMOVE_RECURSE "${DIR}")
 message("fullshard-ckpt end to end: ok")

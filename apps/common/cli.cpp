@@ -153,4 +153,8 @@ std::string one_line(std::string s) {
   return s;
 }
 
+int startup_exit_code(const std::exception& e, int other) noexcept {
+  return dynamic_cast<const SettingsError*>(&e) ? kBadSettingExit : other;
+}
+
 }  // namespace fullshard::apps

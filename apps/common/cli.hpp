@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,5 +59,10 @@ bool take_help(int& argc, char** argv);
 
 /// An exception's message on one line, without the "fullshard[rank R]: " prefix.
 std::string one_line(std::string s);
+
+/// Exit status for an exception thrown while the Runtime starts: kBadSettingExit (2, like a
+/// bad option) for a bad FULLSHARD_* variable (fullshard::SettingsError), `other` otherwise.
+constexpr int kBadSettingExit = 2;
+int startup_exit_code(const std::exception& e, int other) noexcept;
 
 }  // namespace fullshard::apps

@@ -260,7 +260,7 @@ int convert(const std::vector<std::string>& args) {
       opt.shards = static_cast<int>(parse_count("--shards", value(), 1, kMaxShards));
       have_shards = true;
     } else if (a == "--block-bytes") {
-      opt.block_bytes = parse_count("--block-bytes", value(), 1, std::uint64_t{1} << 40);
+      opt.block_bytes = parse_count("--block-bytes", value(), 1, ck::kMaxBlockBytes);
     } else if (a == "--optimizer-out") {
       optimizer_out = value();
     } else if (a == "--graph") {

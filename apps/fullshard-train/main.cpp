@@ -614,7 +614,7 @@ int main(int argc, char** argv) {
     rt.emplace(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fullshard-train: %s\n", e.what());
-    return 1;
+    return apps::startup_exit_code(e, 1);
   }
   const int rank = rt->rank();
   try {

@@ -155,8 +155,6 @@ int run(const fullshard::Runtime& rt, const heat::Options& o) {
   int code = kPass;
   if (printer) {
     const double ratio = last_eval.ratio();
-    const bool beats = last_eval.points > 0 && ratio < o.pass_ratio;
-    const bool fell = last_loss < first_loss;
     std::printf(
         "summary: %d rounds (%d solver steps), %lld samples received, %lld trained on "
         "(with repetition), wall %.1f s\n",
@@ -168,20 +166,9 @@ int run(const fullshard::Runtime& rt, const heat::Options& o) {
         static_cast<long long>(last_eval.points), last_eval.rmse_model, last_eval.rmse_trivial,
         ratio);
     std::printf("loss (normalised): first round %.4g -> last %.4g\n", first_loss, last_loss);
-    if (beats && fell) {
-      std::printf("verdict: PASS: the surrogate beats no-change (ratio %.3f < %.3g)\n", ratio,
-                  o.pass_ratio);
-    } else if (!beats) {
-      code = kFail;
-      std::printf(
-          "verdict: FAIL: the surrogate does not beat no-change clearly (ratio %.3f, "
-          "needs < %.3g)\n",
-          ratio, o.pass_ratio);
-    } else {
-      code = kFail;
-      std::printf("verdict: FAIL: the training loss did not fall (%.4g -> %.4g)\n", first_loss,
-                  last_loss);
-    }
+    const heat::Verdict verdict = heat::decide(last_eval, first_loss, last_loss, o.pass_ratio);
+    code = verdict.code == 0 ? kPass : kFail;
+    std::printf("%s\n", verdict.line.c_str());
     std::fflush(stdout);
   }
   roles.transfer().bcast(&code, 1, MPI_INT, 0, "verdict");
@@ -199,7 +186,7 @@ int main(int argc, char** argv) {
     rt.emplace(args_count, args_data);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "heat-surrogate: %s\n", e.what());
-    return kRunError;
+    return apps::startup_exit_code(e, kRunError);
   }
   const int rank = rt->rank();
   try {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "fullshard/base/error.hpp"
@@ -170,6 +171,34 @@ EvalResult Surrogate::evaluate(const std::vector<float>& records) {
     e.rmse_trivial = std::sqrt(v[1] / v[2]);
   }
   return e;
+}
+
+Verdict decide(const EvalResult& last, double first_loss, double last_loss, double pass_ratio) {
+  char buf[512];
+  Verdict v;
+  if (!last.baseline_ok()) {
+    std::snprintf(buf, sizeof buf,
+                  "verdict: FAIL: the no-change baseline is degenerate (no-change RMSE %.4g, "
+                  "surrogate RMSE %.4g over %lld held-out points): the field does not change "
+                  "measurably within a round, so no ratio can be judged; use a larger --cfl, "
+                  "--interval or --steps",
+                  last.rmse_trivial, last.rmse_model, static_cast<long long>(last.points));
+  } else if (!(last.ratio() < pass_ratio)) {
+    std::snprintf(buf, sizeof buf,
+                  "verdict: FAIL: the surrogate does not beat no-change clearly (ratio %.3f, "
+                  "needs < %.3g)",
+                  last.ratio(), pass_ratio);
+  } else if (!(last_loss < first_loss)) {
+    std::snprintf(buf, sizeof buf, "verdict: FAIL: the training loss did not fall (%.4g -> %.4g)",
+                  first_loss, last_loss);
+  } else {
+    std::snprintf(buf, sizeof buf,
+                  "verdict: PASS: the surrogate beats no-change (ratio %.3f < %.3g)", last.ratio(),
+                  pass_ratio);
+    v.code = 0;
+  }
+  v.line = buf;
+  return v;
 }
 
 }  // namespace fullshard::apps::heat

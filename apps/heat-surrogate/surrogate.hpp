@@ -10,8 +10,11 @@
 
 #include <mpi.h>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "bounded_comm.hpp"
@@ -27,8 +30,25 @@ struct EvalResult {
   double rmse_model = 0;    // the surrogate
   double rmse_trivial = 0;  // "no change": u(t + K) = u(t)
   std::int64_t points = 0;
-  double ratio() const { return rmse_trivial > 0 ? rmse_model / rmse_trivial : 0.0; }
+  /// Whether "no change" is a baseline a ratio can be measured against: points evaluated,
+  /// both errors finite, and the field changed at them (rmse_trivial > 0).
+  bool baseline_ok() const {
+    return points > 0 && std::isfinite(rmse_model) && std::isfinite(rmse_trivial) &&
+           rmse_trivial > 0;
+  }
+  /// rmse_model / rmse_trivial; NaN when !baseline_ok() (never a ratio that passes).
+  double ratio() const {
+    return baseline_ok() ? rmse_model / rmse_trivial : std::numeric_limits<double>::quiet_NaN();
+  }
 };
+
+/// The run's verdict: PASS (code 0) only if the baseline is sound, the ratio is below
+/// pass_ratio and the loss fell; FAIL (code 1) otherwise, `line` saying why ("verdict: ...").
+struct Verdict {
+  int code = 1;
+  std::string line;
+};
+Verdict decide(const EvalResult& last, double first_loss, double last_loss, double pass_ratio);
 
 /// Training since the previous take_progress(), over every training rank.
 struct TrainProgress {

@@ -556,8 +556,13 @@ std::string save(const std::string& dir, graph::Module& model, const optim::Opti
   Index index;
   detail::Fault fault;
   std::exception_ptr err = attempt([&] {
-    if (options.block_bytes == 0)
-      throw InvalidArgument("checkpoint::save: block_bytes must be > 0");
+    if (options.block_bytes == 0 || options.block_bytes > kMaxBlockBytes)
+      throw InvalidArgument("checkpoint::save: block_bytes must be in [1, " +
+                            std::to_string(kMaxBlockBytes) + "], got " +
+                            std::to_string(options.block_bytes));
+    if (detail::json_deeper_than(metadata, kMaxMetadataDepth))
+      throw InvalidArgument("checkpoint::save: the metadata nests arrays and objects deeper than " +
+                            std::to_string(kMaxMetadataDepth) + " levels");
     if (step < 0)
       throw InvalidArgument("checkpoint::save: step must be >= 0, got " + std::to_string(step));
     fault = detail::Fault::from_environment();
@@ -592,6 +597,36 @@ void advise_huge_pages(const Tensor& t) noexcept {
 #endif
 }
 
+std::string fingerprint_note(const Index& index, const std::string& mine) {
+  if (index.model_fingerprint == mine) return "";
+  return " (model fingerprint " + index.model_fingerprint + ", this model's is " + mine +
+         ": saved from another model?)";
+}
+
+// A load runs in four phases: validate (the index against the model and the optimizer),
+// allocate (fresh memory for everything it reads), read_shards (this rank's boxes, verified)
+// and, after every rank has agreed that those three succeeded, commit (the model and the
+// optimizer take the new state). The first three only touch memory of their own, so a failure
+// anywhere leaves the model as it was; the last cannot fail halfway.
+
+// What validate() found: the index, and the tensor of every parameter and optimizer state the
+// load reads.
+struct LoadPlan {
+  Index index;
+  std::string what;  // "checkpoint <step dir>/index.json", for messages
+  /// Every parameter of the model, by its name relative to the model.
+  std::unordered_map<const graph::Parameter*, std::string> names;
+  /// Index tensors by name (pointers into index.tensors).
+  std::unordered_map<std::string, const TensorInfo*> by_name;
+  /// The optimizer states to load: (state dict key "<fqn>.<state>", tensor, parameter name).
+  struct State {
+    std::string key;
+    const TensorInfo* tensor;
+    std::string param;
+  };
+  std::vector<State> states;
+};
+
 // Where a parameter's shard goes: a slot of its group's new sharded storage (host groups:
 // the load reads straight into memory the model then adopts), or its own staging tensor
 // (parameters outside any group, and groups in device memory), copied in after agreement.
@@ -600,10 +635,208 @@ struct GroupTarget {
   Tensor storage;                     // fresh, same shape/dtype as the group's sharded storage
 };
 
-std::string fingerprint_note(const Index& index, const std::string& mine) {
-  if (index.model_fingerprint == mine) return "";
-  return " (model fingerprint " + index.model_fingerprint + ", this model's is " + mine +
-         ": saved from another model?)";
+// What allocate() made: the destination of every box read() reads.
+struct LoadTargets {
+  std::vector<GroupTarget> groups;
+  struct Param {
+    const graph::Parameter* param;
+    const TensorInfo* tensor;
+    ShardLayout layout;
+    std::size_t group;  // index into groups, or npos: staged
+    std::int64_t slot;  // element offset in groups[group].storage
+  };
+  std::vector<Param> params;  // in name order, as the index lists them
+  std::unordered_map<const graph::Parameter*, Tensor> staged;
+  /// The optimizer's new state dict, and the box of each state to read into it.
+  std::map<std::string, Tensor> opt_state;
+  std::vector<std::pair<const TensorInfo*, ShardLayout>> state_reads;  // same order as keys
+  std::vector<std::string> state_keys;
+};
+
+// Checks the index against the model (every parameter present with its shape and dtype, no
+// other, same fingerprint) and against the optimizer (state names, states only of its
+// parameters, f32 with the parameter's shape, all of a parameter's states or none).
+LoadPlan validate(const std::string& step_dir, const std::string& text, graph::Module& model,
+                  const optim::Optimizer* optimizer) {
+  LoadPlan plan;
+  const std::string where = detail::join(step_dir, kIndexFile);
+  plan.index = parse_index(text, where);  // validate_index: every field against the others
+  const Index& index = plan.index;
+  const std::string& what = plan.what = "checkpoint " + where;
+  std::map<std::string, std::pair<DType, Shape>> model_params;
+  for (graph::Parameter* p : model.parameters()) {
+    const std::string& name = plan.names[p] = relative_name(model, *p);
+    model_params[name] = {p->dtype(), p->shape()};
+  }
+  const std::string note = fingerprint_note(index, model_fingerprint(model_params));
+  for (const TensorInfo& t : index.tensors)
+    plan.by_name[t.name] = &t;
+  for (const auto& [name, ds] : model_params) {
+    auto it = plan.by_name.find(name);
+    if (it == plan.by_name.end())
+      throw InvalidArgument(what + ": the model's parameter '" + name + "' is missing" + note);
+    const TensorInfo& t = *it->second;
+    if (t.global_shape != ds.second)
+      throw InvalidArgument(what + ": tensor '" + name + "' has shape " +
+                            shape_string(t.global_shape) + ", the model's parameter is " +
+                            shape_string(ds.second) + note);
+    if (t.dtype != ds.first)
+      throw InvalidArgument(what + ": tensor '" + name + "' is " + dtype_name(t.dtype) +
+                            ", the model's parameter is " + dtype_name(ds.first) + note);
+  }
+  for (const TensorInfo& t : index.tensors)
+    if (t.is_param() && !model_params.count(t.name))
+      throw InvalidArgument(what + ": unexpected parameter '" + t.name +
+                            "': the model has no such parameter" + note);
+  if (!note.empty()) throw InvalidArgument(what + note);
+  if (!optimizer) return plan;
+
+  if (!index.has_optimizer)
+    throw InvalidArgument(what +
+                          " holds no optimizer state (saved without an optimizer); "
+                          "load it with optimizer = nullptr");
+  const auto want = optimizer->state_names();
+  if (want != index.optimizer_state_names) {
+    auto list = [](const std::vector<std::string>& v) {
+      std::string s;
+      for (const auto& x : v)
+        s += (s.empty() ? "" : ", ") + x;
+      return "[" + s + "]";
+    };
+    throw InvalidArgument(what + ": optimizer state names " + list(index.optimizer_state_names) +
+                          " differ from this optimizer's " + list(want) +
+                          " (another optimizer class?)");
+  }
+  std::vector<std::pair<const graph::Parameter*, std::string>> opt_params;
+  std::unordered_map<std::string, int> held;
+  for (const graph::Parameter* p : optimizer->params()) {
+    auto it = plan.names.find(p);
+    if (it == plan.names.end())
+      throw InvalidArgument("checkpoint::load: the optimizer's parameter '" + p->fqn() +
+                            "' is not a parameter of the model");
+    held[it->second] = 1;
+    opt_params.emplace_back(p, it->second);
+  }
+  for (const TensorInfo& t : index.tensors) {
+    if (t.is_param()) continue;
+    if (!held.count(t.param))
+      throw InvalidArgument(what + ": optimizer state '" + t.name +
+                            "' belongs to a parameter this optimizer does not hold");
+    if (t.dtype != DType::f32 || t.global_shape != model_params.at(t.param).second)
+      throw InvalidArgument(what + ": optimizer state '" + t.name + "' is " + dtype_name(t.dtype) +
+                            " " + shape_string(t.global_shape) + ", expected f32 " +
+                            shape_string(model_params.at(t.param).second));
+  }
+  for (const auto& [p, name] : opt_params) {
+    std::size_t present = 0;
+    for (const std::string& s : index.optimizer_state_names)
+      present += plan.by_name.count(name + "." + s);
+    if (present == 0) continue;  // no state for it (torch semantics)
+    for (const std::string& s : index.optimizer_state_names) {
+      auto it = plan.by_name.find(name + "." + s);
+      if (it == plan.by_name.end())
+        throw InvalidArgument(what + ": optimizer state '" + name + "." + s +
+                              "' is missing (the parameter has its other states)");
+      plan.states.push_back({p->fqn() + "." + s, it->second, name});
+    }
+  }
+  return plan;
+}
+
+// Fresh memory for everything read() reads: new sharded storage for every host group (its
+// padding zeroed: the storage's invariant), a staging tensor for every other parameter and
+// for every optimizer state. Nothing in the model changes here.
+LoadTargets allocate(const LoadPlan& plan, graph::Module& model,
+                     const optim::Optimizer* optimizer) {
+  LoadTargets out;
+  std::unordered_map<const graph::Parameter*, std::pair<std::size_t, std::int64_t>> slot_of;
+  for (graph::Module* m : model.modules_preorder()) {
+    fsdp::FSDPModule* st = fsdp::fsdp_state(*m);
+    if (!st) continue;
+    fsdp::detail::ParamGroup* g = st->group().get();
+    bool seen = false;
+    for (const GroupTarget& t : out.groups)
+      seen |= t.group == g;
+    if (seen || g->sharded_storage().space() != MemorySpace::host) continue;
+    Tensor fresh = Tensor::empty(g->sharded_storage().shape(), g->sharded_storage().dtype(),
+                                 MemorySpace::host, "checkpoint.load " + g->name());
+    advise_huge_pages(fresh);
+    const std::string problem = g->adopt_problem(fresh);
+    if (!problem.empty()) throw InvalidArgument("checkpoint::load: " + problem);
+    const std::size_t es = dtype_size(fresh.dtype());
+    std::int64_t covered = 0;
+    auto* base = static_cast<unsigned char*>(fresh.data());
+    const auto& members = g->layout().members;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      const std::int64_t off = members[i].slot_offset;
+      if (off > covered)
+        std::memset(base + covered * es, 0, static_cast<std::size_t>(off - covered) * es);
+      covered = off + numel(members[i].layout.local_shape);
+      slot_of[g->params()[i]] = {out.groups.size(), off};
+    }
+    if (fresh.numel() > covered)
+      std::memset(base + covered * es, 0, static_cast<std::size_t>(fresh.numel() - covered) * es);
+    out.groups.push_back({g, std::move(fresh)});
+  }
+  auto staging = [](const TensorInfo& t, const ShardLayout& l) {
+    Tensor s = Tensor::empty(l.local_shape, t.dtype, MemorySpace::host, "checkpoint.load");
+    advise_huge_pages(s);
+    return s;
+  };
+  std::unordered_map<std::string, const graph::Parameter*> param_of;
+  for (const auto& [p, name] : plan.names)
+    param_of[name] = p;
+  const auto sd = fsdp::sharded_state_dict(model);
+  for (const auto& [name, st] : sd) {  // in name order, as the index lists them
+    const graph::Parameter* p = param_of.at(name);
+    const TensorInfo* t = plan.by_name.at(name);
+    auto it = slot_of.find(p);
+    if (it == slot_of.end()) {
+      out.staged[p] = staging(*t, st.layout);
+      out.params.push_back({p, t, st.layout, std::string::npos, 0});
+    } else {
+      out.params.push_back({p, t, st.layout, it->second.first, it->second.second});
+    }
+  }
+  for (const LoadPlan::State& s : plan.states) {
+    const ShardLayout& l = sd.at(s.param).layout;
+    out.opt_state[s.key] = staging(*s.tensor, l);
+    out.state_reads.emplace_back(s.tensor, l);
+    out.state_keys.push_back(s.key);
+  }
+  if (optimizer) {
+    Tensor step = Tensor::zeros({1}, DType::f64);
+    step.set(0, static_cast<double>(plan.index.optimizer_step));
+    out.opt_state["step"] = step;
+  }
+  return out;
+}
+
+// Reads and verifies this rank's box of every tensor into its target; returns the bytes read.
+std::uint64_t read_shards(const LoadPlan& plan, const std::string& step_dir, LoadTargets& targets) {
+  Reader reader(step_dir, plan.index);
+  for (const LoadTargets::Param& p : targets.params) {
+    const Tensor dst = p.group == std::string::npos ? targets.staged.at(p.param)
+                                                    : targets.groups[p.group].storage.flat_view(
+                                                          p.slot, p.layout.local_shape);
+    reader.read_box(*p.tensor, p.layout.global_offset, p.layout.local_shape, dst.data());
+  }
+  for (std::size_t i = 0; i < targets.state_reads.size(); ++i) {
+    const auto& [t, l] = targets.state_reads[i];
+    reader.read_box(*t, l.global_offset, l.local_shape,
+                    targets.opt_state.at(targets.state_keys[i]).data());
+  }
+  return reader.bytes_read();
+}
+
+// Everything is read and checked on every rank: swap the new storage in, copy the few staged
+// parameters, hand the optimizer its state. Nothing here can fail halfway.
+void commit(LoadTargets& targets, optim::Optimizer* optimizer) {
+  for (GroupTarget& t : targets.groups)
+    t.group->adopt_sharded_storage(std::move(t.storage));
+  for (const auto& [p, t] : targets.staged)
+    copy_bytes(p->data(), t);
+  if (optimizer) optimizer->load_state_dict(std::move(targets.opt_state));
 }
 
 }  // namespace
@@ -624,12 +857,11 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
   bcast_string(c, step_dir, 0);
   bcast_string(c, text, 0);
 
-  // Every rank checks the index against the model and stages its shards.
+  // Every rank validates, allocates and reads on its own; then all agree.
   Loaded out;
-  std::vector<GroupTarget> groups;
-  std::unordered_map<const graph::Parameter*, Tensor> staged;
-  std::map<std::string, Tensor> opt_state;
+  LoadTargets targets;
   err = attempt([&] {
+<<<<<<< HEAD
     const std::string where = detail::join(step_dir, kIndexFile);
     Index index = parse_index(text, where);
     const std::string what = "checkpoint " + where;
@@ -777,19 +1009,20 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
     out.step = index.step;
     out.metadata = index.metadata;
     out.rng_state = index.rng_state;
+=======
+    const LoadPlan plan = validate(step_dir, text, model, optimizer);
+    targets = allocate(plan, model, optimizer);
+    out.bytes_read = read_shards(plan, step_dir, targets);
+    if (optimizer) optimizer->check_state_dict(targets.opt_state);
+    out.step = plan.index.step;
+    out.metadata = plan.index.metadata;
+    out.rng_state = plan.index.rng_state;
+>>>>>>> ckpt
     out.step_dir = step_dir;
-    out.kind = index.kind;
-    out.bytes_read = reader.bytes_read();
+    out.kind = plan.index.kind;
   });
   agree(c, err, "checkpoint load");
-
-  // Everything is read and checked on every rank: swap the new storage in, copy the few
-  // staged parameters, hand the optimizer its state. Nothing here can fail halfway.
-  for (GroupTarget& t : groups)
-    t.group->adopt_sharded_storage(std::move(t.storage));
-  for (const auto& [p, t] : staged)
-    copy_bytes(p->data(), t);
-  if (optimizer) optimizer->load_state_dict(std::move(opt_state));
+  commit(targets, optimizer);
   return out;
 }
 

@@ -21,8 +21,10 @@ std::string rank_file(int q) {
 }  // namespace
 
 std::string convert(const std::string& src, const std::string& dst, const ConvertOptions& options) {
-  if (options.block_bytes == 0)
-    throw InvalidArgument("checkpoint convert: block_bytes must be > 0");
+  if (options.block_bytes == 0 || options.block_bytes > kMaxBlockBytes)
+    throw InvalidArgument("checkpoint convert: block_bytes must be in [1, " +
+                          std::to_string(kMaxBlockBytes) + "], got " +
+                          std::to_string(options.block_bytes));
   if (options.shards < 0)
     throw InvalidArgument("checkpoint convert: --shards must be >= 1, got " +
                           std::to_string(options.shards));

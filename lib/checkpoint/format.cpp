@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <set>
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/checksum.hpp"
+#include "lib/checkpoint/checked.hpp"
 #include "lib/checkpoint/io.hpp"
 
 namespace fullshard::checkpoint {
@@ -130,6 +132,7 @@ DType parse_dtype_in(const std::string& s, const Where& w) {
   w.fail("unknown dtype '" + s + "'");
 }
 
+// Two boxes of one tensor (validated: inside it, so no sum overflows) share an element.
 bool boxes_overlap(const ShardInfo& a, const ShardInfo& b) {
   for (std::size_t d = 0; d < a.shape.size(); ++d)
     if (a.global_offset[d] + a.shape[d] <= b.global_offset[d] ||
@@ -138,21 +141,26 @@ bool boxes_overlap(const ShardInfo& a, const ShardInfo& b) {
   return true;
 }
 
-// The shards of t must tile its global shape: inside it, disjoint, numels adding up.
-void check_tiling(const TensorInfo& t, const Where& w) {
+// The shards of t (each already checked to lie inside it) must tile its global shape:
+// disjoint, numels adding up.
+void check_tiling(const TensorInfo& t, std::int64_t want, const Where& w) {
   std::vector<const ShardInfo*> live;
   std::int64_t total = 0;
-  const std::int64_t want = numel(t.global_shape);
+  bool more = false;
   for (const ShardInfo& s : t.shards) {
-    const std::int64_t n = numel(s.shape);
+    const std::int64_t n = numel(s.shape);  // checked: at most numel(global_shape)
     if (n == 0) continue;
-    total += n;
-    if (total > want) break;
+    if (!detail::add_ok(total, n, total) || total > want) {
+      more = true;
+      break;
+    }
     live.push_back(&s);
   }
-  if (total != want)
-    w.fail("its shards hold " + std::to_string(total) + " elements, the global shape " +
-           shape_string(t.global_shape) + " has " + std::to_string(want));
+  if (more || total != want)
+    w.fail("its shards hold " +
+           (more ? "more than " + std::to_string(want) : std::to_string(total)) +
+           " elements, the global shape " + shape_string(t.global_shape) + " has " +
+           std::to_string(want));
   // Slabs along one dim (what fullshard writes): sort along it and compare neighbours.
   const std::size_t nd = t.global_shape.size();
   int slab_dim = -1;
@@ -172,9 +180,55 @@ void check_tiling(const TensorInfo& t, const Where& w) {
       if (boxes_overlap(*live[i - 1], *live[i])) w.fail("two of its shards overlap");
     return;
   }
+  // Other layouts (fullshard writes none) are compared pairwise: bounded, so that a crafted
+  // index cannot make the check quadratic in millions of shards.
+  if (live.size() > kMaxNonSlabShards)
+    w.fail("its " + std::to_string(live.size()) +
+           " non-empty shards are not slabs along one dim; at most " +
+           std::to_string(kMaxNonSlabShards) + " such shards are supported");
   for (std::size_t i = 0; i < live.size(); ++i)
     for (std::size_t j = i + 1; j < live.size(); ++j)
       if (boxes_overlap(*live[i], *live[j])) w.fail("two of its shards overlap");
+}
+
+// The checks of one shard s of t against t, the files and block_bytes, in the order that
+// makes each safe to compute: dims, then the box inside the tensor (so every extent sum and
+// product below is bounded by the tensor's byte size), then length, file range, checksums.
+void check_shard(const Index& x, const TensorInfo& t, std::size_t i, const Where& w) {
+  const ShardInfo& s = t.shards[i];
+  const std::size_t nd = t.global_shape.size();
+  const std::string which = "shard #" + std::to_string(i);
+  if (s.file >= x.files.size())
+    w.fail(which + " names file #" + std::to_string(s.file) + " of " +
+           std::to_string(x.files.size()));
+  if (s.global_offset.size() != nd || s.shape.size() != nd)
+    w.fail(which + ": its global_offset " + shape_string(s.global_offset) + " and shape " +
+           shape_string(s.shape) + " must have " + std::to_string(nd) + " dims");
+  for (std::size_t d = 0; d < nd; ++d) {
+    std::int64_t end = 0;
+    if (s.global_offset[d] < 0 || s.shape[d] < 0 ||
+        !detail::add_ok(s.global_offset[d], s.shape[d], end) || end > t.global_shape[d])
+      w.fail(which + " at " + shape_string(s.global_offset) + " of shape " + shape_string(s.shape) +
+             " lies outside the global shape " + shape_string(t.global_shape));
+  }
+  std::uint64_t want = 0;
+  if (!detail::nbytes_ok(s.shape, dtype_size(t.dtype), want))  // cannot fail once inside
+    w.fail(which + " of shape " + shape_string(s.shape) + " has too many bytes");
+  if (s.length != want)
+    w.fail(which + " of shape " + shape_string(s.shape) + " has length " +
+           std::to_string(s.length) + ", expected " + std::to_string(want));
+  const FileInfo& fi = x.files[s.file];
+  std::uint64_t end = 0;
+  if (!detail::add_ok(s.offset, s.length, end) || end > fi.bytes)
+    w.fail(which + " at bytes [" + std::to_string(s.offset) + ", +" + std::to_string(s.length) +
+           ") lies beyond the end of file '" + fi.name + "' (" + std::to_string(fi.bytes) +
+           " bytes)");
+  const std::uint64_t B = x.block_bytes;  // checked > 0
+  const std::uint64_t blocks = s.length / B + (s.length % B != 0 ? 1 : 0);
+  if (s.crc32c.size() != blocks)
+    w.fail(which + " of " + std::to_string(s.length) + " bytes has " +
+           std::to_string(s.crc32c.size()) + " checksums, expected " + std::to_string(blocks) +
+           " (one per " + std::to_string(B) + "-byte block)");
 }
 
 }  // namespace
@@ -221,13 +275,68 @@ json to_json(const Index& index) {
   return j;
 }
 
+void validate_index(const Index& x, const std::string& where) {
+  const Where w{where, ""};
+  if (x.format_version != kFormatVersion)
+    w.fail("unknown format version " + std::to_string(x.format_version) +
+           " (this build reads version " + std::to_string(kFormatVersion) + ")");
+  if (x.step < 0) w.fail("'step' must be >= 0, got " + std::to_string(x.step));
+  if (x.block_bytes == 0 || x.block_bytes > kMaxBlockBytes)
+    w.fail("'block_bytes' must be in [1, " + std::to_string(kMaxBlockBytes) + "], got " +
+           std::to_string(x.block_bytes));
+  if (x.has_optimizer && x.optimizer_step < 0)
+    w.fail("'optimizer.step' must be >= 0, got " + std::to_string(x.optimizer_step));
+  for (const std::string& n : x.optimizer_state_names)
+    if (n.empty()) w.fail("'optimizer.state_names' must hold non-empty strings");
+  std::set<std::string> file_names;
+  for (const FileInfo& fi : x.files) {
+    if (fi.name.empty() || fi.name == "." || fi.name == ".." ||
+        fi.name.find('/') != std::string::npos || fi.name.find('\0') != std::string::npos)
+      w.fail("file name '" + fi.name + "' is not a plain file name");
+    if (!file_names.insert(fi.name).second) w.fail("file '" + fi.name + "' is listed twice");
+  }
+  std::set<std::string> names;
+  const std::set<std::string> state_names(x.optimizer_state_names.begin(),
+                                          x.optimizer_state_names.end());
+  for (const TensorInfo& t : x.tensors) {
+    const Where tw{where, t.name};
+    if (t.name.empty()) w.fail("a tensor has an empty name");
+    if (!names.insert(t.name).second) tw.fail("listed twice");
+    if (t.state.empty() ? t.param != t.name : t.param + "." + t.state != t.name)
+      tw.fail("'param' and 'state' do not match the name");
+    if (!t.state.empty() && !state_names.count(t.state))
+      tw.fail("optimizer state '" + t.state + "' is not among optimizer.state_names");
+    if (dtype_size(t.dtype) == 0) tw.fail("unknown dtype");
+    if (t.global_shape.empty()) tw.fail("'global_shape' must have at least one dim");
+    std::int64_t elems = 0;
+    std::uint64_t bytes = 0;
+    if (!detail::numel_ok(t.global_shape, elems) ||
+        !detail::nbytes_ok(t.global_shape, dtype_size(t.dtype), bytes))
+      tw.fail("global shape " + shape_string(t.global_shape) +
+              " is negative or has more bytes than a 64-bit size holds");
+    if (t.placement.is_shard() &&
+        (t.placement.dim() < 0 ||
+         static_cast<std::size_t>(t.placement.dim()) >= t.global_shape.size()))
+      tw.fail("placement " + t.placement.to_string() + " names a dim it does not have");
+    for (std::size_t i = 0; i < t.shards.size(); ++i)
+      check_shard(x, t, i, tw);
+    check_tiling(t, elems, tw);
+  }
+  for (const TensorInfo& t : x.tensors)
+    if (!t.is_param() && !names.count(t.param))
+      Where{where, t.name}.fail("its parameter '" + t.param + "' is not in the checkpoint");
+}
+
 Index index_from_json(const json& j, const std::string& where) {
   Where w{where, ""};
   if (!j.is_object()) w.fail("not a JSON object");
   if (!j.contains("format") || !j["format"].is_string() || j["format"] != "fullshard-checkpoint")
     w.fail("not a fullshard checkpoint index (\"format\" is not \"fullshard-checkpoint\")");
+  // Types and values field by field here; every check of one field against another in
+  // validate_index, before anything uses them.
   Index x;
-  x.format_version = static_cast<int>(w.integer(j, "format_version", 0));
+  x.format_version = static_cast<int>(
+      std::min<std::int64_t>(w.integer(j, "format_version", 0), std::numeric_limits<int>::max()));
   if (x.format_version != kFormatVersion)
     w.fail("unknown format version " + std::to_string(x.format_version) +
            " (this build reads version " + std::to_string(kFormatVersion) + ")");
@@ -242,7 +351,6 @@ Index index_from_json(const json& j, const std::string& where) {
   x.model_fingerprint = w.string(j, "model_fingerprint");
   if (w.string(j, "checksum") != "crc32c") w.fail("unknown checksum (expected crc32c)");
   x.block_bytes = w.unsigned_int(j, "block_bytes");
-  if (x.block_bytes == 0) w.fail("'block_bytes' must be > 0");
   x.metadata = w.member(j, "metadata");
   x.rng_state =
       detail::hex_decode(w.string(j, "rng_state"), "checkpoint index " + where + ": rng_state");
@@ -253,8 +361,7 @@ Index index_from_json(const json& j, const std::string& where) {
     const json& names = w.member(opt, "state_names");
     if (!names.is_array()) w.fail("'optimizer.state_names' must be an array of strings");
     for (const json& n : names) {
-      if (!n.is_string() || n.get<std::string>().empty())
-        w.fail("'optimizer.state_names' must hold non-empty strings");
+      if (!n.is_string()) w.fail("'optimizer.state_names' must hold non-empty strings");
       x.optimizer_state_names.push_back(n.get<std::string>());
     }
   }
@@ -262,70 +369,32 @@ Index index_from_json(const json& j, const std::string& where) {
 
   const json& files = w.member(j, "files");
   if (!files.is_array()) w.fail("'files' must be an array");
-  std::set<std::string> file_names;
-  for (const json& f : files) {
-    FileInfo fi{w.string(f, "name"), w.unsigned_int(f, "bytes")};
-    if (fi.name.empty() || fi.name == "." || fi.name == ".." ||
-        fi.name.find('/') != std::string::npos || fi.name.find('\0') != std::string::npos)
-      w.fail("file name '" + fi.name + "' is not a plain file name");
-    if (!file_names.insert(fi.name).second) w.fail("file '" + fi.name + "' is listed twice");
-    x.files.push_back(std::move(fi));
-  }
+  for (const json& f : files)
+    x.files.push_back({w.string(f, "name"), w.unsigned_int(f, "bytes")});
 
   const json& tensors = w.member(j, "tensors");
   if (!tensors.is_array()) w.fail("'tensors' must be an array");
-  std::set<std::string> names;
-  std::set<std::string> state_names(x.optimizer_state_names.begin(), x.optimizer_state_names.end());
   for (const json& tj : tensors) {
     TensorInfo t;
     t.name = w.string(tj, "name");
     Where tw{where, t.name};
-    if (t.name.empty()) w.fail("a tensor has an empty name");
-    if (!names.insert(t.name).second) tw.fail("listed twice");
     t.param = tw.string(tj, "param");
     t.state = tw.string(tj, "state");
-    if (t.state.empty() ? t.param != t.name : t.param + "." + t.state != t.name)
-      tw.fail("'param' and 'state' do not match the name");
-    if (!t.state.empty() && !state_names.count(t.state))
-      tw.fail("optimizer state '" + t.state + "' is not among optimizer.state_names");
     t.dtype = parse_dtype_in(tw.string(tj, "dtype"), tw);
     t.global_shape = tw.dims(tj, "global_shape");
-    if (t.global_shape.empty()) tw.fail("'global_shape' must have at least one dim");
     t.placement = parse_placement(tw.string(tj, "placement"), tw);
-    if (t.placement.is_shard() &&
-        static_cast<std::size_t>(t.placement.dim()) >= t.global_shape.size())
-      tw.fail("placement " + t.placement.to_string() + " names a dim it does not have");
     const json& shards = tw.member(tj, "shards");
     if (!shards.is_array()) tw.fail("'shards' must be an array");
-    const std::size_t nd = t.global_shape.size();
-    const std::size_t es = dtype_size(t.dtype);
     for (const json& sj : shards) {
       ShardInfo s;
       const std::uint64_t file = tw.unsigned_int(sj, "file");
-      if (file >= x.files.size())
-        tw.fail("a shard names file #" + std::to_string(file) + " of " +
-                std::to_string(x.files.size()));
-      s.file = static_cast<std::size_t>(file);
+      s.file = file > std::numeric_limits<std::size_t>::max()
+                   ? std::numeric_limits<std::size_t>::max()
+                   : static_cast<std::size_t>(file);
       s.offset = tw.unsigned_int(sj, "offset");
       s.length = tw.unsigned_int(sj, "length");
       s.global_offset = tw.dims(sj, "global_offset");
       s.shape = tw.dims(sj, "shape");
-      if (s.global_offset.size() != nd || s.shape.size() != nd)
-        tw.fail("a shard's global_offset/shape do not have " + std::to_string(nd) + " dims");
-      for (std::size_t d = 0; d < nd; ++d)
-        if (s.global_offset[d] + s.shape[d] > t.global_shape[d])
-          tw.fail("shard at " + shape_string(s.global_offset) + " of shape " +
-                  shape_string(s.shape) + " lies outside the global shape " +
-                  shape_string(t.global_shape));
-      if (s.length != static_cast<std::uint64_t>(numel(s.shape)) * es)
-        tw.fail("a shard of shape " + shape_string(s.shape) + " has length " +
-                std::to_string(s.length) + ", expected " +
-                std::to_string(static_cast<std::uint64_t>(numel(s.shape)) * es));
-      const FileInfo& fi = x.files[s.file];
-      if (s.offset > fi.bytes || s.length > fi.bytes - s.offset)
-        tw.fail("a shard at bytes [" + std::to_string(s.offset) + ", " +
-                std::to_string(s.offset + s.length) + ") lies beyond the end of file '" + fi.name +
-                "' (" + std::to_string(fi.bytes) + " bytes)");
       const json& crcs = tw.member(sj, "crc32c");
       if (!crcs.is_array()) tw.fail("'crc32c' must be an array");
       for (const json& c : crcs) {
@@ -333,29 +402,70 @@ Index index_from_json(const json& j, const std::string& where) {
           tw.fail("'crc32c' must hold 32-bit unsigned integers");
         s.crc32c.push_back(static_cast<std::uint32_t>(c.get<std::uint64_t>()));
       }
-      const std::uint64_t blocks = (s.length + x.block_bytes - 1) / x.block_bytes;
-      if (s.crc32c.size() != blocks)
-        tw.fail("a shard of " + std::to_string(s.length) + " bytes has " +
-                std::to_string(s.crc32c.size()) + " checksums, expected " + std::to_string(blocks) +
-                " (one per " + std::to_string(x.block_bytes) + "-byte block)");
       t.shards.push_back(std::move(s));
     }
-    check_tiling(t, tw);
     x.tensors.push_back(std::move(t));
   }
-  for (const TensorInfo& t : x.tensors)
-    if (!t.is_param() && !names.count(t.param))
-      Where{where, t.name}.fail("its parameter '" + t.param + "' is not in the checkpoint");
+  validate_index(x, where);
   return x;
 }
 
+namespace detail {
+
+std::size_t json_depth_exceeded(const std::string& text, std::size_t max_depth) noexcept {
+  std::size_t depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;  // the escaped character (a quote or backslash among them) cannot end the string
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return i;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return std::string::npos;
+}
+
+bool json_deeper_than(const json& j, std::size_t max_depth) {
+  // Iterative: the value may be deep enough to overflow the stack of a recursive walk.
+  std::vector<std::pair<const json*, std::size_t>> todo{{&j, 0}};
+  while (!todo.empty()) {
+    const auto [v, d] = todo.back();
+    todo.pop_back();
+    if (!v->is_structured()) continue;
+    if (d + 1 > max_depth) return true;
+    for (const json& child : *v)
+      todo.emplace_back(&child, d + 1);
+  }
+  return false;
+}
+
+}  // namespace detail
+
 Index parse_index(const std::string& text, const std::string& where) {
+  // Before the parser: a value nested deeper than this is refused in linear time and constant
+  // stack (nlohmann::json's copies, comparisons and dump() recurse once per level).
+  const std::size_t deep = detail::json_depth_exceeded(text, kMaxIndexDepth);
+  if (deep != std::string::npos)
+    throw InvalidArgument("checkpoint index " + where + ": JSON nested deeper than " +
+                          std::to_string(kMaxIndexDepth) + " levels (at byte " +
+                          std::to_string(deep) + "; metadata may nest at most " +
+                          std::to_string(kMaxMetadataDepth) + ")");
   json j;
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {
     throw InvalidArgument("checkpoint index " + where + ": invalid JSON at byte " +
                           std::to_string(e.byte) + " (truncated or corrupt?)");
+  } catch (const json::exception& e) {
+    throw InvalidArgument("checkpoint index " + where + ": invalid JSON: " + e.what());
   }
   return index_from_json(j, where);
 }
@@ -435,7 +545,9 @@ Reader::Reader(const std::string& path) : dir_(detail::find_step_dir(path)) {
 }
 
 Reader::Reader(std::string step_dir, Index index)
-    : dir_(std::move(step_dir)), index_(std::move(index)), files_(std::make_unique<Files>()) {}
+    : dir_(std::move(step_dir)), index_(std::move(index)), files_(std::make_unique<Files>()) {
+  validate_index(index_, index_path());
+}
 
 Reader::~Reader() = default;
 Reader::Reader(Reader&&) noexcept = default;
@@ -506,8 +618,11 @@ void Reader::read_box(const TensorInfo& t, const std::vector<std::int64_t>& offs
                       const Shape& shape, void* dst) {
   const std::size_t nd = t.global_shape.size();
   bool inside = offset.size() == nd && shape.size() == nd;
-  for (std::size_t d = 0; inside && d < nd; ++d)
-    inside = offset[d] >= 0 && shape[d] >= 0 && offset[d] + shape[d] <= t.global_shape[d];
+  for (std::size_t d = 0; inside && d < nd; ++d) {
+    std::int64_t end = 0;
+    inside = offset[d] >= 0 && shape[d] >= 0 && detail::add_ok(offset[d], shape[d], end) &&
+             end <= t.global_shape[d];
+  }
   if (!inside)
     throw InvalidArgument("checkpoint: box at " + shape_string(offset) + " of shape " +
                           shape_string(shape) + " is not inside tensor '" + t.name + "' of shape " +
@@ -593,7 +708,7 @@ const detail::File& Reader::open_file(std::size_t i, const TensorInfo& t) {
     f.lru.pop_back();
   }
   const std::string path = detail::join(dir_, index_.files[i].name);
-  detail::File file = detail::File::open_read(path);
+  detail::File file = detail::File::open_read(path, t.name);
   if (!file.valid())
     throw InvalidArgument("checkpoint file " + path + " is missing (needed for tensor '" + t.name +
                           "')");
@@ -645,9 +760,15 @@ std::vector<VerifyIssue> verify(const std::string& path) {
   std::vector<char> bad(index.files.size(), 0);
   for (std::size_t i = 0; i < index.files.size(); ++i) {
     const std::string fpath = detail::join(dir, index.files[i].name);
-    const detail::File f = detail::File::open_read(fpath);
     std::string problem;
-    if (!f.valid()) {
+    detail::File f;
+    try {
+      f = detail::File::open_read(fpath);
+    } catch (const Error& e) {  // not a regular file, or cannot be opened
+      problem = e.what();
+    }
+    if (!problem.empty()) {
+    } else if (!f.valid()) {
       problem = "checkpoint file " + fpath + " is missing";
     } else if (f.size() != index.files[i].bytes) {
       problem = "checkpoint file " + fpath + " has " + std::to_string(f.size()) +

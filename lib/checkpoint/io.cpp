@@ -36,11 +36,46 @@ constexpr std::uint64_t kWriteChunk = std::uint64_t{2} << 20;
 
 // ---- File -----------------------------------------------------------------------------------
 
-File File::open_read(const std::string& path) {
+namespace {
+
+const char* file_kind(mode_t m) noexcept {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m) || S_ISBLK(m)) return "a device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+[[noreturn]] void not_regular(const std::string& path, mode_t m, const std::string& tensor) {
+  throw InvalidArgument("checkpoint: '" + path + "' is " + file_kind(m) +
+                        ", not a regular file: refused (a checkpoint holds only regular files)" +
+                        (tensor.empty() ? "" : " (needed for tensor '" + tensor + "')"));
+}
+
+}  // namespace
+
+File File::open_read(const std::string& path, const std::string& tensor) {
   File f;
   f.path_ = path;
-  f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd_ < 0 && errno != ENOENT) io_error("open", path, errno);
+  // Regular files only: opening a FIFO would block until a writer comes (forever), reading a
+  // device or a directory makes no sense. stat first, so that no device is even opened; then
+  // open without blocking and check the descriptor itself (the path may have changed since).
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return f;
+    io_error("stat of", path, errno, tensor);
+  }
+  if (!S_ISREG(st.st_mode)) not_regular(path, st.st_mode, tensor);
+  f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (f.fd_ < 0) {
+    if (errno == ENOENT) return f;
+    io_error("open", path, errno, tensor);
+  }
+  if (::fstat(f.fd_, &st) != 0) io_error("stat of", path, errno, tensor);
+  if (!S_ISREG(st.st_mode)) not_regular(path, st.st_mode, tensor);  // f closes the descriptor
+  const int flags = ::fcntl(f.fd_, F_GETFL);
+  if (flags < 0 || ::fcntl(f.fd_, F_SETFL, flags & ~O_NONBLOCK) != 0)
+    io_error("fcntl of", path, errno, tensor);
   return f;
 }
 

@@ -44,8 +44,11 @@ using ByteBuffer = std::vector<char, UninitAllocator<char>>;
 class File {
  public:
   File() = default;
-  /// Opens for reading; returns an invalid File when the path does not exist (ENOENT).
-  static File open_read(const std::string& path);
+  /// Opens a regular file for reading; returns an invalid File when the path does not exist
+  /// (ENOENT). Anything else in its place (a FIFO, a directory, a device) is an
+  /// InvalidArgument naming the path and `tensor` (if not empty), and is never opened
+  /// blocking (a FIFO would block forever).
+  static File open_read(const std::string& path, const std::string& tensor = {});
   /// Creates (truncating) for writing, mode 0644.
   static File create(const std::string& path);
   ~File();
@@ -148,6 +151,12 @@ std::string commit_step(const PendingStep& p, const std::string& index_text, con
 std::string index_checksum_text(const std::string& index_text);
 /// Removes the temporary directory of a failed save (best effort).
 void abandon_step(const PendingStep& p) noexcept;
+
+/// The byte offset of the first '[' or '{' of `text` (JSON) nested deeper than `max_depth`,
+/// or npos (strings skipped; linear, constant stack; a syntax error is left to the parser).
+std::size_t json_depth_exceeded(const std::string& text, std::size_t max_depth) noexcept;
+/// Whether a JSON value nests arrays and objects deeper than `max_depth` (iterative).
+bool json_deeper_than(const nlohmann::json& j, std::size_t max_depth);
 
 std::string hex_encode(const std::string& bytes);
 /// InvalidArgument naming `what` on a bad hex string.

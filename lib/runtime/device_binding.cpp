@@ -31,8 +31,9 @@ int select_device(int index_in_group, int group_size, int visible, const char* c
 
 namespace {
 
-// FNV-1a of the CUDA_VISIBLE_DEVICES value ("unset" distinct from ""), as an MPI color.
-int visibility_color(const char* cvd) {
+// FNV-1a of the CUDA_VISIBLE_DEVICES value ("unset" distinct from ""), as an MPI color (used
+// with CUDA only: a build without it must not warn).
+[[maybe_unused]] int visibility_color(const char* cvd) {
   std::uint32_t h = 2166136261u;
   const std::string v = cvd ? std::string("=") + cvd : std::string("unset");
   for (unsigned char c : v) {

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -30,16 +31,23 @@ std::string known_list() {
 }
 
 [[noreturn]] void bad(const std::string& var, const std::string& value, const std::string& want) {
-  throw ConfigError("environment variable " + var + "='" + value + "' is invalid: expected " +
-                    want);
+  throw SettingsError("environment variable " + var + "='" + value + "' is invalid: expected " +
+                      want);
 }
 
-double parse_positive_seconds(const std::string& var, const std::string& v) {
+double parse_timeout_seconds(const std::string& var, const std::string& v) {
   errno = 0;
   char* end = nullptr;
   const double d = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(d) || d <= 0)
-    bad(var, v, "a positive number of seconds");
+  // The upper bound keeps every deadline computed from it far inside a steady_clock duration
+  // (int64 nanoseconds: 9.2e9 s), also when added to the clock's current value.
+  if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(d) || d <= 0 ||
+      d > kMaxTimeoutSeconds) {
+    char want[96];
+    std::snprintf(want, sizeof want, "a positive number of seconds, at most %.0f (%.1f days)",
+                  kMaxTimeoutSeconds, kMaxTimeoutSeconds / 86400.0);
+    bad(var, v, want);
+  }
   return d;
 }
 
@@ -80,7 +88,7 @@ Settings Settings::from_map(const std::map<std::string, std::string>& vars) {
   for (const auto& [var, v] : vars) {
     if (var.rfind("FULLSHARD_", 0) != 0) continue;
     if (var == "FULLSHARD_TIMEOUT") {
-      s.timeout_s = parse_positive_seconds(var, v);
+      s.timeout_s = parse_timeout_seconds(var, v);
     } else if (var == "FULLSHARD_LOG_LEVEL") {
       int found = -1;
       for (int i = 0; i < 4; ++i)

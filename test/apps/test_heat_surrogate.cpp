@@ -10,9 +10,11 @@
 #include <set>
 #include <vector>
 
+#include "error_check.hpp"
 #include "heat_solver.hpp"
 #include "options.hpp"
 #include "sampling.hpp"
+#include "surrogate.hpp"
 #include "test_support.hpp"
 #include "transport.hpp"
 
@@ -330,4 +332,37 @@ TEST_CASE("the ranks compare their options: the first difference is named on eve
     flag = e.flag;
   }
   CHECK(flag == "--train-ranks");
+TEST_CASE("verdict: PASS only against a sound no-change baseline") {
+  using apps::heat::decide;
+  using apps::heat::EvalResult;
+  EvalResult good;
+  good.rmse_model = 0.02;
+  good.rmse_trivial = 0.1;
+  good.points = 256;
+  CHECK(good.ratio() == doctest::Approx(0.2));
+  CHECK(decide(good, 1.0, 0.1, 0.5).code == 0);
+  CHECK(test::contains(decide(good, 1.0, 0.1, 0.5).line, "verdict: PASS"));
+  CHECK(decide(good, 1.0, 0.1, 0.1).code == 1);  // ratio 0.2, needs < 0.1
+  CHECK(test::contains(decide(good, 1.0, 0.1, 0.1).line, "does not beat no-change"));
+  CHECK(decide(good, 0.1, 1.0, 0.5).code == 1);  // the loss rose
+  CHECK(test::contains(decide(good, 0.1, 1.0, 0.5).line, "loss did not fall"));
+  // A field that does not change (--cfl 1e-300): no-change RMSE 0. The ratio used to be 0
+  // and the verdict PASS.
+  for (const double trivial : {0.0, std::nan(""), HUGE_VAL}) {
+    CAPTURE(trivial);
+    EvalResult bad = good;
+    bad.rmse_trivial = trivial;
+    CHECK_FALSE(bad.baseline_ok());
+    CHECK(std::isnan(bad.ratio()));
+    const auto v = decide(bad, 1.0, 0.1, 0.5);
+    CHECK(v.code == 1);
+    CHECK_MESSAGE(test::contains(v.line, "the no-change baseline is degenerate"), v.line);
+    CHECK_MESSAGE(test::contains(v.line, "--cfl"), v.line);
+  }
+  EvalResult none = good;
+  none.points = 0;
+  CHECK(decide(none, 1.0, 0.1, 0.5).code == 1);
+  EvalResult nan_model = good;
+  nan_model.rmse_model = std::nan("");
+  CHECK(decide(nan_model, 1.0, 0.1, 0.5).code == 1);
 }

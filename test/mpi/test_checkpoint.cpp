@@ -11,6 +11,7 @@
 // Sub-mesh loads are collective over the sub-mesh only; results are agreed over the world.
 #include <doctest/doctest.h>
 #include <mpi.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -395,6 +397,22 @@ TEST_CASE("sharded and full checkpoints: save on one mesh, load bit-exact on eve
     }
 }
 
+TEST_CASE("metadata depth: save refuses what a load would refuse, the deepest allowed loads") {
+  SharedTempDir tmp;
+  DeviceMesh mesh(test::runtime(), {W()}, {"dp"});
+  Net a(mesh, 1);
+  nlohmann::json deep = nlohmann::json::array();  // 1 level
+  for (std::size_t i = 0; i < ck::kMaxMetadataDepth; ++i)
+    deep = nlohmann::json::array({deep});  // kMaxMetadataDepth + 1 levels
+  const std::string msg =
+      test::error_of<InvalidArgument>([&] { ck::save(tmp.sub("d"), *a.root, nullptr, 1, deep); });
+  CHECK_MESSAGE(test::contains(msg, "metadata nests arrays and objects deeper than 256 levels"),
+                msg);
+  const nlohmann::json ok = deep[0];  // kMaxMetadataDepth levels
+  ck::save(tmp.sub("d"), *a.root, nullptr, 2, ok);
+  CHECK(ck::load(tmp.sub("d"), *a.root).metadata == ok);
+}
+
 TEST_CASE("offline conversion: sharded -> full -> 3 shards loads the same values (in place)") {
   SharedTempDir tmp;
   DeviceMesh mesh(test::runtime(), {W()}, {"dp"});
@@ -612,6 +630,57 @@ TEST_CASE("bad checkpoints: errors name the file and the tensor on every rank; n
     expect({"index.json", "optimizer state names [exp_avg, exp_avg_sq]", "momentum_buffer"},
            nullptr, "", &sgd);
     expect({"index.json", "holds no optimizer state"}, nullptr, tmp.sub("noopt"));
+  }
+  // Crafted indexes, re-signed so that the checksum matches: the validator refuses them before
+  // a byte is read (they used to load uninitialised memory, or spin past FULLSHARD_TIMEOUT).
+  SUBCASE("a shard whose offset overflows: [INT64_MAX, 0]") {
+    backup(index);
+    on_rank0([&] {
+      nlohmann::json j = nlohmann::json::parse(std::ifstream(index));
+      for (auto& t : j["tensors"])
+        if (t["name"] == "l0.w")
+          t["shards"][0]["global_offset"] = {std::numeric_limits<std::int64_t>::max(), 0};
+      write_index(step_dir, j.dump());
+    });
+    expect({"index.json", "tensor 'l0.w'", "9223372036854775807", "lies outside the global shape"});
+    restore(index);
+  }
+  SUBCASE("block_bytes 2^64-1 with empty checksum lists") {
+    backup(index);
+    on_rank0([&] {
+      nlohmann::json j = nlohmann::json::parse(std::ifstream(index));
+      j["block_bytes"] = std::numeric_limits<std::uint64_t>::max();
+      for (auto& t : j["tensors"])
+        for (auto& sh : t["shards"])
+          sh["crc32c"] = nlohmann::json::array();
+      write_index(step_dir, j.dump());
+    });
+    expect({"index.json", "'block_bytes' must be in [1, 1073741824]"});
+    restore(index);
+  }
+  SUBCASE("metadata nested 100,000 deep") {
+    backup(index);
+    on_rank0([&] {
+      nlohmann::json j = nlohmann::json::parse(std::ifstream(index));
+      j["metadata"] = "DEEP";
+      std::string text = j.dump();
+      const auto at = text.find("\"DEEP\"");
+      REQUIRE(at != std::string::npos);
+      text.replace(at, 6, std::string(100000, '[') + std::string(100000, ']'));
+      write_index(step_dir, text);
+    });
+    expect({"index.json", "JSON nested deeper than 257 levels"});
+    restore(index);
+  }
+  SUBCASE("a FIFO in place of a rank file") {
+    backup(file0);
+    on_rank0([&] {
+      fs::remove(file0);
+      REQUIRE(::mkfifo(file0.c_str(), 0644) == 0);
+    });
+    expect({"rank-00000.bin' is a FIFO, not a regular file", "(needed for tensor '"});
+    on_rank0([&] { fs::remove(file0); });
+    restore(file0);
   }
   SUBCASE("no checkpoint at all") {
     expect({tmp.sub("nothing"), "does not exist"}, nullptr, tmp.sub("nothing"));

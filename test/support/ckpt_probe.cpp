@@ -5,6 +5,9 @@
 //   fullshard-test-ckpt-probe write DIR STEP [full]   save a model whose values encode STEP
 //   fullshard-test-ckpt-probe check DIR STEP          load DIR and check it holds STEP's values
 //   fullshard-test-ckpt-probe flip FILE OFFSET        flip one bit of FILE's byte at OFFSET
+//   fullshard-test-ckpt-probe sign STEP_DIR           rewrite STEP_DIR/index.json.crc32c to
+//                                                     match an edited index.json (a crafted
+//                                                     index that only the validator can refuse)
 //   fullshard-test-ckpt-probe stall DIR STEP          rank 0 saves, the others never join: the
 //                                                     save must abort the job (FULLSHARD_TIMEOUT)
 #include <mpi.h>
@@ -13,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,6 +25,7 @@
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/runtime/runtime.hpp"
+#include "lib/checkpoint/io.hpp"  // index_checksum_text
 
 namespace {
 
@@ -54,6 +59,19 @@ int flip(const std::string& file, long offset) {
   f.seekp(offset);
   f.write(&c, 1);
   std::printf("flipped a bit of byte %ld of %s\n", offset, file.c_str());
+  return 0;
+}
+
+int sign(const std::string& step_dir) {
+  std::ifstream in(step_dir + "/index.json", std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) {
+    std::fprintf(stderr, "sign: cannot read %s/index.json\n", step_dir.c_str());
+    return 2;
+  }
+  std::ofstream(step_dir + "/index.json.crc32c", std::ios::binary | std::ios::trunc)
+      << checkpoint::detail::index_checksum_text(text);
+  std::printf("signed %s/index.json (%zu bytes)\n", step_dir.c_str(), text.size());
   return 0;
 }
 
@@ -107,8 +125,10 @@ int run(Runtime& rt, const std::string& mode, const std::string& dir, long step,
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "flip" && argc == 4) return flip(argv[2], std::atol(argv[3]));
+  if (mode == "sign" && argc == 3) return sign(argv[2]);
   if ((mode != "write" && mode != "check" && mode != "stall") || argc < 4) {
-    std::fprintf(stderr, "usage: %s write|check|stall DIR STEP [full] | flip FILE OFFSET\n",
+    std::fprintf(stderr,
+                 "usage: %s write|check|stall DIR STEP [full] | flip FILE OFFSET | sign STEP_DIR\n",
                  argv[0]);
     return 2;
   }

@@ -52,6 +52,23 @@ TEST_CASE("a bad setting is an error naming the variable and the value") {
     CHECK(msg.find("'" + value + "'") != std::string::npos);
   }
   CHECK(error_of({{"FULLSHARD_TIMEOUT", "-1"}}).find("positive") != std::string::npos);
+  // Out of range: refused at start (1e10 s used to overflow the clock deadline of every
+  // collective, aborting the first one), not capped silently.
+  for (const char* big : {"1e10", "9.3e9", "1000000.5", "1e300"}) {
+    CAPTURE(big);
+    const std::string msg = error_of({{"FULLSHARD_TIMEOUT", big}});
+    CHECK_MESSAGE(msg.find("at most 1000000") != std::string::npos, msg);
+  }
+  CHECK(Settings::from_map({{"FULLSHARD_TIMEOUT", "1e6"}}).timeout_s == 1e6);
+  CHECK(Settings::from_map({{"FULLSHARD_TIMEOUT", "1e-3"}}).timeout_s == 1e-3);
+  // Every bad value is a SettingsError: what the apps exit 2 for, like a bad option.
+  for (const auto& [var, value] :
+       std::map<std::string, std::string>{{"FULLSHARD_TIMEOUT", "1e10"},
+                                          {"FULLSHARD_LOG_LEVEL", "loud"},
+                                          {"FULLSHARD_CKPT_FAULT", "nowhere"}}) {
+    CAPTURE(var);
+    CHECK_THROWS_AS(Settings::from_map({{var, value}}), fullshard::SettingsError);
+  }
   CHECK(error_of({{"FULLSHARD_TIMEOUT", "inf"}}) != "");
   CHECK(error_of({{"FULLSHARD_RANKS_PER_NODE", "3x"}}) != "");
 }

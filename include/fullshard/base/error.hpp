@@ -25,6 +25,13 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+/// A bad FULLSHARD_* environment variable (Settings): what an application reports like a bad
+/// command-line option (the apps exit with status 2).
+class SettingsError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
 /// A bad argument to an API call (sizes, shapes, names).
 class InvalidArgument : public Error {
  public:

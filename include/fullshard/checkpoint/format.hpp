@@ -32,6 +32,16 @@ constexpr int kFormatVersion = 1;
 /// Default checksum block: a reader that needs part of a shard reads (and verifies) the blocks
 /// covering it.
 constexpr std::uint64_t kDefaultBlockBytes = std::uint64_t{1} << 20;
+/// The largest block a checkpoint may use (a reader holds a block's bytes at once).
+constexpr std::uint64_t kMaxBlockBytes = std::uint64_t{1} << 30;
+/// The deepest nesting of arrays and objects in the caller's metadata: save refuses deeper
+/// metadata, and a reader refuses an index text nested deeper than kMaxIndexDepth (checked
+/// on the text before it is parsed, in linear time and constant stack).
+constexpr std::size_t kMaxMetadataDepth = 256;
+constexpr std::size_t kMaxIndexDepth = kMaxMetadataDepth + 1;
+/// The most non-empty shards of one tensor whose boxes are not slabs along one dim (what
+/// fullshard writes are slabs, checked in n log n); other layouts are checked pairwise.
+constexpr std::size_t kMaxNonSlabShards = 16384;
 
 /// The index of a step directory, and the file holding the CRC32C of its text (written before
 /// it; a reader refuses an index that does not match it).
@@ -113,11 +123,20 @@ std::string model_fingerprint(const Index& index);
 
 /// The index as JSON (the schema of docs/checkpoint-format.md).
 nlohmann::json to_json(const Index& index);
-/// Parses and checks an index: format name and version, types, dtypes, every shard inside its
-/// file and its tensor, the shards of each tensor tiling it exactly, one CRC per block, file
-/// names without '/'. InvalidArgument naming `where` (the index file) and the tensor.
+/// Checks every field of an index against the others, with overflow-checked arithmetic,
+/// before anything uses them: format version; block_bytes in [1, kMaxBlockBytes]; file names
+/// plain and distinct; per tensor a known dtype, a non-empty shape whose byte size fits in
+/// int64, a placement dim it has; per shard a file that exists, global_offset and shape with
+/// the tensor's dims and the box inside the tensor, length = elements x dtype size, [offset,
+/// offset + length) inside its file, one CRC per block (ceil(length / block_bytes)); the
+/// shards of each tensor tiling it exactly (no overlap, no gap); optimizer states of
+/// parameters that are present. InvalidArgument naming `where` (the index file) and the
+/// tensor.
+void validate_index(const Index& index, const std::string& where);
+/// Parses an index (types field by field) and validates it (validate_index).
 Index index_from_json(const nlohmann::json& j, const std::string& where);
-/// index_from_json of a JSON text; a syntax error names `where` and the byte.
+/// index_from_json of a JSON text; a syntax error names `where` and the byte, and so does a
+/// text nested deeper than kMaxIndexDepth (refused before it is parsed).
 Index parse_index(const std::string& text, const std::string& where);
 
 /// The step directory a path designates: `path` itself when it holds index.json, else the
@@ -137,7 +156,8 @@ class Reader {
  public:
   /// Resolves `path` (resolve_step_dir) and reads its index (read_index_text, parse_index).
   explicit Reader(const std::string& path);
-  /// Uses an index already read (e.g. broadcast by rank 0) for the step directory `step_dir`.
+  /// Uses an index already read (e.g. broadcast by rank 0) for the step directory `step_dir`;
+  /// validates it again (validate_index: linear in the shards, negligible next to the reads).
   Reader(std::string step_dir, Index index);
   ~Reader();
   Reader(Reader&&) noexcept;

@@ -36,10 +36,15 @@ struct CheckpointFault {
 /// and the valid points.
 CheckpointFault parse_checkpoint_fault(const std::string& value);
 
+/// The largest FULLSHARD_TIMEOUT accepted: 1e6 s (11.6 days, longer than any job's wall
+/// time). A larger value is refused at start rather than overflowing a clock deadline.
+constexpr double kMaxTimeoutSeconds = 1e6;
+
 /// Every knob that can be set from the environment. The table in README.md lists them.
 struct Settings {
-  /// FULLSHARD_TIMEOUT (seconds, > 0): a collective waited on for longer than this is
-  /// reported with rank, communicator, operation and sequence number, and the job aborts.
+  /// FULLSHARD_TIMEOUT (seconds, 0 < t <= kMaxTimeoutSeconds): a collective waited on for
+  /// longer than this is reported with rank, communicator, operation and sequence number, and
+  /// the job aborts.
   double timeout_s = 600.0;
   /// FULLSHARD_LOG_LEVEL: error | warn | info | debug.
   int log_level = 1;
@@ -56,7 +61,8 @@ struct Settings {
   /// Unknown FULLSHARD_* names seen while reading (printed as warnings by the Runtime).
   std::vector<std::string> warnings;
 
-  /// Reads the process environment. Throws ConfigError naming the variable on a bad value.
+  /// Reads the process environment. Throws SettingsError (a ConfigError) naming the variable
+  /// on a bad value.
   static Settings from_environment();
   /// Same, from an explicit map (used by tests).
   static Settings from_map(const std::map<std::string, std::string>& vars);
