@@ -752,27 +752,24 @@ LoadTargets allocate(const LoadPlan& plan, graph::Module& model,
   std::unordered_map<const graph::Parameter*, std::pair<std::size_t, std::int64_t>> slot_of;
   for (graph::Module* m : model.modules_preorder()) {
     fsdp::FSDPModule* st = fsdp::fsdp_state(*m);
-    if (!st) continue;
-    fsdp::detail::ParamGroup* g = st->group().get();
-    bool seen = false;
-    for (const GroupTarget& t : out.groups)
-      seen |= t.group == g;
-    if (seen || g->sharded_storage().space() != MemorySpace::host) continue;
+    if (!st || !st->owns_group()) continue;  // a list group: once, at its first module
+    fsdp::FSDPModule* g = st;
+    if (g->sharded_storage().space() != MemorySpace::host) continue;
     Tensor fresh = Tensor::empty(g->sharded_storage().shape(), g->sharded_storage().dtype(),
-                                 MemorySpace::host, "checkpoint.load " + g->name());
+                                 MemorySpace::host, "checkpoint.load " + g->group_name());
     advise_huge_pages(fresh);
     const std::string problem = g->adopt_problem(fresh);
     if (!problem.empty()) throw InvalidArgument("checkpoint::load: " + problem);
     const std::size_t es = dtype_size(fresh.dtype());
     std::int64_t covered = 0;
     auto* base = static_cast<unsigned char*>(fresh.data());
-    const auto& members = g->layout().members;
+    const auto& members = g->group_layout().members;
     for (std::size_t i = 0; i < members.size(); ++i) {
       const std::int64_t off = members[i].slot_offset;
       if (off > covered)
         std::memset(base + covered * es, 0, static_cast<std::size_t>(off - covered) * es);
       covered = off + numel(members[i].layout.local_shape);
-      slot_of[g->params()[i]] = {out.groups.size(), off};
+      slot_of[g->group_params()[i]] = {out.groups.size(), off};
     }
     if (fresh.numel() > covered)
       std::memset(base + covered * es, 0, static_cast<std::size_t>(fresh.numel() - covered) * es);
@@ -861,155 +858,6 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
   Loaded out;
   LoadTargets targets;
   err = attempt([&] {
-<<<<<<< HEAD
-    const std::string where = detail::join(step_dir, kIndexFile);
-    Index index = parse_index(text, where);
-    const std::string what = "checkpoint " + where;
-    const auto sd = fsdp::sharded_state_dict(model);
-    std::map<std::string, std::pair<DType, Shape>> model_params;
-    std::unordered_map<const graph::Parameter*, std::string> names;
-    for (graph::Parameter* p : model.parameters()) {
-      names[p] = relative_name(model, *p);
-      model_params[names[p]] = {p->dtype(), p->shape()};
-    }
-    const std::string mine = model_fingerprint(model_params);
-    const std::string note = fingerprint_note(index, mine);
-    std::unordered_map<std::string, const TensorInfo*> by_name;
-    for (const TensorInfo& t : index.tensors)
-      by_name[t.name] = &t;
-    for (const auto& [name, ds] : model_params) {
-      auto it = by_name.find(name);
-      if (it == by_name.end())
-        throw InvalidArgument(what + ": the model's parameter '" + name + "' is missing" + note);
-      const TensorInfo& t = *it->second;
-      if (t.global_shape != ds.second)
-        throw InvalidArgument(what + ": tensor '" + name + "' has shape " +
-                              shape_string(t.global_shape) + ", the model's parameter is " +
-                              shape_string(ds.second) + note);
-      if (t.dtype != ds.first)
-        throw InvalidArgument(what + ": tensor '" + name + "' is " + dtype_name(t.dtype) +
-                              ", the model's parameter is " + dtype_name(ds.first) + note);
-    }
-    for (const TensorInfo& t : index.tensors)
-      if (t.is_param() && !model_params.count(t.name))
-        throw InvalidArgument(what + ": unexpected parameter '" + t.name +
-                              "': the model has no such parameter" + note);
-    if (!note.empty()) throw InvalidArgument(what + note);
-
-    // Optimizer checks: which states exist for which parameter.
-    std::vector<std::pair<const graph::Parameter*, std::string>> opt_params;
-    if (optimizer) {
-      if (!index.has_optimizer)
-        throw InvalidArgument(what +
-                              " holds no optimizer state (saved without an optimizer); "
-                              "load it with optimizer = nullptr");
-      const auto want = optimizer->state_names();
-      if (want != index.optimizer_state_names) {
-        auto list = [](const std::vector<std::string>& v) {
-          std::string s;
-          for (const auto& x : v)
-            s += (s.empty() ? "" : ", ") + x;
-          return "[" + s + "]";
-        };
-        throw InvalidArgument(what + ": optimizer state names " +
-                              list(index.optimizer_state_names) + " differ from this optimizer's " +
-                              list(want) + " (another optimizer class?)");
-      }
-      std::unordered_map<std::string, int> held;
-      for (const graph::Parameter* p : optimizer->params()) {
-        auto it = names.find(p);
-        if (it == names.end())
-          throw InvalidArgument("checkpoint::load: the optimizer's parameter '" + p->fqn() +
-                                "' is not a parameter of the model");
-        held[it->second] = 1;
-        opt_params.emplace_back(p, it->second);
-      }
-      for (const TensorInfo& t : index.tensors) {
-        if (t.is_param()) continue;
-        if (!held.count(t.param))
-          throw InvalidArgument(what + ": optimizer state '" + t.name +
-                                "' belongs to a parameter this optimizer does not hold");
-        if (t.dtype != DType::f32 || t.global_shape != model_params.at(t.param).second)
-          throw InvalidArgument(what + ": optimizer state '" + t.name + "' is " +
-                                dtype_name(t.dtype) + " " + shape_string(t.global_shape) +
-                                ", expected f32 " + shape_string(model_params.at(t.param).second));
-      }
-    }
-
-    // Read and verify this rank's shards: straight into fresh group storage (host groups) or
-    // into staging tensors; nothing in the model changes here.
-    Reader reader(step_dir, index);
-    auto stage = [&](const TensorInfo& t, const ShardLayout& l) {
-      Tensor s = Tensor::empty(l.local_shape, t.dtype, MemorySpace::host, "checkpoint.load");
-      advise_huge_pages(s);
-      reader.read_box(t, l.global_offset, l.local_shape, s.data());
-      return s;
-    };
-    std::unordered_map<const graph::Parameter*, std::pair<std::size_t, std::int64_t>> slot_of;
-    for (graph::Module* m : model.modules_preorder()) {
-      fsdp::FSDPModule* st = fsdp::fsdp_state(*m);
-      if (!st || !st->owns_group()) continue;
-      fsdp::FSDPModule* g = st;
-      if (g->sharded_storage().space() != MemorySpace::host) continue;
-      Tensor fresh = Tensor::empty(g->sharded_storage().shape(), g->sharded_storage().dtype(),
-                                   MemorySpace::host, "checkpoint.load " + g->group_name());
-      advise_huge_pages(fresh);
-      const std::string problem = g->adopt_problem(fresh);
-      if (!problem.empty()) throw InvalidArgument("checkpoint::load: " + problem);
-      // Zero the padding between and after the shards (the storage's invariant).
-      const std::size_t es = dtype_size(fresh.dtype());
-      std::int64_t covered = 0;
-      auto* base = static_cast<unsigned char*>(fresh.data());
-      const auto& members = g->group_layout().members;
-      for (std::size_t i = 0; i < members.size(); ++i) {
-        const std::int64_t off = members[i].slot_offset;
-        if (off > covered)
-          std::memset(base + covered * es, 0, static_cast<std::size_t>(off - covered) * es);
-        covered = off + numel(members[i].layout.local_shape);
-        slot_of[g->group_params()[i]] = {groups.size(), off};
-      }
-      if (fresh.numel() > covered)
-        std::memset(base + covered * es, 0, static_cast<std::size_t>(fresh.numel() - covered) * es);
-      groups.push_back({g, std::move(fresh)});
-    }
-    std::unordered_map<std::string, const graph::Parameter*> param_of;
-    for (const auto& [p, name] : names)
-      param_of[name] = p;
-    for (const auto& [name, st] : sd) {  // in name order, as the index lists them
-      const graph::Parameter* p = param_of.at(name);
-      auto it = slot_of.find(p);
-      if (it == slot_of.end()) {
-        staged[p] = stage(*by_name.at(name), st.layout);
-      } else {
-        const Tensor dst =
-            groups[it->second.first].storage.flat_view(it->second.second, st.layout.local_shape);
-        reader.read_box(*by_name.at(name), st.layout.global_offset, st.layout.local_shape,
-                        dst.data());
-      }
-    }
-    for (const auto& [p, name] : opt_params) {
-      std::size_t present = 0;
-      for (const std::string& s : index.optimizer_state_names)
-        present += by_name.count(name + "." + s);
-      if (present == 0) continue;  // no state for it (torch semantics)
-      for (const std::string& s : index.optimizer_state_names) {
-        auto it = by_name.find(name + "." + s);
-        if (it == by_name.end())
-          throw InvalidArgument(what + ": optimizer state '" + name + "." + s +
-                                "' is missing (the parameter has its other states)");
-        opt_state[p->fqn() + "." + s] = stage(*it->second, sd.at(name).layout);
-      }
-    }
-    if (optimizer) {
-      Tensor step = Tensor::zeros({1}, DType::f64);
-      step.set(0, static_cast<double>(index.optimizer_step));
-      opt_state["step"] = step;
-      optimizer->check_state_dict(opt_state);
-    }
-    out.step = index.step;
-    out.metadata = index.metadata;
-    out.rng_state = index.rng_state;
-=======
     const LoadPlan plan = validate(step_dir, text, model, optimizer);
     targets = allocate(plan, model, optimizer);
     out.bytes_read = read_shards(plan, step_dir, targets);
@@ -1017,7 +865,6 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
     out.step = plan.index.step;
     out.metadata = plan.index.metadata;
     out.rng_state = plan.index.rng_state;
->>>>>>> ckpt
     out.step_dir = step_dir;
     out.kind = plan.index.kind;
   });
