@@ -42,10 +42,10 @@ double parse_timeout_seconds(const std::string& var, const std::string& v) {
   // The upper bound keeps every deadline computed from it far inside a steady_clock duration
   // (int64 nanoseconds: 9.2e9 s), also when added to the clock's current value.
   if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(d) || d <= 0 ||
-      d > kMaxTimeoutSeconds) {
+      d > kMaxTimeoutSetting) {
     char want[96];
     std::snprintf(want, sizeof want, "a positive number of seconds, at most %.0f (%.1f days)",
-                  kMaxTimeoutSeconds, kMaxTimeoutSeconds / 86400.0);
+                  kMaxTimeoutSetting, kMaxTimeoutSetting / 86400.0);
     bad(var, v, want);
   }
   return d;

@@ -332,6 +332,8 @@ TEST_CASE("the ranks compare their options: the first difference is named on eve
     flag = e.flag;
   }
   CHECK(flag == "--train-ranks");
+}
+
 TEST_CASE("verdict: PASS only against a sound no-change baseline") {
   using apps::heat::decide;
   using apps::heat::EvalResult;

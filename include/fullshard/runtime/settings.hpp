@@ -38,11 +38,11 @@ CheckpointFault parse_checkpoint_fault(const std::string& value);
 
 /// The largest FULLSHARD_TIMEOUT accepted: 1e6 s (11.6 days, longer than any job's wall
 /// time). A larger value is refused at start rather than overflowing a clock deadline.
-constexpr double kMaxTimeoutSeconds = 1e6;
+constexpr double kMaxTimeoutSetting = 1e6;
 
 /// Every knob that can be set from the environment. The table in README.md lists them.
 struct Settings {
-  /// FULLSHARD_TIMEOUT (seconds, 0 < t <= kMaxTimeoutSeconds): a collective waited on for
+  /// FULLSHARD_TIMEOUT (seconds, 0 < t <= kMaxTimeoutSetting): a collective waited on for
   /// longer than this is reported with rank, communicator, operation and sequence number, and
   /// the job aborts.
   double timeout_s = 600.0;
