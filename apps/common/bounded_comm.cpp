@@ -1,5 +1,7 @@
 #include "bounded_comm.hpp"
 
+#include "fullshard/base/hash.hpp"
+
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/mpi_wait.hpp"
 
@@ -103,12 +105,7 @@ MPI_Comm BoundedComm::split(MPI_Comm comm, int color, int key, const std::string
 }
 
 std::uint64_t fnv1a(const std::string& s) noexcept {
-  std::uint64_t h = 14695981039346656037ull;
-  for (const unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
+  return fullshard::fnv1a64(s);
 }
 
 void agree_on_options(BoundedComm& world, const std::vector<OptionValue>& options) {

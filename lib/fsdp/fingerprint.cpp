@@ -5,20 +5,12 @@
 #include <cstdint>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/base/hash.hpp"
 #include "fullshard/base/mpi_wait.hpp"
 
 namespace fullshard::fsdp::detail {
 
 namespace {
-
-std::uint64_t fnv1a(const std::string& s) noexcept {
-  std::uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 // MPI_MAX of each value and of its complement: every rank learns min and max at once.
 void allreduce_max(std::vector<std::uint64_t>& v, MPI_Comm comm, double timeout_s,
@@ -81,7 +73,7 @@ void agree_across_ranks(const DeviceMesh& mesh, const std::vector<std::string>& 
 
   std::vector<std::uint64_t> h(2 * items.size());
   for (std::size_t i = 0; i < items.size(); ++i) {
-    h[2 * i] = fnv1a(items[i]);
+    h[2 * i] = fnv1a64(items[i]);
     h[2 * i + 1] = ~h[2 * i];
   }
   allreduce_max(h, comm, timeout, name, rank, size);

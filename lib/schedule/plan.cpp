@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <string>
 
+#include "fullshard/base/hash.hpp"
 #include "fullshard/schedule/plan.hpp"
 
 namespace fullshard::schedule {
@@ -257,12 +258,7 @@ nlohmann::json Plan::to_chrome_trace() const {
 }
 
 std::uint64_t fnv1a64(const std::string& s) noexcept {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char ch : s) {
-    h ^= ch;
-    h *= 0x100000001b3ull;
-  }
-  return h;
+  return fullshard::fnv1a64(s);
 }
 
 std::uint64_t Plan::fingerprint() const {
