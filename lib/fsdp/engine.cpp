@@ -87,27 +87,9 @@ std::size_t GroupInfo::unsharded_bytes() const noexcept {
 void Backend::begin(OpDesc& d) {
   d.id = next_op_++;
   d.phase = phase;
-  auto& w = waits_[static_cast<int>(d.stream)];
-  // Sorted and unique; usually one or two entries (no allocation up to 16).
-  d.deps.clear();
-  if (w.size() <= 16) {
-    int v[16];
-    std::size_t n = 0;
-    for (int op : w)
-      if (op >= 0) v[n++] = op;
-    std::sort(v, v + n);
-    for (std::size_t i = 0; i < n; ++i)
-      if (i == 0 || v[i] != v[i - 1]) d.deps.push_back(v[i]);
-  } else {
-    std::vector<int> v;
-    for (int op : w)
-      if (op >= 0) v.push_back(op);
-    std::sort(v.begin(), v.end());
-    v.erase(std::unique(v.begin(), v.end()), v.end());
-    for (int op : v)
-      d.deps.push_back(op);
-  }
-  w.clear();
+  // The waits recorded for the stream (events of earlier ops), sorted and unique.
+  d.deps = std::move(waits_[static_cast<int>(d.stream)]);
+  d.deps.sort_unique();
   last_[static_cast<int>(d.stream)] = d.id;
 }
 

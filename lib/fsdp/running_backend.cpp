@@ -106,7 +106,13 @@ Buf RunningBackend::acquire(const engine::Group& g, engine::BufKind kind, std::i
   b.kind = kind;
   b.held = true;
   b.bytes = static_cast<std::size_t>(numel) * dtype_size(dtype);
-  b.tensor =
+  if (free_slots_.empty()) {
+    free_slots_.push_back(static_cast<int>(memory_.size()));
+    memory_.emplace_back();
+  }
+  b.slot = free_slots_.back();
+  free_slots_.pop_back();
+  mem(b).tensor =
       pool.acquire({numel}, dtype, std::string(engine::buf_kind_name(kind)) + ":" + pg(g).name());
   return b;
 }
@@ -114,8 +120,18 @@ Buf RunningBackend::acquire(const engine::Group& g, engine::BufKind kind, std::i
 void RunningBackend::release(const engine::Group&, Buf& b) {
   // The bytes go back to the pool with the last view, once the operation using them ran
   // (worker streams run it later): at the point the engine says, on every kind of stream.
-  b.used.wait();
+  Memory& m = mem(b);
+  m.used.wait();
+  m = Memory();
+  free_slots_.push_back(b.slot);
   b = Buf();
+}
+
+RunningBackend::Memory& RunningBackend::mem(const Buf& b) {
+  if (!b.held || b.slot < 0 || static_cast<std::size_t>(b.slot) >= memory_.size())
+    throw InvalidArgument("fsdp engine: a " + std::string(engine::buf_kind_name(b.kind)) +
+                          " buffer without memory (internal)");
+  return memory_[static_cast<std::size_t>(b.slot)];
 }
 
 // ---- operations ---------------------------------------------------------------------------
@@ -123,15 +139,16 @@ void RunningBackend::release(const engine::Group&, Buf& b) {
 Event RunningBackend::gather_copy_in(const OpDesc& d, engine::Group& g, Buf& dst) {
   ParamGroup& p = pg(g);
   const auto& I = g.info;
-  void* to = bytes(dst.tensor) + (I.world > 1 ? static_cast<std::size_t>(I.rank * I.shard_numel) *
-                                                    dtype_size(I.param_dtype)
-                                              : 0);
+  void* to =
+      bytes(mem(dst).tensor) +
+      (I.world > 1 ? static_cast<std::size_t>(I.rank * I.shard_numel) * dtype_size(I.param_dtype)
+                   : 0);
   const void* from = p.sharded().data();
   const kernels::ExecStream& on = exec(d.stream);
   Event e = on_stream(d, g, [=, &on] {
     kernels::cast_copy(on, from, I.orig_dtype, to, I.param_dtype, I.shard_numel);
   });
-  dst.used = e.work;
+  mem(dst).used = e.work;
   return e;
 }
 
@@ -144,28 +161,29 @@ Event RunningBackend::all_gather(const OpDesc& d, engine::Group& g, Buf& dst, bo
   const std::size_t gsn = static_cast<std::size_t>(I.shard_numel);
   if (slices) {
     const std::size_t block = static_cast<std::size_t>(I.world / d.k) * gsn;
-    return done(d, p.post_forward_comm().all_gather(slices->tensor.data(), dst.tensor.data(), block,
-                                                    I.param_dtype, s));
+    return done(d,
+                p.post_forward_comm().all_gather(mem(*slices).tensor.data(), mem(dst).tensor.data(),
+                                                 block, I.param_dtype, s));
   }
-  const void* send = in_place ? bytes(dst.tensor) + static_cast<std::size_t>(I.rank) * gsn *
-                                                        dtype_size(I.param_dtype)
+  const void* send = in_place ? bytes(mem(dst).tensor) + static_cast<std::size_t>(I.rank) * gsn *
+                                                             dtype_size(I.param_dtype)
                               : p.sharded().data();
-  return done(d, p.ag_comm().all_gather(send, dst.tensor.data(), gsn, I.param_dtype, s));
+  return done(d, p.ag_comm().all_gather(send, mem(dst).tensor.data(), gsn, I.param_dtype, s));
 }
 
 Event RunningBackend::gather_copy_out(const OpDesc& d, engine::Group& g, const Buf* src, Buf& arena,
                                       Buf* keep) {
   ParamGroup& p = pg(g);
   const auto& I = g.info;
-  const void* from = src ? src->tensor.data() : p.sharded().data();
-  kernels::run_copies(p.copy_out_plan(), from, I.param_dtype, arena.tensor.data(), I.param_dtype,
-                      exec(d.stream));
+  const void* from = src ? mem(*src).tensor.data() : p.sharded().data();
+  kernels::run_copies(p.copy_out_plan(), from, I.param_dtype, mem(arena).tensor.data(),
+                      I.param_dtype, exec(d.stream));
   if (keep) {
     // reshard_after_forward=k: keep the W/k slots this rank serves in its k-rank group.
     const int k = g.reshard_after_forward;
     const std::size_t block = keep->bytes;
     exec(d.stream).fence();  // the slice is copied by the host
-    std::memcpy(keep->tensor.data(),
+    std::memcpy(mem(*keep).tensor.data(),
                 static_cast<const std::byte*>(from) + static_cast<std::size_t>(I.rank % k) * block,
                 block);
   }
@@ -173,26 +191,26 @@ Event RunningBackend::gather_copy_out(const OpDesc& d, engine::Group& g, const B
 }
 
 Event RunningBackend::grad_init(const OpDesc& d, engine::Group&, Buf& grads) {
-  if (grads.bytes) std::memset(grads.tensor.data(), 0, grads.bytes);
+  if (grads.bytes) std::memset(mem(grads).tensor.data(), 0, grads.bytes);
   return done(d, comm::Work());
 }
 
 Event RunningBackend::reduce_copy_in(const OpDesc& d, engine::Group& g, Buf& grads, Buf& input) {
   ParamGroup& p = pg(g);
   const auto& I = g.info;
-  const void* from = grads.tensor.data();
-  void* to = input.tensor.data();
+  const void* from = mem(grads).tensor.data();
+  void* to = mem(input).tensor.data();
   const kernels::CopyPlan* plan = &p.copy_in_plan();
   // The kernel holds the buffers until it ran (worker streams run it later).
-  Tensor keep_from = grads.tensor;
-  Tensor keep_to = input.tensor;
+  Tensor keep_from = mem(grads).tensor;
+  Tensor keep_to = mem(input).tensor;
   const kernels::ExecStream& on = exec(d.stream);
   Event e = on_stream(d, g, [=, &on] {
     (void)keep_from;
     (void)keep_to;
     kernels::run_copies(*plan, from, I.param_dtype, to, I.reduce_dtype, on);
   });
-  grads.used = input.used = e.work;
+  mem(grads).used = mem(input).used = e.work;
   return e;
 }
 
@@ -200,7 +218,7 @@ Event RunningBackend::reduce_scatter(const OpDesc& d, engine::Group& g, Buf& inp
   const auto& I = g.info;
   exec(d.stream).fence();  // the copy-in before it
   return done(
-      d, pg(g).rs_comm().reduce_scatter(input.tensor.data(), output.tensor.data(),
+      d, pg(g).rs_comm().reduce_scatter(mem(input).tensor.data(), mem(output).tensor.data(),
                                         static_cast<std::size_t>(I.shard_numel), I.reduce_dtype,
                                         comm::ReduceOp::sum, stream(g, d.stream)));
 }
@@ -208,21 +226,21 @@ Event RunningBackend::reduce_scatter(const OpDesc& d, engine::Group& g, Buf& inp
 Event RunningBackend::all_reduce(const OpDesc& d, engine::Group& g, Buf& data) {
   const auto& I = g.info;
   exec(StreamKind::reduce_scatter).fence();  // what the reduce-scatter stream wrote into it
-  return done(d, pg(g).ar_comm().all_reduce(data.tensor.data(), data.tensor.data(),
+  return done(d, pg(g).ar_comm().all_reduce(mem(data).tensor.data(), mem(data).tensor.data(),
                                             static_cast<std::size_t>(I.shard_numel), I.reduce_dtype,
                                             comm::ReduceOp::sum, stream(g, d.stream)));
 }
 
 Event RunningBackend::accumulate(const OpDesc& d, engine::Group& g, Buf& src, Buf& dst, bool acc) {
   const auto& I = g.info;
-  Tensor from = src.tensor;
-  Tensor to = dst.tensor;
+  Tensor from = mem(src).tensor;
+  Tensor to = mem(dst).tensor;
   const kernels::ExecStream& on = exec(d.stream);
   Event e = on_stream(d, g, [=, &on] {
     kernels::reduce_copy_out(on, from.data(), I.reduce_dtype, to.data(), I.reduce_dtype,
                              I.shard_numel, 1.0, acc);
   });
-  src.used = dst.used = e.work;
+  mem(src).used = mem(dst).used = e.work;
   return e;
 }
 
@@ -233,7 +251,7 @@ Event RunningBackend::reduce_copy_out(const OpDesc& d, engine::Group& g, const B
   if (!p.sharded_grads().data())
     p.sharded_grads() =
         Tensor::empty({I.shard_numel}, I.orig_dtype, MemorySpace::host, "fsdp.grads:" + p.name());
-  Tensor from = src.tensor;
+  Tensor from = mem(src).tensor;
   Tensor to = p.sharded_grads();
   const kernels::ExecStream& on = exec(d.stream);
   return on_stream(d, g, [=, &on] {
@@ -294,11 +312,11 @@ void RunningBackend::show_sharded(engine::Group& g) {
 // finished first.
 void RunningBackend::show_unsharded(engine::Group& g) {
   exec(StreamKind::compute).fence();
-  pg(g).show_unsharded(g.arena.tensor);
+  pg(g).show_unsharded(mem(g.arena).tensor);
 }
 void RunningBackend::show_unsharded_grads(engine::Group& g) {
   exec(StreamKind::compute).fence();
-  pg(g).show_unsharded_grads(g.grads.tensor);
+  pg(g).show_unsharded_grads(mem(g.grads).tensor);
 }
 void RunningBackend::show_sharded_grads(engine::Group& g) {
   pg(g).show_sharded_grads();

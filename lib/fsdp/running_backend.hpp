@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -66,6 +67,16 @@ class RunningBackend final : public engine::Backend {
   void stream_record(engine::StreamKind s, engine::Event& e) override;
 
  private:
+  // The memory of a held buffer, and the last operation reading or writing it (released only
+  // once that operation ran: worker streams run it later).
+  struct Memory {
+    Tensor tensor;
+    comm::Work used;
+  };
+  Memory& mem(const engine::Buf& b);
+  std::deque<Memory> memory_;  // by Buf::slot (references stay valid as it grows)
+  std::vector<int> free_slots_;
+
   ParamGroup& pg(const engine::Group& g) const;
   comm::Stream& stream(const engine::Group& g, engine::StreamKind s) const;
   // Runs a copy kernel as the next operation of stream `s` (inline on caller streams).

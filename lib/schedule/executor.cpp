@@ -98,7 +98,7 @@ Executor::Executor(graph::Module& root, const DeviceMesh& mesh, const Plan& plan
   for (const PlannedGroup& g : plan.groups) {
     graph::Module& m = root.module(g.modules.front()->fqn());
     fsdp::FSDPModule* st = fsdp::fsdp_state(m);
-    if (!st || st->group_fqns() != g.param_fqns)
+    if (!st || st->group_fqns() != g.param_fqns())
       throw InvalidArgument("Executor: module '" + g.name +
                             "' is not fully_shard'ed as the plan says; apply the plan's "
                             "fully_shard calls (fsdp::apply_fully_shard_requests) first");

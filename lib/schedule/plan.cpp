@@ -20,9 +20,9 @@ std::string Plan::label(const Op& op) const {
     case OpKind::copy_out:
       return "AG.copy_out(" + g + ")";
     case OpKind::forward:
-      return "fwd(" + std::string(op.module) + ")";
+      return "fwd(" + std::string(op.module()) + ")";
     case OpKind::backward:
-      return "bwd(" + std::string(op.module) + ")";
+      return "bwd(" + std::string(op.module()) + ")";
     case OpKind::reduce_scatter:
       return "RS(" + g + ")";
     case OpKind::all_reduce:
@@ -135,16 +135,15 @@ std::string Plan::to_text() const {
   line("groups: " + std::to_string(groups.size()));
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const PlannedGroup& g = groups[i];
-    line("  [" + std::to_string(i) + "] " + g.name + ": params=" +
-         std::to_string(g.param_fqns.size()) + " shard=" + std::to_string(g.shard_bytes()) +
-         " B/rank unsharded=" + std::to_string(g.unsharded_bytes()) +
-         " B gather=" + std::to_string(g.gather_bytes()) + " B dtypes=" + dtype_name(g.orig_dtype) +
-         "/" + dtype_name(g.param_dtype) + "/" + dtype_name(g.reduce_dtype) +
-         " reshard_after_forward=" + g.reshard_string() +
+    line("  [" + std::to_string(i) + "] " + g.name + ": params=" + std::to_string(g.params.size()) +
+         " shard=" + std::to_string(g.shard_bytes()) + " B/rank unsharded=" +
+         std::to_string(g.unsharded_bytes()) + " B gather=" + std::to_string(g.gather_bytes()) +
+         " B dtypes=" + dtype_name(g.orig_dtype) + "/" + dtype_name(g.param_dtype) + "/" +
+         dtype_name(g.reduce_dtype) + " reshard_after_forward=" + g.reshard_string() +
          (options.no_unshard_in_backward.count(g.name) ? " unshard_in_backward=false" : "") +
          (g.is_root ? " root" : ""));
     line("      params: " +
-         (g.param_fqns.empty() ? std::string("(none)") : join(g.param_fqns, ", ")));
+         (g.params.empty() ? std::string("(none)") : join(g.param_fqns(), ", ")));
     if (!forward_prefetch[i].empty()) {
       std::vector<std::string> names;
       for (int tg : forward_prefetch[i])
@@ -218,7 +217,7 @@ nlohmann::json Plan::to_chrome_trace() const {
                  {"kind", op_kind_name(op.kind)},
                  {"bytes", op.bytes},
                  {"group", op.group >= 0 ? groups[static_cast<std::size_t>(op.group)].name : ""},
-                 {"module", std::string(op.module)},
+                 {"module", std::string(op.module())},
                  {"phase", op.phase == Phase::forward ? "forward" : "backward"},
                  {"deps", op.deps.to_vector()}};
     ev.push_back({{"name", label(op)},

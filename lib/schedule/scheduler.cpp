@@ -4,7 +4,7 @@
 // on their streams. Nothing here decides what FSDP does: the engine does, as it does when it
 // runs.
 #include <algorithm>
-#include <unordered_map>
+#include <cstdint>
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/fsdp/engine.hpp"
@@ -16,12 +16,6 @@ namespace {
 
 namespace engine = fsdp::engine;
 
-constexpr std::string_view kRoot = "<root>";
-
-std::string_view display(const graph::Module& m) {
-  return m.fqn().empty() ? kRoot : std::string_view(m.fqn());
-}
-
 // The planning backend: every operation becomes an Op of the plan with its cost.
 class PlanningBackend final : public engine::Backend {
  public:
@@ -30,7 +24,6 @@ class PlanningBackend final : public engine::Backend {
     p_.pool_peak_bytes.assign(p_.pool_roots.size(), 0);
   }
 
-  std::vector<double> durations;
   std::size_t in_use = 0;
 
   engine::Buf acquire(const engine::Group& g, engine::BufKind kind, std::int64_t numel,
@@ -100,20 +93,20 @@ class PlanningBackend final : public engine::Backend {
   void show_sharded_grads(engine::Group&) override {}
 
  private:
+  // The op, with its duration in end_ms until schedule() places it.
   engine::Event emit(const engine::OpDesc& d, double ms) {
-    Op op;
+    Op& op = p_.ops.emplace_back();
     op.id = d.id;
+    op.group = d.group;
     op.stream = d.stream;
     op.kind = d.kind;
-    op.group = d.group;
-    op.module = display(*d.module);
-    op.bytes = d.bytes;
-    op.deps = d.deps;
     op.phase = d.phase;
-    op.k = d.k;
     op.variant = d.variant;
-    p_.ops.push_back(std::move(op));
-    durations.push_back(ms);
+    op.k = d.k;
+    op.bytes = d.bytes;
+    op.source = d.module;
+    op.deps = d.deps;
+    op.end_ms = ms;
     return {};
   }
 
@@ -129,15 +122,14 @@ class PlanningBackend final : public engine::Backend {
       pin -= b.bytes;
       in_use -= b.bytes;
     }
-    BufferEvent e;
+    BufferEvent& e = p_.events.emplace_back();
     e.op = ops_issued() - 1;
-    e.kind = b.kind;
     e.group = g.id;
-    e.bytes = b.bytes;
-    e.action = a;
     e.pool = g.root->pool;
+    e.kind = b.kind;
+    e.action = a;
+    e.bytes = b.bytes;
     e.in_use = in_use;
-    p_.events.push_back(std::move(e));
   }
 
   Plan& p_;
@@ -145,24 +137,50 @@ class PlanningBackend final : public engine::Backend {
   std::vector<std::size_t> pool_in_use_;
 };
 
+// Module -> its engine group: an open-addressing table (the traversal asks at every module).
 class PlanLookup final : public engine::GroupLookup {
  public:
-  PlanLookup(engine::Backend& b, std::size_t n) : backend_(b) { at_.reserve(2 * n); }
-  std::unordered_map<const graph::Module*, engine::Group*> at_;
+  PlanLookup(engine::Backend& b, std::size_t n) : backend_(b) {
+    std::size_t cap = 16;
+    while (cap < 2 * n)
+      cap *= 2;
+    slots_.assign(cap, Slot{});
+    mask_ = cap - 1;
+  }
+  void insert(const graph::Module* m, engine::Group* g) {
+    std::size_t i = hash(m);
+    while (slots_[i].key && slots_[i].key != m)
+      i = (i + 1) & mask_;
+    slots_[i] = {m, g};
+  }
   engine::Group* group_at(const graph::Module& m) const override {
-    auto it = at_.find(&m);
-    return it == at_.end() ? nullptr : it->second;
+    for (std::size_t i = hash(&m);; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.key == &m) return s.group;
+      if (!s.key) return nullptr;
+    }
   }
   engine::Backend* default_backend() const override { return &backend_; }
 
  private:
+  struct Slot {
+    const graph::Module* key = nullptr;
+    engine::Group* group = nullptr;
+  };
+  std::size_t hash(const graph::Module* m) const noexcept {
+    return static_cast<std::size_t>(
+               (reinterpret_cast<std::uintptr_t>(m) >> 4) * 0x9E3779B97F4A7C15ull >> 20) &
+           mask_;
+  }
   engine::Backend& backend_;
+  std::vector<Slot, BulkAllocator<Slot>> slots_;
+  std::size_t mask_ = 0;
 };
 
 // The engine groups of the plan's groups, as rank 0 of the mesh sees them, with the plan's
 // policies (what the executor applies to the FSDP modules).
-std::vector<engine::Group> engine_groups(const Plan& p) {
-  std::vector<engine::Group> out(p.groups.size());
+std::vector<engine::Group, BulkAllocator<engine::Group>> engine_groups(const Plan& p) {
+  std::vector<engine::Group, BulkAllocator<engine::Group>> out(p.groups.size());
   for (std::size_t i = 0; i < p.groups.size(); ++i) {
     const PlannedGroup& pg = p.groups[i];
     engine::Group& g = out[i];
@@ -199,36 +217,24 @@ std::vector<engine::Group> engine_groups(const Plan& p) {
   return out;
 }
 
-// Groups in the order of their first pre-forward: the pre-order of their modules.
-void preorder_groups(const graph::Module& m,
-                     const std::unordered_map<const graph::Module*, int>& at,
-                     std::vector<int>& out) {
-  auto it = at.find(&m);
-  if (it != at.end()) out.push_back(it->second);
-  for (std::size_t i = 0; i < m.num_children(); ++i)
-    preorder_groups(m.child(i), at, out);
-}
-
-std::vector<int> forward_order(const graph::Module& root, const std::vector<PlannedGroup>& groups) {
-  std::unordered_map<const graph::Module*, int> at;
-  at.reserve(2 * groups.size());
+// Groups in the order of their first pre-forward (plan_groups numbered them).
+std::vector<int> forward_order(const std::vector<PlannedGroup>& groups) {
+  std::vector<int> out(groups.size());
   for (std::size_t g = 0; g < groups.size(); ++g)
-    at[groups[g].modules.front()] = static_cast<int>(g);
-  std::vector<int> out;
-  out.reserve(groups.size());
-  preorder_groups(root, at, out);
+    out[static_cast<std::size_t>(groups[g].forward_index)] = static_cast<int>(g);
   return out;
 }
 
 // List scheduling: each op starts when its stream is free and its dependencies ended.
-void schedule(Plan& p, const std::vector<double>& dur, std::size_t end_bytes) {
+// Each op's end_ms holds its duration on entry.
+void schedule(Plan& p, std::size_t end_bytes) {
   double free_at[engine::kNumStreams] = {0, 0, 0, 0};
   for (Op& op : p.ops) {
     double start = free_at[static_cast<int>(op.stream)];
     for (int d : op.deps)
       start = std::max(start, p.ops[static_cast<std::size_t>(d)].end_ms);
     op.start_ms = start;
-    op.end_ms = start + dur[static_cast<std::size_t>(op.id)];
+    op.end_ms = start + op.end_ms;
     free_at[static_cast<int>(op.stream)] = op.end_ms;
     p.step_ms = std::max(p.step_ms, op.end_ms);
   }
@@ -281,7 +287,7 @@ Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOption
     p.grad_bytes += g.shard_bytes();
   }
 
-  p.forward_order = forward_order(root, p.groups);
+  p.forward_order = forward_order(p.groups);
   p.forward_prefetch.assign(p.groups.size(), {});
   const auto depth = static_cast<std::size_t>(options.forward_prefetch_depth);
   const auto& order = p.forward_order;
@@ -292,40 +298,39 @@ Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOption
     if (p.groups[g].is_root) p.pool_roots.push_back(static_cast<int>(g));
 
   // The engine, on the planning backend: one root per root group (one pool each).
-  std::vector<engine::Group> groups = engine_groups(p);
+  auto groups = engine_groups(p);
   const CostModel cost = *p.options.cost;
   PlanningBackend backend(p, cost);
   std::vector<engine::Root> roots;
   roots.reserve(p.pool_roots.size());
-  std::unordered_map<int, std::size_t> root_of;  // root group -> its Root
+  std::vector<std::size_t> root_of(p.groups.size());  // root group -> its Root
   for (std::size_t r = 0; r < p.pool_roots.size(); ++r) {
     roots.emplace_back(backend, static_cast<int>(r));
     roots.back().max_reduce_buffers = options.reduce_scatter_max_input_buffers;
     roots.back().is_last_backward = options.is_last_backward;
-    root_of[p.pool_roots[r]] = r;
+    root_of[static_cast<std::size_t>(p.pool_roots[r])] = r;
   }
   std::vector<std::vector<engine::Group*>> members(roots.size());
   for (int g : p.forward_order)
-    members[root_of.at(p.groups[static_cast<std::size_t>(g)].root_group)].push_back(
-        &groups[static_cast<std::size_t>(g)]);
+    members[root_of[static_cast<std::size_t>(p.groups[static_cast<std::size_t>(g)].root_group)]]
+        .push_back(&groups[static_cast<std::size_t>(g)]);
   for (std::size_t r = 0; r < roots.size(); ++r)
     engine::attach(roots[r], members[r]);
 
   PlanLookup lookup(backend, groups.size());
   for (std::size_t g = 0; g < p.groups.size(); ++g)
     for (const graph::Module* m : p.groups[g].modules)
-      lookup.at_[m] = &groups[g];
+      lookup.insert(m, &groups[g]);
   const std::size_t n = p.groups.size() + 1;
   p.ops.reserve(16 * n);
-  p.events.reserve(12 * n);
-  backend.durations.reserve(16 * n);
+  p.events.reserve(16 * n);
 
   // The planning backend never calls a callback nor changes the graph.
   auto& graph = const_cast<graph::Module&>(root);
   engine::forward(graph, lookup);
   engine::begin_backward(backend);
   engine::backward(graph, lookup);
-  schedule(p, backend.durations, backend.in_use);
+  schedule(p, backend.in_use);
   return p;
 }
 

@@ -62,4 +62,32 @@ ShardLayout shard_layout(const Shape& global_shape, Placement placement, int wor
   return l;
 }
 
+namespace detail {
+
+bool try_shard_extent(const Shape& global_shape, Placement placement, int world,
+                      ShardExtent& out) noexcept {
+  const int nd = static_cast<int>(global_shape.size());
+  if (world < 1 || nd == 0 || placement.is_replicate()) return false;
+  const int d = placement.dim();
+  if (d < 0 || d >= nd) return false;
+  const std::int64_t D = global_shape[static_cast<std::size_t>(d)];
+  if (d > 0 && D % world != 0) return false;
+  std::int64_t n = 1, rest = 1;  // numel, and the product of the other dims
+  for (int i = 0; i < nd; ++i) {
+    const std::int64_t x = global_shape[static_cast<std::size_t>(i)];
+    if (x < 0 || __builtin_mul_overflow(n, x, &n)) return false;
+    if (i != d && __builtin_mul_overflow(rest, x, &rest)) return false;
+  }
+  const std::int64_t chunk = D / world + (D % world != 0 ? 1 : 0);
+  std::int64_t padded = 0, all = 0;
+  if (__builtin_mul_overflow(chunk, rest, &padded) ||
+      __builtin_mul_overflow(padded, static_cast<std::int64_t>(world), &all))
+    return false;
+  out.numel = n;
+  out.padded_numel = padded;
+  return true;
+}
+
+}  // namespace detail
+
 }  // namespace fullshard

@@ -157,6 +157,38 @@ std::string pair_name(DType s, DType d) {
 
 }  // namespace
 
+TEST_CASE("shard_extent: shard_layout's sizes and errors, without the layout") {
+  const std::int64_t big = std::int64_t(1) << 40;
+  const std::vector<Shape> shapes = {{5},    {0},       {13, 7},    {8, 6},   {3, 4, 6},
+                                     {1, 1}, {7, 0, 3}, {big, big}, {big, 4}, {}};
+  for (const Shape& shape : shapes)
+    for (int dim : {0, 1, 2, 5})
+      for (int W : {1, 2, 3, 4, 7}) {
+        CAPTURE(shape_string(shape));
+        CAPTURE(dim);
+        CAPTURE(W);
+        const Placement pl = Placement::Shard(dim);
+        std::string layout_error, extent_error;
+        ShardLayout l;
+        try {
+          l = shard_layout(shape, pl, W, 0, "tensor 't'");
+        } catch (const InvalidArgument& e) {
+          layout_error = e.what();
+        }
+        ShardExtent x;
+        try {
+          x = shard_extent(shape, pl, W, [] { return std::string("tensor 't'"); });
+        } catch (const InvalidArgument& e) {
+          extent_error = e.what();
+        }
+        CHECK(extent_error == layout_error);
+        if (layout_error.empty()) {
+          CHECK(x.padded_numel == l.padded_numel());
+          CHECK(x.numel == numel(shape));
+        }
+      }
+}
+
 TEST_CASE("make_group_layout: slot offsets, gsn and arena offsets") {
   for (int world = 1; world <= 4; ++world) {
     CAPTURE(world);

@@ -101,7 +101,7 @@ std::vector<std::string> group_names(const Plan& p, const std::vector<const Op*>
 const Op& only(const Plan& p, OpKind k, Phase ph, const std::string& module) {
   const Op* found = nullptr;
   for (const Op* op : phase_ops(p, k, ph))
-    if (op->module == module) {
+    if (op->module() == module) {
       REQUIRE_MESSAGE(!found, "two ops of kind " << op_kind_name(k) << " for " << module);
       found = op;
     }
@@ -143,6 +143,39 @@ constexpr std::size_t M = 1048576;  // m2's and m3's
 
 }  // namespace
 
+TEST_CASE("DepList: inline up to three, heap beyond, copies and moves keep the values") {
+  fsdp::engine::DepList d;
+  std::vector<int> want;
+  for (int x : {9, 4, 7, 4, 1, 9, 12, 3}) {
+    d.push_back(x);
+    want.push_back(x);
+    CHECK(d == want);
+  }
+  fsdp::engine::DepList copy = d;
+  CHECK(copy == want);
+  fsdp::engine::DepList moved = std::move(copy);
+  CHECK(moved == want);
+  CHECK(copy.empty());  // NOLINT(bugprone-use-after-move): a moved-from list is empty
+  moved.sort_unique();
+  CHECK(moved == std::vector<int>{1, 3, 4, 7, 9, 12});
+  while (moved.size() > 2)
+    moved.pop_back();  // across the heap -> inline boundary
+  CHECK(moved == std::vector<int>{1, 3});
+  fsdp::engine::DepList dup{5, 5, 5, 5, 2};
+  dup.sort_unique();  // heap -> inline by dropping duplicates
+  CHECK(dup == std::vector<int>{2, 5});
+  fsdp::engine::DepList two{8, 6};
+  two.sort_unique();
+  CHECK(two == std::vector<int>{6, 8});
+  two = d;  // inline <- heap
+  CHECK(two == want);
+  two = fsdp::engine::DepList{1};  // heap <- inline
+  CHECK(two == std::vector<int>{1});
+  d.swap(two);
+  CHECK(d == std::vector<int>{1});
+  CHECK(two == want);
+}
+
 TEST_CASE("plan_groups forms the groups apply_fully_shard_requests forms") {
   auto g = load(kSeed);
   const auto groups = plan_groups(*g, 4);
@@ -150,8 +183,8 @@ TEST_CASE("plan_groups forms the groups apply_fully_shard_requests forms") {
   CHECK(groups[0].name == "m2");
   CHECK(groups[1].name == "m3");
   CHECK(groups[2].name == "<root>");
-  CHECK(groups[2].param_fqns == std::vector<std::string>{"m1.a", "m4.d"});
-  CHECK(groups[0].param_fqns == std::vector<std::string>{"m2.b"});
+  CHECK(groups[2].param_fqns() == std::vector<std::string>{"m1.a", "m4.d"});
+  CHECK(groups[0].param_fqns() == std::vector<std::string>{"m2.b"});
   CHECK(groups[2].is_root);
   CHECK(!groups[0].is_root);
   CHECK(groups[0].root_group == 2);
@@ -170,7 +203,7 @@ TEST_CASE("plan_groups forms the groups apply_fully_shard_requests forms") {
   REQUIRE(mg.size() == 5);
   CHECK(mg[0].name == "blocks.0.inner");
   CHECK(mg[1].name == "blocks.0");
-  CHECK(mg[1].param_fqns == std::vector<std::string>{"blocks.0.w"});
+  CHECK(mg[1].param_fqns() == std::vector<std::string>{"blocks.0.w"});
   CHECK(mg[1].layout.shard_numel == 4 * 7);  // ceil(13/4) = 4 rows of 7
   CHECK(mg[1].layout.arena_numel == 13 * 7);
   CHECK(mg[0].reshard_after_forward == 1);
@@ -182,7 +215,7 @@ TEST_CASE("plan_groups forms the groups apply_fully_shard_requests forms") {
   CHECK(mg[3].name == "head");
   CHECK(mg[4].name == "<root>");
   // The root's own "bias" is ignored; head's parameter went to head's group first.
-  CHECK(mg[4].param_fqns == std::vector<std::string>{"scale", "embed.weight"});
+  CHECK(mg[4].param_fqns() == std::vector<std::string>{"scale", "embed.weight"});
   CHECK(mg[4].is_root);
 
   // Defaults apply to every group; a request's keys override them.
@@ -266,7 +299,7 @@ TEST_CASE("seed m1..m4: FSDP2's orders, overlaps and memory (root not resharded)
   // Backward compute in reverse: bwd(m4), bwd(m3), bwd(m2), bwd(m1).
   std::vector<std::string> bwd;
   for (const Op* op : p.find(OpKind::backward))
-    bwd.push_back(std::string(op->module));
+    bwd.push_back(std::string(op->module()));
   CHECK(bwd == std::vector<std::string>{"m4", "m3", "m2", "m1"});
 
   // Memory, by hand (docs/plan-format.md walks through it): forward holds the root's
@@ -855,7 +888,7 @@ void check_operations_match(const Plan& plan,
           op.group >= 0 && plan.groups[static_cast<std::size_t>(op.group)].root_group == root_group;
       if (one || mine)
         planned.push_back(
-            describe_op(op.stream, op.kind, op.module, op.bytes, op.phase, op.deps, one));
+            describe_op(op.stream, op.kind, op.module(), op.bytes, op.phase, op.deps, one));
     }
     for (const fsdp::engine::OpDesc& d : logs[r]) {
       const std::string module = d.module->fqn().empty() ? "<root>" : d.module->fqn();
@@ -894,9 +927,21 @@ void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOpt
     graph::Module& m = g->module(pg.modules.front()->fqn());
     fsdp::FSDPModule* st = fsdp::fsdp_state(m);
     REQUIRE(st);
-    CHECK(st->group_fqns() == pg.param_fqns);
+    CHECK(st->group_fqns() == pg.param_fqns());
     CHECK(st->group_layout().shard_numel == pg.layout.shard_numel);
     CHECK(st->group_layout().arena_numel == pg.layout.arena_numel);
+    // The full layout the plan computes on demand is the engine's, member by member.
+    const kernels::GroupLayout& ran = st->group_layout();
+    const int rank = ran.members.empty() ? 0 : ran.members.front().layout.rank;
+    const kernels::GroupLayout planned = pg.group_layout(rank);
+    REQUIRE(planned.members.size() == ran.members.size());
+    CHECK(planned.world == ran.world);
+    for (std::size_t i = 0; i < ran.members.size(); ++i) {
+      CHECK(planned.members[i].slot_offset == ran.members[i].slot_offset);
+      CHECK(planned.members[i].arena_offset == ran.members[i].arena_offset);
+      CHECK(planned.members[i].layout.local_shape == ran.members[i].layout.local_shape);
+      CHECK(planned.members[i].layout.global_offset == ran.members[i].layout.global_offset);
+    }
     modules.push_back(&m);
   }
   for (std::size_t i = 0; i < plan.groups.size(); ++i) {

@@ -15,8 +15,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,11 +31,11 @@ namespace fullshard::fsdp::engine {
 
 /// The logical streams of one FSDP root (FSDP2's compute, all-gather, reduce-scatter and
 /// HSDP all-reduce streams).
-enum class StreamKind { compute, all_gather, reduce_scatter, all_reduce };
+enum class StreamKind : std::uint8_t { compute, all_gather, reduce_scatter, all_reduce };
 constexpr int kNumStreams = 4;
 const char* stream_name(StreamKind s) noexcept;
 
-enum class OpKind {
+enum class OpKind : std::uint8_t {
   all_gather,       // the all-gather collective (all_gather stream)
   copy_in,          // all-gather cast copy-in (all_gather stream) / reduce-scatter chunk-cat
                     // copy-in (reduce_scatter stream)
@@ -50,10 +52,10 @@ enum class OpKind {
 };
 const char* op_kind_name(OpKind k) noexcept;
 
-enum class Phase { forward, backward };
+enum class Phase : std::uint8_t { forward, backward };
 
 /// What a pool buffer holds.
-enum class BufKind {
+enum class BufKind : std::uint8_t {
   ag_buffer,
   unsharded,
   post_forward,
@@ -64,13 +66,14 @@ enum class BufKind {
 };
 const char* buf_kind_name(BufKind k) noexcept;
 
-/// A buffer from the backend's pool: its size, and (running backend) its memory.
+/// A buffer from the backend's pool: its kind and size. The running backend keeps the memory
+/// (and the last operation using it) in its own slot, so the engine's state stays small: a
+/// plan holds every group's state at once.
 struct Buf {
   BufKind kind = BufKind::ag_buffer;
-  std::size_t bytes = 0;
   bool held = false;
-  Tensor tensor;    // running backend only
-  comm::Work used;  // running backend: the last operation reading or writing it
+  int slot = -1;  // the backend's handle of the memory (-1: none)
+  std::size_t bytes = 0;
 };
 
 /// A point in a stream's order: the engine's number of the last operation before it (-1:
@@ -80,69 +83,154 @@ struct Event {
   comm::Work work;
 };
 
-/// The operations an operation waits for (sorted, unique): up to four inline, no allocation
-/// for the common case (planning a 100,000-module graph makes a million of them).
+/// The operations an operation waits for (sorted, unique): up to three inline, no allocation
+/// for the common case (planning a 100,000-module graph makes a million of them), 16 bytes.
 class DepList {
  public:
-  DepList() = default;
+  DepList() noexcept = default;
   DepList(std::initializer_list<int> v) {
     for (int x : v)
       push_back(x);
   }
+  DepList(const DepList& o) {
+    if (o.n_ <= kInline)
+      copy_words(o);
+    else
+      assign(o.begin(), o.end());
+  }
+  DepList(DepList&& o) noexcept {
+    copy_words(o);
+    o.n_ = 0;
+  }
+  DepList& operator=(const DepList& o) {
+    if (this == &o) return *this;
+    if (o.n_ <= kInline) {
+      release();
+      copy_words(o);
+    } else {
+      DepList t(o);
+      swap(t);
+    }
+    return *this;
+  }
+  DepList& operator=(DepList&& o) noexcept {
+    if (this != &o) {
+      release();
+      copy_words(o);
+      o.n_ = 0;
+    }
+    return *this;
+  }
+  ~DepList() { release(); }
+
   void push_back(int x) {
     if (n_ < kInline) {
-      inline_[n_++] = x;
+      w_[n_++] = x;
       return;
     }
-    if (n_ == kInline) more_.assign(inline_, inline_ + kInline);
-    more_.push_back(x);
-    ++n_;
+    if (n_ == kInline || n_ == capacity()) grow(n_ == kInline ? 2 * kInline : 2 * n_);
+    heap()[n_++] = x;
   }
   void clear() noexcept {
+    release();
     n_ = 0;
-    more_.clear();
   }
   std::size_t size() const noexcept { return n_; }
   bool empty() const noexcept { return n_ == 0; }
-  const int* begin() const noexcept { return n_ > kInline ? more_.data() : inline_; }
+  const int* begin() const noexcept { return n_ > kInline ? heap() : w_; }
   const int* end() const noexcept { return begin() + n_; }
   int operator[](std::size_t i) const noexcept { return begin()[i]; }
   int back() const noexcept { return begin()[n_ - 1]; }
   void pop_back() noexcept {
-    if (n_ <= kInline) {
-      --n_;
+    if (n_ == kInline + 1) {  // back to inline
+      int* h = heap();
+      const std::uint32_t cap = capacity();
+      std::copy(h, h + kInline, w_);
+      std::allocator<int>().deallocate(h, cap);
+    }
+    --n_;
+  }
+  /// Sorts and removes duplicates.
+  void sort_unique() {
+    if (n_ < 2) return;
+    if (n_ == 2) {
+      if (w_[0] > w_[1]) std::swap(w_[0], w_[1]);
+      if (w_[0] == w_[1]) n_ = 1;
       return;
     }
-    more_.pop_back();
-    if (--n_ == kInline) {
-      std::copy(more_.begin(), more_.end(), inline_);
-      more_.clear();
+    int* b = n_ > kInline ? heap() : w_;
+    std::sort(b, b + n_);
+    const auto n = static_cast<std::uint32_t>(std::unique(b, b + n_) - b);
+    if (n_ > kInline && n <= kInline) {  // back to inline
+      int t[kInline];
+      std::copy(b, b + n, t);
+      release();
+      std::copy(t, t + n, w_);
     }
+    n_ = n;
   }
   std::vector<int> to_vector() const { return {begin(), end()}; }
   bool operator==(const std::vector<int>& v) const {
     return v.size() == n_ && std::equal(v.begin(), v.end(), begin());
   }
+  void swap(DepList& o) noexcept {
+    DepList t(std::move(o));
+    o.copy_words(*this);
+    copy_words(t);
+    t.n_ = 0;
+  }
 
  private:
-  static constexpr std::size_t kInline = 4;
-  int inline_[kInline] = {};
-  std::size_t n_ = 0;
-  std::vector<int> more_;
+  static constexpr std::uint32_t kInline = 3;
+  // n_ <= kInline: the values are in w_. Otherwise w_[0..1] hold the heap array's address and
+  // w_[2] its capacity.
+  int* heap() const noexcept {
+    int* p;
+    std::memcpy(&p, w_, sizeof p);
+    return p;
+  }
+  std::uint32_t capacity() const noexcept { return static_cast<std::uint32_t>(w_[2]); }
+  void set_heap(int* p, std::uint32_t cap) noexcept {
+    std::memcpy(w_, &p, sizeof p);
+    w_[2] = static_cast<int>(cap);
+  }
+  void grow(std::uint32_t cap) {
+    int* p = std::allocator<int>().allocate(cap);
+    std::copy(begin(), end(), p);
+    release();
+    set_heap(p, cap);
+  }
+  void release() noexcept {
+    if (n_ > kInline) std::allocator<int>().deallocate(heap(), capacity());
+  }
+  // The representation as is (inline values, or the heap array's address and capacity).
+  void copy_words(const DepList& o) noexcept {
+    w_[0] = o.w_[0];
+    w_[1] = o.w_[1];
+    w_[2] = o.w_[2];
+    n_ = o.n_;
+  }
+  void assign(const int* b, const int* e) {
+    for (; b != e; ++b)
+      push_back(*b);
+  }
+  static_assert(sizeof(int*) <= 2 * sizeof(int), "DepList keeps a pointer in two ints");
+  int w_[3] = {};
+  std::uint32_t n_ = 0;
 };
 
 /// One operation as the engine issues it: both backends see the same descriptions, so the
 /// plan and a recorded run agree by construction on everything but time.
 struct OpDesc {
   int id = 0;
+  int group = -1;  // Group::id, -1 for compute outside every group
   StreamKind stream = StreamKind::compute;
   OpKind kind = OpKind::forward;
-  int group = -1;                         // Group::id, -1 for compute outside every group
-  const graph::Module* module = nullptr;  // the module the op belongs to
-  std::size_t bytes = 0;  // per rank for collectives (the shard), written bytes for copies
-  int k = 0;              // post-forward group size of a k-rank all-gather, else 0
-  int variant = 0;        // reduce_copy_out: 0 copy-out, 1 deferred accumulate, 2 add-back
   Phase phase = Phase::forward;
+  std::uint8_t variant = 0;  // reduce_copy_out: 0 copy-out, 1 deferred accumulate, 2 add-back
+  int k = 0;                 // post-forward group size of a k-rank all-gather, else 0
+  std::size_t bytes = 0;     // per rank for collectives (the shard), written bytes for copies
+  const graph::Module* module = nullptr;  // the module the op belongs to
   DepList deps;  // ops that must finish first, besides the stream's previous op
 };
 

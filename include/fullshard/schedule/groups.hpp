@@ -17,16 +17,26 @@
 
 namespace fullshard::schedule {
 
+/// The sizes of a group's layouts (kernels::GroupLayout without its members): the same on
+/// every rank.
+struct GroupExtent {
+  /// Shard group size the layout was computed for.
+  int world = 1;
+  /// gsn: one rank's padded group shard (slot layout), in elements.
+  std::int64_t shard_numel = 0;
+  /// The unsharded parameters (the arena), in elements.
+  std::int64_t arena_numel = 0;
+};
+
 /// One communication group, as fully_shard would form it.
 struct PlannedGroup {
   /// The module FQN, "<root>" for the graph's root module (fully_shard's group name).
   std::string name;
   /// The modules of the group (one: groups from graph requests are single-module groups).
   std::vector<const graph::Module*> modules;
-  /// FQNs of the group's parameters, in layout order.
-  std::vector<std::string> param_fqns;
-  /// Layout of rank 0 (shard_numel and arena_numel are the same on every rank).
-  kernels::GroupLayout layout;
+  /// The group's parameters, in layout order (pointers into the graph).
+  std::vector<const graph::Parameter*> params;
+  GroupExtent layout;
   DType orig_dtype = DType::f32;
   DType param_dtype = DType::f32;
   DType reduce_dtype = DType::f32;
@@ -38,13 +48,20 @@ struct PlannedGroup {
   bool is_root = false;
   /// Index (in the plan_groups result) of the root group this group belongs to.
   int root_group = 0;
+  /// Position in forward order: the order of the groups' first pre-forward, which is the
+  /// pre-order of their modules.
+  int forward_index = 0;
   /// The options fully_shard was called with (defaults overridden by the request object).
   fsdp::FullyShardOptions options;
-  /// Where the request came from, e.g. "modules[1].fully_shard" (for messages).
-  std::string where;
 
   /// Shard group size the layout was computed for.
   int shard_size() const noexcept { return layout.world; }
+  /// FQNs of the group's parameters, in layout order.
+  std::vector<std::string> param_fqns() const;
+  /// The full layout of `rank` (members with their shard layouts and offsets).
+  kernels::GroupLayout group_layout(int rank = 0) const;
+  /// Where the request came from, e.g. "modules[1].fully_shard" (for messages).
+  std::string where() const;
   /// gsn * sizeof(orig dtype): the persistent sharded storage (padded, slot layout) per rank.
   std::size_t shard_bytes() const noexcept;
   /// arena_numel * sizeof(param dtype): the unsharded parameters (and unsharded gradients).

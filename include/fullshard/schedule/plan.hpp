@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fullshard/base/bulk_allocator.hpp"
 #include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/options.hpp"
 #include "fullshard/graph/module.hpp"
@@ -82,39 +83,44 @@ using fsdp::engine::stream_name;
 
 struct Op {
   int id = 0;
-  StreamKind stream = StreamKind::compute;
-  OpKind kind = OpKind::forward;
   /// Index into Plan::groups, or -1 (compute of a module outside every group).
   int group = -1;
-  /// FQN of the module the op belongs to, "<root>" for the root module (a view of the
-  /// graph's own string: keep the graph alive).
-  std::string_view module;
-  /// Bytes: per rank for collectives (the shard), written bytes for copies.
-  std::size_t bytes = 0;
-  /// Ops that must finish before this one starts (besides the previous op of its stream).
-  fsdp::engine::DepList deps;
+  StreamKind stream = StreamKind::compute;
+  OpKind kind = OpKind::forward;
   Phase phase = Phase::forward;
-  double start_ms = 0.0;
-  double end_ms = 0.0;
+  /// reduce_copy_out: 0 the copy-out, 1 HSDP's deferred accumulation, 2 its add-back.
+  std::uint8_t variant = 0;
   /// All-gather and reshard of a reshard_after_forward=k group: k; else 0.
   int k = 0;
-  /// reduce_copy_out: 0 the copy-out, 1 HSDP's deferred accumulation, 2 its add-back.
-  int variant = 0;
+  /// Bytes: per rank for collectives (the shard), written bytes for copies.
+  std::size_t bytes = 0;
+  /// The module the op belongs to (in the graph the plan was made from: keep it alive).
+  const graph::Module* source = nullptr;
+  /// Ops that must finish before this one starts (besides the previous op of its stream).
+  fsdp::engine::DepList deps;
+  double start_ms = 0.0;
+  double end_ms = 0.0;
+
+  /// FQN of the module the op belongs to, "<root>" for the root module.
+  std::string_view module() const noexcept {
+    return !source || source->fqn().empty() ? std::string_view("<root>")
+                                            : std::string_view(source->fqn());
+  }
 };
 
-enum class BufferAction { alloc, free };
+enum class BufferAction : std::uint8_t { alloc, free };
 
 /// One acquisition from / release to the buffer pool, in the engine's order.
 struct BufferEvent {
   /// The op at which the engine does it (the op being issued or just issued).
   int op = 0;
-  fsdp::engine::BufKind kind = fsdp::engine::BufKind::ag_buffer;
   /// Index into Plan::groups.
   int group = 0;
-  std::size_t bytes = 0;
-  BufferAction action = BufferAction::alloc;
   /// Index of the root group whose pool it is (one pool per FSDP root).
   int pool = 0;
+  fsdp::engine::BufKind kind = fsdp::engine::BufKind::ag_buffer;
+  BufferAction action = BufferAction::alloc;
+  std::size_t bytes = 0;
   /// Bytes in use in every pool together right after the event.
   std::size_t in_use = 0;
 };
@@ -130,8 +136,8 @@ class Plan {
   /// Group indices in forward order (order of their first pre-forward).
   std::vector<int> forward_order;
   /// Every op in issue (program) order; ids are indices.
-  std::vector<Op> ops;
-  std::vector<BufferEvent> events;
+  std::vector<Op, BulkAllocator<Op>> ops;
+  std::vector<BufferEvent, BulkAllocator<BufferEvent>> events;
 
   /// Predicted time of the iteration: the latest op end.
   double step_ms = 0.0;

@@ -44,4 +44,30 @@ struct ShardLayout {
 ShardLayout shard_layout(const Shape& global_shape, Placement placement, int world, int rank,
                          const std::string& what);
 
+/// The sizes of a tensor's sharding, without its layout: numel(global_shape) and one rank's
+/// padded shard (ShardLayout::padded_numel, the same on every rank).
+struct ShardExtent {
+  std::int64_t numel = 0;
+  std::int64_t padded_numel = 0;
+};
+
+namespace detail {
+/// The common case of shard_extent (a valid Shard(d), no overflow): true and `out` filled;
+/// false sends the caller to shard_layout, which reports what is wrong.
+bool try_shard_extent(const Shape& global_shape, Placement placement, int world,
+                      ShardExtent& out) noexcept;
+}  // namespace detail
+
+/// shard_layout's sizes and checks without building the layout (the planner's hot path):
+/// `what()` names the tensor, and is called only to report an error.
+template <class What>
+ShardExtent shard_extent(const Shape& global_shape, Placement placement, int world, What&& what) {
+  ShardExtent e;
+  if (detail::try_shard_extent(global_shape, placement, world, e)) return e;
+  const ShardLayout l = shard_layout(global_shape, placement, world, 0, what());
+  e.numel = numel(global_shape);
+  e.padded_numel = l.padded_numel();
+  return e;
+}
+
 }  // namespace fullshard
