@@ -93,8 +93,16 @@ class PlanningBackend final : public engine::Backend {
   void show_sharded_grads(engine::Group&) override {}
 
  private:
-  // The op, with its duration in end_ms until schedule() places it.
+  // The op, list-scheduled as it is issued: it starts when its stream is free and the ops it
+  // waits for (all issued before it) have ended.
   engine::Event emit(const engine::OpDesc& d, double ms) {
+    double start = free_at_[static_cast<int>(d.stream)];
+    for (int dep : d.deps) {
+      if (dep < 0 || static_cast<std::size_t>(dep) >= p_.ops.size())
+        throw InvalidArgument("Scheduler::plan: op " + std::to_string(d.id) + " waits for op " +
+                              std::to_string(dep) + ", not issued before it (internal)");
+      start = std::max(start, p_.ops[static_cast<std::size_t>(dep)].end_ms);
+    }
     Op& op = p_.ops.emplace_back();
     op.id = d.id;
     op.group = d.group;
@@ -106,7 +114,10 @@ class PlanningBackend final : public engine::Backend {
     op.bytes = d.bytes;
     op.source = d.module;
     op.deps = d.deps;
-    op.end_ms = ms;
+    op.start_ms = start;
+    op.end_ms = start + ms;
+    free_at_[static_cast<int>(d.stream)] = op.end_ms;
+    p_.step_ms = std::max(p_.step_ms, op.end_ms);
     return {};
   }
 
@@ -118,6 +129,10 @@ class PlanningBackend final : public engine::Backend {
       pin += b.bytes;
       in_use += b.bytes;
       p_.pool_peak_bytes[pool] = std::max(p_.pool_peak_bytes[pool], pin);
+      // An acquisition belongs to the op just begun, of the phase being issued.
+      p_.peak_bytes = std::max(p_.peak_bytes, in_use);
+      auto& phase_peak = phase == Phase::forward ? p_.forward_peak_bytes : p_.backward_peak_bytes;
+      phase_peak = std::max(phase_peak, in_use);
     } else {
       pin -= b.bytes;
       in_use -= b.bytes;
@@ -135,6 +150,7 @@ class PlanningBackend final : public engine::Backend {
   Plan& p_;
   const CostModel& cost_;
   std::vector<std::size_t> pool_in_use_;
+  double free_at_[engine::kNumStreams] = {0, 0, 0, 0};  // when each stream is next free
 };
 
 // Module -> its engine group: an open-addressing table (the traversal asks at every module).
@@ -225,30 +241,6 @@ std::vector<int> forward_order(const std::vector<PlannedGroup>& groups) {
   return out;
 }
 
-// List scheduling: each op starts when its stream is free and its dependencies ended.
-// Each op's end_ms holds its duration on entry.
-void schedule(Plan& p, std::size_t end_bytes) {
-  double free_at[engine::kNumStreams] = {0, 0, 0, 0};
-  for (Op& op : p.ops) {
-    double start = free_at[static_cast<int>(op.stream)];
-    for (int d : op.deps)
-      start = std::max(start, p.ops[static_cast<std::size_t>(d)].end_ms);
-    op.start_ms = start;
-    op.end_ms = start + op.end_ms;
-    free_at[static_cast<int>(op.stream)] = op.end_ms;
-    p.step_ms = std::max(p.step_ms, op.end_ms);
-  }
-  for (const BufferEvent& e : p.events) {
-    if (e.action != BufferAction::alloc) continue;
-    p.peak_bytes = std::max(p.peak_bytes, e.in_use);
-    if (p.ops[static_cast<std::size_t>(e.op)].phase == Phase::forward)
-      p.forward_peak_bytes = std::max(p.forward_peak_bytes, e.in_use);
-    else
-      p.backward_peak_bytes = std::max(p.backward_peak_bytes, e.in_use);
-  }
-  p.end_bytes = end_bytes;
-}
-
 }  // namespace
 
 Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOptions& options) {
@@ -330,7 +322,7 @@ Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOption
   engine::forward(graph, lookup);
   engine::begin_backward(backend);
   engine::backward(graph, lookup);
-  schedule(p, backend.in_use);
+  p.end_bytes = backend.in_use;
   return p;
 }
 
