@@ -10,6 +10,9 @@ weighted sum: 2 * 2 * tokens * seq * hidden, halved for a causal mask; backward:
 forward.
 
   python3 docs/examples/gen_transformer.py > docs/examples/transformer_70b.json
+
+The graph asks fully_shard of every block and of the root (FSDP2's recipe); fullshard-plan
+--auto --auto-regroup treats those requests as the hand-written default and searches freely.
 """
 import argparse
 import json
@@ -30,6 +33,9 @@ def main():
     ap.add_argument("--tflops", type=float, default=989.0, help="peak TFLOP/s per GPU")
     ap.add_argument("--mfu", type=float, default=0.5)
     ap.add_argument("--dtype", default="f32")
+    ap.add_argument("--no-requests", action="store_true",
+                    help="no fully_shard request on the blocks (default: every block + root, "
+                         "FSDP2's recipe)")
     a = ap.parse_args()
 
     rate = a.tflops * 1e12 * a.mfu / 1e3  # FLOP per ms
@@ -52,7 +58,7 @@ def main():
     norm_flops = 4 * t * d  # two RMSNorms per block: ~4 FLOP per element
     blocks = []
     for i in range(a.layers):
-        blocks.append({
+        block = {
             "name": str(i),
             "params": {"attn_norm": param(d), "ffn_norm": param(d)},
             "cost": cost(norm_flops),
@@ -66,7 +72,10 @@ def main():
                             "w3": param(a.ffn, d)},
                  "cost": cost(mlp_flops)},
             ],
-        })
+        }
+        if not a.no_requests:
+            block["fully_shard"] = True
+        blocks.append(block)
     graph = {
         "name": "transformer",
         "fully_shard": True,
