@@ -287,15 +287,18 @@ class Search {
   }
 
   // Lower bounds valid for every policy of the grouping of plan `p`: the compute stream runs
-  // every module's forward and backward; the all-gather stream every group's forward
-  // all-gather; the reduce-scatter stream every reduce-scatter. Memory: the persistent bytes
+  // every module's forward and backward, every group's forward copy-out and gradient zeroing;
+  // the all-gather stream every group's forward all-gather; the reduce-scatter stream every
+  // reduce-scatter. Memory: the persistent bytes
   // plus, for each group, its gather buffer and unsharded parameters (held together at its
   // forward copy-out).
   std::pair<double, std::size_t> bounds(const Plan& p) const {
     double compute = 0, ag = 0, rs = 0;
     for (const Op& op : p.ops) {
       const double d = op.end_ms - op.start_ms;
-      if (op.kind == OpKind::forward || op.kind == OpKind::backward)
+      if (op.kind == OpKind::forward || op.kind == OpKind::backward ||
+          op.kind == OpKind::grad_init ||
+          (op.kind == OpKind::copy_out && op.phase == Phase::forward))
         compute += d;
       else if (op.kind == OpKind::all_gather && op.phase == Phase::forward)
         ag += d;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "fullshard/base/error.hpp"
 #include "fullshard/graph/json_graph.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
 
@@ -294,4 +295,56 @@ TEST_CASE("auto-plan: bad options and sizes") {
   c.calls.push_back({"nope", nlohmann::json::object()});
   CHECK_THROWS_WITH_AS(apply_auto_plan(*g, c), doctest::Contains("calls[0]: no module 'nope'"),
                        InvalidArgument);
+}
+
+TEST_CASE("two-level network: spans, hierarchical ring times, bytes per link level, JSON") {
+  const TwoLevelNetwork n = TwoLevelNetwork::dgx_h100();
+  CHECK(n.gpus_per_node == 8);
+  using P = std::pair<int, int>;
+  CHECK(n.span({64, 16}, MeshDim::shard) == P{8, 8});
+  CHECK(n.span({64, 16}, MeshDim::replicate) == P{1, 16});
+  CHECK(n.span({4, 8}, MeshDim::shard) == P{4, 1});
+  CHECK(n.span({4, 8}, MeshDim::replicate) == P{2, 4});  // two replicas per node
+  CHECK(n.span({16384, 1}, MeshDim::shard) == P{8, 2048});
+
+  // All-gather over 8 GPUs x 8 nodes of 1 MB per rank: 7 InfiniBand steps of 1 MB, then 7
+  // NVLink steps of 8 MB.
+  const MeshShape m{64, 16};
+  const double ag = 7 * (0.014 + 1e6 / 50e6) + 7 * (0.0034 + 8e6 / 450e6);
+  CHECK(n.collective(m, CollectiveKind::all_gather, MeshDim::shard).time_ms(1e6) ==
+        doctest::Approx(ag).epsilon(1e-12));
+  const auto b = n.link_bytes(m, CollectiveKind::all_gather, MeshDim::shard, 1e6);
+  CHECK(b.infiniband == doctest::Approx(7e6));
+  CHECK(b.nvlink == doctest::Approx(56e6));
+  CHECK(b.infiniband + b.nvlink == doctest::Approx(63e6));  // (n - 1) * bytes in all
+  // All-reduce of 16 MB over the 16 replicas (one per node): a tree's 2 log2(16) latencies and
+  // a ring's 2 (m - 1) / m of the bytes.
+  const double ar = 8 * 0.014 + 2.0 * 1e6 * 15 / 50e6;
+  CHECK(n.collective(m, CollectiveKind::all_reduce, MeshDim::replicate).time_ms(16e6) ==
+        doctest::Approx(ar).epsilon(1e-12));
+  const auto r = n.link_bytes(m, CollectiveKind::all_reduce, MeshDim::replicate, 16e6);
+  CHECK(r.infiniband == doctest::Approx(30e6));
+  CHECK(r.nvlink == 0.0);
+
+  const CostModel c = n.cost_model(m, 1500.0);
+  CHECK(c.copy_gb_per_s() == 1500.0);
+  CHECK(c.time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, 1e6) == doctest::Approx(ag));
+  // Compiled into the ordinary cost-model JSON, read back unchanged.
+  CHECK(CostModel::from_json(c.to_json(), CostModel()) == c);
+
+  // JSON: round trip, keys over a base, errors naming the path.
+  CHECK(TwoLevelNetwork::from_json(n.to_json(), TwoLevelNetwork()).to_json() == n.to_json());
+  const TwoLevelNetwork f =
+      TwoLevelNetwork::from_json(nlohmann::json{{"gpus_per_node", 4}}, n, "net.json");
+  CHECK(f.gpus_per_node == 4);
+  CHECK(f.nvlink.alpha_ms == n.nvlink.alpha_ms);
+  CHECK_THROWS_WITH_AS(
+      TwoLevelNetwork::from_json(nlohmann::json{{"nvlink", {{"gb_per_s", 0}}}}, n, "net.json"),
+      doctest::Contains("net.json: nvlink.gb_per_s: expected a bandwidth > 0"), ConfigError);
+  CHECK_THROWS_WITH_AS(TwoLevelNetwork::from_json(nlohmann::json{{"ethernet", 1}}, n, "net.json"),
+                       doctest::Contains("net.json: ethernet: unknown key 'ethernet'"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(
+      TwoLevelNetwork::from_json(nlohmann::json{{"gpus_per_node", 0}}, n, "net.json"),
+      doctest::Contains("net.json: gpus_per_node: expected an integer >= 1"), ConfigError);
 }
