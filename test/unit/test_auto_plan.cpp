@@ -157,6 +157,8 @@ std::vector<nlohmann::json> requests(graph::Module& root) {
 TEST_CASE("auto-plan: the exhaustive optimum, within budget, on small graphs") {
   for (const char* json : {kFour, kNested})
     for (MeshShape mesh : {MeshShape{2, 1}, MeshShape{4, 1}, MeshShape{2, 2}}) {
+      // kNested on 4 ranks has 18,432 candidates: the other cases keep the test short.
+      if (json == kNested && mesh.shard == 4) continue;
       CAPTURE(json);
       CAPTURE(mesh.shard);
       CAPTURE(mesh.replicate);
