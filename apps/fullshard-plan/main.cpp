@@ -3,6 +3,8 @@
 // no MPI function (the graph, groups and scheduler code it uses need none).
 //
 //   fullshard-plan --graph model.json --mesh 2x4 --prefetch 1 --trace plan.json
+//   fullshard-plan --graph model.json --mesh 4 --auto --memory-budget 40GiB
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -14,6 +16,7 @@
 #include "cli.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/graph/json_graph.hpp"
+#include "fullshard/schedule/auto_plan.hpp"
 #include "fullshard/schedule/plan.hpp"
 
 namespace {
@@ -54,7 +57,29 @@ const char* const kUsage =
     "...)\n"
     "  --reduce-dtype T        mixed precision: dtype of the gradient reduction\n"
     "  --cost FILE             cost model JSON (docs/plan-format.md); default: host defaults\n"
+    "  --network dgx-h100|FILE two-level network (NVLink in a node, InfiniBand across nodes;\n"
+    "                          docs/plan-format.md): the cost model of every collective, and\n"
+    "                          the bytes each rank moves per link level; replaces --cost's\n"
+    "                          collectives\n"
+    "  --copy-gb-per-s X       copy kernel bandwidth with --network (default 1500)\n"
     "  --trace FILE            write the plan as a Chrome/Perfetto trace (JSON)\n"
+    "  --time                  print how long planning took\n"
+    "\n"
+    "auto-plan (docs/plan-format.md, \"Auto-plan\"):\n"
+    "  --auto                  choose the fully_shard calls, reshard_after_forward per group,\n"
+    "                          the prefetch depth and the reduce-scatter buffer count that\n"
+    "                          minimise the predicted step time within --memory-budget; prints\n"
+    "                          the choice (C++ and graph-JSON requests) next to the hand-written\n"
+    "                          default (the graph's requests, or every block + root)\n"
+    "  --memory-budget SIZE    per-rank budget, e.g. 40GiB, 512MiB (required with --auto):\n"
+    "                          sharded parameters + gradients + optimizer state + pool peak\n"
+    "                          + --reserve\n"
+    "  --state-multiple M      optimizer state bytes per sharded parameter byte (default 0;\n"
+    "                          2 for Adam with f32 moments)\n"
+    "  --reserve SIZE          bytes per rank outside the model (activations; default 0)\n"
+    "  --auto-regroup          the graph's requests are only the default: every module is free\n"
+    "                          (default: the graph's requests are kept as written)\n"
+    "  --choice FILE           write the chosen requests as JSON\n"
     "  --help                  print this help\n"
     "\n"
     "Exit status: 0 on success, 2 on bad input (options, graph, cost file).\n";
@@ -62,10 +87,102 @@ const char* const kUsage =
 using fullshard::apps::one_line;
 using fullshard::apps::UsageError;
 
+std::size_t byte_size(const std::string& v, const char* flag) {
+  try {
+    return schedule::parse_byte_size(v, flag);
+  } catch (const fullshard::InvalidArgument&) {
+    throw UsageError{std::string(flag) + ": '" + v +
+                     "' is not a byte size (e.g. 40GiB, 512MiB, 1.5GB, 123456)"};
+  }
+}
+
+std::string mib(std::size_t b) {
+  return schedule::format_bytes(b);
+}
+
+// The auto-plan next to the hand-written default, then the chosen calls.
+void print_auto(const schedule::AutoPlan& a, const schedule::MeshShape& mesh,
+                const schedule::AutoPlanOptions& o) {
+  std::printf("auto-plan: mesh %dx%d (replicate x shard), budget %s per rank, %s (%zu plans%s)\n",
+              mesh.replicate, mesh.shard, mib(o.memory_budget_bytes).c_str(),
+              a.exact ? "exact search" : "local search", a.evaluations,
+              a.exact ? (", " + std::to_string(a.space) + " candidates").c_str() : "");
+  const bool has_baseline = !a.baseline_choice.calls.empty();
+  std::printf("%-26s %-22s %s\n", "", "hand-written default", "auto-plan");
+  auto row = [&](const char* name, const std::string& l, const std::string& r) {
+    std::printf("%-26s %-22s %s\n", name, has_baseline ? l.c_str() : "-", r.c_str());
+  };
+  auto num = [](double v, const char* unit) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.3f %s", v, unit);
+    return std::string(b);
+  };
+  const schedule::Plan& B = a.baseline;
+  const schedule::Plan& P = a.plan;
+  row("fully_shard calls", std::to_string(a.baseline_choice.calls.size()),
+      std::to_string(a.choice.calls.size()));
+  row("forward prefetch depth", std::to_string(a.baseline_choice.forward_prefetch_depth),
+      std::to_string(a.choice.forward_prefetch_depth));
+  row("reduce-scatter buffers", std::to_string(a.baseline_choice.reduce_scatter_max_input_buffers),
+      std::to_string(a.choice.reduce_scatter_max_input_buffers));
+  row("predicted step time", num(B.step_ms, "ms"), num(P.step_ms, "ms"));
+  row("pool peak", mib(B.peak_bytes), mib(P.peak_bytes));
+  row("sharded params + grads", mib(B.sharded_bytes + B.grad_bytes),
+      mib(P.sharded_bytes + P.grad_bytes));
+  row("memory per rank", mib(a.baseline_memory_bytes), mib(a.memory_bytes));
+  row("fits the budget", a.baseline_memory_bytes <= o.memory_budget_bytes ? "yes" : "no", "yes");
+  std::printf("\nchosen fully_shard calls (C++):\n%s", a.choice.to_cpp(P).c_str());
+  const nlohmann::json j = a.choice.to_json();
+  std::printf("\nchosen requests (graph JSON):\n{\"fully_shard\": [\n");
+  for (std::size_t i = 0; i < j["fully_shard"].size(); ++i)
+    std::printf("  %s%s\n", j["fully_shard"][i].dump().c_str(),
+                i + 1 < j["fully_shard"].size() ? "," : "");
+  std::printf("], \"forward_prefetch_depth\": %d, \"reduce_scatter_max_input_buffers\": %d}\n",
+              a.choice.forward_prefetch_depth, a.choice.reduce_scatter_max_input_buffers);
+  std::printf("\nstep time: %.3f ms\npeak memory per rank (pool): %zu B\n", P.step_ms,
+              P.peak_bytes);
+}
+
+// Bytes each rank moves per link level over the iteration (the plan's collectives).
+void print_links(const schedule::Plan& p, const schedule::TwoLevelNetwork& n) {
+  schedule::TwoLevelNetwork::LinkBytes total;
+  for (const schedule::Op& op : p.ops) {
+    schedule::CollectiveKind k;
+    schedule::MeshDim d = schedule::MeshDim::shard;
+    double bytes = double(op.bytes);
+    if (op.kind == schedule::OpKind::all_gather) {
+      k = schedule::CollectiveKind::all_gather;
+      if (op.k > 1 && p.mesh.shard > 1) bytes = bytes * (op.k - 1) / (p.mesh.shard - 1);
+    } else if (op.kind == schedule::OpKind::reduce_scatter) {
+      k = schedule::CollectiveKind::reduce_scatter;
+    } else if (op.kind == schedule::OpKind::all_reduce) {
+      k = schedule::CollectiveKind::all_reduce;
+      d = schedule::MeshDim::replicate;
+    } else {
+      continue;
+    }
+    const auto b = n.link_bytes(p.mesh, k, d, bytes);
+    total.nvlink += b.nvlink;
+    total.infiniband += b.infiniband;
+  }
+  const auto s = n.span(p.mesh, schedule::MeshDim::shard);
+  const auto r = n.span(p.mesh, schedule::MeshDim::replicate);
+  std::printf(
+      "network: %d GPUs per node; shard group %d GPUs x %d nodes, replicate group %d x %d\n"
+      "bytes per rank per iteration: NVLink %s, InfiniBand %s\n",
+      n.gpus_per_node, s.first, s.second, r.first, r.second,
+      mib(static_cast<std::size_t>(total.nvlink)).c_str(),
+      mib(static_cast<std::size_t>(total.infiniband)).c_str());
+}
+
 int run(int argc, char** argv) {
-  std::optional<std::string> graph_path, cost_path, trace_path;
+  std::optional<std::string> graph_path, cost_path, trace_path, network_arg, choice_path;
   std::optional<schedule::MeshShape> mesh;
   schedule::PlanOptions opt;
+  bool auto_mode = false, timing = false;
+  schedule::AutoPlanOptions ao;
+  bool have_budget = false;
+  double copy_gb_per_s = 1500.0;
 
   fullshard::apps::ArgParser args(argc, argv);
   while (args.next()) {
@@ -117,18 +234,75 @@ int run(int argc, char** argv) {
       cost_path = value();
     } else if (flag == "--trace") {
       trace_path = value();
+    } else if (flag == "--network") {
+      network_arg = value();
+    } else if (flag == "--copy-gb-per-s") {
+      copy_gb_per_s = args.double_value(1e-6, 1e9);
+    } else if (flag == "--time") {
+      no_value();
+      timing = true;
+    } else if (flag == "--auto") {
+      no_value();
+      auto_mode = true;
+    } else if (flag == "--memory-budget") {
+      ao.memory_budget_bytes = byte_size(value(), "--memory-budget");
+      have_budget = true;
+    } else if (flag == "--state-multiple") {
+      ao.state_bytes_per_param_byte = args.double_value(0, 1e6);
+    } else if (flag == "--reserve") {
+      ao.reserved_bytes = byte_size(value(), "--reserve");
+    } else if (flag == "--auto-regroup") {
+      no_value();
+      ao.keep_requests = false;
+    } else if (flag == "--choice") {
+      choice_path = value();
     } else {
       throw UsageError{"unknown option '" + flag + "' (see --help)"};
     }
   }
   if (!graph_path) throw UsageError{"--graph is required (see --help)"};
   if (!mesh) throw UsageError{"--mesh is required (see --help)"};
+  if (auto_mode && !have_budget) throw UsageError{"--auto needs --memory-budget (see --help)"};
+  if (!auto_mode && (have_budget || choice_path || !ao.keep_requests))
+    throw UsageError{"--memory-budget, --choice and --auto-regroup need --auto (see --help)"};
 
   auto root = fullshard::graph::load_graph_json(*graph_path);
   if (cost_path)
     opt.cost = schedule::CostModel::load_json(*cost_path, schedule::CostModel::defaults(*mesh));
-  const schedule::Plan plan = schedule::Scheduler::plan(*root, *mesh, opt);
-  std::fputs(plan.to_text().c_str(), stdout);
+  std::optional<schedule::TwoLevelNetwork> network;
+  if (network_arg) {
+    network = *network_arg == "dgx-h100" ? schedule::TwoLevelNetwork::dgx_h100()
+                                         : schedule::TwoLevelNetwork::load_json(
+                                               *network_arg, schedule::TwoLevelNetwork::dgx_h100());
+    opt.cost = network->cost_model(*mesh, copy_gb_per_s);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<schedule::AutoPlan> chosen;
+  std::optional<schedule::Plan> hand;
+  if (auto_mode) {
+    ao.base = opt;
+    chosen.emplace(schedule::auto_plan(*root, *mesh, ao));
+  } else {
+    hand.emplace(schedule::Scheduler::plan(*root, *mesh, opt));
+  }
+  const double elapsed_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const schedule::Plan& plan = chosen ? chosen->plan : *hand;
+  if (chosen)
+    print_auto(*chosen, *mesh, ao);
+  else
+    std::fputs(plan.to_text().c_str(), stdout);
+  if (network) print_links(plan, *network);
+  if (timing)
+    std::printf("%s time: %.3f ms (%zu modules%s)\n", chosen ? "auto-plan" : "planning", elapsed_ms,
+                root->modules_preorder().size(),
+                chosen ? (", " + std::to_string(chosen->evaluations) + " plans").c_str() : "");
+  if (choice_path) {
+    std::ofstream out(*choice_path, std::ios::binary);
+    if (out) out << chosen->choice.to_json().dump(1) << "\n";
+    if (!out) throw ConfigError(*choice_path + ": cannot write the choice file");
+    std::printf("choice: %s\n", choice_path->c_str());
+  }
   if (trace_path) {
     std::ofstream out(*trace_path, std::ios::binary);
     if (out) out << plan.to_chrome_trace().dump(1) << "\n";

@@ -29,6 +29,7 @@
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/optim/optimizer.hpp"
 #include "fullshard/runtime/runtime.hpp"
+#include "fullshard/schedule/auto_plan.hpp"
 #include "residual_mlp.hpp"
 
 namespace {
@@ -90,6 +91,11 @@ const char* const kUsage =
     "                        a fullshard checkpoint (its parameters); names and shapes must\n"
     "                        be the model's (a safetensors dtype other than the model's is\n"
     "                        converted, and the count printed)\n"
+    "  --auto-plan           let the planner choose the fully_shard calls, reshard_after_forward\n"
+    "                        per group, prefetch depth and reduce-scatter buffers (needs\n"
+    "                        --memory-budget; replaces --prefetch and --reshard)\n"
+    "  --memory-budget SIZE  per-rank budget of --auto-plan, e.g. 512MiB (parameters, gradients,\n"
+    "                        optimizer state and the pool peak)\n"
     "  --trace FILE          write the plan and the measured timeline (Chrome/Perfetto JSON)\n"
     "  --log-every N         print every N-th step line (default 1; the last step always)\n"
     "  --help                print this help\n"
@@ -114,6 +120,8 @@ struct Config {
   int stop_after = -1;
   fullshard::checkpoint::Kind checkpoint_kind = fullshard::checkpoint::Kind::sharded;
   bool help = false;
+  bool auto_plan = false;
+  std::size_t memory_budget = 0;
 };
 
 Config parse(int argc, char** argv) {
@@ -160,7 +168,17 @@ Config parse(int argc, char** argv) {
       c.plan.defaults.reshard_after_forward = a.reshard_value();
     else if (f == "--prefetch")
       c.plan.forward_prefetch_depth = a.int_value(0, 1 << 20);
-    else if (f == "--trace")
+    else if (f == "--auto-plan") {
+      a.no_value();
+      c.auto_plan = true;
+    } else if (f == "--memory-budget") {
+      const std::string v = a.value();
+      try {
+        c.memory_budget = schedule::parse_byte_size(v, "--memory-budget");
+      } catch (const fullshard::InvalidArgument&) {
+        throw apps::UsageError{"--memory-budget: '" + v + "' is not a byte size (e.g. 512MiB)"};
+      }
+    } else if (f == "--trace")
       c.trace = a.value();
     else if (f == "--log-every")
       c.log_every = a.int_value(1);
@@ -189,6 +207,8 @@ Config parse(int argc, char** argv) {
     throw apps::UsageError{
         "--init-from and --resume exclude each other (--resume restores the "
         "weights too)"};
+  if (c.auto_plan != (c.memory_budget > 0))
+    throw apps::UsageError{"--auto-plan and --memory-budget go together"};
   if (c.save_every > 0 && c.checkpoint_dir.empty())
     throw apps::UsageError{"--save-every needs --checkpoint-dir"};
   if (c.warmup >= 0 && c.warmup >= c.steps)
@@ -291,7 +311,7 @@ class Trainer {
                        {"warmup", c.warmup},
                        {"steps", c.steps}}),
         keep_timeline_(!c.trace.empty()) {
-    model_.shard(mesh_, c.plan);
+    model_.shard(mesh_, c.auto_plan ? auto_plan(c) : c.plan);
     params_ = model_.root().parameters();
     if (c.optimizer == "sgd") {
       auto o = std::make_unique<fullshard::optim::SGD>(params_, c.lr, c.momentum, c.weight_decay);
@@ -312,6 +332,30 @@ class Trainer {
     rows_ = static_cast<int>(base_ + (dp_rank < extra ? 1 : 0));
     first_row_ = dp_rank * base_ + std::min(dp_rank, extra);
     last_step_ = c.stop_after >= 0 ? std::min(c.steps, c.stop_after) : c.steps;
+  }
+
+  /// --auto-plan: the blocks' requests become free, the planner chooses, the choice is applied
+  /// to the graph (the same on every rank: planning is deterministic).
+  schedule::PlanOptions auto_plan(const Config& c) {
+    const schedule::MeshShape ms = mesh_.ndim() == 1
+                                       ? schedule::MeshShape{mesh_.size(), 1}
+                                       : schedule::MeshShape{mesh_.shape()[1], mesh_.shape()[0]};
+    schedule::AutoPlanOptions o;
+    o.memory_budget_bytes = c.memory_budget;
+    o.state_bytes_per_param_byte = c.optimizer == "sgd" ? 1.0 : 2.0;
+    o.base = c.plan;
+    o.keep_requests = false;
+    const schedule::AutoPlan a = schedule::auto_plan(model_.root(), ms, o);
+    schedule::apply_auto_plan(model_.root(), a.choice);
+    if (rank_ == 0)
+      std::printf(
+          "auto-plan: %zu fully_shard calls, prefetch %d, %d reduce-scatter buffers: predicted "
+          "step %.3f ms, %s per rank (every block + root: %.3f ms, %s); %zu plans\n",
+          a.choice.calls.size(), a.choice.forward_prefetch_depth,
+          a.choice.reduce_scatter_max_input_buffers, a.plan.step_ms,
+          schedule::format_bytes(a.memory_bytes).c_str(), a.baseline.step_ms,
+          schedule::format_bytes(a.baseline_memory_bytes).c_str(), a.evaluations);
+    return a.options;
   }
 
   void print_header() const {
@@ -598,6 +642,8 @@ std::vector<apps::OptionValue> option_values(const Config& c) {
           {"--reduce-dtype", dtype(c.reduce_dtype)},
           {"--reshard", c.plan.defaults.reshard_after_forward.to_string()},
           {"--prefetch", std::to_string(c.plan.forward_prefetch_depth)},
+          {"--auto-plan", c.auto_plan ? "on" : "off"},
+          {"--memory-budget", std::to_string(c.memory_budget)},
           {"--checkpoint-dir", c.checkpoint_dir},
           {"--save-every", std::to_string(c.save_every)},
           {"--checkpoint-kind",

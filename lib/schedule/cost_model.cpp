@@ -10,9 +10,9 @@
 #include <sstream>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/base/json_reader.hpp"
 #include "fullshard/comm/communicator.hpp"
 #include "fullshard/comm/stream.hpp"
-#include "fullshard/base/json_reader.hpp"
 
 namespace fullshard::schedule {
 
@@ -298,6 +298,123 @@ CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostM
   best = agree(std::max(best, 1e-6));
   m.copy_gb_per_s_ = static_cast<double>(bytes) / best / 1e6;
   return m;
+}
+
+// ---- two-level network ----
+
+TwoLevelNetwork TwoLevelNetwork::dgx_h100() {
+  TwoLevelNetwork n;
+  n.gpus_per_node = 8;
+  // docs/plan-format.md, "Two-level network": NCCL's ring latency per step (NVLink 3.4 us,
+  // network 14 us, Simple protocol), NVLink 4 at 450 GB/s per direction, NDR 400 Gb/s.
+  n.nvlink = {0.0034, 1.0 / (450.0 * 1e6)};
+  n.infiniband = {0.014, 1.0 / (50.0 * 1e6)};
+  return n;
+}
+
+std::pair<int, int> TwoLevelNetwork::span(const MeshShape& mesh, MeshDim d) const {
+  const int G = std::max(1, gpus_per_node);
+  const int S = std::max(1, mesh.shard);
+  const int R = std::max(1, mesh.replicate);
+  if (d == MeshDim::shard) {
+    const int g = std::min(S, G);
+    return {g, (S + g - 1) / g};
+  }
+  if (S >= G) return {1, R};
+  const int g = std::max(1, std::min(R, G / S));
+  return {g, (R + g - 1) / g};
+}
+
+AlphaBeta TwoLevelNetwork::collective(const MeshShape& mesh, CollectiveKind k, MeshDim d) const {
+  const auto [g, m] = span(mesh, d);
+  const double g1 = g - 1, m1 = m - 1;
+  const double ring_beta = m1 * infiniband.beta_ms_per_byte + g1 * m * nvlink.beta_ms_per_byte;
+  if (k != CollectiveKind::all_reduce)
+    return {m1 * infiniband.alpha_ms + g1 * nvlink.alpha_ms, ring_beta};
+  const double n = double(g) * m;
+  const double tree_steps = m > 1 ? 2.0 * std::ceil(std::log2(double(m))) : 0.0;
+  return {2.0 * g1 * nvlink.alpha_ms + tree_steps * infiniband.alpha_ms, 2.0 * ring_beta / n};
+}
+
+TwoLevelNetwork::LinkBytes TwoLevelNetwork::link_bytes(const MeshShape& mesh, CollectiveKind k,
+                                                       MeshDim d, double bytes) const {
+  const auto [g, m] = span(mesh, d);
+  LinkBytes b;
+  if (k != CollectiveKind::all_reduce) {
+    b.infiniband = (m - 1) * bytes;
+    b.nvlink = double(g - 1) * m * bytes;
+  } else {
+    const double chunk = bytes / (double(g) * m);
+    b.infiniband = 2.0 * (m - 1) * chunk;
+    b.nvlink = 2.0 * double(g - 1) * m * chunk;
+  }
+  return b;
+}
+
+CostModel TwoLevelNetwork::cost_model(const MeshShape& mesh, double copy_gb_per_s) const {
+  CostModel c = CostModel::defaults(mesh, 0.02, 1.0, copy_gb_per_s);
+  for (CollectiveKind k : kKinds)
+    for (MeshDim d : kDims)
+      c.collective(k, d) = collective(mesh, k, d);
+  return c;
+}
+
+namespace {
+
+nlohmann::json link_json(const AlphaBeta& ab) {
+  return {{"alpha_ms", ab.alpha_ms},
+          {"gb_per_s", ab.beta_ms_per_byte > 0 ? 1.0 / (ab.beta_ms_per_byte * 1e6) : 0.0}};
+}
+
+}  // namespace
+
+nlohmann::json TwoLevelNetwork::to_json() const {
+  return {{"gpus_per_node", gpus_per_node},
+          {"nvlink", link_json(nvlink)},
+          {"infiniband", link_json(infiniband)}};
+}
+
+TwoLevelNetwork TwoLevelNetwork::from_json(const nlohmann::json& j, const TwoLevelNetwork& base,
+                                           const std::string& source) {
+  TwoLevelNetwork n = base;
+  check_object(j, source, "");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "gpus_per_node") {
+      const nlohmann::json& v = it.value();
+      if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > 1 << 20)
+        fail(source, key, "expected an integer >= 1, got " + v.dump());
+      n.gpus_per_node = v.get<int>();
+      continue;
+    }
+    if (key != "nvlink" && key != "infiniband")
+      fail(source, key, "unknown key '" + key + "' (allowed: gpus_per_node, nvlink, infiniband)");
+    check_object(it.value(), source, key);
+    AlphaBeta& ab = key == "nvlink" ? n.nvlink : n.infiniband;
+    for (auto f = it.value().begin(); f != it.value().end(); ++f) {
+      const std::string fpath = member(key, f.key());
+      const double v = non_negative(f.value(), source, fpath);
+      if (f.key() == "alpha_ms") {
+        ab.alpha_ms = v;
+      } else if (f.key() == "gb_per_s") {
+        if (v <= 0) fail(source, fpath, "expected a bandwidth > 0");
+        ab.beta_ms_per_byte = 1.0 / (v * 1e6);
+      } else {
+        fail(source, fpath, "unknown key '" + f.key() + "' (allowed: alpha_ms, gb_per_s)");
+      }
+    }
+  }
+  return n;
+}
+
+TwoLevelNetwork TwoLevelNetwork::load_json(const std::string& path, const TwoLevelNetwork& base) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot read the network file");
+  std::ostringstream s;
+  s << in.rdbuf();
+  detail::JsonLimits limits;
+  limits.max_depth = 64;
+  return from_json(detail::parse_json_strict(s.str(), path, limits), base, path);
 }
 
 }  // namespace fullshard::schedule

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -91,6 +92,53 @@ class CostModel {
  private:
   AlphaBeta c_[3][2];
   double copy_gb_per_s_ = 10.0;
+};
+
+/// A two-level network (cluster scale by simulation): `gpus_per_node` ranks per node joined
+/// by NVLink, nodes joined by InfiniBand with one NIC per GPU. Ranks are numbered node by
+/// node and a mesh lays out its shard dim fastest (rank = replica * shard + shard_rank), so a
+/// shard group of S ranks spans min(S, G) GPUs of each of ceil(S / G) nodes and a replicate
+/// group takes one rank of each shard group. Collectives are hierarchical rings: an
+/// all-gather (reduce-scatter) over g GPUs per node times m nodes runs a ring over the m nodes
+/// on InfiniBand (per-rank shard b: m - 1 steps of b bytes) and a ring inside the node on
+/// NVLink (g - 1 steps of m * b bytes); an all-reduce of B bytes is a reduce-scatter plus an
+/// all-gather of B / (g m) per rank, with a tree's 2 log2(m) latency across nodes. Each
+/// step costs the link's alpha + bytes * beta. Every such time is linear in the bytes, so the
+/// network compiles into the CostModel's alpha-beta pairs (cost_model()). Constants and
+/// their sources: docs/plan-format.md, "Two-level network".
+struct TwoLevelNetwork {
+  int gpus_per_node = 8;
+  /// Per ring step inside a node (NVLink) and across nodes (InfiniBand).
+  AlphaBeta nvlink;
+  AlphaBeta infiniband;
+
+  /// 8 x H100 SXM per node (NVLink 4, 450 GB/s per direction per GPU), one 400 Gb/s NDR
+  /// InfiniBand NIC per GPU; latencies from NCCL's tuning model.
+  static TwoLevelNetwork dgx_h100();
+
+  /// (GPUs per node g, nodes m) of the ranks of one group of mesh dim `d`.
+  std::pair<int, int> span(const MeshShape& mesh, MeshDim d) const;
+  /// The alpha-beta pair of collective `k` on dim `d` (bytes as CostModel::time_ms takes).
+  AlphaBeta collective(const MeshShape& mesh, CollectiveKind k, MeshDim d) const;
+  /// Bytes one rank receives over each link level for one such collective.
+  struct LinkBytes {
+    double nvlink = 0.0;
+    double infiniband = 0.0;
+  };
+  LinkBytes link_bytes(const MeshShape& mesh, CollectiveKind k, MeshDim d,
+                       double bytes_per_rank) const;
+  /// CostModel::defaults(mesh) with every collective from this network and the given copy
+  /// bandwidth (the GPU's memory bandwidth for the copy kernels).
+  CostModel cost_model(const MeshShape& mesh, double copy_gb_per_s) const;
+
+  /// {"gpus_per_node": 8, "nvlink": {"alpha_ms": ..., "gb_per_s": ...},
+  ///  "infiniband": {...}}; from_json reads it over `base` (keys present replace base's),
+  /// ConfigError "<source>: <JSON path>: <problem>" like CostModel::from_json.
+  nlohmann::json to_json() const;
+  static TwoLevelNetwork from_json(const nlohmann::json& j, const TwoLevelNetwork& base,
+                                   const std::string& source = "<network>");
+  /// Loads a JSON file; ConfigError naming the path when it cannot be read or parsed.
+  static TwoLevelNetwork load_json(const std::string& path, const TwoLevelNetwork& base);
 };
 
 /// Least-squares fit of t = alpha + beta * x (alpha, beta clamped at >= 0).
