@@ -332,8 +332,10 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("checkpoint_dir", dir);
     benchmark::AddCustomContext("crc32c", ck::crc32c_implementation());
     // Fixed iteration counts (the same on every rank), enough for a stable median.
-    for (const auto& [mib, iterations] :
-         {std::pair<double, int>{16.0, 21}, {64.0, 11}, {256.0, 7}}) {
+    for (const auto& size : {std::pair<double, int>{16.0, 21}, {64.0, 11}, {256.0, 7}}) {
+      // Plain variables, not structured bindings: the lambda below captures them (C++17).
+      const double mib = size.first;
+      const int iterations = size.second;
       const std::string s = std::to_string(static_cast<int>(mib));
       auto reg = [&](const std::string& name, auto fn, auto... args) {
         benchmark::RegisterBenchmark((name + "/" + s).c_str(), fn, &b, mib, args...)

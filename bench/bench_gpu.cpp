@@ -50,12 +50,13 @@ double time_on(cudaStream_t stream, int reps, const std::function<void()>& body)
 }  // namespace
 
 int main(int argc, char** argv) {
-  Runtime runtime(argc, argv);
+  // Before the Runtime: a CUDA-enabled Kokkos cannot even initialise without a device.
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("SKIPPED: no CUDA device; fullshard-bench-gpu needs a GPU (scripts/gpu-check)\n");
     return 77;
   }
+  Runtime runtime(argc, argv);
   const std::size_t elems = std::size_t{64} << 20;  // 256 MiB of f32
   const int reps = 20;
   comm::Stream stream = comm::Stream::device("bench");

@@ -59,7 +59,6 @@ class Comm {
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
   MPI_Comm get() const noexcept { return c_; }
-  double timeout_s() const noexcept { return timeout_s_; }
   const std::string& what() const noexcept { return what_; }
 
   /// Starts one nonblocking operation (`start` gets the request to fill) and waits for it.

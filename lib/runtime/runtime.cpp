@@ -3,6 +3,7 @@
 #include <Kokkos_Core.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 
 #include "fullshard/base/error.hpp"
@@ -20,6 +21,19 @@ int launcher_int(const char* name) {
   char* end = nullptr;
   const long n = std::strtol(v, &end, 10);
   return (*end == '\0' && n >= 0) ? static_cast<int>(n) : -1;
+}
+
+// The error for a Kokkos that did not start: a device build (CUDA, HIP, SYCL) on a machine
+// without a usable GPU ends here.
+ConfigError kokkos_start_error(int rank, const std::exception& e) {
+  std::string msg = "Kokkos::initialize failed on rank " + std::to_string(rank) + " (Kokkos " +
+                    std::to_string(KOKKOS_VERSION) + ", default execution space " +
+                    Kokkos::DefaultExecutionSpace::name() + "): " + e.what();
+#if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP) || defined(KOKKOS_ENABLE_SYCL)
+  msg += "; this Kokkos runs on a GPU and needs a visible device with a working driver (on a "
+         "machine without a GPU, use a host-only Kokkos build)";
+#endif
+  return ConfigError(msg);
 }
 
 }  // namespace
@@ -68,10 +82,16 @@ void Runtime::start(int* argc, char*** argv) {
   if (!Kokkos::is_initialized()) {
     int no_argc = 0;
     char* no_argv[] = {nullptr};
-    if (argc && argv)
-      Kokkos::initialize(*argc, *argv);
-    else
-      Kokkos::initialize(no_argc, no_argv);
+    try {
+      if (argc && argv)
+        Kokkos::initialize(*argc, *argv);
+      else
+        Kokkos::initialize(no_argc, no_argv);
+    } catch (const std::exception& e) {
+      // The destructor of a half-made Runtime does not run: end MPI here.
+      if (owns_mpi_) MPI_Finalize();
+      throw kokkos_start_error(rank_, e);
+    }
     owns_kokkos_ = true;
   }
   if (rank_ == 0)

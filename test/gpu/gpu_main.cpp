@@ -1,9 +1,12 @@
-// main() of the GPU test programs: starts the Runtime (MPI, Kokkos, device binding), skips
-// with exit code 77 and a message when no CUDA device is visible, else runs doctest.
+// main() of the GPU test programs: skips with exit code 77 and a message when no CUDA device
+// is visible (asked before anything starts: a CUDA-enabled Kokkos cannot even initialise
+// without one), else starts the Runtime (MPI, Kokkos, device binding) and runs doctest.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <exception>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -28,18 +31,25 @@ void check(cudaError_t e, const char* what) {
 }  // namespace fullshard::gpu_test
 
 int main(int argc, char** argv) {
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess || devices == 0) {
+    std::printf(
+        "SKIPPED: no CUDA device (cudaGetDeviceCount: %s, %d devices); the GPU tests "
+        "run on a machine with a GPU through scripts/gpu-check\n",
+        e == cudaSuccess ? "ok" : cudaGetErrorString(e), devices);
+    return 77;
+  }
   int rc = 0;
   {
-    fullshard::Runtime runtime(argc, argv);
-    int devices = 0;
-    const cudaError_t e = cudaGetDeviceCount(&devices);
-    if (e != cudaSuccess || devices == 0) {
-      std::printf(
-          "SKIPPED: no CUDA device (cudaGetDeviceCount: %s, %d devices); the GPU tests "
-          "run on a machine with a GPU through scripts/gpu-check\n",
-          e == cudaSuccess ? "ok" : cudaGetErrorString(e), devices);
-      return 77;
+    std::optional<fullshard::Runtime> started;
+    try {
+      started.emplace(argc, argv);
+    } catch (const std::exception& ex) {
+      std::fprintf(stderr, "%s: the fullshard Runtime did not start: %s\n", argv[0], ex.what());
+      return 1;
     }
+    fullshard::Runtime& runtime = *started;
     std::printf("%s\n", runtime.describe().c_str());
     doctest::Context ctx(argc, argv);
     rc = ctx.run();

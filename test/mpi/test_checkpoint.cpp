@@ -566,8 +566,10 @@ TEST_CASE("bad checkpoints: errors name the file and the tensor on every rank; n
     backup(index);
     const std::string good = R() == 0 ? read_file(index) : "";
     // Each edit leaves valid JSON with other values: only the checksum can tell.
-    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+    for (const auto& edit : std::vector<std::pair<std::string, std::string>>{
              {"\"step\": 3", "\"step\": 7"}, {"\"lr\": 0.5", "\"lr\": 0.7"}}) {
+      const std::string& from = edit.first;  // not structured bindings: the lambda
+      const std::string& to = edit.second;   // captures them (C++20 in nvcc's eyes)
       CAPTURE(from);
       on_rank0([&] {
         std::string text = good;

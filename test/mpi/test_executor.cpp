@@ -1,6 +1,7 @@
 // The executor runs a plan's iteration: measured peak memory equals the plan's, the measured
 // timeline has the plan's collectives, the plan is identical on every rank, and gradients are
-// the full-batch mean.
+// the full-batch mean. Written once for a device tag D and compiled once per device
+// (test/support/test_devices.hpp).
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/graph/json_graph.hpp"
 #include "fullshard/schedule/executor.hpp"
+#include "test_devices.hpp"
 #include "test_support.hpp"
 
 using namespace fullshard;
@@ -23,26 +25,33 @@ const char* kSeed = R"({"name": "model", "fully_shard": true, "modules": [
   {"name": "m3", "fully_shard": true, "params": {"c": {"shape": [31, 8]}}},
   {"name": "m4", "params": {"d": {"shape": [7, 8]}}}]})";
 
-// Every leaf's forward checks it sees full parameters; its backward adds (rank + 1) * value.
-int attach_callbacks(graph::Module& root) {
-  static int mismatches;
-  mismatches = 0;
+// Every leaf's forward checks it sees full parameters in `space`; its backward adds
+// (rank + 1) * value to the gradient (which must be in `space` too).
+struct Callbacks {
+  int mismatches = 0;
+  int wrong_space = 0;
+};
+
+void attach_callbacks(graph::Module& root, Callbacks& seen, MemorySpace space) {
   for (graph::Module* m : root.modules_preorder()) {
     if (m->num_params() == 0 || m->is_root()) continue;
-    m->on_forward([](graph::Module& mod) {
-      for (std::size_t i = 0; i < mod.num_params(); ++i)
-        if (mod.param(i).data().shape() != mod.param(i).shape()) ++mismatches;
-    });
-    m->on_backward([](graph::Module& mod) {
+    m->on_forward([&seen, space](graph::Module& mod) {
       for (std::size_t i = 0; i < mod.num_params(); ++i) {
-        Tensor g = mod.param(i).grad();
-        const Tensor& v = mod.param(i).data();
+        if (mod.param(i).data().shape() != mod.param(i).shape()) ++seen.mismatches;
+        seen.wrong_space += mod.param(i).data().space() != space;
+      }
+    });
+    m->on_backward([&seen, space](graph::Module& mod) {
+      for (std::size_t i = 0; i < mod.num_params(); ++i) {
+        seen.wrong_space += mod.param(i).grad().space() != space;
+        Tensor g = test::host_copy(mod.param(i).grad());
+        const Tensor v = test::host_copy(mod.param(i).data());
         for (std::int64_t e = 0; e < g.numel(); ++e)
           g.set(e, g.at(e) + (test::world_rank() + 1) * v.at(e));
+        test::write_back(mod.param(i).grad(), g);
       }
     });
   }
-  return 0;
 }
 
 int count_labels(const Timeline& t, StreamKind s, const std::string& prefix) {
@@ -54,8 +63,9 @@ int count_labels(const Timeline& t, StreamKind s, const std::string& prefix) {
 
 }  // namespace
 
-TEST_CASE(
-    "executor: measured peak equals the plan's; timeline and trace; plan equal on all ranks") {
+TEST_CASE_TEMPLATE(
+    "executor: measured peak equals the plan's; timeline and trace; plan equal on all ranks", D,
+    FULLSHARD_TEST_DEVICE) {
   const int W = test::world_size();
   for (int depth : {0, 2}) {
     CAPTURE(depth);
@@ -71,14 +81,17 @@ TEST_CASE(
     MPI_Allreduce(&fp, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
     CHECK(lo == hi);
 
-    DeviceMesh mesh(test::runtime(), {W}, {"dp"});
+    DeviceMesh mesh = D::mesh({W}, {"dp"});
     for (graph::Parameter* p : graph->parameters())
       p->init([](std::int64_t e) { return double(e % 11); });
-    attach_callbacks(*graph);
+    Callbacks seen;
+    attach_callbacks(*graph, seen, D::space);
     CHECK(fsdp::apply_fully_shard_requests(*graph, mesh, o.defaults) == 3);
     Executor ex(*graph, mesh, plan);
     ex.step();
     CHECK(ex.measured_peak_bytes() == plan.peak_bytes);
+    CHECK(seen.mismatches == 0);
+    CHECK(seen.wrong_space == 0);
 
     // Every planned collective appears once on its stream (one rank: no collectives).
     const int ag = static_cast<int>(plan.find(OpKind::all_gather).size());
@@ -100,8 +113,11 @@ TEST_CASE(
     for (graph::Parameter* p : graph->parameters()) {
       const ShardedTensor& st = sd.at(p->fqn());
       const std::int64_t off = st.global_offset()[0] * p->shape()[1];
-      for (std::int64_t e = 0; e < p->grad().numel(); ++e)
-        bad += p->grad().at(e) != float((W + 1) * double((off + e) % 11) / 2.0);
+      CHECK(p->data().space() == D::space);
+      CHECK(p->grad().space() == D::space);
+      const Tensor grad = test::host_copy(p->grad());
+      for (std::int64_t e = 0; e < grad.numel(); ++e)
+        bad += grad.at(e) != float((W + 1) * double((off + e) % 11) / 2.0);
     }
     CHECK(bad == 0);
 

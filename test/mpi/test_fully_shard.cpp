@@ -4,6 +4,11 @@
 // local loss is sum_e x(r, p, e) * p_e^2 / 2, so its gradient is x(r, p, e) * p_e. With
 // integer x and p the sums over ranks are exact in f32, and the mean over ranks (one
 // division) is correctly rounded, so shards and gradients are compared exactly.
+//
+// Every case is written once for a device tag D (test/support/test_devices.hpp) and compiled
+// once per device: the host program runs in CTest on 1-4 ranks, the CUDA program (a
+// CUDA-enabled Kokkos) on one GPU. Values are read through test::host_copy, so the same
+// assertions hold wherever the engine keeps its bytes; D::space says where that must be.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -18,6 +23,7 @@
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/graph/json_graph.hpp"
+#include "test_devices.hpp"
 #include "test_support.hpp"
 
 using namespace fullshard;
@@ -77,9 +83,16 @@ std::int64_t global_index(const Shape& s, int w, int r, int dim, std::int64_t e)
 // A bag of parameters of many shapes under a root; callbacks implement the bag loss for
 // micro-batch `mb` (a counter the test sets) and record whether forward saw full values.
 struct Bag {
+  /// `space`: where the device under test keeps unsharded parameters and gradients (and, by
+  /// default, shards and sharded gradients: shard_space).
+  explicit Bag(MemorySpace space) : space(space), shard_space(space) {}
+
   std::unique_ptr<Module> root = Module::make_root("model");
+  MemorySpace space;
+  MemorySpace shard_space;
   int mb = 0;
   int forward_mismatches = 0;
+  int wrong_space = 0;  // unsharded parameters or gradients the callbacks saw elsewhere
   std::map<std::string, int> placements;  // fqn -> shard dim
 
   Module& add(const std::string& name, std::vector<std::pair<std::string, Shape>> params,
@@ -96,16 +109,21 @@ struct Bag {
           ++forward_mismatches;
           continue;
         }
-        for (std::int64_t e = 0; e < p.data().numel(); ++e)
-          if (p.data().at(e) != current(p.fqn(), e)) ++forward_mismatches;
+        wrong_space += p.data().space() != space;
+        const Tensor v = test::host_copy(p.data());
+        for (std::int64_t e = 0; e < v.numel(); ++e)
+          if (v.at(e) != current(p.fqn(), e)) ++forward_mismatches;
       }
     });
     m.on_backward([this](Module& mod) {
       for (std::size_t i = 0; i < mod.num_params(); ++i) {
         Parameter& p = mod.param(i);
-        Tensor g = p.grad();
+        wrong_space += p.grad().space() != space;
+        Tensor g = test::host_copy(p.grad());
+        const Tensor v = test::host_copy(p.data());
         for (std::int64_t e = 0; e < g.numel(); ++e)
-          g.set(e, g.at(e) + x_value(R(), p.fqn(), e, mb) * p.data().at(e));
+          g.set(e, g.at(e) + x_value(R(), p.fqn(), e, mb) * v.at(e));
+        test::write_back(p.grad(), g);
       }
     });
     return m;
@@ -138,8 +156,14 @@ float expected_grad(const Bag& bag, const std::string& fqn, std::int64_t e,
 // `steps`: the micro-batches of each synchronised backward since the last zero_grad; every
 // step's reduced gradient is divided, then accumulated (as the library does, in f32).
 void check_shards_and_grads(Bag& bag, const std::vector<std::vector<int>>& steps, double divisor) {
-  int bad_shape = 0, bad_value = 0, bad_grad = 0;
+  int bad_shape = 0, bad_value = 0, bad_grad = 0, bad_space = 0;
   for (Parameter* p : bag.root->parameters()) {
+    if (p->data().space() != bag.shard_space || p->grad().space() != bag.shard_space) {
+      if (bad_space++ == 0)
+        MESSAGE(p->fqn() << ": shard in " << memory_space_name(p->data().space())
+                         << " memory, gradient in " << memory_space_name(p->grad().space())
+                         << " memory, expected " << memory_space_name(bag.shard_space));
+    }
     const int dim = bag.placements.count(p->fqn()) ? bag.placements[p->fqn()] : 0;
     const Shape local = chunk_shape(p->shape(), W(), R(), dim);
     if (p->data().shape() != local || p->grad().shape() != local) {
@@ -148,27 +172,32 @@ void check_shards_and_grads(Bag& bag, const std::vector<std::vector<int>>& steps
                        << shape_string(local));
       continue;
     }
+    const Tensor data = test::host_copy(p->data()), grad = test::host_copy(p->grad());
     for (std::int64_t e = 0; e < numel(local); ++e) {
       const std::int64_t g = global_index(p->shape(), W(), R(), dim, e);
-      if (p->data().at(e) != bag.current(p->fqn(), g)) ++bad_value;
+      if (data.at(e) != bag.current(p->fqn(), g)) ++bad_value;
       float expected = 0;
       for (const auto& mbs : steps)
         expected += expected_grad(bag, p->fqn(), g, mbs, divisor);
-      if (p->grad().at(e) != expected) ++bad_grad;
+      if (grad.at(e) != expected) ++bad_grad;
     }
   }
   CHECK(bad_shape == 0);
   CHECK(bad_value == 0);
   CHECK(bad_grad == 0);
+  CHECK(bad_space == 0);
+  CHECK(bag.wrong_space == 0);
 }
 
+template <class D>
 DeviceMesh world_mesh() {
-  return DeviceMesh(test::runtime(), {W()}, {"dp"});
+  return D::mesh({W()}, {"dp"});
 }
 
 }  // namespace
 
-TEST_CASE("seed example: an 8x8 linear layer, shards, gradient slices, one SGD step") {
+TEST_CASE_TEMPLATE("seed example: an 8x8 linear layer, shards, gradient slices, one SGD step", D,
+                   FULLSHARD_TEST_DEVICE) {
   // y = x W^T + b, local loss sum(y^2)/2 over this rank's 2 rows of a global batch of 2W
   // rows; the mean over ranks is the full-batch gradient of the mean of the local losses.
   auto root = Module::make_root("linear");
@@ -180,34 +209,45 @@ TEST_CASE("seed example: an 8x8 linear layer, shards, gradient slices, one SGD s
   b.init(B0);
   auto X = [](int r, int row, int k) { return double((r * 3 + row * 5 + k) % 5) - 2; };
   std::vector<double> y(2 * 8);
+  int wrong_space = 0;
   root->on_forward([&](Module&) {
+    wrong_space += (w.data().space() != D::space) + (b.data().space() != D::space);
+    const Tensor wd = test::host_copy(w.data()), bd = test::host_copy(b.data());
     for (int row = 0; row < 2; ++row)
       for (int j = 0; j < 8; ++j) {
-        double acc = b.data().at(j);
+        double acc = bd.at(j);
         for (int k = 0; k < 8; ++k)
-          acc += X(R(), row, k) * w.data().at(j * 8 + k);
+          acc += X(R(), row, k) * wd.at(j * 8 + k);
         y[row * 8 + j] = acc;
       }
   });
   root->on_backward([&](Module&) {
-    Tensor gw = w.grad(), gb = b.grad();
+    wrong_space += (w.grad().space() != D::space) + (b.grad().space() != D::space);
+    Tensor gw = test::host_copy(w.grad()), gb = test::host_copy(b.grad());
     for (int row = 0; row < 2; ++row)
       for (int j = 0; j < 8; ++j) {
         gb.set(j, gb.at(j) + y[row * 8 + j]);
         for (int k = 0; k < 8; ++k)
           gw.set(j * 8 + k, gw.at(j * 8 + k) + y[row * 8 + j] * X(R(), row, k));
       }
+    test::write_back(w.grad(), gw);
+    test::write_back(b.grad(), gb);
   });
-  auto mesh = world_mesh();
+  auto mesh = world_mesh<D>();
   auto& st = fsdp::fully_shard(*root, mesh);
   CHECK(st.is_root());
   const Shape ws = chunk_shape({8, 8}, W(), R(), 0);
   CHECK(w.data().shape() == ws);
+  CHECK(w.data().space() == D::space);
+  CHECK(b.data().space() == D::space);
   CHECK(b.data().shape() == chunk_shape({8}, W(), R(), 0));
   if (W() == 2) CHECK(w.data().shape() == Shape{4, 8});
 
   fsdp::forward(*root);
   fsdp::backward(*root);
+  CHECK(wrong_space == 0);
+  CHECK(w.grad().space() == D::space);
+  CHECK(b.grad().space() == D::space);
 
   // Reference: full-batch gradient with the unsharded parameters, in double.
   std::vector<double> gw(64, 0.0), gb(8, 0.0);
@@ -223,36 +263,44 @@ TEST_CASE("seed example: an 8x8 linear layer, shards, gradient slices, one SGD s
       }
   const std::int64_t row0 = std::min<std::int64_t>(8, R() * ((8 + W() - 1) / W()));
   int bad = 0;
-  for (std::int64_t e = 0; e < w.grad().numel(); ++e)
-    bad += w.grad().at(e) != float(gw[row0 * 8 + e]);
-  for (std::int64_t e = 0; e < b.grad().numel(); ++e)
-    bad += b.grad().at(e) != float(gb[row0 + e]);
+  const Tensor w_grad = test::host_copy(w.grad()), b_grad = test::host_copy(b.grad());
+  for (std::int64_t e = 0; e < w_grad.numel(); ++e)
+    bad += w_grad.at(e) != float(gw[row0 * 8 + e]);
+  for (std::int64_t e = 0; e < b_grad.numel(); ++e)
+    bad += b_grad.at(e) != float(gb[row0 + e]);
   CHECK(bad == 0);
 
   // One SGD step on the shards, then unshard: the full parameters equal the reference step.
   const float lr = 0.125f;
   for (Parameter* p : {&w, &b}) {
-    Tensor d = p->data(), g = p->grad();
+    Tensor d = test::host_copy(p->data());
+    const Tensor g = test::host_copy(p->grad());
     for (std::int64_t e = 0; e < d.numel(); ++e)
       d.set(e, float(d.at(e)) - lr * float(g.at(e)));
+    test::write_back(p->data(), d);
   }
   st.unshard();
   REQUIRE(w.data().shape() == Shape{8, 8});
+  CHECK(w.data().space() == D::space);
   bad = 0;
-  for (int e = 0; e < 64; ++e)
-    bad += w.data().at(e) != float(W0(e)) - lr * float(gw[e]);
-  for (int e = 0; e < 8; ++e)
-    bad += b.data().at(e) != float(B0(e)) - lr * float(gb[e]);
+  {  // host copies (views on the host) end before the reshard
+    const Tensor w_full = test::host_copy(w.data()), b_full = test::host_copy(b.data());
+    for (int e = 0; e < 64; ++e)
+      bad += w_full.at(e) != float(W0(e)) - lr * float(gw[e]);
+    for (int e = 0; e < 8; ++e)
+      bad += b_full.at(e) != float(B0(e)) - lr * float(gb[e]);
+  }
   CHECK(bad == 0);
   st.reshard();
   CHECK(w.data().shape() == ws);
 }
 
-TEST_CASE("uneven dim-0 sizes 1, 3, 5, 7, 13, a 3-D and an empty parameter") {
-  Bag bag;
+TEST_CASE_TEMPLATE("uneven dim-0 sizes 1, 3, 5, 7, 13, a 3-D and an empty parameter", D,
+                   FULLSHARD_TEST_DEVICE) {
+  Bag bag(D::space);
   Module& a = bag.add("a", {{"p1", {1}}, {"p3", {3, 4}}, {"p5", {5}}});
   Module& b = bag.add("b", {{"p7", {7, 2}}, {"p13", {13}}, {"cube", {5, 3, 2}}, {"empty", {0, 3}}});
-  auto mesh = world_mesh();
+  auto mesh = world_mesh<D>();
   fsdp::fully_shard(a, mesh);
   fsdp::fully_shard(b, mesh);
   fsdp::fully_shard(*bag.root, mesh);
@@ -261,8 +309,8 @@ TEST_CASE("uneven dim-0 sizes 1, 3, 5, 7, 13, a 3-D and an empty parameter") {
   check_shards_and_grads(bag, {{0}}, W());
 }
 
-TEST_CASE("a Shard(1) parameter") {
-  Bag bag;
+TEST_CASE_TEMPLATE("a Shard(1) parameter", D, FULLSHARD_TEST_DEVICE) {
+  Bag bag(D::space);
   bag.add("m", {{"cols", {3, 12}}, {"rows", {5, 2}}});
   bag.placements["m.cols"] = 1;
   FullyShardOptions o;
@@ -270,7 +318,7 @@ TEST_CASE("a Shard(1) parameter") {
     if (p.name() == "cols") return Placement::Shard(1);
     return std::nullopt;
   };
-  auto mesh = world_mesh();
+  auto mesh = world_mesh<D>();
   fsdp::fully_shard(bag.root->module("m"), mesh, o);
   fsdp::fully_shard(*bag.root, mesh);
   bag.step(0);
@@ -278,35 +326,43 @@ TEST_CASE("a Shard(1) parameter") {
   check_shards_and_grads(bag, {{0}}, W());
 }
 
-TEST_CASE("bf16 param_dtype with f32 reduce_dtype") {
+TEST_CASE_TEMPLATE("bf16 param_dtype with f32 reduce_dtype", D, FULLSHARD_TEST_DEVICE) {
   auto root = Module::make_root();
   Parameter& p = root->add_param("w", {6, 5});
   auto V = [](std::int64_t e) { return 1.0 + double(e) / 64.0 + 1.0 / 1024.0; };  // not bf16-exact
   p.init(V);
-  int wrong_dtype = 0, wrong_value = 0;
+  int wrong_dtype = 0, wrong_value = 0, wrong_space = 0;
   root->on_forward([&](Module&) {
     wrong_dtype += p.data().dtype() != DType::bf16;
+    wrong_space += p.data().space() != D::space;
+    const Tensor v = test::host_copy(p.data());
     for (std::int64_t e = 0; e < 30; ++e)
-      wrong_value += p.data().at(e) != double(bf16_to_float(float_to_bf16(float(V(e)))));
+      wrong_value += v.at(e) != double(bf16_to_float(float_to_bf16(float(V(e)))));
   });
   root->on_backward([&](Module&) {
-    Tensor g = p.grad();  // bf16, the compute dtype
+    Tensor g = test::host_copy(p.grad());  // bf16, the compute dtype
     wrong_dtype += g.dtype() != DType::bf16;
+    wrong_space += p.grad().space() != D::space;
+    const Tensor v = test::host_copy(p.data());
     for (std::int64_t e = 0; e < 30; ++e)
-      g.set(e, p.data().at(e) * (R() + 1));
+      g.set(e, v.at(e) * (R() + 1));
+    test::write_back(p.grad(), g);
   });
   FullyShardOptions o;
   o.mp_policy.param_dtype = DType::bf16;
   o.mp_policy.reduce_dtype = DType::f32;
-  auto mesh = world_mesh();
+  auto mesh = world_mesh<D>();
   fsdp::fully_shard(*root, mesh, o);
   fsdp::forward(*root);
   fsdp::backward(*root);
   CHECK(wrong_dtype == 0);
   CHECK(wrong_value == 0);
+  CHECK(wrong_space == 0);
   CHECK(p.grad().dtype() == DType::f32);
+  CHECK(p.grad().space() == D::space);
   const Shape local = chunk_shape({6, 5}, W(), R(), 0);
   REQUIRE(p.grad().shape() == local);
+  const Tensor grad = test::host_copy(p.grad());
   double worst = 0;
   for (std::int64_t e = 0; e < numel(local); ++e) {
     const std::int64_t g = global_index({6, 5}, W(), R(), 0, e);
@@ -315,19 +371,21 @@ TEST_CASE("bf16 param_dtype with f32 reduce_dtype") {
       ref +=
           bf16_to_float(float_to_bf16(float(bf16_to_float(float_to_bf16(float(V(g)))) * (r + 1))));
     ref /= W();
-    worst = std::max(worst, std::fabs(p.grad().at(e) - ref) / std::fabs(ref));
+    worst = std::max(worst, std::fabs(grad.at(e) - ref) / std::fabs(ref));
   }
   CHECK(worst <= 1e-6);
 }
 
-TEST_CASE("CPUOffloadPolicy: sharded state in host memory, the host path's gradients") {
+TEST_CASE_TEMPLATE("CPUOffloadPolicy: sharded state in host memory, the host path's gradients", D,
+                   FULLSHARD_TEST_DEVICE) {
   for (const bool pin : {true, false}) {
-    Bag bag;
+    Bag bag(D::space);
+    bag.shard_space = MemorySpace::host;  // sharded parameters and gradients stay on the host
     bag.add("a", {{"w", {7, 3}}, {"b", {5}}});
     bag.add("b", {{"w", {4, 4}}});
     FullyShardOptions o;
     o.offload_policy = fsdp::CPUOffloadPolicy{pin};
-    auto mesh = world_mesh();
+    auto mesh = world_mesh<D>();
     for (std::size_t i = 0; i < bag.root->num_children(); ++i)
       fsdp::fully_shard(bag.root->child(i), mesh, o);
     auto& st = fsdp::fully_shard(*bag.root, mesh, o);
@@ -366,11 +424,12 @@ TEST_CASE("CPUOffloadPolicy: sharded state in host memory, the host path's gradi
       doctest::Contains("m.offload_policy.pin_memory: expected true or false"), ConfigError);
 }
 
-TEST_CASE("two micro-batches without gradient sync, then one with, equal one large batch") {
-  Bag bag;
+TEST_CASE_TEMPLATE("two micro-batches without gradient sync, then one with, equal one large batch",
+                   D, FULLSHARD_TEST_DEVICE) {
+  Bag bag(D::space);
   Module& l0 = bag.add("l0", {{"w", {7, 3}}});
   bag.add("l1", {{"w", {5}}});
-  auto mesh = world_mesh();
+  auto mesh = world_mesh<D>();
   auto& s0 = fsdp::fully_shard(l0, mesh);
   auto& root = fsdp::fully_shard(*bag.root, mesh);
   (void)s0;
@@ -383,10 +442,11 @@ TEST_CASE("two micro-batches without gradient sync, then one with, equal one lar
   check_shards_and_grads(bag, {{0, 1, 2}}, W());
 }
 
-TEST_CASE("a custom gradient divide factor, and gradients accumulate across steps") {
-  Bag bag;
+TEST_CASE_TEMPLATE("a custom gradient divide factor, and gradients accumulate across steps", D,
+                   FULLSHARD_TEST_DEVICE) {
+  Bag bag(D::space);
   Module& l0 = bag.add("l0", {{"w", {9, 2}}});
-  auto mesh = world_mesh();
+  auto mesh = world_mesh<D>();
   auto& s = fsdp::fully_shard(l0, mesh);
   auto& root = fsdp::fully_shard(*bag.root, mesh);
   s.set_gradient_divide_factor(2.0);
@@ -401,7 +461,7 @@ TEST_CASE("a custom gradient divide factor, and gradients accumulate across step
                        InvalidArgument);
 }
 
-TEST_CASE("ignored parameters are neither sharded nor reduced") {
+TEST_CASE_TEMPLATE("ignored parameters are neither sharded nor reduced", D, FULLSHARD_TEST_DEVICE) {
   auto root = Module::make_root();
   Module& m = root->add_module("m");
   Parameter& w = m.add_param("w", {4, 2});
@@ -411,28 +471,32 @@ TEST_CASE("ignored parameters are neither sharded nor reduced") {
   Tensor my_grad = Tensor::zeros({3, 3}, DType::f32);
   frozen.set_grad(my_grad);
   m.on_backward([&](Module&) {
-    Tensor g = w.grad();
+    Tensor g = test::host_copy(w.grad());
     for (std::int64_t e = 0; e < g.numel(); ++e)
       g.set(e, 1.0);
-    Tensor f = frozen.grad();
+    test::write_back(w.grad(), g);
+    Tensor f = test::host_copy(frozen.grad());
     for (std::int64_t e = 0; e < 9; ++e)
       f.set(e, R() + e);  // local, never reduced
+    test::write_back(frozen.grad(), f);
   });
   FullyShardOptions o;
   o.ignored_params = {"m.frozen"};
-  auto mesh = world_mesh();
+  auto mesh = world_mesh<D>();
   auto& st = fsdp::fully_shard(*root, mesh, o);
   CHECK(st.group_fqns() == std::vector<std::string>{"m.w"});
   CHECK(frozen.data().shape() == Shape{3, 3});
   fsdp::forward(*root);
   fsdp::backward(*root);
   CHECK(frozen.data().shape() == Shape{3, 3});
-  CHECK(frozen.data().at(4) == 4.5);
+  CHECK(test::host_copy(frozen.data()).at(4) == 4.5);
   CHECK(frozen.grad().data() == my_grad.data());
-  CHECK(frozen.grad().at(2) == R() + 2);
+  CHECK(test::host_copy(frozen.grad()).at(2) == R() + 2);
   CHECK(w.grad().shape() == chunk_shape({4, 2}, W(), R(), 0));
-  for (std::int64_t e = 0; e < w.grad().numel(); ++e)
-    CHECK(w.grad().at(e) == 1.0);
+  CHECK(w.grad().space() == D::space);
+  const Tensor w_grad = test::host_copy(w.grad());
+  for (std::int64_t e = 0; e < w_grad.numel(); ++e)
+    CHECK(w_grad.at(e) == 1.0);
   auto sd = fsdp::sharded_state_dict(*root);
   CHECK(sd.at("m.frozen").placement().is_replicate());
   CHECK_THROWS_WITH_AS(fsdp::fully_shard(root->add_module("x"), mesh,
@@ -445,7 +509,7 @@ TEST_CASE("ignored parameters are neither sharded nor reduced") {
                        InvalidArgument);
 }
 
-TEST_CASE("communication groups of the seed's m1..m4 example") {
+TEST_CASE_TEMPLATE("communication groups of the seed's m1..m4 example", D, FULLSHARD_TEST_DEVICE) {
   // model[m1[a] -> m2[b] -> m3[c] -> m4[d]]: fully_shard(m2), fully_shard(m3), then the root.
   auto build = [] {
     auto root = Module::make_root();
@@ -453,7 +517,7 @@ TEST_CASE("communication groups of the seed's m1..m4 example") {
       root->add_module(m).add_param(p, {5, 2});
     return root;
   };
-  auto mesh = world_mesh();
+  auto mesh = world_mesh<D>();
   auto root = build();
   auto& g2 = fsdp::fully_shard(root->module("m2"), mesh);
   auto& g3 = fsdp::fully_shard(root->module("m3"), mesh);
@@ -484,12 +548,13 @@ TEST_CASE("communication groups of the seed's m1..m4 example") {
   CHECK(pair.group_name() == "m2+m3");
 }
 
-TEST_CASE("list groups run once per pass; reshard policies; explicit prefetch") {
-  Bag bag;
+TEST_CASE_TEMPLATE("list groups run once per pass; reshard policies; explicit prefetch", D,
+                   FULLSHARD_TEST_DEVICE) {
+  Bag bag(D::space);
   Module& a = bag.add("a", {{"w", {6}}});
   Module& b = bag.add("b", {{"w", {4, 3}}});
   Module& c = bag.add("c", {{"w", {3}}});
-  auto mesh = world_mesh();
+  auto mesh = world_mesh<D>();
   fsdp::fully_shard({&a, &b}, mesh);
   auto& sc = fsdp::fully_shard(c, mesh, [] {
     FullyShardOptions o;
@@ -506,14 +571,15 @@ TEST_CASE("list groups run once per pass; reshard policies; explicit prefetch") 
   check_shards_and_grads(bag, {{0}, {1}}, W());
 }
 
-TEST_CASE("reshard_after_forward as a group size gives the same gradients") {
+TEST_CASE_TEMPLATE("reshard_after_forward as a group size gives the same gradients", D,
+                   FULLSHARD_TEST_DEVICE) {
   for (int k : {1, 2, W()}) {
     if (W() % k != 0) continue;
     CAPTURE(k);
-    Bag bag;
+    Bag bag(D::space);
     Module& l0 = bag.add("l0", {{"w", {9, 2}}, {"v", {3}}});
     Module& l1 = bag.add("l1", {{"w", {5}}});
-    auto mesh = world_mesh();
+    auto mesh = world_mesh<D>();
     FullyShardOptions o;
     o.reshard_after_forward = fsdp::ReshardAfterForward::group_size(k);
     fsdp::fully_shard(l0, mesh, o);
@@ -524,11 +590,11 @@ TEST_CASE("reshard_after_forward as a group size gives the same gradients") {
     check_shards_and_grads(bag, {{0}}, W());
   }
   if (W() == 4) {
-    Bag bag;
+    Bag bag(D::space);
     Module& l0 = bag.add("l0", {{"w", {9, 2}}});
     FullyShardOptions o;
     o.reshard_after_forward = fsdp::ReshardAfterForward::group_size(3);
-    auto mesh = world_mesh();
+    auto mesh = world_mesh<D>();
     CHECK_THROWS_WITH_AS(
         fsdp::fully_shard(l0, mesh, o),
         doctest::Contains("reshard_after_forward=3 must divide the shard group size 4"),
@@ -536,15 +602,15 @@ TEST_CASE("reshard_after_forward as a group size gives the same gradients") {
   }
 }
 
-TEST_CASE("HSDP on a 2-D mesh gives the FSDP gradients") {
+TEST_CASE_TEMPLATE("HSDP on a 2-D mesh gives the FSDP gradients", D, FULLSHARD_TEST_DEVICE) {
   if (W() % 2 != 0) {
     MESSAGE("needs an even number of ranks");
     return;
   }
-  Bag bag;
+  Bag bag(D::space);
   Module& l0 = bag.add("l0", {{"w", {7, 2}}});
   bag.add("l1", {{"w", {5}}});
-  DeviceMesh mesh(test::runtime(), {2, W() / 2}, {"replicate", "shard"});
+  DeviceMesh mesh = D::mesh({2, W() / 2}, {"replicate", "shard"});
   fsdp::fully_shard(l0, mesh);
   auto& root = fsdp::fully_shard(*bag.root, mesh);
   bag.step(0);
@@ -554,8 +620,10 @@ TEST_CASE("HSDP on a 2-D mesh gives the FSDP gradients") {
   for (Parameter* p : bag.root->parameters()) {
     const Shape local = chunk_shape(p->shape(), S, r, 0);
     REQUIRE(p->grad().shape() == local);
+    CHECK(p->grad().space() == D::space);
+    const Tensor grad = test::host_copy(p->grad());
     for (std::int64_t e = 0; e < numel(local); ++e)
-      bad += p->grad().at(e) !=
+      bad += grad.at(e) !=
              expected_grad(bag, p->fqn(), global_index(p->shape(), S, r, 0, e), {0}, W());
   }
   CHECK(bad == 0);
@@ -566,18 +634,22 @@ TEST_CASE("HSDP on a 2-D mesh gives the FSDP gradients") {
   root.set_requires_all_reduce(true);
   bag.step(1);
   bad = 0;
-  for (Parameter* p : bag.root->parameters())
-    for (std::int64_t e = 0; e < p->grad().numel(); ++e)
-      bad += p->grad().at(e) !=
+  for (Parameter* p : bag.root->parameters()) {
+    const Tensor grad = test::host_copy(p->grad());
+    for (std::int64_t e = 0; e < grad.numel(); ++e)
+      bad += grad.at(e) !=
              expected_grad(bag, p->fqn(), global_index(p->shape(), S, r, 0, e), {0, 1}, W());
+  }
   CHECK(bad == 0);
+  CHECK(bag.wrong_space == 0);
 }
 
-TEST_CASE("reset_iter_state after an exception in a forward callback") {
-  Bag bag;
+TEST_CASE_TEMPLATE("reset_iter_state after an exception in a forward callback", D,
+                   FULLSHARD_TEST_DEVICE) {
+  Bag bag(D::space);
   Module& l0 = bag.add("l0", {{"w", {5, 2}}});
   Module& l1 = bag.add("l1", {{"w", {3}}});
-  auto mesh = world_mesh();
+  auto mesh = world_mesh<D>();
   fsdp::fully_shard(l0, mesh);
   auto& s1 = fsdp::fully_shard(l1, mesh);
   auto& root = fsdp::fully_shard(*bag.root, mesh);
@@ -599,11 +671,12 @@ TEST_CASE("reset_iter_state after an exception in a forward callback") {
   check_shards_and_grads(bag, {{0}}, W());
 }
 
-TEST_CASE("reset_iter_state after an exception in a backward callback") {
-  Bag bag;
+TEST_CASE_TEMPLATE("reset_iter_state after an exception in a backward callback", D,
+                   FULLSHARD_TEST_DEVICE) {
+  Bag bag(D::space);
   Module& l0 = bag.add("l0", {{"w", {5, 2}}});
   Module& l1 = bag.add("l1", {{"w", {3}}});
-  auto mesh = world_mesh();
+  auto mesh = world_mesh<D>();
   fsdp::fully_shard(l0, mesh);
   fsdp::fully_shard(l1, mesh);
   auto& root = fsdp::fully_shard(*bag.root, mesh);
@@ -623,11 +696,12 @@ TEST_CASE("reset_iter_state after an exception in a backward callback") {
   check_shards_and_grads(bag, {{0}}, W());
 }
 
-TEST_CASE("a group prefetched in backward but never used is resharded at the end") {
-  Bag bag;
+TEST_CASE_TEMPLATE("a group prefetched in backward but never used is resharded at the end", D,
+                   FULLSHARD_TEST_DEVICE) {
+  Bag bag(D::space);
   Module& l0 = bag.add("l0", {{"w", {6}}});
   Module& l1 = bag.add("l1", {{"w", {4}}});
-  auto mesh = world_mesh();
+  auto mesh = world_mesh<D>();
   fsdp::fully_shard(l0, mesh);
   auto& s1 = fsdp::fully_shard(l1, mesh);
   auto& root = fsdp::fully_shard(*bag.root, mesh);
@@ -641,18 +715,23 @@ TEST_CASE("a group prefetched in backward but never used is resharded at the end
   CHECK(root.pool_bytes_in_use() == 0);
 }
 
-TEST_CASE("unshard(async) and the pool returns every transient buffer") {
-  Bag bag;
+TEST_CASE_TEMPLATE("unshard(async) and the pool returns every transient buffer", D,
+                   FULLSHARD_TEST_DEVICE) {
+  Bag bag(D::space);
   Module& l0 = bag.add("l0", {{"w", {11, 3}}});
-  auto mesh = world_mesh();
+  auto mesh = world_mesh<D>();
   auto& s0 = fsdp::fully_shard(l0, mesh);
   fsdp::fully_shard(*bag.root, mesh);
   auto h = s0.unshard(true);
   h.wait();
   Parameter& w = l0.param("w");
   CHECK(w.data().shape() == Shape{11, 3});
-  for (std::int64_t e = 0; e < 33; ++e)
-    CHECK(w.data().at(e) == init_value("l0.w", e));
+  CHECK(w.data().space() == D::space);
+  {  // the host copy (on the host: a view) must not outlive the unsharded buffer's use
+    const Tensor full = test::host_copy(w.data());
+    for (std::int64_t e = 0; e < 33; ++e)
+      CHECK(full.at(e) == init_value("l0.w", e));
+  }
   s0.reshard();
   bag.step(0);
   bag.step(0);
@@ -664,11 +743,12 @@ TEST_CASE("unshard(async) and the pool returns every transient buffer") {
   CHECK(root.pool_peak_bytes() > 0);
 }
 
-TEST_CASE("state dicts: sharded and full, saved and loaded back") {
-  Bag bag;
+TEST_CASE_TEMPLATE("state dicts: sharded and full, saved and loaded back", D,
+                   FULLSHARD_TEST_DEVICE) {
+  Bag bag(D::space);
   Module& l0 = bag.add("l0", {{"w", {7, 3}}, {"b", {5}}});
   bag.add("l1", {{"w", {2, 2, 2}}});
-  auto mesh = world_mesh();
+  auto mesh = world_mesh<D>();
   fsdp::fully_shard(l0, mesh);
   fsdp::fully_shard(*bag.root, mesh);
 
@@ -686,8 +766,9 @@ TEST_CASE("state dicts: sharded and full, saved and loaded back") {
   int bad = 0;
   for (auto& [key, t] : full) {
     REQUIRE(t.shape() == bag.root->find_param(key).shape());
-    for (std::int64_t e = 0; e < t.numel(); ++e)
-      bad += t.at(e) != init_value(key, e);
+    const Tensor h = test::host_copy(t);
+    for (std::int64_t e = 0; e < h.numel(); ++e)
+      bad += h.at(e) != init_value(key, e);
   }
   CHECK(bad == 0);
   auto full0 = fsdp::full_state_dict(*bag.root, true);
@@ -699,8 +780,9 @@ TEST_CASE("state dicts: sharded and full, saved and loaded back") {
     Tensor copy = Tensor::empty(v.local.shape(), v.local.dtype());
     copy_bytes(copy, v.local);
     saved[k] = {copy, v.layout};
-    Tensor live = v.local;
+    Tensor live = test::host_copy(v.local);
     live.fill(99.0);
+    test::write_back(v.local, live);
   }
   fsdp::load_sharded_state_dict(*bag.root, saved);
   bag.step(0);
@@ -739,11 +821,11 @@ TEST_CASE("state dicts: sharded and full, saved and loaded back") {
                        doctest::Contains("'l0.b' is a f32 tensor of shape (6,), expected f32 (5,)"),
                        InvalidArgument);
   auto after = fsdp::full_state_dict(*bag.root);
-  CHECK(after.at("l1.w").at(3) == 3.0);  // nothing was loaded
+  CHECK(test::host_copy(after.at("l1.w")).at(3) == 3.0);  // nothing was loaded
 }
 
-TEST_CASE("errors name the module and the parameter") {
-  auto mesh = world_mesh();
+TEST_CASE_TEMPLATE("errors name the module and the parameter", D, FULLSHARD_TEST_DEVICE) {
+  auto mesh = world_mesh<D>();
   auto root = Module::make_root();
   Module& m = root->add_module("m");
   m.add_param("w", {4, 3});
@@ -780,7 +862,7 @@ TEST_CASE("errors name the module and the parameter") {
                          doctest::Contains("parameter 'odd.w': Shard(1) needs dim 1"),
                          InvalidArgument);
   }
-  DeviceMesh three(test::runtime(), {1, 1, W()}, {"a", "b", "c"});
+  DeviceMesh three = D::mesh({1, 1, W()}, {"a", "b", "c"});
   CHECK_THROWS_WITH_AS(fsdp::fully_shard(root->add_module("t"), three), doctest::Contains("3 dims"),
                        InvalidArgument);
 
@@ -801,9 +883,10 @@ TEST_CASE("errors name the module and the parameter") {
       doctest::Contains("modules[0].fully_shard.reshard: unknown fully_shard option"), ConfigError);
 }
 
-TEST_CASE("ranks that declare different models are told so before the first collective") {
+TEST_CASE_TEMPLATE("ranks that declare different models are told so before the first collective", D,
+                   FULLSHARD_TEST_DEVICE) {
   if (W() < 2) return;  // needs two ranks to disagree
-  auto mesh = world_mesh();
+  auto mesh = world_mesh<D>();
   const int rank = test::world_rank();
   auto catch_config = [](const std::function<void()>& fn) {
     try {

@@ -40,12 +40,14 @@ TEST_CASE("settings defaults and valid values") {
 }
 
 TEST_CASE("a bad setting is an error naming the variable and the value") {
-  for (const auto& [var, value] :
-       std::map<std::string, std::string>{{"FULLSHARD_TIMEOUT", "abc"},
-                                          {"FULLSHARD_LOG_LEVEL", "loud"},
-                                          {"FULLSHARD_HOST_PROGRESS", "async"},
-                                          {"FULLSHARD_RANKS_PER_NODE", "0"},
-                                          {"FULLSHARD_BIND_DEVICE", "yes"}}) {
+  // Plain references, not structured bindings: CAPTURE's lambda captures them (C++17).
+  for (const auto& entry : std::map<std::string, std::string>{{"FULLSHARD_TIMEOUT", "abc"},
+                                                              {"FULLSHARD_LOG_LEVEL", "loud"},
+                                                              {"FULLSHARD_HOST_PROGRESS", "async"},
+                                                              {"FULLSHARD_RANKS_PER_NODE", "0"},
+                                                              {"FULLSHARD_BIND_DEVICE", "yes"}}) {
+    const std::string& var = entry.first;
+    const std::string& value = entry.second;
     const std::string msg = error_of({{var, value}});
     CAPTURE(var);
     CHECK(msg.find(var) != std::string::npos);
@@ -62,10 +64,12 @@ TEST_CASE("a bad setting is an error naming the variable and the value") {
   CHECK(Settings::from_map({{"FULLSHARD_TIMEOUT", "1e6"}}).timeout_s == 1e6);
   CHECK(Settings::from_map({{"FULLSHARD_TIMEOUT", "1e-3"}}).timeout_s == 1e-3);
   // Every bad value is a SettingsError: what the apps exit 2 for, like a bad option.
-  for (const auto& [var, value] :
+  for (const auto& entry :
        std::map<std::string, std::string>{{"FULLSHARD_TIMEOUT", "1e10"},
                                           {"FULLSHARD_LOG_LEVEL", "loud"},
                                           {"FULLSHARD_CKPT_FAULT", "nowhere"}}) {
+    const std::string& var = entry.first;
+    const std::string& value = entry.second;
     CAPTURE(var);
     CHECK_THROWS_AS(Settings::from_map({{var, value}}), fullshard::SettingsError);
   }
