@@ -170,6 +170,9 @@ Event RunningBackend::all_gather(const OpDesc& d, engine::Group& g, Buf& dst, bo
     const comm::ShmWindow win = st.ag;
     const std::uint64_t round = ++st.ag_round;
     st.gather_pending = true;
+    comm::Traffic traffic;
+    traffic.all_gather = static_cast<std::uint64_t>(I.world) * gsn * dtype_size(I.param_dtype);
+    p.shm()->count(traffic);
     // Without a cast the shard is published where it is stored; a storage adopted since
     // (checkpoint load) is copied to the segment first.
     const void* stored = in_place ? nullptr : p.sharded().data();
@@ -288,6 +291,10 @@ Event RunningBackend::reduce_scatter(const OpDesc& d, engine::Group& g, Buf& inp
     const comm::ShmWindow win = st.rs;
     const std::uint64_t round = ++st.rs_round;
     const bool fused = I.replicate == 1;
+    comm::Traffic traffic;
+    traffic.reduce_scatter = static_cast<std::uint64_t>(I.world) *
+                             static_cast<std::uint64_t>(I.shard_numel) * dtype_size(I.reduce_dtype);
+    p.shm()->count(traffic);
     DType out_t = I.reduce_dtype;
     double divisor = 1.0;
     bool acc = false;

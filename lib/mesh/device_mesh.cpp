@@ -295,6 +295,8 @@ comm::Traffic DeviceMesh::traffic() const {
   for (const auto& dim : s_->dims)
     for (const auto& c : dim)
       t += c->traffic();
+  for (const auto& shm : s_->shm)
+    if (shm) t += shm->traffic();
   return t;
 }
 

@@ -24,6 +24,8 @@
 #include <memory>
 #include <string>
 
+#include "fullshard/comm/communicator.hpp"
+
 namespace fullshard::comm {
 
 namespace detail {
@@ -53,6 +55,11 @@ class ShmComm {
   /// segment aligned to 64 bytes, its counters zero). Collective over the communicator, in
   /// the same order on every rank; bounded by FULLSHARD_TIMEOUT (a Watchdog).
   ShmWindow allocate(std::size_t bytes, const std::string& label) const;
+
+  /// Bytes of the collectives run over this shared memory, counted as Communicator's
+  /// traffic is (the whole collective buffer); DeviceMesh::traffic adds them in.
+  void count(const Traffic& t) const noexcept;
+  Traffic traffic() const noexcept;
 
  private:
   std::shared_ptr<detail::ShmCommState> s_;

@@ -87,7 +87,8 @@ class DeviceMesh {
   MPI_Comm control_comm(const std::string& dim) const;
   MPI_Comm control_world() const;
   /// Bytes issued by this rank on the mesh's communicators (every dim and channel, and the
-  /// world communicator) since the mesh was created; see comm::Traffic.
+  /// world communicator) and its dims' shared memory since the mesh was created; see
+  /// comm::Traffic.
   comm::Traffic traffic() const;
 
   /// 1-D mesh along one dim (collective; the result shares nothing with this mesh).

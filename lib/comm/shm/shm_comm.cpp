@@ -47,6 +47,7 @@ struct ShmCommState {
   std::string name;
   double timeout_s = 0.0;
   Watchdog watchdog;  // bounds the blocking window allocation and free
+  std::atomic<std::uint64_t> all_gather{0}, reduce_scatter{0}, all_reduce{0}, broadcast{0};
   ~ShmCommState() {
     if (comm != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&comm);
   }
@@ -111,6 +112,22 @@ const std::string& ShmComm::name() const noexcept {
 }
 double ShmComm::timeout_s() const noexcept {
   return s_->timeout_s;
+}
+
+void ShmComm::count(const Traffic& t) const noexcept {
+  s_->all_gather.fetch_add(t.all_gather, std::memory_order_relaxed);
+  s_->reduce_scatter.fetch_add(t.reduce_scatter, std::memory_order_relaxed);
+  s_->all_reduce.fetch_add(t.all_reduce, std::memory_order_relaxed);
+  s_->broadcast.fetch_add(t.broadcast, std::memory_order_relaxed);
+}
+
+Traffic ShmComm::traffic() const noexcept {
+  Traffic t;
+  t.all_gather = s_->all_gather.load(std::memory_order_relaxed);
+  t.reduce_scatter = s_->reduce_scatter.load(std::memory_order_relaxed);
+  t.all_reduce = s_->all_reduce.load(std::memory_order_relaxed);
+  t.broadcast = s_->broadcast.load(std::memory_order_relaxed);
+  return t;
 }
 
 ShmWindow ShmComm::allocate(std::size_t bytes, const std::string& label) const {
