@@ -1,5 +1,6 @@
 #include "lib/fsdp/param_group.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "fullshard/base/error.hpp"
@@ -155,19 +156,40 @@ void ParamGroup::ensure_shm_gather() {
   }
 }
 
-void ParamGroup::ensure_shm_reduce() {
+void ParamGroup::ensure_shm_grads() {
   ShmGroupState& st = shm_state_;
-  if (st.rs.valid()) return;
+  if (st.grads.valid()) return;
   const engine::GroupInfo& I = engine_.info;
-  const auto gsn = static_cast<std::size_t>(I.shard_numel);
-  const std::size_t es = dtype_size(I.reduce_dtype);
-  st.rs =
-      shm_->allocate(static_cast<std::size_t>(I.world) * gsn * es, "fsdp.reduce_scatter:" + I.name);
-  st.rs_detail = std::to_string(gsn) + " x " + dtype_name(I.reduce_dtype) + ", group " + I.name;
+  st.grads = shm_->allocate(static_cast<std::size_t>(I.arena_numel) * dtype_size(I.param_dtype),
+                            "fsdp.grads:" + I.name);
+  st.rs_detail =
+      std::to_string(I.shard_numel) + " x " + dtype_name(I.reduce_dtype) + ", group " + I.name;
   st.rs_label = "reduce_scatter on shared memory of '" + shm_->name() + "' (" + st.rs_detail + ")";
-  st.rs_sources.clear();
-  for (int q = 0; q < I.world; ++q)
-    st.rs_sources.push_back(st.rs.segment(q) + static_cast<std::size_t>(I.rank) * gsn * es);
+  // This rank's block of every member and outer index (the copy-in runs of its slot): where
+  // it lies in the arena, where in the shard, its valid and padded elements.
+  st.rs_runs.clear();
+  for (const kernels::GroupMember& m : layout_.members) {
+    const ShardLayout& l = m.layout;
+    const std::int64_t D = l.global_shape[static_cast<std::size_t>(l.placement.dim())];
+    for (std::int64_t o = 0; o < l.outer; ++o) {
+      kernels::CopyRun r;
+      r.src_offset = m.arena_offset + (o * D + std::min(I.rank * l.chunk, D)) * l.inner;
+      r.dst_offset = m.slot_offset + o * l.chunk * l.inner;
+      r.len = l.rows_of(I.rank) * l.inner;
+      r.pad = l.chunk * l.inner - r.len;
+      if (r.len == 0 && r.pad == 0) continue;
+      if (!st.rs_runs.empty()) {
+        kernels::CopyRun& last = st.rs_runs.back();
+        if (last.pad == 0 && last.dst_offset + last.len == r.dst_offset &&
+            last.src_offset + last.len == r.src_offset) {
+          last.len += r.len;
+          last.pad = r.pad;
+          continue;
+        }
+      }
+      st.rs_runs.push_back(r);
+    }
+  }
 }
 
 void ParamGroup::set_reshard_after_forward(ReshardAfterForward v) {

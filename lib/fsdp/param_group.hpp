@@ -31,8 +31,12 @@ struct ShmGroupState {
   static constexpr int kRead = 1;
   /// Per rank: the group shard in param dtype (the sharded storage itself without a cast).
   comm::ShmWindow ag;
-  /// Per rank: the reduce-scatter input, W * gsn in reduce dtype (rank-major chunks).
-  comm::ShmWindow rs;
+  /// Per rank: the unsharded gradients (the `grads` buffer, arena layout, param dtype): peers
+  /// read their chunks straight from it (no copy-in).
+  comm::ShmWindow grads;
+  /// The pool buffer that stands for `grads` while the engine holds it, so that the pool's
+  /// accounting (and the plan's peak) stays the MPI path's.
+  Tensor grads_pool;
   std::uint64_t ag_round = 0;   // all-gathers published
   std::uint64_t ag_read = 0;    // all-gathers whose peers' shards this rank has read
   bool gather_pending = false;  // published, copy-out not yet done
@@ -41,7 +45,7 @@ struct ShmGroupState {
   double rs_divisor = 1.0;      // ... with this divisor
   bool rs_accumulate = false;   // ... accumulating
   std::vector<kernels::CopyPlan> copy_out_from;  // per rank: the copy-out runs of its slot
-  std::vector<const void*> rs_sources;           // per rank: this rank's chunk of its input
+  std::vector<kernels::CopyRun> rs_runs;         // this rank's chunks: arena offset -> shard offset
   std::string ag_detail, rs_detail;              // "<gsn> x <dtype>, group <name>"
   std::string ag_label, rs_label;  // "all_gather on shared memory of '<comm>' (<detail>)"
 };
@@ -108,8 +112,8 @@ class ParamGroup {
   /// group's first all-gather: the same point on every rank) and, without a cast, moves the
   /// sharded storage into it (peers read the shards where they are stored).
   void ensure_shm_gather();
-  /// Allocates the reduce-scatter window on first use (collective, first reduction).
-  void ensure_shm_reduce();
+  /// Allocates the gradient window on first use (collective, the first pre-backward).
+  void ensure_shm_grads();
   Tensor& sharded() noexcept { return sharded_; }
   Tensor& sharded_grads() noexcept { return sharded_grads_; }
   void show_sharded();

@@ -119,10 +119,29 @@ Buf RunningBackend::acquire(const engine::Group& g, engine::BufKind kind, std::i
   b.bytes = static_cast<std::size_t>(numel) * dtype_size(dtype);
   b.tensor =
       pool.acquire({numel}, dtype, std::string(engine::buf_kind_name(kind)) + ":" + pg(g).name());
+  ParamGroup& p = pg(g);
+  if (kind == engine::BufKind::grads && p.shm() && g.info.world > 1) {
+    // Shared memory: the unsharded gradients live in the group's window, where peers read
+    // their chunks; the pool buffer only keeps the pool's accounting. Every rank (this one's
+    // reduction too, on a worker stream) must have read the last round before it is zeroed.
+    p.ensure_shm_grads();
+    ShmGroupState& st = p.shm_state();
+    st.grads.wait_all(ShmGroupState::kRead, st.rs_round, "reduce_scatter (peers still reading)",
+                      st.rs_detail, true);
+    st.grads_pool = std::move(b.tensor);
+    b.tensor =
+        Tensor::from_owner(st.grads.owner(), st.grads.local(), {numel}, dtype, MemorySpace::host);
+  }
   return b;
 }
 
-void RunningBackend::release(const engine::Group&, Buf& b) {
+void RunningBackend::release(const engine::Group& g, Buf& b) {
+  if (b.kind == engine::BufKind::grads && b.held && pg(g).shm() && g.info.world > 1) {
+    // The window stays; its next user waits for the readers (acquire).
+    pg(g).shm_state().grads_pool = Tensor();
+    b = Buf();
+    return;
+  }
   // The bytes go back to the pool with the last view, once the operation using them ran
   // (worker streams run it later): at the point the engine says, on every kind of stream.
   b.used.wait();
@@ -250,22 +269,8 @@ Event RunningBackend::reduce_copy_in(const OpDesc& d, engine::Group& g, Buf& gra
   void* to = input.tensor.data();
   const kernels::CopyPlan* plan = &p.copy_in_plan();
   if (p.shm() && I.world > 1) {
-    // Shared memory: chunk the gradients into this rank's segment, once every peer has read
-    // what the previous reduction left there.
-    p.ensure_shm_reduce();
-    ShmGroupState& st = p.shm_state();
-    const comm::ShmWindow win = st.rs;
-    const std::uint64_t previous = st.rs_round;
-    const std::string* about = &st.rs_detail;
-    Tensor keep_from = grads.tensor;
-    const kernels::ExecStream& on = exec(d.stream);
-    Event e = on_stream(d, g, [=, &on] {
-      (void)keep_from;
-      win.wait_all(ShmGroupState::kRead, previous, "reduce_scatter (peers still reading)", *about);
-      kernels::run_copies(*plan, from, I.param_dtype, win.local(), I.reduce_dtype, on);
-    });
-    grads.used = input.used = e.work;
-    return e;
+    // Shared memory: nothing to copy, peers read their chunks from the gradient window.
+    return on_stream(d, g, [] {});
   }
   // The kernel holds the buffers until it ran (worker streams run it later).
   Tensor keep_from = grads.tensor;
@@ -288,7 +293,7 @@ Event RunningBackend::reduce_scatter(const OpDesc& d, engine::Group& g, Buf& inp
     // the cast and the accumulation into the sharded gradients are fused in (reduce_copy_out
     // then has nothing left to do); with HSDP the sum goes to `output` for the all-reduce.
     ShmGroupState& st = p.shm_state();
-    const comm::ShmWindow win = st.rs;
+    const comm::ShmWindow win = st.grads;
     const std::uint64_t round = ++st.rs_round;
     const bool fused = I.replicate == 1;
     comm::Traffic traffic;
@@ -312,15 +317,28 @@ Event RunningBackend::reduce_scatter(const OpDesc& d, engine::Group& g, Buf& inp
       st.rs_divisor = divisor;
       st.rs_accumulate = acc;
     }
-    const std::vector<const void*>* sources = &st.rs_sources;
+    const std::vector<kernels::CopyRun>* runs = &st.rs_runs;
     const std::string* about = &st.rs_detail;
-    const kernels::ExecStream& on = exec(d.stream);
-    Event e = collective(d, g, st.rs_label, [=, &on] {
-      on.fence();  // the copy-in
+    Event e = collective(d, g, st.rs_label, [=] {
+      // The backward compute has written the gradients (the engine ordered this stream after
+      // the compute stream); peers may read them from here on.
       win.publish(ShmGroupState::kPublished, round);
       win.wait_all(ShmGroupState::kPublished, round, "reduce_scatter", *about);
-      kernels::reduce_sources(sources->data(), I.world, I.reduce_dtype, keep_out.data(), out_t,
-                              I.shard_numel, divisor, acc);
+      const std::size_t in_size = dtype_size(I.param_dtype);
+      const std::size_t out_size = dtype_size(out_t);
+      std::vector<const void*> sources(static_cast<std::size_t>(I.world));
+      auto* out = static_cast<std::byte*>(keep_out.data());
+      for (const kernels::CopyRun& r : *runs) {
+        for (int q = 0; q < I.world; ++q)
+          sources[static_cast<std::size_t>(q)] =
+              win.segment(q) + static_cast<std::size_t>(r.src_offset) * in_size;
+        std::byte* to = out + static_cast<std::size_t>(r.dst_offset) * out_size;
+        kernels::reduce_sources(sources.data(), I.world, I.param_dtype, I.reduce_dtype, to, out_t,
+                                r.len, divisor, acc);
+        if (r.pad > 0 && !acc)  // padding stays zero (+0 is all zero bits in every dtype)
+          std::memset(to + static_cast<std::size_t>(r.len) * out_size, 0,
+                      static_cast<std::size_t>(r.pad) * out_size);
+      }
       win.publish(ShmGroupState::kRead, round);
     });
     input.used = output.used = e.work;

@@ -16,10 +16,19 @@ using HostExec = Kokkos::DefaultHostExecutionSpace;
 /// Elements per block: the block's f32/f64 sums stay in L1.
 constexpr std::int64_t kBlock = 2048;
 
-template <class S, class D, bool Accumulate>
+/// A source element as the reduce dtype's accumulator: rounded to S first when P != S.
+template <class P, class S, class A>
+inline A load_as(typename P::storage x) {
+  if constexpr (std::is_same<P, S>::value)
+    return detail::load<S, A>(x);
+  else
+    return detail::load<S, A>(detail::convert<P, S>(x));
+}
+
+template <class P, class S, class D, bool Accumulate>
 void reduce_sources_host(const void* const* srcs, int nsrc, typename D::storage* dst,
                          std::int64_t n, double divisor_d, bool divide) {
-  using SS = typename S::storage;
+  using PS = typename P::storage;
   using DS = typename D::storage;
   using A = std::conditional_t<std::is_same<S, detail::F64>::value, double, float>;
   using R = detail::Acc<S, D>;
@@ -32,12 +41,12 @@ void reduce_sources_host(const void* const* srcs, int nsrc, typename D::storage*
         const std::int64_t begin = b * kBlock;
         const std::int64_t len = n - begin < kBlock ? n - begin : kBlock;
         A acc[kBlock];
-        const SS* first = static_cast<const SS*>(srcs[0]) + begin;
+        const PS* first = static_cast<const PS*>(srcs[0]) + begin;
         for (std::int64_t i = 0; i < len; ++i)
-          acc[i] = detail::load<S, A>(first[i]);
+          acc[i] = load_as<P, S, A>(first[i]);
         for (int q = 1; q < nsrc; ++q)
-          detail::host_map(static_cast<const SS*>(srcs[q]) + begin, acc, len,
-                           [](SS x, A a) { return a + detail::load<S, A>(x); });
+          detail::host_map(static_cast<const PS*>(srcs[q]) + begin, acc, len,
+                           [](PS x, A a) { return a + load_as<P, S, A>(x); });
         DS* out = dst + begin;
         if (divide)
           detail::host_map(acc, out, len, [divisor](A a, DS old) {
@@ -55,8 +64,8 @@ void reduce_sources_host(const void* const* srcs, int nsrc, typename D::storage*
 
 }  // namespace
 
-void reduce_sources(const void* const* srcs, int nsrc, DType src_t, void* dst, DType dst_t,
-                    std::int64_t n, double divisor, bool accumulate) {
+void reduce_sources(const void* const* srcs, int nsrc, DType src_t, DType reduce_t, void* dst,
+                    DType dst_t, std::int64_t n, double divisor, bool accumulate) {
   if (n < 0)
     throw InvalidArgument("fullshard::kernels::reduce_sources: negative count " +
                           std::to_string(n));
@@ -73,14 +82,17 @@ void reduce_sources(const void* const* srcs, int nsrc, DType src_t, void* dst, D
     throw InvalidArgument("fullshard::kernels::reduce_sources: divisor " + std::to_string(divisor) +
                           " is not a positive finite number");
   const bool divide = divisor != 1.0;
-  detail::dispatch(src_t, dst_t, [&](auto s, auto d) {
+  detail::dispatch(src_t, reduce_t, [&](auto p, auto s) {
+    using P = decltype(p);
     using S = decltype(s);
-    using D = decltype(d);
-    auto* out = static_cast<typename D::storage*>(dst);
-    if (accumulate)
-      reduce_sources_host<S, D, true>(srcs, nsrc, out, n, divisor, divide);
-    else
-      reduce_sources_host<S, D, false>(srcs, nsrc, out, n, divisor, divide);
+    detail::dispatch_dst<S>(dst_t, [&](auto, auto d) {
+      using D = decltype(d);
+      auto* out = static_cast<typename D::storage*>(dst);
+      if (accumulate)
+        reduce_sources_host<P, S, D, true>(srcs, nsrc, out, n, divisor, divide);
+      else
+        reduce_sources_host<P, S, D, false>(srcs, nsrc, out, n, divisor, divide);
+    });
   });
 }
 

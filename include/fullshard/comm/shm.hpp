@@ -89,12 +89,13 @@ class ShmWindow {
   /// Sets this rank's counter `c` to `v` (release: what this rank wrote before is visible to
   /// a peer that sees `v`).
   void publish(int c, std::uint64_t v) const noexcept;
-  /// Waits until counter `c` of every other rank is at least `v` (acquire). On timeout: the
+  /// Waits until counter `c` of every other rank (and this rank's too with `include_self`:
+  /// a worker thread of this rank may publish it) is at least `v` (acquire). On timeout: the
   /// message "<operation> on shared memory of communicator '<name>' (rank r/n, seq v,
   /// <about>, waiting for rank q) did not finish within FULLSHARD_TIMEOUT=..." is printed on
   /// stderr and thrown as CommError.
-  void wait_all(int c, std::uint64_t v, const std::string& operation,
-                const std::string& about) const;
+  void wait_all(int c, std::uint64_t v, const std::string& operation, const std::string& about,
+                bool include_self = false) const;
 
  private:
   friend class ShmComm;

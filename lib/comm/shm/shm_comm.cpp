@@ -198,10 +198,11 @@ void ShmWindow::publish(int c, std::uint64_t v) const noexcept {
 }
 
 void ShmWindow::wait_all(int c, std::uint64_t v, const std::string& operation,
-                         const std::string& about) const {
+                         const std::string& about, bool include_self) const {
   const int n = size();
-  const int me = rank();
+  const int me = include_self ? -1 : rank();
   // The peer to look at next: peers that were ready stay ready (counters only grow).
+  // Deadline and back-off are made only when the first look finds a peer not ready.
   int q = 0;
   auto ready = [&] {
     for (; q < n; ++q)
@@ -211,13 +212,19 @@ void ShmWindow::wait_all(int c, std::uint64_t v, const std::string& operation,
   if (ready()) return;
   const detail::ShmCommState& cs = *s_->comm;
   Deadline deadline(cs.timeout_s);
-  BackOff back_off;
+  // Peers are usually microseconds apart: spin, then yield the core for a few milliseconds
+  // (an oversubscribed or busy node runs the peer meanwhile), then sleep (1-50 us). With
+  // the default 64 yields, waits under load went to sleep at once and each wake-up cost
+  // a scheduler time slice: the FSDP test steps ran 5-100x slower than on MPI.
+  BackOff::Policy policy;
+  policy.yields = 4096;
+  BackOff back_off(policy);
   while (!ready()) {
     if (deadline.expired()) {
       WaitSite site;
       site.operation = operation;
       site.where = "shared memory of communicator '" + cs.name + "'";
-      site.rank = me;
+      site.rank = rank();
       site.size = n;
       site.seq = v;
       site.detail = about + (about.empty() ? "" : ", ") + "waiting for rank " + std::to_string(q);
