@@ -5,7 +5,7 @@ execute_process(COMMAND ${MPIEXEC} -n ${NP} ${PROGRAM} OUTPUT_VARIABLE out ERROR
 set(all "${out}${err}")
 math(EXPR last "${NP} - 1")
 foreach(r RANGE 0 ${last})
-  if(NOT all MATCHES "fullshard\\[rank ${r}\\]: all_gather[^\n]* on shared memory of communicator 'mesh\\(dp\\)\\.dp' \\(rank ${r}/${NP}, seq [0-9]+, [^\n]*waiting for rank [0-9]+\\) did not finish within FULLSHARD_TIMEOUT=1 s")
+  if(NOT all MATCHES "fullshard\\[rank ${r}\\]: all_gather[^\n]* on shared memory of communicator 'mesh\\(dp\\)\\.dp' \\(rank ${r}/${NP}, seq [0-9]+, [^\n]*waiting for rank [0-9]+\\) did not finish within FULLSHARD_TIMEOUT=[0-9.]+ s")
     message(FATAL_ERROR "rank ${r} did not report the timeout (exit ${rc}):\n${all}")
   endif()
 endforeach()

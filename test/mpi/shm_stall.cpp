@@ -1,6 +1,6 @@
 // A peer that stalls in the middle of training with shared-memory collectives: every rank
 // must end its wait with the FULLSHARD_TIMEOUT message naming the operation (CTest runs it on
-// 3 ranks with FULLSHARD_TIMEOUT=1 through shm_stall.cmake, which checks each rank's
+// 3 ranks with FULLSHARD_TIMEOUT=2 through shm_stall.cmake, which checks each rank's
 // message). The last rank sleeps before the second step; the others time out in the
 // all-gather; the sleeper, once awake, times out waiting for them to read its shard.
 #include <chrono>
@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   int caught = 0;
   {
     fs::Runtime rt(argc, argv);
+    MPI_Barrier(MPI_COMM_WORLD);  // ranks start apart; the bounded steps below start together
     {
       fs::DeviceMesh mesh(rt, {rt.world_size()}, {"dp"});
       auto root = fs::graph::Module::make_root("model");
