@@ -1,5 +1,6 @@
 #include "lib/fsdp/param_group.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "fullshard/base/error.hpp"
@@ -44,6 +45,14 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
     ar_comm_ = &mesh.comm(mesh.names()[0], Channel::all_reduce);
     I.replicate = mesh.shape()[0];
   }
+  shm_ = mesh.shm(shard_dim);
+  if (!shm_ && I.world > 1 && mesh.host_collectives() == HostCollectives::shm)
+    throw ConfigError("fully_shard(" + I.name +
+                      "): FULLSHARD_HOST_COLLECTIVES=shm, but the shard dim '" + shard_dim +
+                      "' of mesh " + mesh.describe() +
+                      " spans more than one node, so its ranks cannot share memory; use "
+                      "FULLSHARD_HOST_COLLECTIVES=auto (MPI across nodes) or mpi, or an HSDP "
+                      "mesh whose shard dim lies inside a node");
 
   if (!params_.empty()) I.orig_dtype = params_[0]->dtype();
   for (auto* p : params_)
@@ -92,6 +101,93 @@ ParamGroup::~ParamGroup() {
     try {
       engine_.gather_done.work.wait();  // the collective writes into the gather buffer
     } catch (...) {                     // a destructor only cleans up
+    }
+  }
+}
+
+void ParamGroup::ensure_shm_gather() {
+  ShmGroupState& st = shm_state_;
+  const engine::GroupInfo& I = engine_.info;
+  const auto gsn = static_cast<std::size_t>(I.shard_numel);
+  if (!st.ag.valid()) {
+    st.ag = shm_->allocate(gsn * dtype_size(I.param_dtype), "fsdp.all_gather:" + I.name);
+    st.ag_detail = std::to_string(gsn) + " x " + dtype_name(I.param_dtype) + ", group " + I.name;
+    st.ag_label = "all_gather on shared memory of '" + shm_->name() + "' (" + st.ag_detail + ")";
+    // The copy-out runs by the slot they read, rebased to it (a run that crosses a slot
+    // boundary is split there).
+    std::vector<std::vector<kernels::CopyRun>> by_slot(static_cast<std::size_t>(I.world));
+    const auto g = static_cast<std::int64_t>(gsn);
+    for (kernels::CopyRun r : kernels::all_gather_copy_out_runs(layout_)) {
+      while (g > 0 && r.len > 0) {
+        const std::int64_t q = r.src_offset / g;
+        const std::int64_t room = (q + 1) * g - r.src_offset;
+        kernels::CopyRun piece = r;
+        piece.src_offset -= q * g;
+        if (r.len > room) {
+          piece.len = room;
+          piece.pad = 0;
+        }
+        by_slot[static_cast<std::size_t>(q)].push_back(piece);
+        if (r.len <= room) {
+          r.len = r.pad = 0;
+          break;
+        }
+        r.src_offset += room;
+        r.dst_offset += room;
+        r.len -= room;
+      }
+      if (r.pad > 0) {  // zeros only (not made by the copy-out runs today)
+        kernels::CopyRun z = r;
+        z.src_offset = 0;
+        z.len = 0;
+        by_slot[0].push_back(z);
+      }
+    }
+    st.copy_out_from.clear();
+    for (const auto& runs : by_slot)
+      st.copy_out_from.emplace_back(ExecTarget::host, runs);
+    if (!I.cast()) {
+      // The shards move into the window once; the parameters show them there from the next
+      // reshard on (until then they show the same values in the old storage).
+      std::memcpy(st.ag.local(), sharded_.data(), gsn * dtype_size(I.orig_dtype));
+      sharded_ = Tensor::from_owner(st.ag.owner(), st.ag.local(), {I.shard_numel}, I.orig_dtype,
+                                    MemorySpace::host);
+    }
+  }
+}
+
+void ParamGroup::ensure_shm_grads() {
+  ShmGroupState& st = shm_state_;
+  if (st.grads.valid()) return;
+  const engine::GroupInfo& I = engine_.info;
+  st.grads = shm_->allocate(static_cast<std::size_t>(I.arena_numel) * dtype_size(I.param_dtype),
+                            "fsdp.grads:" + I.name);
+  st.rs_detail =
+      std::to_string(I.shard_numel) + " x " + dtype_name(I.reduce_dtype) + ", group " + I.name;
+  st.rs_label = "reduce_scatter on shared memory of '" + shm_->name() + "' (" + st.rs_detail + ")";
+  // This rank's block of every member and outer index (the copy-in runs of its slot): where
+  // it lies in the arena, where in the shard, its valid and padded elements.
+  st.rs_runs.clear();
+  for (const kernels::GroupMember& m : layout_.members) {
+    const ShardLayout& l = m.layout;
+    const std::int64_t D = l.global_shape[static_cast<std::size_t>(l.placement.dim())];
+    for (std::int64_t o = 0; o < l.outer; ++o) {
+      kernels::CopyRun r;
+      r.src_offset = m.arena_offset + (o * D + std::min(I.rank * l.chunk, D)) * l.inner;
+      r.dst_offset = m.slot_offset + o * l.chunk * l.inner;
+      r.len = l.rows_of(I.rank) * l.inner;
+      r.pad = l.chunk * l.inner - r.len;
+      if (r.len == 0 && r.pad == 0) continue;
+      if (!st.rs_runs.empty()) {
+        kernels::CopyRun& last = st.rs_runs.back();
+        if (last.pad == 0 && last.dst_offset + last.len == r.dst_offset &&
+            last.src_offset + last.len == r.src_offset) {
+          last.len += r.len;
+          last.pad = r.pad;
+          continue;
+        }
+      }
+      st.rs_runs.push_back(r);
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fullshard/comm/communicator.hpp"
+#include "fullshard/comm/shm.hpp"
 #include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/options.hpp"
 #include "fullshard/graph/module.hpp"
@@ -21,6 +22,33 @@ class FSDPModule;
 namespace fullshard::fsdp::detail {
 
 class RunningBackend;
+
+/// A group's node-local shared-memory collectives (the shard dim's DeviceMesh::shm): the
+/// windows peers read from and the rounds of the counter protocol. Counters of both windows:
+/// [0] rounds published by the rank, [1] rounds the rank finished reading from its peers.
+struct ShmGroupState {
+  static constexpr int kPublished = 0;
+  static constexpr int kRead = 1;
+  /// Per rank: the group shard in param dtype (the sharded storage itself without a cast).
+  comm::ShmWindow ag;
+  /// Per rank: the unsharded gradients (the `grads` buffer, arena layout, param dtype): peers
+  /// read their chunks straight from it (no copy-in).
+  comm::ShmWindow grads;
+  /// The pool buffer that stands for `grads` while the engine holds it, so that the pool's
+  /// accounting (and the plan's peak) stays the MPI path's.
+  Tensor grads_pool;
+  std::uint64_t ag_round = 0;   // all-gathers published
+  std::uint64_t ag_read = 0;    // all-gathers whose peers' shards this rank has read
+  bool gather_pending = false;  // published, copy-out not yet done
+  std::uint64_t rs_round = 0;   // reduce-scatters published
+  bool rs_fused = false;        // the last reduce-scatter did the copy-out too
+  double rs_divisor = 1.0;      // ... with this divisor
+  bool rs_accumulate = false;   // ... accumulating
+  std::vector<kernels::CopyPlan> copy_out_from;  // per rank: the copy-out runs of its slot
+  std::vector<kernels::CopyRun> rs_runs;         // this rank's chunks: arena offset -> shard offset
+  std::string ag_detail, rs_detail;              // "<gsn> x <dtype>, group <name>"
+  std::string ag_label, rs_label;  // "all_gather on shared memory of '<comm>' (<detail>)"
+};
 
 /// One FSDP root's running backend and engine root, shared by every group under it.
 struct RootContext;
@@ -77,6 +105,15 @@ class ParamGroup {
   comm::Communicator& post_forward_comm() const noexcept { return *post_forward_comm_; }
   const kernels::CopyPlan& copy_out_plan() const noexcept { return copy_out_; }
   const kernels::CopyPlan& copy_in_plan() const noexcept { return copy_in_; }
+  /// The shard dim's node-local shared memory (nullptr: MPI collectives).
+  const comm::ShmComm* shm() const noexcept { return shm_; }
+  ShmGroupState& shm_state() noexcept { return shm_state_; }
+  /// Allocates the all-gather window on first use (collective over the shard group, at the
+  /// group's first all-gather: the same point on every rank) and, without a cast, moves the
+  /// sharded storage into it (peers read the shards where they are stored).
+  void ensure_shm_gather();
+  /// Allocates the gradient window on first use (collective, the first pre-backward).
+  void ensure_shm_grads();
   Tensor& sharded() noexcept { return sharded_; }
   Tensor& sharded_grads() noexcept { return sharded_grads_; }
   void show_sharded();
@@ -99,6 +136,8 @@ class ParamGroup {
   DeviceMesh mesh_;
   Tensor sharded_;        // gsn elements, orig dtype, padding zero (slot layout)
   Tensor sharded_grads_;  // gsn elements, orig dtype, or undefined
+  const comm::ShmComm* shm_ = nullptr;
+  ShmGroupState shm_state_;
   engine::Group engine_;
   std::shared_ptr<RootContext> ctx_;
 };

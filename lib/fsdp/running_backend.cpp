@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/kernels/multi_source.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 #include "lib/fsdp/param_group.hpp"
 
@@ -84,6 +85,16 @@ Event RunningBackend::on_stream(const OpDesc& d, const engine::Group& g,
                           }));
 }
 
+Event RunningBackend::collective(const OpDesc& d, const engine::Group& g, const std::string& label,
+                                 std::function<void()> op) {
+  comm::Stream& s = stream(g, d.stream);
+  comm::Work before = last_[static_cast<int>(d.stream)];
+  return done(d, s.submit(label, [before, o = std::move(op)] {
+    before.test();
+    o();
+  }));
+}
+
 void RunningBackend::stream_wait(StreamKind waiter, const Event& e) {
   if (waiter == StreamKind::compute || groups.empty()) return;  // the engine waits on the host
   comm::Stream& s = groups.front()->mesh().stream(channel_of(waiter));
@@ -114,10 +125,29 @@ Buf RunningBackend::acquire(const engine::Group& g, engine::BufKind kind, std::i
   free_slots_.pop_back();
   mem(b).tensor =
       pool.acquire({numel}, dtype, std::string(engine::buf_kind_name(kind)) + ":" + pg(g).name());
+  ParamGroup& p = pg(g);
+  if (kind == engine::BufKind::grads && p.shm() && g.info.world > 1) {
+    // Shared memory: the unsharded gradients live in the group's window, where peers read
+    // their chunks; the pool buffer only keeps the pool's accounting. Every rank (this one's
+    // reduction too, on a worker stream) must have read the last round before it is zeroed.
+    p.ensure_shm_grads();
+    ShmGroupState& st = p.shm_state();
+    st.grads.wait_all(ShmGroupState::kRead, st.rs_round, "reduce_scatter (peers still reading)",
+                      st.rs_detail, true);
+    st.grads_pool = std::move(mem(b).tensor);
+    mem(b).tensor =
+        Tensor::from_owner(st.grads.owner(), st.grads.local(), {numel}, dtype, MemorySpace::host);
+  }
   return b;
 }
 
-void RunningBackend::release(const engine::Group&, Buf& b) {
+void RunningBackend::release(const engine::Group& g, Buf& b) {
+  if (b.kind == engine::BufKind::grads && b.held && pg(g).shm() && g.info.world > 1) {
+    // The window stays; its next user waits for the readers (acquire).
+    pg(g).shm_state().grads_pool = Tensor();
+    b = Buf();
+    return;
+  }
   // The bytes go back to the pool with the last view, once the operation using them ran
   // (worker streams run it later): at the point the engine says, on every kind of stream.
   Memory& m = mem(b);
@@ -143,6 +173,11 @@ Event RunningBackend::gather_copy_in(const OpDesc& d, engine::Group& g, Buf& dst
       bytes(mem(dst).tensor) +
       (I.world > 1 ? static_cast<std::size_t>(I.rank * I.shard_numel) * dtype_size(I.param_dtype)
                    : 0);
+  if (p.shm() && I.world > 1) {
+    // Shared memory: the cast shard goes to this rank's segment, where peers read it.
+    p.ensure_shm_gather();
+    to = p.shm_state().ag.local();
+  }
   const void* from = p.sharded().data();
   const kernels::ExecStream& on = exec(d.stream);
   Event e = on_stream(d, g, [=, &on] {
@@ -165,6 +200,30 @@ Event RunningBackend::all_gather(const OpDesc& d, engine::Group& g, Buf& dst, bo
                 p.post_forward_comm().all_gather(mem(*slices).tensor.data(), mem(dst).tensor.data(),
                                                  block, I.param_dtype, s));
   }
+  if (p.shm()) {
+    // Shared memory: publish this rank's shard (the copy-out reads every peer's directly).
+    p.ensure_shm_gather();
+    ShmGroupState& st = p.shm_state();
+    const comm::ShmWindow win = st.ag;
+    const std::uint64_t round = ++st.ag_round;
+    st.gather_pending = true;
+    comm::Traffic traffic;
+    traffic.all_gather = static_cast<std::uint64_t>(I.world) * gsn * dtype_size(I.param_dtype);
+    p.shm()->count(traffic);
+    // Without a cast the shard is published where it is stored; a storage adopted since
+    // (checkpoint load) is copied to the segment first.
+    const void* stored = in_place ? nullptr : p.sharded().data();
+    const bool copy = stored && stored != win.local();
+    const DType t = I.param_dtype;
+    const std::int64_t n = I.shard_numel;
+    Tensor keep = copy ? p.sharded() : Tensor();
+    const kernels::ExecStream& on = exec(d.stream);
+    return collective(d, g, st.ag_label, [=, &on] {
+      if (copy) kernels::cast_copy(on, keep.data(), t, win.local(), t, n);
+      on.fence();
+      win.publish(ShmGroupState::kPublished, round);
+    });
+  }
   const void* send = in_place ? bytes(mem(dst).tensor) + static_cast<std::size_t>(I.rank) * gsn *
                                                              dtype_size(I.param_dtype)
                               : p.sharded().data();
@@ -175,6 +234,32 @@ Event RunningBackend::gather_copy_out(const OpDesc& d, engine::Group& g, const B
                                       Buf* keep) {
   ParamGroup& p = pg(g);
   const auto& I = g.info;
+  if (p.shm() && p.shm_state().gather_pending) {
+    // The all-gather and its copy-out in one pass: every peer's slot straight into the arena.
+    ShmGroupState& st = p.shm_state();
+    st.gather_pending = false;
+    const comm::ShmWindow& win = st.ag;
+    const std::uint64_t round = st.ag_round;
+    win.wait_all(ShmGroupState::kPublished, round, "all_gather", st.ag_detail);
+    const kernels::ExecStream& on = exec(d.stream);
+    for (int q = 0; q < I.world; ++q)
+      kernels::run_copies(st.copy_out_from[static_cast<std::size_t>(q)], win.segment(q),
+                          I.param_dtype, mem(arena).tensor.data(), I.param_dtype, on);
+    if (keep) {
+      // reshard_after_forward=k: the W/k slots this rank serves in its k-rank group.
+      const int k = g.reshard_after_forward;
+      const int per = I.world / k;
+      const std::size_t slot = static_cast<std::size_t>(I.shard_numel) * dtype_size(I.param_dtype);
+      for (int j = 0; j < per; ++j)
+        std::memcpy(
+            static_cast<std::byte*>(mem(*keep).tensor.data()) + static_cast<std::size_t>(j) * slot,
+            win.segment((I.rank % k) * per + j), slot);
+    }
+    on.fence();
+    st.ag_read = round;
+    win.publish(ShmGroupState::kRead, round);
+    return done(d, comm::Work());
+  }
   const void* from = src ? mem(*src).tensor.data() : p.sharded().data();
   kernels::run_copies(p.copy_out_plan(), from, I.param_dtype, mem(arena).tensor.data(),
                       I.param_dtype, exec(d.stream));
@@ -201,6 +286,10 @@ Event RunningBackend::reduce_copy_in(const OpDesc& d, engine::Group& g, Buf& gra
   const void* from = mem(grads).tensor.data();
   void* to = mem(input).tensor.data();
   const kernels::CopyPlan* plan = &p.copy_in_plan();
+  if (p.shm() && I.world > 1) {
+    // Shared memory: nothing to copy, peers read their chunks from the gradient window.
+    return on_stream(d, g, [] {});
+  }
   // The kernel holds the buffers until it ran (worker streams run it later).
   Tensor keep_from = mem(grads).tensor;
   Tensor keep_to = mem(input).tensor;
@@ -216,6 +305,63 @@ Event RunningBackend::reduce_copy_in(const OpDesc& d, engine::Group& g, Buf& gra
 
 Event RunningBackend::reduce_scatter(const OpDesc& d, engine::Group& g, Buf& input, Buf& output) {
   const auto& I = g.info;
+  ParamGroup& p = pg(g);
+  if (p.shm()) {
+    // Shared memory: sum this rank's chunk of every peer's input. Without HSDP the divide,
+    // the cast and the accumulation into the sharded gradients are fused in (reduce_copy_out
+    // then has nothing left to do); with HSDP the sum goes to `output` for the all-reduce.
+    ShmGroupState& st = p.shm_state();
+    const comm::ShmWindow win = st.grads;
+    const std::uint64_t round = ++st.rs_round;
+    const bool fused = I.replicate == 1;
+    comm::Traffic traffic;
+    traffic.reduce_scatter = static_cast<std::uint64_t>(I.world) *
+                             static_cast<std::uint64_t>(I.shard_numel) * dtype_size(I.reduce_dtype);
+    p.shm()->count(traffic);
+    DType out_t = I.reduce_dtype;
+    double divisor = 1.0;
+    bool acc = false;
+    Tensor keep_out = mem(output).tensor;
+    if (fused) {
+      if (!p.sharded_grads().data())
+        p.sharded_grads() = Tensor::empty({I.shard_numel}, I.orig_dtype, MemorySpace::host,
+                                          "fsdp.grads:" + p.name());
+      keep_out = p.sharded_grads();
+      out_t = I.orig_dtype;
+      // What the engine's reduce_copy_out asks for (checked there).
+      divisor = g.divide_factor > 0 ? g.divide_factor : static_cast<double>(I.world) * I.replicate;
+      acc = g.has_sharded_grads;
+      st.rs_fused = true;
+      st.rs_divisor = divisor;
+      st.rs_accumulate = acc;
+    }
+    const std::vector<kernels::CopyRun>* runs = &st.rs_runs;
+    const std::string* about = &st.rs_detail;
+    Event e = collective(d, g, st.rs_label, [=] {
+      // The backward compute has written the gradients (the engine ordered this stream after
+      // the compute stream); peers may read them from here on.
+      win.publish(ShmGroupState::kPublished, round);
+      win.wait_all(ShmGroupState::kPublished, round, "reduce_scatter", *about);
+      const std::size_t in_size = dtype_size(I.param_dtype);
+      const std::size_t out_size = dtype_size(out_t);
+      std::vector<const void*> sources(static_cast<std::size_t>(I.world));
+      auto* out = static_cast<std::byte*>(keep_out.data());
+      for (const kernels::CopyRun& r : *runs) {
+        for (int q = 0; q < I.world; ++q)
+          sources[static_cast<std::size_t>(q)] =
+              win.segment(q) + static_cast<std::size_t>(r.src_offset) * in_size;
+        std::byte* to = out + static_cast<std::size_t>(r.dst_offset) * out_size;
+        kernels::reduce_sources(sources.data(), I.world, I.param_dtype, I.reduce_dtype, to, out_t,
+                                r.len, divisor, acc);
+        if (r.pad > 0 && !acc)  // padding stays zero (+0 is all zero bits in every dtype)
+          std::memset(to + static_cast<std::size_t>(r.len) * out_size, 0,
+                      static_cast<std::size_t>(r.pad) * out_size);
+      }
+      win.publish(ShmGroupState::kRead, round);
+    });
+    mem(input).used = mem(output).used = e.work;
+    return e;
+  }
   exec(d.stream).fence();  // the copy-in before it
   return done(
       d, pg(g).rs_comm().reduce_scatter(mem(input).tensor.data(), mem(output).tensor.data(),
@@ -248,6 +394,17 @@ Event RunningBackend::reduce_copy_out(const OpDesc& d, engine::Group& g, const B
                                       double divisor, bool acc) {
   ParamGroup& p = pg(g);
   const auto& I = g.info;
+  if (p.shm() && p.shm_state().rs_fused) {
+    ShmGroupState& st = p.shm_state();
+    st.rs_fused = false;
+    if (divisor != st.rs_divisor || acc != st.rs_accumulate)
+      throw Error("group " + p.name() + ": the shared-memory reduce-scatter divided by " +
+                  std::to_string(st.rs_divisor) + (st.rs_accumulate ? " accumulating" : "") +
+                  " but the copy-out asks for " + std::to_string(divisor) +
+                  (acc ? " accumulating" : "") + " (internal: engine and backend disagree)");
+    // Done by the reduce-scatter: this operation completes with it.
+    return done(d, last_[static_cast<int>(d.stream)]);
+  }
   if (!p.sharded_grads().data())
     p.sharded_grads() =
         Tensor::empty({I.shard_numel}, I.orig_dtype, MemorySpace::host, "fsdp.grads:" + p.name());
@@ -306,7 +463,21 @@ void RunningBackend::drop_sharded_grads(engine::Group& g) {
 // ---- registration -------------------------------------------------------------------------
 
 void RunningBackend::show_sharded(engine::Group& g) {
-  pg(g).show_sharded();
+  ParamGroup& p = pg(g);
+  if (p.shm() && p.shm_state().ag.valid()) {
+    // The shards may change from here on (optimizer, checkpoint load): every peer must have
+    // read this rank's last published shard. A gather this rank dropped unread (reshard with
+    // the gather in flight) counts as read.
+    ShmGroupState& st = p.shm_state();
+    st.gather_pending = false;
+    if (st.ag_read < st.ag_round) {
+      st.ag_read = st.ag_round;
+      st.ag.publish(ShmGroupState::kRead, st.ag_round);
+    }
+    st.ag.wait_all(ShmGroupState::kRead, st.ag_round, "all_gather (peers still reading)",
+                   st.ag_detail);
+  }
+  p.show_sharded();
 }
 // The host sees the parameters and gradients from here on: the kernels that made them are
 // finished first.

@@ -83,6 +83,10 @@ class RunningBackend final : public engine::Backend {
   engine::Event on_stream(const engine::OpDesc& d, const engine::Group& g,
                           std::function<void()> kernel);
   engine::Event done(const engine::OpDesc& d, comm::Work w);
+  // Runs a shared-memory collective as the next operation of stream `s`, submitted (also on
+  // caller streams) under `label` so that stream recorders see it as they see MPI's.
+  engine::Event collective(const engine::OpDesc& d, const engine::Group& g,
+                           const std::string& label, std::function<void()> op);
   comm::Work last_[engine::kNumStreams];  // the last operation's work per stream
   // The execution-space instance of each stream: kernels are enqueued on it without a fence;
   // it is fenced where its results are consumed (a collective on the stream, the host

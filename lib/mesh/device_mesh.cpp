@@ -38,9 +38,13 @@ struct MeshState {
   int size = 1;
   double timeout_s = 0.0;
   HostProgress host_progress = HostProgress::inline_;
+  HostCollectives collectives = HostCollectives::auto_;
+  int ranks_per_node = 0;
   std::unique_ptr<comm::MpiCommunicator> world;
   // dims[d][channel]
   std::vector<std::array<std::unique_ptr<comm::MpiCommunicator>, kChannels>> dims;
+  // shm[d]: the dim's node-local shared memory, or null (MPI).
+  std::vector<std::unique_ptr<comm::ShmComm>> shm;
   // Declared after the communicators: destroyed (drained) before them. Created on first use
   // (mutable: a const mesh hands out its streams).
   mutable std::mutex stream_mutex;
@@ -91,9 +95,28 @@ void validate(const std::vector<int>& shape, const std::vector<std::string>& nam
 }
 
 // Builds the state over `base`, whose rank order is the mesh's row-major order.
+// True when the ranks of `dim_comm` share a node: really (MPI_Comm_split_type), and, with
+// the FULLSHARD_RANKS_PER_NODE override, also by the pretended node of their world rank.
+// Collective over dim_comm.
+bool on_one_node(MPI_Comm dim_comm, int ranks_per_node) {
+  bool local = comm::ShmComm::node_local(dim_comm);
+  if (ranks_per_node > 0) {
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    const int node = world_rank / ranks_per_node;
+    int lo = 0;
+    int hi = 0;
+    MPI_Allreduce(&node, &lo, 1, MPI_INT, MPI_MIN, dim_comm);
+    MPI_Allreduce(&node, &hi, 1, MPI_INT, MPI_MAX, dim_comm);
+    local = local && lo == hi;
+  }
+  return local;
+}
+
 std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
                                          std::vector<std::string> names, double timeout_s,
-                                         HostProgress progress) {
+                                         HostProgress progress, HostCollectives collectives,
+                                         int ranks_per_node) {
   int ranks = 0;
   int rank = 0;
   MPI_Comm_size(base, &ranks);
@@ -107,6 +130,8 @@ std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
   s->size = ranks;
   s->timeout_s = timeout_s;
   s->host_progress = progress;
+  s->collectives = collectives;
+  s->ranks_per_node = ranks_per_node;
   const int nd = static_cast<int>(s->shape.size());
   s->coords.assign(nd, 0);
   for (int d = nd - 1, r = rank; d >= 0; --d) {
@@ -116,6 +141,7 @@ std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
   const std::string mesh_name = "mesh(" + join(s->names, ",") + ")";
   s->world = comm::MpiCommunicator::duplicate(base, mesh_name, timeout_s);
   s->dims.resize(nd);
+  s->shm.resize(nd);
   for (int d = 0; d < nd; ++d) {
     // Ranks that agree on every other coordinate share the dim's communicator; within it
     // they are ordered by their coordinate along d.
@@ -130,6 +156,9 @@ std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
     for (int c = 1; c < detail::kChannels; ++c)
       s->dims[d][c] = comm::MpiCommunicator::duplicate(
           split, dim_name + "." + channel_name(static_cast<Channel>(c)), timeout_s);
+    if (s->shape[d] > 1 && collectives != HostCollectives::mpi &&
+        on_one_node(split, ranks_per_node))
+      s->shm[d] = std::make_unique<comm::ShmComm>(split, dim_name, timeout_s);
   }
   return s;
 }
@@ -147,19 +176,23 @@ struct OwnedComm {
 DeviceMesh::DeviceMesh(const Runtime& runtime, std::vector<int> shape,
                        std::vector<std::string> names)
     : DeviceMesh(runtime.world(), std::move(shape), std::move(names), runtime.settings().timeout_s,
-                 runtime.settings().host_progress) {}
+                 runtime.settings().host_progress, runtime.settings().host_collectives,
+                 runtime.settings().ranks_per_node) {}
 
 DeviceMesh::DeviceMesh(MPI_Comm base, std::vector<int> shape, std::vector<std::string> names,
-                       double timeout_s, HostProgress progress)
-    : s_(build(base, std::move(shape), std::move(names), timeout_s, progress)) {}
+                       double timeout_s, HostProgress progress, HostCollectives collectives,
+                       int ranks_per_node)
+    : s_(build(base, std::move(shape), std::move(names), timeout_s, progress, collectives,
+               ranks_per_node)) {}
 
 DeviceMesh DeviceMesh::node_aware(const Runtime& runtime) {
   return node_aware(runtime.world(), runtime.settings().ranks_per_node,
-                    runtime.settings().timeout_s, runtime.settings().host_progress);
+                    runtime.settings().timeout_s, runtime.settings().host_progress,
+                    runtime.settings().host_collectives);
 }
 
 DeviceMesh DeviceMesh::node_aware(MPI_Comm base, int ranks_per_node, double timeout_s,
-                                  HostProgress progress) {
+                                  HostProgress progress, HostCollectives collectives) {
   int rank = 0;
   int ranks = 0;
   MPI_Comm_rank(base, &rank);
@@ -195,8 +228,8 @@ DeviceMesh DeviceMesh::node_aware(MPI_Comm base, int ranks_per_node, double time
                           "); launch the same number of ranks on every node");
   OwnedComm ordered;  // ranks in (node, local) row-major order
   MPI_Comm_split(base, 0, node * local_size + local_rank, &ordered.c);
-  return DeviceMesh(
-      build(ordered.c, {ranks / local_size, local_size}, {"node", "local"}, timeout_s, progress));
+  return DeviceMesh(build(ordered.c, {ranks / local_size, local_size}, {"node", "local"}, timeout_s,
+                          progress, collectives, ranks_per_node));
 }
 
 int DeviceMesh::ndim() const noexcept {
@@ -237,6 +270,14 @@ comm::Communicator& DeviceMesh::comm(const std::string& dim, Channel channel) co
   return *s_->dims[dim_index(dim)][static_cast<int>(channel)];
 }
 
+const comm::ShmComm* DeviceMesh::shm(const std::string& dim) const {
+  return s_->shm[static_cast<std::size_t>(dim_index(dim))].get();
+}
+
+HostCollectives DeviceMesh::host_collectives() const noexcept {
+  return s_->collectives;
+}
+
 comm::Communicator& DeviceMesh::world_comm() const {
   return *s_->world;
 }
@@ -254,6 +295,8 @@ comm::Traffic DeviceMesh::traffic() const {
   for (const auto& dim : s_->dims)
     for (const auto& c : dim)
       t += c->traffic();
+  for (const auto& shm : s_->shm)
+    if (shm) t += shm->traffic();
   return t;
 }
 
@@ -269,8 +312,8 @@ comm::Stream& DeviceMesh::stream(Channel channel) const {
 
 DeviceMesh DeviceMesh::sub_mesh(const std::string& dim) const {
   const int d = dim_index(dim);
-  return DeviceMesh(
-      build(s_->dims[d][0]->handle(), {s_->shape[d]}, {dim}, s_->timeout_s, s_->host_progress));
+  return DeviceMesh(build(s_->dims[d][0]->handle(), {s_->shape[d]}, {dim}, s_->timeout_s,
+                          s_->host_progress, s_->collectives, s_->ranks_per_node));
 }
 
 DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& dims, std::string name) const {
@@ -296,7 +339,8 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& dims, std::string
   if (MPI_Comm_split(s_->world->handle(), color, key, &split.c) != MPI_SUCCESS)
     throw CommError("DeviceMesh::flatten: MPI_Comm_split failed");
   if (name.empty()) name = join(dims, "_");
-  return DeviceMesh(build(split.c, {size}, {name}, s_->timeout_s, s_->host_progress));
+  return DeviceMesh(build(split.c, {size}, {name}, s_->timeout_s, s_->host_progress,
+                          s_->collectives, s_->ranks_per_node));
 }
 
 double DeviceMesh::timeout_s() const noexcept {

@@ -15,9 +15,10 @@ namespace {
 
 constexpr const char* kLevels[] = {"error", "warn", "info", "debug"};
 
-const char* const kKnown[] = {"FULLSHARD_TIMEOUT",       "FULLSHARD_LOG_LEVEL",
-                              "FULLSHARD_HOST_PROGRESS", "FULLSHARD_RANKS_PER_NODE",
-                              "FULLSHARD_BIND_DEVICE",   "FULLSHARD_CKPT_FAULT"};
+const char* const kKnown[] = {"FULLSHARD_TIMEOUT",         "FULLSHARD_LOG_LEVEL",
+                              "FULLSHARD_HOST_PROGRESS",   "FULLSHARD_RANKS_PER_NODE",
+                              "FULLSHARD_BIND_DEVICE",     "FULLSHARD_CKPT_FAULT",
+                              "FULLSHARD_HOST_COLLECTIVES"};
 
 constexpr const char* kFaultPoints[] = {"mid_shard",     "after_shards",  "mid_index",
                                         "after_index",   "before_latest", "mid_latest",
@@ -79,6 +80,18 @@ CheckpointFault parse_checkpoint_fault(const std::string& value) {
   return f;
 }
 
+const char* host_collectives_name(HostCollectives c) noexcept {
+  switch (c) {
+    case HostCollectives::auto_:
+      return "auto";
+    case HostCollectives::shm:
+      return "shm";
+    case HostCollectives::mpi:
+      return "mpi";
+  }
+  return "?";
+}
+
 const char* log_level_name(int level) noexcept {
   return level >= 0 && level < 4 ? kLevels[level] : "?";
 }
@@ -102,6 +115,16 @@ Settings Settings::from_map(const std::map<std::string, std::string>& vars) {
         s.host_progress = HostProgress::inline_;
       } else {
         bad(var, v, "thread or inline");
+      }
+    } else if (var == "FULLSHARD_HOST_COLLECTIVES") {
+      if (v == "auto") {
+        s.host_collectives = HostCollectives::auto_;
+      } else if (v == "shm") {
+        s.host_collectives = HostCollectives::shm;
+      } else if (v == "mpi") {
+        s.host_collectives = HostCollectives::mpi;
+      } else {
+        bad(var, v, "auto, shm or mpi");
       }
     } else if (var == "FULLSHARD_RANKS_PER_NODE") {
       s.ranks_per_node = static_cast<int>(parse_int(var, v, 1, 1 << 20, "an integer >= 1"));

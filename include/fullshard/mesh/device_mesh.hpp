@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fullshard/comm/communicator.hpp"
+#include "fullshard/comm/shm.hpp"
 #include "fullshard/runtime/settings.hpp"
 
 namespace fullshard {
@@ -31,9 +32,13 @@ class DeviceMesh {
   /// `shape` must equal the world size. Collective over the world.
   DeviceMesh(const Runtime& runtime, std::vector<int> shape, std::vector<std::string> names);
   /// Mesh over the ranks of `base` (any communicator, e.g. the training ranks of a coupled
-  /// simulation). `timeout_s` is the collective timeout of its communicators.
+  /// simulation). `timeout_s` is the collective timeout of its communicators. `collectives`
+  /// chooses the FSDP host collectives' transport per dim (shm()); `ranks_per_node` > 0
+  /// pretends that consecutive world ranks share a node in groups of that many (tests of the
+  /// two-level path on one machine).
   DeviceMesh(MPI_Comm base, std::vector<int> shape, std::vector<std::string> names,
-             double timeout_s, HostProgress progress = HostProgress::inline_);
+             double timeout_s, HostProgress progress = HostProgress::inline_,
+             HostCollectives collectives = HostCollectives::auto_, int ranks_per_node = 0);
   /// Node-aware 2-D mesh ("node", "local"): the local dim holds the ranks of one node
   /// (MPI shared-memory split, or the runtime's FULLSHARD_RANKS_PER_NODE override).
   /// Every node must run the same number of ranks.
@@ -41,7 +46,8 @@ class DeviceMesh {
   /// Same over `base`, pretending `ranks_per_node` consecutive ranks share a node when it is
   /// > 0 (tests), else detecting nodes with MPI_Comm_split_type.
   static DeviceMesh node_aware(MPI_Comm base, int ranks_per_node, double timeout_s,
-                               HostProgress progress = HostProgress::inline_);
+                               HostProgress progress = HostProgress::inline_,
+                               HostCollectives collectives = HostCollectives::auto_);
 
   int ndim() const noexcept;
   const std::vector<int>& shape() const noexcept;
@@ -66,6 +72,13 @@ class DeviceMesh {
   /// Using a channel's communicators only on the channel's stream is what keeps two streams
   /// from ever sharing an MPI communicator.
   comm::Stream& stream(Channel channel) const;
+  /// The node-local shared memory of a dim (fullshard/comm/shm.hpp), over the same ranks in
+  /// the same order as its communicators; nullptr when the dim's FSDP host collectives go
+  /// through MPI: a dim of size 1, a dim whose ranks span nodes, or
+  /// FULLSHARD_HOST_COLLECTIVES=mpi.
+  const comm::ShmComm* shm(const std::string& dim) const;
+  /// The transport choice the mesh was made with (FULLSHARD_HOST_COLLECTIVES).
+  HostCollectives host_collectives() const noexcept;
   /// Communicator over all ranks of the mesh.
   comm::Communicator& world_comm() const;
   /// The MPI communicator under a dim's main channel and under the whole mesh (MPI
@@ -74,7 +87,8 @@ class DeviceMesh {
   MPI_Comm control_comm(const std::string& dim) const;
   MPI_Comm control_world() const;
   /// Bytes issued by this rank on the mesh's communicators (every dim and channel, and the
-  /// world communicator) since the mesh was created; see comm::Traffic.
+  /// world communicator) and its dims' shared memory since the mesh was created; see
+  /// comm::Traffic.
   comm::Traffic traffic() const;
 
   /// 1-D mesh along one dim (collective; the result shares nothing with this mesh).

@@ -22,6 +22,18 @@ enum class HostProgress {
   inline_,
 };
 
+/// Which transport the FSDP host collectives of a mesh dim use (FULLSHARD_HOST_COLLECTIVES).
+enum class HostCollectives {
+  /// Node-local shared memory for every dim whose ranks share a node, MPI for the others
+  /// (the default): an HSDP mesh with its shard dim inside the node is the two-level case.
+  auto_,
+  /// As auto_, and fully_shard refuses a shard dim that spans nodes (ConfigError).
+  shm,
+  /// MPI collectives everywhere (the library's shared-memory transport, if any, inside MPI).
+  mpi,
+};
+const char* host_collectives_name(HostCollectives c) noexcept;
+
 /// FULLSHARD_CKPT_FAULT (tests only): "<point>[@<world rank>]" makes a checkpoint save exit the
 /// process with std::_Exit at that point of its protocol (on every rank, or on one), to check
 /// that a killed writer leaves the previous checkpoint loadable. Points, in protocol order:
@@ -53,6 +65,8 @@ struct Settings {
   /// FULLSHARD_RANKS_PER_NODE (>= 1): pretend this many consecutive ranks share a node
   /// (for tests of node-aware meshes on one machine). 0 = detect with MPI.
   int ranks_per_node = 0;
+  /// FULLSHARD_HOST_COLLECTIVES: auto | shm | mpi (see HostCollectives).
+  HostCollectives host_collectives = HostCollectives::auto_;
   /// FULLSHARD_BIND_DEVICE (0/1): bind one GPU per local rank when CUDA is enabled.
   bool bind_device = true;
   /// FULLSHARD_CKPT_FAULT: see CheckpointFault (read again by every checkpoint save).
