@@ -25,6 +25,7 @@
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/fullshard.hpp"
+#include "group_bench.hpp"
 #include "mpi_bench.hpp"
 
 namespace {
@@ -33,111 +34,9 @@ namespace fs = fullshard;
 using fs::bench::die;
 using fs::bench::timed_loop;
 
-constexpr int kParams = 64;
-constexpr std::int64_t kCols = 256;
-
-struct Model {
-  std::unique_ptr<fs::graph::Module> root;
-  fs::fsdp::FSDPModule* state = nullptr;
-  std::int64_t shard_bytes = 0;  // per rank
-};
-
-// One group of 64 (rows, 256) f32 parameters whose shards total `mib` MiB per rank.
-Model make_model(const fs::DeviceMesh& mesh, double mib, std::optional<fs::DType> param_dtype) {
-  const int W = mesh.size();
-  const std::int64_t per_rank = static_cast<std::int64_t>(mib * (1 << 20)) / 4;
-  const std::int64_t rows = std::max<std::int64_t>(1, per_rank * W / (kParams * kCols));
-  Model m;
-  m.root = fs::graph::Module::make_root("bench");
-  for (int i = 0; i < kParams; ++i)
-    m.root->add_param("p" + std::to_string(i), {rows, kCols}).init([i](std::int64_t e) {
-      return static_cast<double>((e + i) % 97);
-    });
-  fs::fsdp::FullyShardOptions o;
-  o.mp_policy.param_dtype = param_dtype;
-  m.state = &fs::fsdp::fully_shard(*m.root, mesh, o);
-  m.shard_bytes = m.state->group_layout().shard_numel * 4;
-  return m;
-}
-
-void counters(benchmark::State& state, std::int64_t bytes_per_rank, int W) {
-  using benchmark::Counter;
-  const double total = static_cast<double>(bytes_per_rank) * W;
-  state.counters["bytes"] =
-      Counter(static_cast<double>(bytes_per_rank), Counter::kDefaults, Counter::kIs1024);
-  state.counters["busbw"] =
-      Counter(W > 1 ? total * (W - 1) / W / 1e9 : 0.0, Counter::kIsIterationInvariantRate);
-}
-
-void bench_fsdp_all_gather(benchmark::State& state, const fs::DeviceMesh* mesh, double mib,
-                           bool bf16) {
-  try {
-    Model m =
-        make_model(*mesh, mib, bf16 ? std::optional<fs::DType>(fs::DType::bf16) : std::nullopt);
-    auto op = [&] {
-      m.state->unshard();
-      m.state->reshard();
-    };
-    op();  // warm-up: pool buffers allocated and touched
-    timed_loop(state, op);
-    counters(state, m.shard_bytes, mesh->size());
-  } catch (const std::exception& e) {
-    die("fsdp/all_gather", e);
-  }
-}
-
-void bench_fsdp_reduce_scatter(benchmark::State& state, const fs::DeviceMesh* mesh, double mib) {
-  try {
-    Model m = make_model(*mesh, mib, std::nullopt);
-    m.state->set_reshard_after_backward(false);
-    m.state->unshard();
-    auto& root = *m.root;
-    auto run = [&](bool timed) {
-      fs::fsdp::pre_backward(root);  // gradients zeroed: not part of the reduce path
-      if (!timed) {
-        fs::fsdp::post_backward(root);
-        return 0.0;
-      }
-      MPI_Barrier(fs::bench::control_comm());
-      const double t0 = MPI_Wtime();
-      fs::fsdp::post_backward(root);  // copy-in, reduce-scatter, copy-out, waited for
-      return MPI_Wtime() - t0;
-    };
-    run(false);
-    std::vector<double> times;
-    for (auto _ : state) {
-      const double local = run(true);
-      double slowest = 0;
-      MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, fs::bench::control_comm());
-      state.SetIterationTime(slowest);
-      times.push_back(slowest);
-    }
-    std::sort(times.begin(), times.end());
-    if (!times.empty()) state.counters["med_us"] = times[times.size() / 2] * 1e6;
-    counters(state, m.shard_bytes, mesh->size());
-  } catch (const std::exception& e) {
-    die("fsdp/reduce_scatter", e);
-  }
-}
-
-void bench_raw(benchmark::State& state, MPI_Comm comm, double mib, bool all_gather) {
-  int W = 1, r = 0;
-  MPI_Comm_size(comm, &W);
-  MPI_Comm_rank(comm, &r);
-  const std::int64_t per_rank = static_cast<std::int64_t>(mib * (1 << 20)) / 4;
-  std::vector<float> a(static_cast<std::size_t>(per_rank * W), 1.0f);
-  std::vector<float> b(static_cast<std::size_t>(per_rank), 0.0f);
-  const int n = static_cast<int>(per_rank);
-  auto op = [&] {
-    if (all_gather)
-      MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, a.data(), n, MPI_FLOAT, comm);
-    else
-      MPI_Reduce_scatter_block(a.data(), b.data(), n, MPI_FLOAT, MPI_SUM, comm);
-  };
-  op();
-  timed_loop(state, op);
-  counters(state, per_rank * 4, W);
-}
+using fs::bench::bench_group_all_gather;
+using fs::bench::bench_group_reduce_scatter;
+using fs::bench::bench_raw_collective;
 
 // ---- overlap ------------------------------------------------------------------------------
 
@@ -243,19 +142,21 @@ int main(int argc, char** argv) {
     MPI_Comm_dup(MPI_COMM_WORLD, &raw);
     for (double mib : {0.25, 1.0, 4.0, 16.0}) {
       const std::string s = mib < 1 ? "0.25" : std::to_string(static_cast<int>(mib));
-      benchmark::RegisterBenchmark(("fsdp/all_gather/" + s).c_str(), bench_fsdp_all_gather, &mesh,
-                                   mib, false)
+      const std::optional<fs::DType> f32, bf16 = fs::DType::bf16;
+      benchmark::RegisterBenchmark(("fsdp/all_gather/" + s).c_str(), bench_group_all_gather, &mesh,
+                                   mib, f32, "fsdp/all_gather")
           ->UseManualTime();
-      benchmark::RegisterBenchmark(("fsdp/all_gather_bf16/" + s).c_str(), bench_fsdp_all_gather,
-                                   &mesh, mib, true)
+      benchmark::RegisterBenchmark(("fsdp/all_gather_bf16/" + s).c_str(), bench_group_all_gather,
+                                   &mesh, mib, bf16, "fsdp/all_gather_bf16")
           ->UseManualTime();
-      benchmark::RegisterBenchmark(("raw/MPI_Allgather/" + s).c_str(), bench_raw, raw, mib, true)
+      benchmark::RegisterBenchmark(("raw/MPI_Allgather/" + s).c_str(), bench_raw_collective, raw,
+                                   mib, true)
           ->UseManualTime();
-      benchmark::RegisterBenchmark(("fsdp/reduce_scatter/" + s).c_str(), bench_fsdp_reduce_scatter,
-                                   &mesh, mib)
+      benchmark::RegisterBenchmark(("fsdp/reduce_scatter/" + s).c_str(), bench_group_reduce_scatter,
+                                   &mesh, mib, "fsdp/reduce_scatter")
           ->UseManualTime();
-      benchmark::RegisterBenchmark(("raw/MPI_Reduce_scatter_block/" + s).c_str(), bench_raw, raw,
-                                   mib, false)
+      benchmark::RegisterBenchmark(("raw/MPI_Reduce_scatter_block/" + s).c_str(),
+                                   bench_raw_collective, raw, mib, false)
           ->UseManualTime();
     }
     for (double mib : {1.0, 8.0}) {

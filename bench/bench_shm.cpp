@@ -28,6 +28,7 @@
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/fullshard.hpp"
+#include "group_bench.hpp"
 #include "mpi_bench.hpp"
 
 namespace {
@@ -36,108 +37,15 @@ namespace fs = fullshard;
 using fs::bench::die;
 using fs::bench::timed_loop;
 
-constexpr int kParams = 64;
-constexpr std::int64_t kCols = 256;
-
-struct Model {
-  std::unique_ptr<fs::graph::Module> root;
-  fs::fsdp::FSDPModule* state = nullptr;
-  std::int64_t shard_bytes = 0;
-};
-
-Model make_model(const fs::DeviceMesh& mesh, double mib) {
-  const int W = mesh.size();
-  const std::int64_t per_rank = static_cast<std::int64_t>(mib * (1 << 20)) / 4;
-  const std::int64_t rows = std::max<std::int64_t>(1, per_rank * W / (kParams * kCols));
-  Model m;
-  m.root = fs::graph::Module::make_root("bench");
-  for (int i = 0; i < kParams; ++i)
-    m.root->add_param("p" + std::to_string(i), {rows, kCols}).init([i](std::int64_t e) {
-      return static_cast<double>((e + i) % 97);
-    });
-  m.state = &fs::fsdp::fully_shard(*m.root, mesh);
-  m.shard_bytes = m.state->group_layout().shard_numel * 4;
-  return m;
-}
-
-void counters(benchmark::State& state, std::int64_t bytes_per_rank, int W) {
-  using benchmark::Counter;
-  const double total = static_cast<double>(bytes_per_rank) * W;
-  state.counters["bytes"] =
-      Counter(static_cast<double>(bytes_per_rank), Counter::kDefaults, Counter::kIs1024);
-  state.counters["busbw"] =
-      Counter(W > 1 ? total * (W - 1) / W / 1e9 : 0.0, Counter::kIsIterationInvariantRate);
-}
+using fs::bench::bus_counters;
 
 void bench_all_gather(benchmark::State& state, const fs::DeviceMesh* mesh, double mib) {
-  try {
-    Model m = make_model(*mesh, mib);
-    auto op = [&] {
-      m.state->unshard();
-      m.state->reshard();
-    };
-    op();
-    op();
-    timed_loop(state, op);
-    counters(state, m.shard_bytes, mesh->size());
-  } catch (const std::exception& e) {
-    die("all_gather", e);
-  }
+  fs::bench::bench_group_all_gather(state, mesh, mib, std::nullopt, "all_gather");
 }
-
 void bench_reduce_scatter(benchmark::State& state, const fs::DeviceMesh* mesh, double mib) {
-  try {
-    Model m = make_model(*mesh, mib);
-    m.state->set_reshard_after_backward(false);
-    m.state->unshard();
-    auto& root = *m.root;
-    auto run = [&](bool timed) {
-      fs::fsdp::pre_backward(root);  // gradients zeroed: not part of the reduce path
-      MPI_Barrier(fs::bench::control_comm());
-      const double t0 = MPI_Wtime();
-      fs::fsdp::post_backward(root);  // copy-in, reduce-scatter, copy-out, waited for
-      return timed ? MPI_Wtime() - t0 : 0.0;
-    };
-    run(false);
-    run(false);
-    std::vector<double> times;
-    for (auto _ : state) {
-      const double local = run(true);
-      double slowest = 0;
-      MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, fs::bench::control_comm());
-      state.SetIterationTime(slowest);
-      times.push_back(slowest);
-    }
-    std::sort(times.begin(), times.end());
-    if (!times.empty()) {
-      const std::size_t n = times.size();
-      state.counters["med_us"] =
-          (n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2])) * 1e6;
-      state.counters["min_us"] = times.front() * 1e6;
-    }
-    counters(state, m.shard_bytes, mesh->size());
-  } catch (const std::exception& e) {
-    die("reduce_scatter", e);
-  }
+  fs::bench::bench_group_reduce_scatter(state, mesh, mib, "reduce_scatter");
 }
-
-void bench_raw(benchmark::State& state, MPI_Comm comm, double mib, bool all_gather) {
-  int W = 1;
-  MPI_Comm_size(comm, &W);
-  const std::int64_t per_rank = static_cast<std::int64_t>(mib * (1 << 20)) / 4;
-  std::vector<float> a(static_cast<std::size_t>(per_rank * W), 1.0f);
-  std::vector<float> b(static_cast<std::size_t>(per_rank), 0.0f);
-  const int n = static_cast<int>(per_rank);
-  auto op = [&] {
-    if (all_gather)
-      MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, a.data(), n, MPI_FLOAT, comm);
-    else
-      MPI_Reduce_scatter_block(a.data(), b.data(), n, MPI_FLOAT, MPI_SUM, comm);
-  };
-  op();
-  timed_loop(state, op);
-  counters(state, per_rank * 4, W);
-}
+using fs::bench::bench_raw_collective;
 
 void bench_memcpy(benchmark::State& state, int W, double mib) {
   const auto bytes = static_cast<std::size_t>(mib * (1 << 20)) * static_cast<std::size_t>(W);
@@ -146,7 +54,7 @@ void bench_memcpy(benchmark::State& state, int W, double mib) {
   op();
   timed_loop(state, op);
   benchmark::DoNotOptimize(b.data());
-  counters(state, static_cast<std::int64_t>(bytes) / W, W);
+  bus_counters(state, static_cast<std::int64_t>(bytes) / W, W);
 }
 
 }  // namespace
@@ -173,10 +81,10 @@ int main(int argc, char** argv) {
       reg("memcpy/" + s, bench_memcpy, W, mib);
       reg("shm/all_gather/" + s, bench_all_gather, &shm, mib);
       reg("mpi/all_gather/" + s, bench_all_gather, &mpi, mib);
-      reg("raw/MPI_Allgather/" + s, bench_raw, raw, mib, true);
+      reg("raw/MPI_Allgather/" + s, bench_raw_collective, raw, mib, true);
       reg("shm/reduce_scatter/" + s, bench_reduce_scatter, &shm, mib);
       reg("mpi/reduce_scatter/" + s, bench_reduce_scatter, &mpi, mib);
-      reg("raw/MPI_Reduce_scatter_block/" + s, bench_raw, raw, mib, false);
+      reg("raw/MPI_Reduce_scatter_block/" + s, bench_raw_collective, raw, mib, false);
     }
     result = fs::bench::run_benchmarks(argc, argv);
     MPI_Comm_free(&raw);
