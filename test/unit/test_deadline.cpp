@@ -121,7 +121,9 @@ TEST_CASE("a bounded wait returns when its predicate holds, pausing between poll
 
 TEST_CASE("an expired wait calls its hook with the message, then throws CommError") {
   std::vector<std::string> seen;
-  BoundedWait w(site(), 0.05, [&](const std::string& m) { seen.push_back(m); });
+  // 0.5 s: long enough that the 16 spins and 64 yields end before it even on a loaded machine
+  // (at 0.05 s they did not always, and the check below of the sleeping back-off failed).
+  BoundedWait w(site(), 0.5, [&](const std::string& m) { seen.push_back(m); });
   std::string what;
   try {
     w.poll([] { return false; });
@@ -129,7 +131,7 @@ TEST_CASE("an expired wait calls its hook with the message, then throws CommErro
     what = e.what();
   }
   REQUIRE(seen.size() == 1);
-  CHECK(seen[0] == fullshard::timeout_message(site(), 0.05));
+  CHECK(seen[0] == fullshard::timeout_message(site(), 0.5));
   CHECK(seen[0] == w.message());
   CHECK(what.find(seen[0]) != std::string::npos);
   CHECK(what.rfind("fullshard[rank ", 0) == 0);
