@@ -130,13 +130,7 @@ FSDPModule& fully_shard(const std::vector<graph::Module*>& modules, const Device
   for (auto* m : modules)
     for (auto* p : m->parameters()) {
       if (taken.count(p) || ignored.count(p) || !in_group.insert(p).second) continue;
-      Placement pl = Placement::Shard(0);
-      if (options.shard_placement_fn)
-        if (auto chosen = options.shard_placement_fn(*p)) pl = *chosen;
-      if (!pl.is_shard())
-        throw InvalidArgument("fully_shard(" + name + "): parameter '" + p->fqn() +
-                              "': shard_placement_fn must return a Shard placement (ignore the "
-                              "parameter to keep it replicated)");
+      const Placement pl = shard_placement(options, name, *p);
       layouts.push_back(shard_layout(p->shape(), pl, W, rank, "parameter '" + p->fqn() + "'"));
       params.push_back(p);
     }
@@ -373,6 +367,18 @@ void FSDPModule::zero_grad() {
 // ---- Graph JSON requests --------------------------------------------------------------------
 
 namespace fullshard::fsdp {
+
+Placement shard_placement(const FullyShardOptions& options, const std::string& name,
+                          const graph::Parameter& p) {
+  Placement pl = Placement::Shard(0);
+  if (options.shard_placement_fn)
+    if (auto chosen = options.shard_placement_fn(p)) pl = *chosen;
+  if (!pl.is_shard())
+    throw InvalidArgument("fully_shard(" + name + "): parameter '" + p.fqn() +
+                          "': shard_placement_fn must return a Shard placement (ignore the "
+                          "parameter to keep it replicated)");
+  return pl;
+}
 
 FullyShardOptions options_from_request(const nlohmann::json& req, const FullyShardOptions& defaults,
                                        const std::string& where) {

@@ -50,18 +50,6 @@ std::string where_of(const graph::Module& m) {
          ".fully_shard";
 }
 
-Placement placement_of(const fsdp::FullyShardOptions& o, const std::string& group,
-                       const graph::Parameter& p) {
-  Placement pl = Placement::Shard(0);
-  if (o.shard_placement_fn)
-    if (auto chosen = o.shard_placement_fn(p)) pl = *chosen;
-  if (!pl.is_shard())
-    throw InvalidArgument("fully_shard(" + group + "): parameter '" + p.fqn() +
-                          "': shard_placement_fn must return a Shard placement (ignore the "
-                          "parameter to keep it replicated)");
-  return pl;
-}
-
 // One walk over the graph forms every group (fully_shard's post-order), with no per-parameter
 // lookups: the parameters a requested module's group takes are those of its subtree that no
 // requested module below took, which the walk collects on one stack as it returns.
@@ -137,7 +125,7 @@ class GroupBuilder {
         stack_[kept++] = p;
         continue;
       }
-      const Placement pl = placement_of(g.options, g.name, *p);
+      const Placement pl = fsdp::shard_placement(g.options, g.name, *p);
       const ShardExtent e =
           shard_extent(p->shape(), pl, W_, [&] { return "parameter '" + p->fqn() + "'"; });
       // The engine's ParamGroup checks, in its order.
@@ -205,8 +193,8 @@ kernels::GroupLayout PlannedGroup::group_layout(int rank) const {
   std::vector<ShardLayout> layouts;
   layouts.reserve(params.size());
   for (const graph::Parameter* p : params)
-    layouts.push_back(shard_layout(p->shape(), placement_of(options, name, *p), layout.world, rank,
-                                   "parameter '" + p->fqn() + "'"));
+    layouts.push_back(shard_layout(p->shape(), fsdp::shard_placement(options, name, *p),
+                                   layout.world, rank, "parameter '" + p->fqn() + "'"));
   kernels::GroupLayout l = kernels::make_group_layout(layouts);
   l.world = layout.world;  // also for a group without parameters
   return l;

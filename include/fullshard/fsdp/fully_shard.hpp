@@ -136,6 +136,12 @@ FSDPModule& fully_shard(const std::vector<graph::Module*>& modules, const Device
 /// The FSDP state of a module, or nullptr when fully_shard was not applied to it.
 FSDPModule* fsdp_state(graph::Module& module) noexcept;
 
+/// The placement fully_shard(name) gives parameter `p`: options.shard_placement_fn's choice,
+/// Shard(0) by default. InvalidArgument naming the group and the parameter when the function
+/// returns anything but a Shard placement.
+Placement shard_placement(const FullyShardOptions& options, const std::string& name,
+                          const graph::Parameter& p);
+
 /// The options of one graph request ("fully_shard": true or an object of options):
 /// `defaults` overridden by the keys present: reshard_after_forward (bool, null or int >= 1),
 /// param_dtype, reduce_dtype, output_dtype (dtype names), ignored_params (array of FQNs).
