@@ -19,13 +19,7 @@ flags=(--layers 3 --hidden 48 --inputs 16 --outputs 4 --batch 30 --seed 11)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-run() {  # run RANKS OUT [flags...]
-  local ranks="$1" out="$2"
-  shift 2
-  "$mpiexec" -n "$ranks" "$train" "${flags[@]}" "$@" >"$out.log" 2>&1 \
-    || { echo "FAIL: fullshard-train -n $ranks $* exited with an error:"; cat "$out.log"; exit 1; }
-  awk '$1 == "step" && $3 == "loss" { print $2, $4 }' "$out.log" >"$out"
-}
+source "$here/train_run.sh"
 
 run "$n" "$work/trained" --steps 10 --checkpoint-dir "$work/ck"
 "$ckpt" convert "$work/ck" "$work/w.safetensors" --to safetensors \

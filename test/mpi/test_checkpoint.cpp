@@ -46,6 +46,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using test::global_index;
+
 int W() {
   return test::world_size();
 }
@@ -203,19 +205,6 @@ std::unique_ptr<optim::AdamW> adamw(Module& root) {
 
 // Full values of a model's tensors: name -> row-major values.
 using Full = std::map<std::string, std::vector<double>>;
-
-std::int64_t global_index(const ShardLayout& l, std::int64_t e) {
-  const std::size_t n = l.local_shape.size();
-  std::vector<std::int64_t> idx(n);
-  for (std::size_t d = n; d-- > 0;) {
-    idx[d] = e % l.local_shape[d];
-    e /= l.local_shape[d];
-  }
-  std::int64_t g = 0;
-  for (std::size_t d = 0; d < n; ++d)
-    g = g * l.global_shape[d] + idx[d] + l.global_offset[d];
-  return g;
-}
 
 // This rank's tensors (parameters and optimizer states) with their layouts.
 std::map<std::string, std::pair<Tensor, ShardLayout>> local_tensors(Module& root,

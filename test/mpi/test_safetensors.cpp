@@ -30,6 +30,8 @@ using test::contains;
 
 namespace {
 
+using test::global_index;
+
 int R() {
   return test::world_rank();
 }
@@ -81,19 +83,6 @@ struct Net {
     fsdp::fully_shard(*root, mesh, root_opts);
   }
 };
-
-std::int64_t global_index(const ShardLayout& l, std::int64_t e) {
-  const std::size_t n = l.local_shape.size();
-  std::vector<std::int64_t> idx(n);
-  for (std::size_t d = n; d-- > 0;) {
-    idx[d] = e % l.local_shape[d];
-    e /= l.local_shape[d];
-  }
-  std::int64_t g = 0;
-  for (std::size_t d = 0; d < n; ++d)
-    g = g * l.global_shape[d] + idx[d] + l.global_offset[d];
-  return g;
-}
 
 // Number of this rank's local elements differing from value(name, global index, seed).
 int mismatches(Module& root, int seed) {

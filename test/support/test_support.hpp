@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "fullshard/runtime/runtime.hpp"
+#include "fullshard/tensor/sharding.hpp"
 
 namespace fullshard::test {
 
@@ -40,6 +42,20 @@ inline double sample(int rank, std::size_t i, int salt, bool exact) {
   x ^= x >> 29;
   const double v = static_cast<double>(static_cast<std::int64_t>(x % 128) - 64);
   return exact ? v * 0.25 : v * 0.37 + static_cast<double>(x % 1000) * 1e-3;
+}
+
+/// Row-major index in the full tensor of element `e` of a rank's shard with layout `l`.
+inline std::int64_t global_index(const ShardLayout& l, std::int64_t e) {
+  const std::size_t n = l.local_shape.size();
+  std::vector<std::int64_t> idx(n);
+  for (std::size_t d = n; d-- > 0;) {
+    idx[d] = e % l.local_shape[d];
+    e /= l.local_shape[d];
+  }
+  std::int64_t g = 0;
+  for (std::size_t d = 0; d < n; ++d)
+    g = g * l.global_shape[d] + idx[d] + l.global_offset[d];
+  return g;
 }
 
 }  // namespace fullshard::test
