@@ -574,12 +574,14 @@ void begin_backward(Backend& b) {
 namespace {
 
 void compute(graph::Module& m, const GroupLookup& lookup, Group* owner, Phase ph) {
-  const bool callback =
-      ph == Phase::forward ? bool(m.forward_callback()) : bool(m.backward_callback());
-  if (!m.cost().declared && !callback) return;
+  const auto callback = [&m, ph] {
+    return ph == Phase::forward ? bool(m.forward_callback()) : bool(m.backward_callback());
+  };
+  // The declared cost first: planning never reads the callbacks.
+  if (!m.cost().declared && !callback()) return;
   Backend* b = owner ? owner->root->backend : lookup.default_backend();
   if (!b) {  // outside every FSDP root: nothing to order it with
-    if (callback) (ph == Phase::forward ? m.forward_callback() : m.backward_callback())(m);
+    if (callback()) (ph == Phase::forward ? m.forward_callback() : m.backward_callback())(m);
     return;
   }
   OpDesc d;

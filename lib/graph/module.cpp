@@ -125,11 +125,11 @@ std::string quoted_name(const std::string& s, std::size_t max_bytes) {
 
 Parameter::Parameter(Module* module, std::string name, Shape shape, DType dtype, bool requires_grad)
     : module_(module),
-      name_(std::move(name)),
-      fqn_(module->fqn().empty() ? name_ : module->fqn() + "." + name_),
       shape_(std::move(shape)),
       dtype_(dtype),
-      requires_grad_(requires_grad) {}
+      requires_grad_(requires_grad),
+      name_(std::move(name)),
+      fqn_(module->fqn().empty() ? name_ : module->fqn() + "." + name_) {}
 
 Parameter& Parameter::init(const std::function<double(std::int64_t)>& fn) {
   Tensor t = Tensor::empty(shape_, dtype_, MemorySpace::host, fqn_);
@@ -144,11 +144,11 @@ Parameter& Parameter::init(const std::function<double(std::int64_t)>& fn) {
 // Module
 
 Module::Module(std::string name, Module* parent)
-    : name_(std::move(name)),
+    : parent_(parent),
+      depth_(parent == nullptr ? 0 : parent->depth_ + 1),
+      name_(std::move(name)),
       fqn_(parent == nullptr ? std::string()
-                             : (parent->is_root() ? name_ : parent->fqn() + "." + name_)),
-      parent_(parent),
-      depth_(parent == nullptr ? 0 : parent->depth_ + 1) {}
+                             : (parent->is_root() ? name_ : parent->fqn() + "." + name_)) {}
 
 Module::~Module() = default;
 

@@ -93,7 +93,7 @@ class GroupBuilder {
     const nlohmann::json& req = m.fully_shard_request();
     if (!req.is_boolean() && !req.is_object())
       throw ConfigError(where_of(m) + ": expected true, false or an object of options");
-    PlannedGroup g;
+    PlannedGroup& g = groups_.emplace_back();  // in place (a throw discards every group)
     g.options =
         req.is_boolean() ? defaults_ : fsdp::options_from_request(req, defaults_, where_of(m));
     g.name = m.fqn().empty() ? "<root>" : m.fqn();
@@ -168,7 +168,6 @@ class GroupBuilder {
                             " must divide the shard group size " + std::to_string(W_));
     if (k < -1) throw InvalidArgument("fully_shard(" + g.name + "): bad reshard_after_forward");
     g.reshard_after_forward = (k >= 1 && k == W_) ? -1 : k;  // 0: resolved by visit()
-    groups_.push_back(std::move(g));
   }
 
   const int W_;

@@ -236,7 +236,6 @@ struct OpDesc {
 
 /// Sizes and dtypes of one communication group (identical on every rank but `rank`).
 struct GroupInfo {
-  std::string name;                       // "layers.0", "<root>", "a+b"
   const graph::Module* module = nullptr;  // its first module
   int num_modules = 1;
   int world = 1;                 // shard group size W
@@ -247,6 +246,7 @@ struct GroupInfo {
   DType orig_dtype = DType::f32;
   DType param_dtype = DType::f32;
   DType reduce_dtype = DType::f32;
+  std::string name;  // "layers.0", "<root>", "a+b" (last: the engine's walks never read it)
 
   bool cast() const noexcept { return param_dtype != orig_dtype; }
   std::size_t gather_bytes() const noexcept;     // the all-gather buffer (0: none needed)

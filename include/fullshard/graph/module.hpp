@@ -90,12 +90,13 @@ class Parameter {
   friend class Module;
   Parameter(Module* module, std::string name, Shape shape, DType dtype, bool requires_grad);
 
+  // What planning reads first (one cache line), the names after.
   Module* module_;
-  std::string name_;
-  std::string fqn_;
   Shape shape_;
   DType dtype_;
   bool requires_grad_;
+  std::string name_;
+  std::string fqn_;
   Tensor data_;
   Tensor grad_;
 };
@@ -109,7 +110,7 @@ class Parameter {
 /// have at most kMaxFqnBytes bytes; a parameter's size in bytes fits in a signed 64-bit
 /// integer. Errors are InvalidArgument naming the module ("root module 'model'" for the root,
 /// else "module '<fqn>'") and the offending name.
-class Module {
+class alignas(64) Module {
  public:
   /// A root module. Its name (e.g. "model") is not part of any FQN (torch semantics); it must
   /// be a valid name (name_problem) of at most kMaxFqnBytes bytes.
@@ -217,19 +218,21 @@ class Module {
   void collect_postorder(std::vector<Module*>& out);
   void collect_parameters(std::vector<Parameter*>& out);
 
-  std::string name_;
-  std::string fqn_;
-  Module* parent_;
+  // What every walk over the graph reads (planning, hooks) fills the first two cache lines
+  // (the class is cache-line aligned); the names and lookups follow.
   std::vector<std::unique_ptr<Module>> children_;
   std::vector<std::unique_ptr<Parameter>> params_;
+  nlohmann::json fully_shard_request_;
+  Cost cost_;
+  Module* parent_;
+  std::size_t depth_ = 0;
+  Callback forward_callback_;
+  Callback backward_callback_;
+  std::string name_;
+  std::string fqn_;
   // Name lookups: graphs of 100,000 modules are built and searched in linear time.
   std::unordered_map<std::string, Module*> child_by_name_;
   std::unordered_map<std::string, Parameter*> param_by_name_;
-  Callback forward_callback_;
-  Callback backward_callback_;
-  Cost cost_;
-  nlohmann::json fully_shard_request_;
-  std::size_t depth_ = 0;
   std::size_t json_index_ = static_cast<std::size_t>(-1);  // none
   std::shared_ptr<void> extension_;
 };
