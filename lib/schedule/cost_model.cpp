@@ -223,8 +223,7 @@ CostModel CostModel::from_json(const nlohmann::json& j, const CostModel& base,
         const MeshDim* dim = nullptr;
         for (const MeshDim& d : kDims)
           if (dt.key() == mesh_dim_name(d)) dim = &d;
-        if (!dim)
-          fail(source, dpath, "unknown key '" + dt.key() + "' (allowed: shard, replicate)");
+        if (!dim) fail(source, dpath, "unknown key '" + dt.key() + "' (allowed: shard, replicate)");
         const nlohmann::json& v = dt.value();
         if (v == "mpi")
           c.set_transport(*dim, Transport::mpi);
@@ -423,8 +422,7 @@ CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostM
             sources[static_cast<std::size_t>(q)] =
                 win.segment(q) + static_cast<std::size_t>(me) * count * 4;
           kernels::reduce_sources(sources.data(), W, DType::f32, DType::f32, a.data(), DType::f32,
-                                  static_cast<std::int64_t>(count), static_cast<double>(W),
-                                  false);
+                                  static_cast<std::int64_t>(count), static_cast<double>(W), false);
           win.publish(3, rs_round);
         });
     // The window is freed (collectively) only after every rank's last read.

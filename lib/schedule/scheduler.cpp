@@ -57,9 +57,9 @@ class PlanningBackend final : public engine::Backend {
   engine::Event gather_copy_out(const engine::OpDesc& d, engine::Group& g, const engine::Buf*,
                                 engine::Buf&, engine::Buf*) override {
     if (shm(g) && g.state != engine::ShardedState::sharded_post_forward)  // not a k-rank gather
-      return emit(d, cost_.shm_time_ms(CollectiveKind::all_gather, MeshDim::shard,
-                                       double(g.info.shard_numel) *
-                                           double(dtype_size(g.info.param_dtype))));
+      return emit(d, cost_.shm_time_ms(
+                         CollectiveKind::all_gather, MeshDim::shard,
+                         double(g.info.shard_numel) * double(dtype_size(g.info.param_dtype))));
     return emit(d, cost_.copy_ms(double(d.bytes)));
   }
   engine::Event grad_init(const engine::OpDesc& d, engine::Group&, engine::Buf&) override {
@@ -72,8 +72,8 @@ class PlanningBackend final : public engine::Backend {
   engine::Event reduce_scatter(const engine::OpDesc& d, engine::Group& g, engine::Buf&,
                                engine::Buf&) override {
     if (shm(g))
-      return emit(d, cost_.shm_time_ms(CollectiveKind::reduce_scatter, MeshDim::shard,
-                                       double(d.bytes)));
+      return emit(
+          d, cost_.shm_time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, double(d.bytes)));
     return emit(d, cost_.time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, double(d.bytes)));
   }
   engine::Event all_reduce(const engine::OpDesc& d, engine::Group&, engine::Buf&) override {

@@ -879,8 +879,9 @@ TEST_CASE("cost model: shared-memory transport, JSON keys and the defaults of ol
   CHECK(contains(err(R"({"shm": {"all_reduce": {}}})"),
                  "cost.json: shm.all_reduce: unknown key 'all_reduce' (allowed: all_gather, "
                  "reduce_scatter)"));
-  CHECK(contains(err(R"({"shm": {"all_gather": {"shard": {"beta_ms_per_byte": -2}}}})"),
-                 "cost.json: shm.all_gather.shard.beta_ms_per_byte: expected a finite number >= 0"));
+  CHECK(
+      contains(err(R"({"shm": {"all_gather": {"shard": {"beta_ms_per_byte": -2}}}})"),
+               "cost.json: shm.all_gather.shard.beta_ms_per_byte: expected a finite number >= 0"));
 }
 
 TEST_CASE("cost model calibration over MPI") {
@@ -1200,7 +1201,8 @@ TEST_CASE("a plan on a shared-memory cost model: the times of the shm path, the 
           CHECK(ms == doctest::Approx(mesh.replicate == 1 ? 0.0 : double(op.bytes) / 1e6));
           break;
         case OpKind::all_reduce:
-          CHECK(ms == doctest::Approx(cm.time_ms(CollectiveKind::all_reduce, MeshDim::replicate, b)));
+          CHECK(ms ==
+                doctest::Approx(cm.time_ms(CollectiveKind::all_reduce, MeshDim::replicate, b)));
           break;
         default:
           break;
