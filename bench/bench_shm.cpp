@@ -16,6 +16,8 @@
 //   raw/MPI_Reduce_scatter_block/<MiB>
 //   memcpy/<MiB>                every rank copies W x <MiB> at once (what an all-gather
 //                               writes, a reduce-scatter reads, per rank)
+//   memcpy_peers/<MiB>          every rank copies (W-1) x <MiB> at once (what an in-place
+//                               MPI_Allgather writes per rank: the peers' slots only)
 // <MiB> is the group shard per rank. Launch:
 //   scripts/mpirun-local -n 2 build-rel/bench/fullshard-bench-shm --benchmark_min_time=0.3
 #include <algorithm>
@@ -47,14 +49,14 @@ void bench_reduce_scatter(benchmark::State& state, const fs::DeviceMesh* mesh, d
 }
 using fs::bench::bench_raw_collective;
 
-void bench_memcpy(benchmark::State& state, int W, double mib) {
-  const auto bytes = static_cast<std::size_t>(mib * (1 << 20)) * static_cast<std::size_t>(W);
+void bench_memcpy(benchmark::State& state, int W, double mib, int slots) {
+  const auto bytes = static_cast<std::size_t>(mib * (1 << 20)) * static_cast<std::size_t>(slots);
   std::vector<char> a(bytes, 1), b(bytes, 0);
   auto op = [&] { std::memcpy(b.data(), a.data(), bytes); };
   op();
   timed_loop(state, op);
   benchmark::DoNotOptimize(b.data());
-  bus_counters(state, static_cast<std::int64_t>(bytes) / W, W);
+  bus_counters(state, static_cast<std::int64_t>(mib * (1 << 20)), W);
 }
 
 }  // namespace
@@ -78,7 +80,8 @@ int main(int argc, char** argv) {
       auto reg = [](const std::string& name, auto&&... args) {
         benchmark::RegisterBenchmark(name.c_str(), args...)->UseManualTime();
       };
-      reg("memcpy/" + s, bench_memcpy, W, mib);
+      reg("memcpy/" + s, bench_memcpy, W, mib, W);
+      if (W > 1) reg("memcpy_peers/" + s, bench_memcpy, W, mib, W - 1);
       reg("shm/all_gather/" + s, bench_all_gather, &shm, mib);
       reg("mpi/all_gather/" + s, bench_all_gather, &mpi, mib);
       reg("raw/MPI_Allgather/" + s, bench_raw_collective, raw, mib, true);

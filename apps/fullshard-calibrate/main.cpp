@@ -1,5 +1,7 @@
 // fullshard-calibrate: measures the alpha-beta cost model of this machine's collectives and
-// writes it as JSON for `fullshard-plan --cost`.
+// writes it as JSON for `fullshard-plan --cost`. Where the shard dim runs on node-local shared
+// memory (FULLSHARD_HOST_COLLECTIVES=auto on one node, or shm) it measures that path too and
+// writes "transport": {"shard": "shm"} with the "shm" coefficients.
 //   mpirun -n 8 fullshard-calibrate --mesh 8 --out cost.json        (FSDP)
 //   mpirun -n 8 fullshard-calibrate --mesh 2x4 --out cost.json      (HSDP: replicate x shard)
 #include <cstdio>
@@ -83,7 +85,7 @@ int main(int argc, char** argv) {
                       : fullshard::DeviceMesh(rt, {shard}, {"shard"});
     const auto model = fullshard::schedule::CostModel::calibrate(
         mesh.comm("shard"), fullshard::schedule::CostModel::defaults(shape),
-        replicate > 1 ? &mesh.comm("replicate") : nullptr, sizes, reps);
+        replicate > 1 ? &mesh.comm("replicate") : nullptr, sizes, reps, mesh.shm("shard"));
     if (rt.rank() == 0) {
       std::ofstream f(out);
       f << model.to_json().dump(2) << "\n";

@@ -12,7 +12,10 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/json_reader.hpp"
 #include "fullshard/comm/communicator.hpp"
+#include "fullshard/comm/shm.hpp"
 #include "fullshard/comm/stream.hpp"
+#include "fullshard/kernels/multi_source.hpp"
+#include "fullshard/kernels/shard_copy.hpp"
 
 namespace fullshard::schedule {
 
@@ -32,11 +35,18 @@ const char* mesh_dim_name(MeshDim d) noexcept {
   return d == MeshDim::shard ? "shard" : "replicate";
 }
 
+const char* transport_name(Transport t) noexcept {
+  return t == Transport::shm ? "shm" : "mpi";
+}
+
 namespace {
 
 constexpr CollectiveKind kKinds[] = {CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
                                      CollectiveKind::all_reduce};
 constexpr MeshDim kDims[] = {MeshDim::shard, MeshDim::replicate};
+constexpr CollectiveKind kShmKinds[] = {CollectiveKind::all_gather, CollectiveKind::reduce_scatter};
+// Shared-memory defaults: alpha (the counter handshake) and the copy bandwidth.
+constexpr double kShmAlphaMs = 0.005;
 
 [[noreturn]] void fail(const std::string& source, const std::string& path,
                        const std::string& what) {
@@ -74,6 +84,9 @@ CostModel CostModel::defaults(const MeshShape& mesh, double alpha_ms, double bus
     c.collective(CollectiveKind::all_gather, d) = {alpha_ms, n1 / bus};
     c.collective(CollectiveKind::reduce_scatter, d) = {alpha_ms, n1 / bus};
     c.collective(CollectiveKind::all_reduce, d) = {alpha_ms, n > 1 ? 2.0 * n1 / n / bus : 0.0};
+    const double copy_beta = std::max(n, 1) / (copy_gb_per_s * 1e6);
+    for (CollectiveKind k : kShmKinds)
+      c.shm_collective(k, d) = {kShmAlphaMs, copy_beta};
   }
   c.copy_gb_per_s_ = copy_gb_per_s;
   return c;
@@ -84,6 +97,9 @@ CostModel::CostModel() {
   for (CollectiveKind k : kKinds)
     for (MeshDim d : kDims)
       collective(k, d) = {0.02, 1e-6};
+  for (CollectiveKind k : kShmKinds)
+    for (MeshDim d : kDims)
+      shm_collective(k, d) = {kShmAlphaMs, 2.0 / (copy_gb_per_s_ * 1e6)};
 }
 
 const AlphaBeta& CostModel::collective(CollectiveKind k, MeshDim d) const noexcept {
@@ -95,6 +111,18 @@ AlphaBeta& CostModel::collective(CollectiveKind k, MeshDim d) noexcept {
 
 double CostModel::time_ms(CollectiveKind k, MeshDim d, double bytes_per_rank) const noexcept {
   return collective(k, d).time_ms(bytes_per_rank);
+}
+
+const AlphaBeta& CostModel::shm_collective(CollectiveKind k, MeshDim d) const {
+  if (k == CollectiveKind::all_reduce)
+    throw InvalidArgument(
+        "CostModel::shm_collective: all_reduce has no shared-memory form (only all_gather and "
+        "reduce_scatter)");
+  return shm_[static_cast<int>(k)][static_cast<int>(d)];
+}
+AlphaBeta& CostModel::shm_collective(CollectiveKind k, MeshDim d) {
+  const CostModel& self = *this;
+  return const_cast<AlphaBeta&>(self.shm_collective(k, d));
 }
 
 void CostModel::set_copy_gb_per_s(double v) {
@@ -110,6 +138,13 @@ bool CostModel::operator==(const CostModel& o) const noexcept {
       if (collective(k, d).alpha_ms != o.collective(k, d).alpha_ms ||
           collective(k, d).beta_ms_per_byte != o.collective(k, d).beta_ms_per_byte)
         return false;
+  for (CollectiveKind k : kShmKinds)
+    for (MeshDim d : kDims)
+      if (shm_collective(k, d).alpha_ms != o.shm_collective(k, d).alpha_ms ||
+          shm_collective(k, d).beta_ms_per_byte != o.shm_collective(k, d).beta_ms_per_byte)
+        return false;
+  for (MeshDim d : kDims)
+    if (transport(d) != o.transport(d)) return false;
   return copy_gb_per_s_ == o.copy_gb_per_s_;
 }
 
@@ -123,8 +158,50 @@ nlohmann::json CostModel::to_json() const {
     j[collective_kind_name(k)] = per;
   }
   j["copy_gb_per_s"] = copy_gb_per_s_;
+  nlohmann::json transport = nlohmann::json::object();
+  for (MeshDim d : kDims)
+    transport[mesh_dim_name(d)] = transport_name(this->transport(d));
+  j["transport"] = transport;
+  nlohmann::json shm = nlohmann::json::object();
+  for (CollectiveKind k : kShmKinds) {
+    nlohmann::json per = nlohmann::json::object();
+    for (MeshDim d : kDims)
+      per[mesh_dim_name(d)] = {{"alpha_ms", shm_collective(k, d).alpha_ms},
+                               {"beta_ms_per_byte", shm_collective(k, d).beta_ms_per_byte}};
+    shm[collective_kind_name(k)] = per;
+  }
+  j["shm"] = shm;
   return j;
 }
+
+namespace {
+
+// {"shard": {"alpha_ms": .., "beta_ms_per_byte": ..}, "replicate": {..}} at `path`, over `ab`.
+template <class Lookup>
+void read_dims(const nlohmann::json& v, const std::string& source, const std::string& path,
+               Lookup&& ab) {
+  check_object(v, source, path);
+  for (auto dt = v.begin(); dt != v.end(); ++dt) {
+    const std::string dpath = member(path, dt.key());
+    const MeshDim* dim = nullptr;
+    for (const MeshDim& d : kDims)
+      if (dt.key() == mesh_dim_name(d)) dim = &d;
+    if (!dim) fail(source, dpath, "unknown key '" + dt.key() + "' (allowed: shard, replicate)");
+    check_object(dt.value(), source, dpath);
+    AlphaBeta& out = ab(*dim);
+    for (auto f = dt.value().begin(); f != dt.value().end(); ++f) {
+      const std::string fpath = member(dpath, f.key());
+      if (f.key() == "alpha_ms")
+        out.alpha_ms = non_negative(f.value(), source, fpath);
+      else if (f.key() == "beta_ms_per_byte")
+        out.beta_ms_per_byte = non_negative(f.value(), source, fpath);
+      else
+        fail(source, fpath, "unknown key '" + f.key() + "' (allowed: alpha_ms, beta_ms_per_byte)");
+    }
+  }
+}
+
+}  // namespace
 
 CostModel CostModel::from_json(const nlohmann::json& j, const CostModel& base,
                                const std::string& source) {
@@ -139,34 +216,49 @@ CostModel CostModel::from_json(const nlohmann::json& j, const CostModel& base,
       c.copy_gb_per_s_ = v;
       continue;
     }
+    if (key == "transport") {
+      check_object(it.value(), source, path);
+      for (auto dt = it.value().begin(); dt != it.value().end(); ++dt) {
+        const std::string dpath = member(path, dt.key());
+        const MeshDim* dim = nullptr;
+        for (const MeshDim& d : kDims)
+          if (dt.key() == mesh_dim_name(d)) dim = &d;
+        if (!dim) fail(source, dpath, "unknown key '" + dt.key() + "' (allowed: shard, replicate)");
+        const nlohmann::json& v = dt.value();
+        if (v == "mpi")
+          c.set_transport(*dim, Transport::mpi);
+        else if (v == "shm")
+          c.set_transport(*dim, Transport::shm);
+        else
+          fail(source, dpath, "expected \"mpi\" or \"shm\", got " + v.dump());
+      }
+      continue;
+    }
+    if (key == "shm") {
+      check_object(it.value(), source, path);
+      for (auto kt = it.value().begin(); kt != it.value().end(); ++kt) {
+        const std::string kpath = member(path, kt.key());
+        const CollectiveKind* kind = nullptr;
+        for (const CollectiveKind& k : kShmKinds)
+          if (kt.key() == collective_kind_name(k)) kind = &k;
+        if (!kind)
+          fail(source, kpath,
+               "unknown key '" + kt.key() + "' (allowed: all_gather, reduce_scatter)");
+        read_dims(kt.value(), source, kpath,
+                  [&](MeshDim d) -> AlphaBeta& { return c.shm_collective(*kind, d); });
+      }
+      continue;
+    }
     const CollectiveKind* kind = nullptr;
     for (const CollectiveKind& k : kKinds)
       if (key == collective_kind_name(k)) kind = &k;
     if (!kind)
       fail(source, path,
            "unknown key '" + key +
-               "' (allowed: all_gather, reduce_scatter, all_reduce, "
-               "copy_gb_per_s)");
-    check_object(it.value(), source, path);
-    for (auto dt = it.value().begin(); dt != it.value().end(); ++dt) {
-      const std::string dpath = member(path, dt.key());
-      const MeshDim* dim = nullptr;
-      for (const MeshDim& d : kDims)
-        if (dt.key() == mesh_dim_name(d)) dim = &d;
-      if (!dim) fail(source, dpath, "unknown key '" + dt.key() + "' (allowed: shard, replicate)");
-      check_object(dt.value(), source, dpath);
-      AlphaBeta& ab = c.collective(*kind, *dim);
-      for (auto f = dt.value().begin(); f != dt.value().end(); ++f) {
-        const std::string fpath = member(dpath, f.key());
-        if (f.key() == "alpha_ms")
-          ab.alpha_ms = non_negative(f.value(), source, fpath);
-        else if (f.key() == "beta_ms_per_byte")
-          ab.beta_ms_per_byte = non_negative(f.value(), source, fpath);
-        else
-          fail(source, fpath,
-               "unknown key '" + f.key() + "' (allowed: alpha_ms, beta_ms_per_byte)");
-      }
-    }
+               "' (allowed: all_gather, reduce_scatter, all_reduce, copy_gb_per_s, transport, "
+               "shm)");
+    read_dims(it.value(), source, path,
+              [&](MeshDim d) -> AlphaBeta& { return c.collective(*kind, d); });
   }
   return c;
 }
@@ -232,9 +324,15 @@ double agree_max(comm::Communicator& c, comm::Stream& s, double v) {
 
 CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostModel& base,
                                const comm::Communicator* replicate_comm,
-                               const std::vector<std::size_t>& sizes, int reps) {
+                               const std::vector<std::size_t>& sizes, int reps,
+                               const comm::ShmComm* shard_shm) {
   if (sizes.empty() || reps < 1)
     throw InvalidArgument("CostModel::calibrate: need at least one size and one repetition");
+  if (shard_shm && shard_shm->size() != shard_comm.size())
+    throw InvalidArgument("CostModel::calibrate: the shared memory '" + shard_shm->name() +
+                          "' has " + std::to_string(shard_shm->size()) +
+                          " ranks, the shard communicator '" + shard_comm.name() + "' " +
+                          std::to_string(shard_comm.size()) + " (pass the shard dim's)");
   comm::Stream s = comm::Stream::caller("fullshard.calibrate");
   std::unique_ptr<comm::Communicator> sc = shard_comm.dup(shard_comm.name() + ".calibrate");
   std::unique_ptr<comm::Communicator> rc =
@@ -286,6 +384,51 @@ CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostM
         measure(*rc, [&](comm::Communicator& c, std::size_t count) {
           c.all_reduce(a.data(), b.data(), count, DType::f32, comm::ReduceOp::sum, s).wait();
         });
+
+  m.set_transport(MeshDim::shard, shard_shm ? Transport::shm : Transport::mpi);
+  if (shard_shm && shard_shm->size() > 1) {
+    // What the running backend does on shared memory (lib/fsdp/running_backend.cpp). Each
+    // rank's segment holds W shards (the unsharded gradients of a reduce-scatter; the
+    // all-gather publishes the first). Counters 0/1: all-gather published/read, 2/3: the
+    // reduce-scatter's.
+    const int W = shard_shm->size();
+    const int me = shard_shm->rank();
+    const std::size_t seg_count = max_count * static_cast<std::size_t>(W);
+    comm::ShmWindow win = shard_shm->allocate(seg_count * 4, "fullshard.calibrate");
+    std::fill_n(reinterpret_cast<float*>(win.local()), seg_count, 1.0f);
+    const kernels::ExecStream host = kernels::ExecStream::host();
+    std::uint64_t ag_round = 0, rs_round = 0;
+    std::vector<const void*> sources(static_cast<std::size_t>(W));
+    // All-gather: publish, wait for every peer's, copy every slot (this rank's too) into the
+    // "unsharded parameters" (b), then tell the peers their shards were read.
+    m.shm_collective(CollectiveKind::all_gather, MeshDim::shard) =
+        measure(*sc, [&](comm::Communicator&, std::size_t count) {
+          win.publish(0, ++ag_round);
+          win.wait_all(0, ag_round, "all_gather", "calibration");
+          for (int q = 0; q < W; ++q)
+            kernels::cast_copy(host, win.segment(q), DType::f32,
+                               b.data() + static_cast<std::size_t>(q) * count, DType::f32,
+                               static_cast<std::int64_t>(count));
+          host.fence();
+          win.publish(1, ag_round);
+        });
+    // Reduce-scatter: publish the gradients, wait for every peer's, sum this rank's chunk of
+    // each with the divide fused (into the "sharded gradients", a), then release the chunks.
+    m.shm_collective(CollectiveKind::reduce_scatter, MeshDim::shard) =
+        measure(*sc, [&](comm::Communicator&, std::size_t count) {
+          win.publish(2, ++rs_round);
+          win.wait_all(2, rs_round, "reduce_scatter", "calibration");
+          for (int q = 0; q < W; ++q)
+            sources[static_cast<std::size_t>(q)] =
+                win.segment(q) + static_cast<std::size_t>(me) * count * 4;
+          kernels::reduce_sources(sources.data(), W, DType::f32, DType::f32, a.data(), DType::f32,
+                                  static_cast<std::int64_t>(count), static_cast<double>(W), false);
+          win.publish(3, rs_round);
+        });
+    // The window is freed (collectively) only after every rank's last read.
+    win.wait_all(1, ag_round, "all_gather (peers still reading)", "calibration");
+    win.wait_all(3, rs_round, "reduce_scatter (peers still reading)", "calibration");
+  }
 
   // Copy bandwidth: a memcpy of the largest size, fastest of reps.
   double best = 1e300;

@@ -129,6 +129,11 @@ std::string Plan::to_text() const {
                         fmt("%.6g", c.collective(k, d).alpha_ms) + "ms+" +
                         fmt("%.6g", c.collective(k, d).beta_ms_per_byte) + "ms/B");
     parts.push_back("copy=" + fmt("%.6g", c.copy_gb_per_s()) + "GB/s");
+    if (c.transport(MeshDim::shard) == Transport::shm)  // (mpi: the text as before)
+      for (CollectiveKind k : {CollectiveKind::all_gather, CollectiveKind::reduce_scatter})
+        parts.push_back(std::string("shm.") + collective_kind_name(k) + ".shard=" +
+                        fmt("%.6g", c.shm_collective(k, MeshDim::shard).alpha_ms) + "ms+" +
+                        fmt("%.6g", c.shm_collective(k, MeshDim::shard).beta_ms_per_byte) + "ms/B");
     line("cost: " + join(parts, " "));
   }
 

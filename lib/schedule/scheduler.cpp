@@ -49,22 +49,31 @@ class PlanningBackend final : public engine::Backend {
     if (slices) {  // inside the k-rank group: the share a W-rank all-gather would move
       const double W = g.info.world;
       bytes = bytes * (d.k - 1) / (W - 1);
+    } else if (shm(g)) {
+      return emit(d, 0.0);  // shared memory: a publish; the copy-out does the gather
     }
     return emit(d, cost_.time_ms(CollectiveKind::all_gather, MeshDim::shard, bytes));
   }
-  engine::Event gather_copy_out(const engine::OpDesc& d, engine::Group&, const engine::Buf*,
+  engine::Event gather_copy_out(const engine::OpDesc& d, engine::Group& g, const engine::Buf*,
                                 engine::Buf&, engine::Buf*) override {
+    if (shm(g) && g.state != engine::ShardedState::sharded_post_forward)  // not a k-rank gather
+      return emit(d, cost_.shm_time_ms(
+                         CollectiveKind::all_gather, MeshDim::shard,
+                         double(g.info.shard_numel) * double(dtype_size(g.info.param_dtype))));
     return emit(d, cost_.copy_ms(double(d.bytes)));
   }
   engine::Event grad_init(const engine::OpDesc& d, engine::Group&, engine::Buf&) override {
     return emit(d, cost_.copy_ms(double(d.bytes)));
   }
-  engine::Event reduce_copy_in(const engine::OpDesc& d, engine::Group&, engine::Buf&,
+  engine::Event reduce_copy_in(const engine::OpDesc& d, engine::Group& g, engine::Buf&,
                                engine::Buf&) override {
-    return emit(d, cost_.copy_ms(double(d.bytes)));
+    return emit(d, shm(g) ? 0.0 : cost_.copy_ms(double(d.bytes)));  // shm: read in place
   }
-  engine::Event reduce_scatter(const engine::OpDesc& d, engine::Group&, engine::Buf&,
+  engine::Event reduce_scatter(const engine::OpDesc& d, engine::Group& g, engine::Buf&,
                                engine::Buf&) override {
+    if (shm(g))
+      return emit(
+          d, cost_.shm_time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, double(d.bytes)));
     return emit(d, cost_.time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, double(d.bytes)));
   }
   engine::Event all_reduce(const engine::OpDesc& d, engine::Group&, engine::Buf&) override {
@@ -74,8 +83,9 @@ class PlanningBackend final : public engine::Backend {
                            bool) override {
     return emit(d, cost_.copy_ms(double(d.bytes)));
   }
-  engine::Event reduce_copy_out(const engine::OpDesc& d, engine::Group&, const engine::Buf&, double,
-                                bool) override {
+  engine::Event reduce_copy_out(const engine::OpDesc& d, engine::Group& g, const engine::Buf&,
+                                double, bool) override {
+    if (shm(g) && g.info.replicate == 1) return emit(d, 0.0);  // fused into the reduce-scatter
     return emit(d, cost_.copy_ms(double(d.bytes)));
   }
   engine::Event reshard(const engine::OpDesc& d, engine::Group&) override { return emit(d, 0.0); }
@@ -93,6 +103,13 @@ class PlanningBackend final : public engine::Backend {
   void show_sharded_grads(engine::Group&) override {}
 
  private:
+  // Shared-memory host collectives (CostModel::transport, as RunningBackend decides them):
+  // the all-gather is costed on its copy-out, the reduce-scatter includes its copy-in and,
+  // without HSDP, its copy-out.
+  bool shm(const engine::Group& g) const noexcept {
+    return g.info.world > 1 && cost_.transport(MeshDim::shard) == Transport::shm;
+  }
+
   // The op, list-scheduled as it is issued: it starts when its stream is free and the ops it
   // waits for (all issued before it) have ended.
   engine::Event emit(const engine::OpDesc& d, double ms) {

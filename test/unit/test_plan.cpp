@@ -6,7 +6,9 @@
 #include "error_check.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -768,7 +770,7 @@ TEST_CASE("cost model: defaults, JSON round trip and errors, one all-gather's ti
   };
   CHECK(contains(err(R"({"all_gathr": {}})"),
                  "cost.json: all_gathr: unknown key 'all_gathr' (allowed: all_gather, "
-                 "reduce_scatter, all_reduce, copy_gb_per_s)"));
+                 "reduce_scatter, all_reduce, copy_gb_per_s, transport, shm)"));
   CHECK(contains(err(R"({"all_gather": {"shrd": {}}})"),
                  "cost.json: all_gather.shrd: unknown key 'shrd' (allowed: shard, replicate)"));
   CHECK(contains(err(R"({"all_reduce": {"replicate": {"alpha": 1}}})"),
@@ -810,6 +812,78 @@ TEST_CASE("cost model: defaults, JSON round trip and errors, one all-gather's ti
   CHECK(flat.alpha_ms == doctest::Approx(1.5));
 }
 
+TEST_CASE("cost model: shared-memory transport, JSON keys and the defaults of old files") {
+  const CostModel d = CostModel::defaults({4, 2}, 0.02, 1.0, 8.0);
+  // Documented defaults: mpi on every dim; shm alpha 5 us, beta n / copy bandwidth.
+  CHECK(d.transport(MeshDim::shard) == Transport::mpi);
+  CHECK(d.transport(MeshDim::replicate) == Transport::mpi);
+  CHECK(d.shm_collective(CollectiveKind::all_gather, MeshDim::shard).alpha_ms ==
+        doctest::Approx(0.005));
+  CHECK(d.shm_collective(CollectiveKind::all_gather, MeshDim::shard).beta_ms_per_byte ==
+        doctest::Approx(4.0 / 8e6));
+  CHECK(d.shm_collective(CollectiveKind::reduce_scatter, MeshDim::replicate).beta_ms_per_byte ==
+        doctest::Approx(2.0 / 8e6));
+  CHECK(d.shm_time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, 8e6) ==
+        doctest::Approx(4.005));
+  CHECK(contains(error_of<InvalidArgument>(
+                     [&] { d.shm_collective(CollectiveKind::all_reduce, MeshDim::replicate); }),
+                 "all_reduce has no shared-memory form"));
+
+  // A file written before the shared-memory keys (test/fuzz/corpus/cost_model/full.json)
+  // loads: its keys replace the base's, the new ones keep the defaults.
+  const char* const old_file = R"({
+    "all_gather": {"shard": {"alpha_ms": 0.02, "beta_ms_per_byte": 1e-06},
+                   "replicate": {"alpha_ms": 0.02, "beta_ms_per_byte": 1e-06}},
+    "reduce_scatter": {"shard": {"alpha_ms": 0.03, "beta_ms_per_byte": 2e-06},
+                       "replicate": {"alpha_ms": 0.0, "beta_ms_per_byte": 0.0}},
+    "all_reduce": {"shard": {"alpha_ms": 0.05, "beta_ms_per_byte": 1e-06},
+                   "replicate": {"alpha_ms": 0.05, "beta_ms_per_byte": 1.5e-06}},
+    "copy_gb_per_s": 10.0})";
+  const CostModel old = CostModel::parse_json(old_file, d, "old.json");
+  CHECK(old.collective(CollectiveKind::reduce_scatter, MeshDim::shard).alpha_ms == 0.03);
+  CHECK(old.copy_gb_per_s() == 10.0);
+  CHECK(old.transport(MeshDim::shard) == Transport::mpi);
+  CHECK(old.transport(MeshDim::replicate) == Transport::mpi);
+  for (CollectiveKind k : {CollectiveKind::all_gather, CollectiveKind::reduce_scatter})
+    for (MeshDim m : {MeshDim::shard, MeshDim::replicate}) {
+      CHECK(old.shm_collective(k, m).alpha_ms == d.shm_collective(k, m).alpha_ms);
+      CHECK(old.shm_collective(k, m).beta_ms_per_byte == d.shm_collective(k, m).beta_ms_per_byte);
+    }
+
+  // The new keys: written by to_json, read back, partial updates over the base.
+  CostModel c = d;
+  c.set_transport(MeshDim::shard, Transport::shm);
+  c.shm_collective(CollectiveKind::all_gather, MeshDim::shard) = {0.25, 3e-7};
+  c.shm_collective(CollectiveKind::reduce_scatter, MeshDim::replicate) = {0.5, 5e-7};
+  const nlohmann::json j = c.to_json();
+  CHECK(j.at("transport").at("shard") == "shm");
+  CHECK(j.at("transport").at("replicate") == "mpi");
+  CHECK(j.at("shm").at("all_gather").at("shard").at("alpha_ms") == 0.25);
+  CHECK(CostModel::from_json(nlohmann::json::parse(j.dump()), d) == c);
+  CHECK(c != d);
+  const CostModel partial = CostModel::parse_json(
+      R"({"transport": {"shard": "shm"}, "shm": {"reduce_scatter": {"shard": {"alpha_ms": 1}}}})",
+      d, "cost.json");
+  CHECK(partial.transport(MeshDim::shard) == Transport::shm);
+  CHECK(partial.shm_collective(CollectiveKind::reduce_scatter, MeshDim::shard).alpha_ms == 1.0);
+  CHECK(partial.shm_collective(CollectiveKind::reduce_scatter, MeshDim::shard).beta_ms_per_byte ==
+        d.shm_collective(CollectiveKind::reduce_scatter, MeshDim::shard).beta_ms_per_byte);
+  auto err = [&](const std::string& text) {
+    return error_of<ConfigError>([&] { CostModel::parse_json(text, d, "cost.json"); });
+  };
+  CHECK(contains(err(R"({"transport": {"shard": "nccl"}})"),
+                 "cost.json: transport.shard: expected \"mpi\" or \"shm\", got \"nccl\""));
+  CHECK(contains(err(R"({"transport": {"node": "shm"}})"),
+                 "cost.json: transport.node: unknown key 'node' (allowed: shard, replicate)"));
+  CHECK(contains(err(R"({"transport": "shm"})"), "cost.json: transport: expected an object"));
+  CHECK(contains(err(R"({"shm": {"all_reduce": {}}})"),
+                 "cost.json: shm.all_reduce: unknown key 'all_reduce' (allowed: all_gather, "
+                 "reduce_scatter)"));
+  CHECK(
+      contains(err(R"({"shm": {"all_gather": {"shard": {"beta_ms_per_byte": -2}}}})"),
+               "cost.json: shm.all_gather.shard.beta_ms_per_byte: expected a finite number >= 0"));
+}
+
 TEST_CASE("cost model calibration over MPI") {
   auto comm = comm::MpiCommunicator::duplicate(MPI_COMM_WORLD, "calib", 60.0);
   const CostModel base = CostModel::defaults({test::world_size(), 1});
@@ -831,6 +905,60 @@ TEST_CASE("cost model calibration over MPI") {
   unsigned long long hmax = 0;
   MPI_Allreduce(&h, &hmax, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
   CHECK(h == hmax);
+}
+
+TEST_CASE("cost model calibration on shared memory") {
+  const int W = test::world_size();
+  const DeviceMesh mesh(MPI_COMM_WORLD, {W}, {"shard"}, 60.0, HostProgress::inline_,
+                        HostCollectives::auto_);
+  const comm::ShmComm* shm = mesh.shm("shard");
+  CostModel base = CostModel::defaults({W, 1});
+  base.set_transport(MeshDim::shard, Transport::shm);
+  // Without the shared memory the shard dim is measured (and marked) as MPI.
+  const CostModel plain =
+      CostModel::calibrate(mesh.comm("shard"), base, nullptr, {4096, 65536}, 1, nullptr);
+  CHECK(plain.transport(MeshDim::shard) == Transport::mpi);
+  CHECK(plain.shm_collective(CollectiveKind::all_gather, MeshDim::shard).alpha_ms ==
+        base.shm_collective(CollectiveKind::all_gather, MeshDim::shard).alpha_ms);
+  if (W == 1) {
+    CHECK(shm == nullptr);  // a dim of one rank has no collectives to share memory for
+    return;
+  }
+  REQUIRE(shm);  // the test's ranks share a node
+  const CostModel c =
+      CostModel::calibrate(mesh.comm("shard"), base, nullptr, {4096, 1 << 21}, 3, shm);
+  CHECK(c.transport(MeshDim::shard) == Transport::shm);
+  for (CollectiveKind k : {CollectiveKind::all_gather, CollectiveKind::reduce_scatter}) {
+    CAPTURE(collective_kind_name(k));
+    const AlphaBeta ab = c.shm_collective(k, MeshDim::shard);
+    CHECK(std::isfinite(ab.alpha_ms));
+    CHECK(ab.alpha_ms >= 0);
+    CHECK(std::isfinite(ab.beta_ms_per_byte));
+    CHECK(ab.beta_ms_per_byte > 0);  // 2 MiB per rank takes longer than 4 KiB
+    // Measured, not the defaults.
+    CHECK(ab.beta_ms_per_byte != base.shm_collective(k, MeshDim::shard).beta_ms_per_byte);
+    // The replicate dim was not measured.
+    CHECK(c.shm_collective(k, MeshDim::replicate).beta_ms_per_byte ==
+          base.shm_collective(k, MeshDim::replicate).beta_ms_per_byte);
+  }
+  // The JSON form round-trips, and every rank got the same model.
+  const std::string j = c.to_json().dump();
+  CHECK(CostModel::parse_json(j, CostModel::defaults({W, 1})) == c);
+  unsigned long long h = fnv1a64(j);
+  unsigned long long hmax = 0;
+  MPI_Allreduce(&h, &hmax, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  CHECK(h == hmax);
+  // The shard communicator and the shared memory must be the same ranks.
+  if (W == 4) {
+    const DeviceMesh pairs(MPI_COMM_WORLD, {W / 2, 2}, {"a", "b"}, 60.0, HostProgress::inline_,
+                           HostCollectives::auto_);
+    if (pairs.shm("b"))
+      CHECK(contains(error_of<InvalidArgument>([&] {
+                       CostModel::calibrate(mesh.comm("shard"), base, nullptr, {4096}, 1,
+                                            pairs.shm("b"));
+                     }),
+                     "the shared memory '"));
+  }
 }
 
 TEST_CASE("Scheduler::plan rejects bad meshes and options") {
@@ -993,6 +1121,107 @@ void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOpt
 }
 
 }  // namespace
+
+TEST_CASE("a plan on a shared-memory cost model: the times of the shm path, the MPI path's ops") {
+  // One group (w: (10, 100), 3 rows per rank on 4 ranks) and an m2 with reshard_after_forward
+  // 2 (its backward all-gather runs in the 2-rank group, on MPI).
+  const char* const json = R"({"name": "two", "fully_shard": true,
+    "params": {"w": {"shape": [10, 100]}},
+    "cost": {"forward_ms": 1.0, "backward_ms": 2.0},
+    "modules": [{"name": "m2", "fully_shard": {"reshard_after_forward": 2},
+                 "params": {"b": {"shape": [16, 100]}},
+                 "cost": {"forward_ms": 1.0, "backward_ms": 2.0}}]})";
+  for (const MeshShape mesh : {MeshShape{4, 1}, MeshShape{4, 2}}) {
+    CAPTURE(mesh.replicate);
+    CostModel cm = CostModel::defaults(mesh);
+    cm.set_copy_gb_per_s(1.0);  // copy_ms(bytes) = bytes / 1e6
+    cm.collective(CollectiveKind::all_gather, MeshDim::shard) = {0.5, 1e-3};
+    cm.shm_collective(CollectiveKind::all_gather, MeshDim::shard) = {0.25, 2e-3};
+    cm.shm_collective(CollectiveKind::reduce_scatter, MeshDim::shard) = {0.125, 4e-3};
+    PlanOptions o;
+    o.cost = cm;
+    auto g = graph::parse_graph_json(json);
+    const Plan on_mpi = Scheduler::plan(*g, mesh, o);
+    cm.set_transport(MeshDim::shard, Transport::shm);
+    o.cost = cm;
+    const Plan on_shm = Scheduler::plan(*g, mesh, o);
+
+    // The same operations (what the running backend records on either transport).
+    REQUIRE(on_shm.ops.size() == on_mpi.ops.size());
+    for (std::size_t i = 0; i < on_shm.ops.size(); ++i) {
+      const Op& a = on_shm.ops[i];
+      const Op& b = on_mpi.ops[i];
+      CAPTURE(i);
+      CHECK(describe_op(a.stream, a.kind, a.module(), a.bytes, a.phase, a.deps, true) ==
+            describe_op(b.stream, b.kind, b.module(), b.bytes, b.phase, b.deps, true));
+      CHECK(a.k == b.k);
+    }
+    CHECK(on_shm.peak_bytes == on_mpi.peak_bytes);
+
+    // Each op's time from the coefficients, by hand. Group shards: w 3 x 100, b 4 x 100 f32.
+    const auto shard_bytes = [&](const Op& op) {
+      return on_shm.groups[static_cast<std::size_t>(op.group)].name == "m2" ? 1600.0 : 1200.0;
+    };
+    int k_rank = 0, gathers = 0, scatters = 0;
+    std::map<int, int> gather_k;  // group -> k of its last all-gather
+    for (const Op& op : on_shm.ops) {
+      if (op.kind == OpKind::all_gather) gather_k[op.group] = op.k;
+      CAPTURE(op_kind_name(op.kind));
+      CAPTURE(op.module());
+      const double ms = op.end_ms - op.start_ms;
+      const double b = shard_bytes(op);
+      switch (op.kind) {
+        case OpKind::all_gather:
+          if (op.k > 0) {  // the 2-rank gather of (W/k) shards: on MPI, W-rank share
+            ++k_rank;
+            CHECK(ms == doctest::Approx(0.5 + 1e-3 * (2 * b) * (2 - 1) / (4 - 1)));
+          } else {
+            ++gathers;
+            CHECK(ms == 0.0);  // a publish: the copy-out gathers
+          }
+          break;
+        case OpKind::copy_out:
+          // After a k-rank gather: the plain copy-out of the arena bytes.
+          if (gather_k[op.group] > 0)
+            CHECK(ms == doctest::Approx(double(op.bytes) / 1e6));
+          else
+            CHECK(ms == doctest::Approx(0.25 + 2e-3 * b));
+          break;
+        case OpKind::copy_in:
+          // Shared memory reads the gradients in place (no cast in this graph: no gather copy-in).
+          CHECK(op.stream == StreamKind::reduce_scatter);
+          CHECK(ms == 0.0);
+          break;
+        case OpKind::reduce_scatter:
+          ++scatters;
+          CHECK(ms == doctest::Approx(0.125 + 4e-3 * b));
+          break;
+        case OpKind::reduce_copy_out:
+          // Fused into the reduce-scatter without HSDP; after the all-reduce a copy.
+          CHECK(ms == doctest::Approx(mesh.replicate == 1 ? 0.0 : double(op.bytes) / 1e6));
+          break;
+        case OpKind::all_reduce:
+          CHECK(ms ==
+                doctest::Approx(cm.time_ms(CollectiveKind::all_reduce, MeshDim::replicate, b)));
+          break;
+        default:
+          break;
+      }
+    }
+    CHECK(k_rank == 1);
+    CHECK(gathers >= 2);
+    CHECK(scatters == 2);
+    // The forward, by hand: the root's gather (publish) and copy-out, then m2's (prefetched
+    // by the CPU running ahead: its publish at 0, its copy-out on the compute stream after
+    // the root's copy-out), the two forwards.
+    const Op& root_out = group_op(on_shm, OpKind::copy_out, Phase::forward, "<root>");
+    const Op& m2_out = group_op(on_shm, OpKind::copy_out, Phase::forward, "m2");
+    CHECK(root_out.start_ms == 0.0);
+    CHECK(root_out.end_ms == doctest::Approx(0.25 + 2e-3 * 1200));
+    CHECK(m2_out.end_ms >= doctest::Approx(root_out.end_ms + 0.25 + 2e-3 * 1600));
+    CHECK(on_shm.step_ms != doctest::Approx(on_mpi.step_ms));
+  }
+}
 
 TEST_CASE("explicit backward prefetch, and a reshard with its gather in flight: plan = run") {
   const int W = test::world_size();

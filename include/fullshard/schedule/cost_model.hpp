@@ -12,7 +12,8 @@
 
 namespace fullshard::comm {
 class Communicator;
-}
+class ShmComm;
+}  // namespace fullshard::comm
 
 namespace fullshard::schedule {
 
@@ -21,8 +22,16 @@ enum class CollectiveKind { all_gather, reduce_scatter, all_reduce };
 /// The mesh dims: shard (FSDP's dim) and replicate (HSDP's outer dim).
 enum class MeshDim { shard, replicate };
 
+/// How a mesh dim's host collectives run (FULLSHARD_HOST_COLLECTIVES, DeviceMesh::shm): MPI
+/// collectives with separate copy kernels, or node-local shared memory, where the all-gather
+/// is done by its copy-out (every peer's slot read straight into the unsharded parameters)
+/// and the reduce-scatter reads the unsharded gradients in place (no copy-in) with the
+/// divide, cast and accumulation fused (no copy-out without HSDP).
+enum class Transport { mpi, shm };
+
 const char* collective_kind_name(CollectiveKind k) noexcept;
 const char* mesh_dim_name(MeshDim d) noexcept;
+const char* transport_name(Transport t) noexcept;
 
 /// A data-parallel mesh as the planner sees it: `shard` ranks share the parameters,
 /// `replicate` copies of that group (1: FSDP; > 1: HSDP).
@@ -46,6 +55,10 @@ class CostModel {
   /// bus bandwidth for the mesh: all-gather and reduce-scatter over n ranks move
   /// bytes_per_rank * (n - 1) bytes over the bus (beta = (n-1) / bus_bw), an all-reduce
   /// 2 * bytes * (n-1) / n (beta = 2 (n-1) / n / bus_bw); a dim of one rank costs alpha only.
+  /// Shared memory (shm_collective; transport() stays mpi on every dim): alpha 5 us, beta
+  /// from the copy bandwidth and the bytes a rank's kernel passes over: an all-gather copies
+  /// n slots of bytes_per_rank into the unsharded parameters, a reduce-scatter reads n chunks
+  /// of the shard it produces (beta = n / copy_bw for a dim of n ranks).
   static CostModel defaults(const MeshShape& mesh, double alpha_ms = 0.02,
                             double bus_gb_per_s = 1.0, double copy_gb_per_s = 10.0);
   /// defaults(MeshShape{2, 2}).
@@ -56,6 +69,21 @@ class CostModel {
   /// alpha + beta * bytes_per_rank. bytes_per_rank: the shard a rank contributes to an
   /// all-gather, the shard it receives from a reduce-scatter, the buffer of an all-reduce.
   double time_ms(CollectiveKind k, MeshDim d, double bytes_per_rank) const noexcept;
+
+  /// The transport of dim `d`'s collectives (default mpi). The planner costs all-gathers and
+  /// reduce-scatters on the shard dim with shm_collective() when it is shm; the all-reduce
+  /// (replicate dim) has no shared-memory form and always costs collective().
+  Transport transport(MeshDim d) const noexcept { return transport_[static_cast<int>(d)]; }
+  void set_transport(MeshDim d, Transport t) noexcept { transport_[static_cast<int>(d)] = t; }
+  /// The shared-memory alpha-beta of an all-gather (its copy-out included: the time to have
+  /// every slot in the unsharded parameters) or a reduce-scatter (copy-in and, without HSDP,
+  /// copy-out included), bytes per rank as time_ms takes them. InvalidArgument for
+  /// all_reduce.
+  const AlphaBeta& shm_collective(CollectiveKind k, MeshDim d) const;
+  AlphaBeta& shm_collective(CollectiveKind k, MeshDim d);
+  double shm_time_ms(CollectiveKind k, MeshDim d, double bytes_per_rank) const {
+    return shm_collective(k, d).time_ms(bytes_per_rank);
+  }
 
   /// Copy kernels (copy-in, copy-out, casts, gradient zeroing): bytes written / bandwidth.
   double copy_gb_per_s() const noexcept { return copy_gb_per_s_; }
@@ -79,18 +107,25 @@ class CostModel {
   /// `replicate_comm` when given, at each of `sizes` (bytes per rank, f32), `reps` times
   /// (the fastest counts), agrees on the slowest rank's times (all ranks get the same model),
   /// and fits alpha, beta by least squares (clamped at 0). The copy bandwidth is measured
-  /// with a memcpy of the largest size. Collective over the communicators: every rank calls
-  /// it with the same arguments. Values not measured come from `base`.
+  /// with a memcpy of the largest size. With `shard_shm` (the shard dim's DeviceMesh::shm,
+  /// over the same ranks) it also measures the shared-memory all-gather and reduce-scatter
+  /// the running backend does (counter publish and wait on a ShmWindow, the Kokkos copy of
+  /// every peer's slot; the fused sum over every peer's chunk with the divide) and sets
+  /// transport(shard) to shm; without it transport(shard) is mpi. Collective over the
+  /// communicators: every rank calls it with the same arguments. Values not measured come
+  /// from `base`.
   static CostModel calibrate(const comm::Communicator& shard_comm, const CostModel& base,
                              const comm::Communicator* replicate_comm = nullptr,
                              const std::vector<std::size_t>& sizes = {1 << 16, 1 << 20, 1 << 22},
-                             int reps = 3);
+                             int reps = 3, const comm::ShmComm* shard_shm = nullptr);
 
   bool operator==(const CostModel& o) const noexcept;
   bool operator!=(const CostModel& o) const noexcept { return !(*this == o); }
 
  private:
   AlphaBeta c_[3][2];
+  AlphaBeta shm_[2][2];  // [all_gather | reduce_scatter][dim]
+  Transport transport_[2] = {Transport::mpi, Transport::mpi};
   double copy_gb_per_s_ = 10.0;
 };
 
