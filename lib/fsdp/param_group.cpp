@@ -47,7 +47,8 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
     I.replicate = mesh.shape()[0];
   }
   const bool on_device = mesh.device_type() == DeviceType::cuda;
-  const MemorySpace space = mesh.memory_space();
+  const MemorySpace space = on_device ? MemorySpace::device : MemorySpace::host;
+  space_ = space;
   shm_ = on_device ? nullptr : mesh.shm(shard_dim);
   if (on_device && options.offload_policy)
     throw ConfigError("fully_shard(" + I.name + "): CPUOffloadPolicy on a CUDA mesh (" +
@@ -261,7 +262,7 @@ Tensor ParamGroup::gather_full() {
   const std::int64_t gsn = layout_.shard_numel;
   const int W = engine_.info.world;
   const DType od = engine_.info.orig_dtype;
-  const MemorySpace space = mesh_.memory_space();
+  const MemorySpace space = space_;
   Tensor arena = Tensor::empty({layout_.arena_numel}, od, space, "fsdp.full:" + name());
   Tensor gathered = sharded_;
   if (W > 1) {

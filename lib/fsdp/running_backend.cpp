@@ -5,13 +5,9 @@
 #include <exception>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/config.hpp"
 #include "fullshard/kernels/multi_source.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 #include "lib/fsdp/param_group.hpp"
-#if FULLSHARD_HAS_CUDA
-#include "lib/comm/cuda/cuda_check.hpp"
-#endif
 
 namespace fullshard::fsdp::detail {
 
@@ -98,7 +94,8 @@ void RunningBackend::bind(const ParamGroup& g) {
   bound_group_ = g.name();
   if (device_type_ != DeviceType::cuda) return;
   device_mesh_.emplace(m);
-  pool.device = &m.device_pool();
+  device_pool_ = std::make_unique<StreamOrderedPool>(MemorySpace::device, "fsdp:" + g.name());
+  pool.device = device_pool_.get();
   for (int s = 0; s < engine::kNumStreams; ++s)
     exec_[s] = kernels::ExecStream::device(dstream(static_cast<StreamKind>(s)).native_handle());
 }
@@ -405,22 +402,32 @@ Event RunningBackend::gather_copy_out(const OpDesc& d, engine::Group& g, const B
 
 Event RunningBackend::grad_init(const OpDesc& d, engine::Group& g, Buf& grads) {
   if (device_mesh_) {
-#if FULLSHARD_HAS_CUDA
+    // A kernel on the compute stream writing zeros: runs of padding only (nothing read), in
+    // blocks of 64 Ki elements (the device kernel gives each run one team), built once per
+    // group.
+    const DType t = g.info.param_dtype;
+    const auto n = static_cast<std::int64_t>(grads.bytes / dtype_size(t));
+    const auto id = static_cast<std::size_t>(g.id);
+    if (zero_plans_.size() <= id) zero_plans_.resize(id + 1);
+    if (zero_plans_[id].elements_written() != n) {
+      constexpr std::int64_t kBlock = std::int64_t{1} << 16;
+      std::vector<kernels::CopyRun> runs;
+      for (std::int64_t at = 0; at < n; at += kBlock) {
+        kernels::CopyRun zeros;
+        zeros.dst_offset = at;
+        zeros.pad = std::min(kBlock, n - at);
+        runs.push_back(zeros);
+      }
+      zero_plans_[id] = kernels::CopyPlan(kernels::ExecTarget::device, runs);
+    }
     void* ptr = mem(grads).tensor.data();
-    const std::size_t n = grads.bytes;
-    const std::string group = pg(g).name();
+    const kernels::ExecStream& on = exec(d.stream);
     Event e = device_op(d, g, [&] {
-      if (n == 0) return;
-      // +0 is all zero bits in every dtype.
-      comm::detail::cuda_check(
-          cudaMemsetAsync(ptr, 0, n, static_cast<cudaStream_t>(dstream(d.stream).native_handle())),
-          "cudaMemsetAsync", "zeroing the unsharded gradients of group " + group);
+      if (n > 0) kernels::run_copies(zero_plans_[id], ptr, t, ptr, t, on);
     });
     use(grads, d.stream);
     return e;
-#endif
   }
-  (void)g;
   if (grads.bytes) std::memset(mem(grads).tensor.data(), 0, grads.bytes);
   return done(d, comm::Work());
 }
@@ -589,8 +596,8 @@ Event RunningBackend::reduce_copy_out(const OpDesc& d, engine::Group& g, const B
     return done(d, last_[static_cast<int>(d.stream)]);
   }
   if (!p.sharded_grads().data())
-    p.sharded_grads() = Tensor::empty({I.shard_numel}, I.orig_dtype, p.mesh().memory_space(),
-                                      "fsdp.grads:" + p.name());
+    p.sharded_grads() =
+        Tensor::empty({I.shard_numel}, I.orig_dtype, p.space(), "fsdp.grads:" + p.name());
   Tensor from = mem(src).tensor;
   Tensor to = p.sharded_grads();
   const kernels::ExecStream& on = exec(d.stream);

@@ -5,7 +5,7 @@
 // streams, one host buffer pool per FSDP root, kernels on the host.
 // On a CUDA mesh: NCCL collectives on the mesh's CUDA channel streams, copy kernels as Kokkos
 // kernels on the stream of their operation, user compute on the mesh's compute stream, every
-// buffer from the mesh's stream-ordered device pool. Cross-stream order is kept with CUDA
+// buffer from the root's stream-ordered device pool. Cross-stream order is kept with CUDA
 // events only (the engine's waits become cudaStreamWaitEvent); the host never blocks on a
 // collective or a kernel (no fence, no cudaDeviceSynchronize): its waits only re-raise errors
 // already known and order the compute stream.
@@ -30,9 +30,9 @@ namespace fullshard::fsdp::detail {
 
 class ParamGroup;
 
-/// The buffers of one FSDP root: a host BufferPool on a CPU mesh; on a CUDA mesh the mesh's
-/// stream-ordered device pool, with this root's own accounting (what FSDPModule's memory
-/// statistics and the plan's peak refer to).
+/// The buffers of one FSDP root: a host BufferPool on a CPU mesh, a stream-ordered device pool
+/// on the mesh's CUDA streams on a CUDA mesh, with the engine's accounting (what FSDPModule's
+/// memory statistics and the plan's peak refer to).
 class EnginePool {
  public:
   BufferPool host{MemorySpace::host, "fsdp"};
@@ -151,6 +151,10 @@ class RunningBackend final : public engine::Backend {
   // Per group: the divisor its last reduce-scatter already applied (NCCL pre-multiplied sum),
   // 0 when none (one rank: no reduce-scatter ran).
   std::vector<double> prescaled_;
+  // Per group: the kernel that zeroes its unsharded gradients (grad_init).
+  std::vector<kernels::CopyPlan> zero_plans_;
+  // The root's buffers on a CUDA mesh (EnginePool::device points here).
+  std::unique_ptr<StreamOrderedPool> device_pool_;
 };
 
 /// One FSDP root: its backend and the engine state shared by its groups.

@@ -10,7 +10,6 @@
 #include "fullshard/comm/mpi_communicator.hpp"
 #include "fullshard/config.hpp"
 #include "fullshard/runtime/runtime.hpp"
-#include "fullshard/tensor/stream_pool.hpp"
 #if FULLSHARD_HAS_NCCL
 #include "fullshard/comm/nccl_communicator.hpp"
 #endif
@@ -66,13 +65,12 @@ struct MeshState {
   mutable std::array<std::unique_ptr<comm::Stream>, kChannels> streams;
   mutable std::unique_ptr<comm::Stream> host_compute;  // CPU meshes: a caller stream
 
-  // The device's resources (CUDA meshes; created with the mesh). The streams and the pool are
-  // declared before the NCCL communicators, so the communicators go first (finalized while
-  // their streams exist); blocks still in use keep the pool's state alive.
+  // The device's resources (CUDA meshes; created with the mesh). The streams are declared
+  // before the NCCL communicators, so the communicators go first (finalized while their
+  // streams exist).
   DeviceType device = DeviceType::cpu;
   std::array<std::unique_ptr<comm::Stream>, kChannels> device_streams;
   std::unique_ptr<comm::Stream> compute;
-  std::unique_ptr<StreamOrderedPool> pool;
   // device_dims[d][channel]: NCCL over the ranks of dims[d][channel]
   std::vector<std::array<std::unique_ptr<comm::Communicator>, kChannels>> device_dims;
 };
@@ -153,7 +151,7 @@ std::string cuda_mesh_unsupported() {
   return missing;
 }
 
-// The device resources of a CUDA mesh: the streams and the pool first (they find out whether
+// The device resources of a CUDA mesh: the streams first (they find out whether
 // this rank has a usable GPU), agreed on over `base` so that no rank is left in an NCCL
 // bootstrap its peers never reach; then one NCCL communicator per dim and channel over the
 // channel's MPI communicator (the unique id broadcast under the timeout).
@@ -166,7 +164,6 @@ void build_cuda(detail::MeshState& s, MPI_Comm base, const std::string& mesh_nam
       s.device_streams[c] = std::make_unique<comm::Stream>(comm::Stream::device(
           mesh_name + "." + channel_name(static_cast<Channel>(c)), /*priority=*/-1));
     s.compute = std::make_unique<comm::Stream>(comm::Stream::device(mesh_name + ".compute", 0));
-    s.pool = std::make_unique<StreamOrderedPool>(MemorySpace::device, mesh_name + ".pool");
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -343,10 +340,6 @@ DeviceMesh DeviceMesh::node_aware(MPI_Comm base, int ranks_per_node, double time
 DeviceType DeviceMesh::device_type() const noexcept {
   return s_->device;
 }
-MemorySpace DeviceMesh::memory_space() const noexcept {
-  return s_->device == DeviceType::cuda ? MemorySpace::device : MemorySpace::host;
-}
-
 int DeviceMesh::ndim() const noexcept {
   return static_cast<int>(s_->shape.size());
 }
@@ -403,13 +396,6 @@ comm::Stream& DeviceMesh::compute_stream() const {
   if (!st.host_compute)
     st.host_compute = std::make_unique<comm::Stream>(comm::Stream::caller("mesh.compute"));
   return *st.host_compute;
-}
-
-StreamOrderedPool& DeviceMesh::device_pool() const {
-  if (!s_->pool)
-    throw InvalidArgument("DeviceMesh " + describe() +
-                          ": a CPU mesh has no device pool (only CUDA meshes do)");
-  return *s_->pool;
 }
 
 const comm::ShmComm* DeviceMesh::shm(const std::string& dim) const {

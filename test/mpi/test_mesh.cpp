@@ -151,14 +151,11 @@ TEST_CASE("device types: CPU by default, torch's strings, a CUDA mesh needs a CU
   const int W = test::world_size();
   DeviceMesh mesh(test::runtime(), {W}, {"dp"});
   CHECK(mesh.device_type() == DeviceType::cpu);
-  CHECK(mesh.memory_space() == MemorySpace::host);
   CHECK(mesh.describe().find("cuda") == std::string::npos);
   // A CPU mesh's device resources are its host ones.
   CHECK(&mesh.device_comm("dp", Channel::all_gather) == &mesh.comm("dp", Channel::all_gather));
   CHECK(&mesh.device_stream(Channel::reduce_scatter) == &mesh.stream(Channel::reduce_scatter));
   CHECK(mesh.compute_stream().kind() == comm::StreamKind::caller);
-  CHECK_THROWS_WITH_AS(mesh.device_pool(), doctest::Contains("a CPU mesh has no device pool"),
-                       InvalidArgument);
   DeviceMesh cpu = init_device_mesh(test::runtime(), "cpu", {W}, {"dp"});
   CHECK(cpu.device_type() == DeviceType::cpu);
   CHECK(rank_sum(cpu.device_comm("dp")) == W * (W - 1) / 2);

@@ -7,8 +7,9 @@
 // FSDP's collectives on host memory over MPI (or node-local shared memory). A CUDA mesh
 // (one GPU per rank, the device the Runtime bound) also owns, per dim and channel, an NCCL
 // communicator bootstrapped over the dim's MPI communicator (the ncclUniqueId is broadcast
-// under the mesh's timeout), one CUDA stream per channel plus a compute stream, and a
-// stream-ordered device pool: the FSDP engine's device resources. Both kinds keep the MPI
+// under the mesh's timeout), one CUDA stream per channel plus a compute stream: the FSDP
+// engine's device resources (its buffers come from a stream-ordered device pool per FSDP root
+// on these streams, lib/fsdp; the pool is a tensor-layer type). Both kinds keep the MPI
 // communicators (comm(), world_comm(), control_comm()) for host memory and control messages.
 #pragma once
 
@@ -21,12 +22,10 @@
 #include "fullshard/comm/communicator.hpp"
 #include "fullshard/comm/shm.hpp"
 #include "fullshard/runtime/settings.hpp"
-#include "fullshard/tensor/tensor.hpp"
 
 namespace fullshard {
 
 class Runtime;
-class StreamOrderedPool;
 
 namespace detail {
 struct MeshState;
@@ -78,11 +77,9 @@ class DeviceMesh {
                                HostProgress progress = HostProgress::inline_,
                                HostCollectives collectives = HostCollectives::auto_);
 
-  /// The device the mesh was made for.
+  /// The device the mesh was made for (FSDP keeps shards, unsharded parameters and gradients
+  /// in device memory on a CUDA mesh, in host memory on a CPU mesh).
   DeviceType device_type() const noexcept;
-  /// Where FSDP keeps shards, unsharded parameters and gradients on this mesh:
-  /// MemorySpace::device on a CUDA mesh, MemorySpace::host on a CPU mesh.
-  MemorySpace memory_space() const noexcept;
 
   int ndim() const noexcept;
   const std::vector<int>& shape() const noexcept;
@@ -116,10 +113,6 @@ class DeviceMesh {
   /// cudaStream_t; fullshard/mesh/compute_space.hpp gives the Kokkos execution-space instance);
   /// on a CPU mesh a caller stream (the host thread itself).
   comm::Stream& compute_stream() const;
-  /// The stream-ordered pool of device memory that FSDP's buffers come from on a CUDA mesh
-  /// (shared by copies of the mesh); InvalidArgument on a CPU mesh (host buffers come from each
-  /// FSDP root's own pool).
-  StreamOrderedPool& device_pool() const;
   /// The stream that the collectives of `channel` run on: one per channel per mesh (copies of
   /// a mesh share it), created on first use as a worker or caller stream (host_progress()).
   /// Using a channel's communicators only on the channel's stream is what keeps two streams
