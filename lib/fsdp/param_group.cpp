@@ -39,14 +39,23 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
   const std::string shard_dim = mesh.names().back();
   I.world = mesh.size(shard_dim);
   I.rank = mesh.coordinate(shard_dim);
-  ag_comm_ = &mesh.comm(shard_dim, Channel::all_gather);
-  rs_comm_ = &mesh.comm(shard_dim, Channel::reduce_scatter);
+  // The communicators of the mesh's device: NCCL on a CUDA mesh, MPI on a CPU mesh.
+  ag_comm_ = &mesh.device_comm(shard_dim, Channel::all_gather);
+  rs_comm_ = &mesh.device_comm(shard_dim, Channel::reduce_scatter);
   if (mesh.ndim() == 2) {
-    ar_comm_ = &mesh.comm(mesh.names()[0], Channel::all_reduce);
+    ar_comm_ = &mesh.device_comm(mesh.names()[0], Channel::all_reduce);
     I.replicate = mesh.shape()[0];
   }
-  shm_ = mesh.shm(shard_dim);
-  if (!shm_ && I.world > 1 && mesh.host_collectives() == HostCollectives::shm)
+  const bool on_device = mesh.device_type() == DeviceType::cuda;
+  const MemorySpace space = on_device ? MemorySpace::device : MemorySpace::host;
+  space_ = space;
+  shm_ = on_device ? nullptr : mesh.shm(shard_dim);
+  if (on_device && options.offload_policy)
+    throw ConfigError("fully_shard(" + I.name + "): CPUOffloadPolicy on a CUDA mesh (" +
+                      mesh.describe() +
+                      ") is not implemented yet (issue 16, item 4); use a CPU mesh or no "
+                      "offload policy");
+  if (!on_device && !shm_ && I.world > 1 && mesh.host_collectives() == HostCollectives::shm)
     throw ConfigError("fully_shard(" + I.name +
                       "): FULLSHARD_HOST_COLLECTIVES=shm, but the shard dim '" + shard_dim +
                       "' of mesh " + mesh.describe() +
@@ -69,29 +78,48 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
   layout_ = kernels::make_group_layout(layouts);
   I.shard_numel = layout_.shard_numel;
   I.arena_numel = layout_.arena_numel;
-  copy_out_ = kernels::CopyPlan(ExecTarget::host, kernels::all_gather_copy_out_runs(layout_));
-  copy_in_ = kernels::CopyPlan(ExecTarget::host, kernels::reduce_scatter_copy_in_runs(layout_));
+  // The copy kernels run where the mesh's memory is.
+  const ExecTarget target = on_device ? ExecTarget::device : ExecTarget::host;
+  copy_out_ = kernels::CopyPlan(target, kernels::all_gather_copy_out_runs(layout_));
+  copy_in_ = kernels::CopyPlan(target, kernels::reduce_scatter_copy_in_runs(layout_));
 
-  // Sharded storage in slot layout, padding zero; initial values from the full tensors the
-  // user registered (then released: only the shard stays).
-  sharded_ = Tensor::zeros({layout_.shard_numel}, I.orig_dtype, MemorySpace::host,
-                           "fsdp.sharded:" + I.name);
+  // Sharded storage in slot layout, padding zero, in the mesh's memory; initial values from
+  // the full tensors the user registered (then released: only the shard stays). Initial values
+  // may be host memory on any mesh (Parameter::init; copied to the device once, as FSDP2
+  // moves CPU states to the mesh's device) or the mesh's own memory; device memory on a CPU
+  // mesh is an error.
+  sharded_ = Tensor::zeros({layout_.shard_numel}, I.orig_dtype, space, "fsdp.sharded:" + I.name);
+  Tensor staging = on_device ? Tensor::zeros({layout_.shard_numel}, I.orig_dtype, MemorySpace::host,
+                                             "fsdp.staging:" + I.name)
+                             : sharded_;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto* p = params_[i];
     const auto& m = layout_.members[i];
     const Tensor& full = p->data();
     if (full.data() && full.numel() > 0) {
-      if (full.shape() != p->shape() || full.dtype() != p->dtype() ||
-          full.space() != MemorySpace::host)
+      if (full.shape() != p->shape() || full.dtype() != p->dtype())
         throw InvalidArgument("fully_shard(" + I.name + "): parameter '" + p->fqn() + "' holds a " +
                               dtype_name(full.dtype()) + " tensor of shape " +
                               shape_string(full.shape()) + " but is declared " +
                               dtype_name(p->dtype()) + " " + shape_string(p->shape()));
-      copy_shard_in(full, m.layout,
-                    static_cast<std::byte*>(sharded_.data()) +
+      if (full.space() != MemorySpace::host && full.space() != space)
+        throw InvalidArgument("fully_shard(" + I.name + "): parameter '" + p->fqn() + "' is in " +
+                              memory_space_name(full.space()) + " memory (cuda) but the mesh " +
+                              mesh.describe() + " is a " + device_type_name(mesh.device_type()) +
+                              " mesh (" + memory_space_name(space) +
+                              " memory); give it host memory or make the mesh with "
+                              "DeviceType::cuda");
+      Tensor src = full;
+      if (full.space() != MemorySpace::host) {
+        src = Tensor::empty(full.shape(), full.dtype(), MemorySpace::host, "fsdp.staging");
+        copy_bytes(src, full);
+      }
+      copy_shard_in(src, m.layout,
+                    static_cast<std::byte*>(staging.data()) +
                         static_cast<std::size_t>(m.slot_offset) * dtype_size(I.orig_dtype));
     }
   }
+  if (on_device) copy_bytes(sharded_, staging);
   set_reshard_after_forward(options.reshard_after_forward);
   show_sharded();
 }
@@ -209,7 +237,7 @@ void ParamGroup::set_reshard_after_forward(ReshardAfterForward v) {
       // The split is a collective on the all-gather communicator: nothing may be in flight on
       // its stream (every rank makes this call at the same point of the program).
       if (engine_.gather_in_flight) engine::reshard(engine_);
-      mesh_.stream(Channel::all_gather).synchronize();
+      mesh_.device_stream(Channel::all_gather).synchronize();
       // Consecutive groups of k ranks (e.g. the ranks of a node); collective over the shard
       // group, made here while every rank makes the same call.
       post_forward_comm_ = ag_comm_->split(rank / k, rank % k,
@@ -224,6 +252,7 @@ void ParamGroup::set_reshard_after_forward(ReshardAfterForward v) {
 }
 
 void ParamGroup::attach(std::shared_ptr<RootContext> ctx) {
+  ctx->backend.bind(*this);
   ctx_ = std::move(ctx);
   engine_.id = static_cast<int>(ctx_->backend.groups.size());
   ctx_->backend.groups.push_back(this);
@@ -233,16 +262,21 @@ Tensor ParamGroup::gather_full() {
   const std::int64_t gsn = layout_.shard_numel;
   const int W = engine_.info.world;
   const DType od = engine_.info.orig_dtype;
-  Tensor arena = Tensor::empty({layout_.arena_numel}, od, MemorySpace::host, "fsdp.full:" + name());
+  const MemorySpace space = space_;
+  Tensor arena = Tensor::empty({layout_.arena_numel}, od, space, "fsdp.full:" + name());
   Tensor gathered = sharded_;
   if (W > 1) {
-    gathered = Tensor::empty({W * gsn}, od, MemorySpace::host, "fsdp.full_gather");
-    comm::Stream& s = mesh_.stream(Channel::all_gather);
+    gathered = Tensor::empty({W * gsn}, od, space, "fsdp.full_gather");
+    comm::Stream& s = mesh_.device_stream(Channel::all_gather);
     ag_comm_->all_gather(sharded_.data(), gathered.data(), static_cast<std::size_t>(gsn), od, s)
         .wait();
   }
   kernels::run_copies(copy_out_, gathered.data(), od, arena.data(), od);
-  return arena;
+  if (space == MemorySpace::host) return arena;
+  // The callers (full state dicts, checkpoints) read the full values on the host.
+  Tensor host = Tensor::empty({layout_.arena_numel}, od, MemorySpace::host, "fsdp.full:" + name());
+  copy_bytes(host, arena);
+  return host;
 }
 
 void ParamGroup::zero_grad() {

@@ -77,6 +77,9 @@ class ParamGroup {
   DType param_dtype() const noexcept { return engine_.info.param_dtype; }
   DType reduce_dtype() const noexcept { return engine_.info.reduce_dtype; }
   bool offload_to_cpu() const noexcept { return offload_.has_value(); }
+  /// Where the group's shards, gradients and unsharded buffers live: device memory on a CUDA
+  /// mesh, host memory on a CPU mesh.
+  MemorySpace space() const noexcept { return space_; }
 
   engine::Group& engine() noexcept { return engine_; }
   const engine::Group& engine() const noexcept { return engine_; }
@@ -134,6 +137,7 @@ class ParamGroup {
   kernels::CopyPlan copy_out_;
   kernels::CopyPlan copy_in_;
   DeviceMesh mesh_;
+  MemorySpace space_ = MemorySpace::host;
   Tensor sharded_;        // gsn elements, orig dtype, padding zero (slot layout)
   Tensor sharded_grads_;  // gsn elements, orig dtype, or undefined
   const comm::ShmComm* shm_ = nullptr;

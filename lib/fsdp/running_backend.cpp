@@ -1,5 +1,6 @@
 #include "lib/fsdp/running_backend.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 
@@ -35,9 +36,26 @@ std::byte* bytes(const Tensor& t) {
   return static_cast<std::byte*>(t.data());
 }
 
+// The stream whose operation first writes a buffer of this kind (where it is acquired).
+StreamKind first_user(engine::BufKind k) {
+  switch (k) {
+    case engine::BufKind::ag_buffer:
+      return StreamKind::all_gather;
+    case engine::BufKind::unsharded:
+    case engine::BufKind::post_forward:
+    case engine::BufKind::grads:
+      return StreamKind::compute;
+    case engine::BufKind::rs_input:
+    case engine::BufKind::rs_output:
+    case engine::BufKind::partial_reduce:
+      break;
+  }
+  return StreamKind::reduce_scatter;
+}
+
 }  // namespace
 
-RunningBackend::RunningBackend() : pool(MemorySpace::host, "fsdp") {}
+RunningBackend::RunningBackend() = default;
 
 RootContext::~RootContext() {
   try {
@@ -51,7 +69,55 @@ ParamGroup& RunningBackend::pg(const engine::Group& g) const {
 }
 
 comm::Stream& RunningBackend::stream(const engine::Group& g, StreamKind s) const {
+  if (device_mesh_) return dstream(s);
   return pg(g).mesh().stream(channel_of(s));
+}
+
+comm::Stream& RunningBackend::dstream(StreamKind s) const {
+  if (s == StreamKind::compute) return device_mesh_->compute_stream();
+  return device_mesh_->device_stream(channel_of(s));
+}
+
+void RunningBackend::bind(const ParamGroup& g) {
+  const DeviceMesh& m = g.mesh();
+  if (bound_) {
+    if (m.device_type() != device_type_)
+      throw InvalidArgument("fully_shard: groups " + bound_group_ + " (a " +
+                            device_type_name(device_type_) + " mesh) and " + g.name() + " (a " +
+                            device_type_name(m.device_type()) + " mesh, " + m.describe() +
+                            ") are under one FSDP root; every group of a root must be on the "
+                            "same device type");
+    return;
+  }
+  bound_ = true;
+  device_type_ = m.device_type();
+  bound_group_ = g.name();
+  if (device_type_ != DeviceType::cuda) return;
+  device_mesh_.emplace(m);
+  device_pool_ = std::make_unique<StreamOrderedPool>(MemorySpace::device, "fsdp:" + g.name());
+  pool.device = device_pool_.get();
+  for (int s = 0; s < engine::kNumStreams; ++s)
+    exec_[s] = kernels::ExecStream::device(dstream(static_cast<StreamKind>(s)).native_handle());
+}
+
+Event RunningBackend::device_op(const OpDesc& d, const engine::Group& g,
+                                const std::function<void()>& enqueue) {
+  // The previous operation of the stream must not have failed (known errors only: no wait).
+  last_[static_cast<int>(d.stream)].test();
+  return done(
+      d, dstream(d.stream).submit(
+             engine::op_kind_name(d.kind) + std::string(" of group ") + pg(g).name(), enqueue));
+}
+
+void RunningBackend::gather_stream_after_compute() {
+  if (!gather_after_compute_) return;
+  gather_after_compute_ = false;
+  dstream(StreamKind::all_gather).wait(dstream(StreamKind::compute).record());
+}
+
+void RunningBackend::use(const Buf& b, StreamKind s) {
+  const Tensor& t = mem(b).tensor;
+  if (pool.device && t.nbytes() > 0) pool.device->used_on(t, dstream(s));
 }
 
 Event RunningBackend::done(const OpDesc& d, comm::Work w) {
@@ -96,6 +162,10 @@ Event RunningBackend::collective(const OpDesc& d, const engine::Group& g, const 
 }
 
 void RunningBackend::stream_wait(StreamKind waiter, const Event& e) {
+  if (device_mesh_) {  // cudaStreamWaitEvent: the host does not block
+    dstream(waiter).wait(e.work.event());
+    return;
+  }
   if (waiter == StreamKind::compute || groups.empty()) return;  // the engine waits on the host
   comm::Stream& s = groups.front()->mesh().stream(channel_of(waiter));
   if (s.runs_inline())
@@ -105,6 +175,12 @@ void RunningBackend::stream_wait(StreamKind waiter, const Event& e) {
 }
 
 void RunningBackend::stream_record(StreamKind s, Event& e) {
+  if (device_mesh_) {
+    // An event after everything enqueued on the CUDA stream so far (operations that enqueue
+    // nothing, such as a reshard, have no event of their own).
+    e.work = dstream(s).submit(std::string("record on ") + engine::stream_name(s), [] {});
+    return;
+  }
   // Operations of one stream finish in order: the last one's completion is the stream's.
   e.work = last_[static_cast<int>(s)];
 }
@@ -123,8 +199,18 @@ Buf RunningBackend::acquire(const engine::Group& g, engine::BufKind kind, std::i
   }
   b.slot = free_slots_.back();
   free_slots_.pop_back();
-  mem(b).tensor =
-      pool.acquire({numel}, dtype, std::string(engine::buf_kind_name(kind)) + ":" + pg(g).name());
+  if (pool.device) {
+    // Stream-ordered: a block last used on other streams is handed out after their release
+    // events (on the device, cudaStreamWaitEvent).
+    mem(b).tensor =
+        pool.device->acquire({numel}, dtype, dstream(first_user(kind)),
+                             std::string(engine::buf_kind_name(kind)) + ":" + pg(g).name());
+    pool.device_in_use += b.bytes;
+    pool.device_peak = std::max(pool.device_peak, pool.device_in_use);
+    return b;
+  }
+  mem(b).tensor = pool.host.acquire({numel}, dtype,
+                                    std::string(engine::buf_kind_name(kind)) + ":" + pg(g).name());
   ParamGroup& p = pg(g);
   if (kind == engine::BufKind::grads && p.shm() && g.info.world > 1) {
     // Shared memory: the unsharded gradients live in the group's window, where peers read
@@ -150,8 +236,13 @@ void RunningBackend::release(const engine::Group& g, Buf& b) {
   }
   // The bytes go back to the pool with the last view, once the operation using them ran
   // (worker streams run it later): at the point the engine says, on every kind of stream.
+  // On the device the pool records an event on every stream the block was used on instead:
+  // no host wait.
   Memory& m = mem(b);
-  m.used.wait();
+  if (pool.device)
+    pool.device_in_use -= std::min(pool.device_in_use, b.bytes);
+  else
+    m.used.wait();
   m = Memory();
   free_slots_.push_back(b.slot);
   b = Buf();
@@ -180,6 +271,14 @@ Event RunningBackend::gather_copy_in(const OpDesc& d, engine::Group& g, Buf& dst
   }
   const void* from = p.sharded().data();
   const kernels::ExecStream& on = exec(d.stream);
+  if (device_mesh_) {
+    gather_stream_after_compute();
+    Event e = device_op(d, g, [&] {
+      kernels::cast_copy(on, from, I.orig_dtype, to, I.param_dtype, I.shard_numel);
+    });
+    use(dst, d.stream);
+    return e;
+  }
   Event e = on_stream(d, g, [=, &on] {
     kernels::cast_copy(on, from, I.orig_dtype, to, I.param_dtype, I.shard_numel);
   });
@@ -192,8 +291,14 @@ Event RunningBackend::all_gather(const OpDesc& d, engine::Group& g, Buf& dst, bo
   ParamGroup& p = pg(g);
   const auto& I = g.info;
   comm::Stream& s = stream(g, d.stream);
-  exec(d.stream).fence();  // the copy-in before it (an event on the same stream)
+  // The copy-in before it: on the device the same CUDA stream orders it.
+  if (!device_mesh_) exec(d.stream).fence();
   const std::size_t gsn = static_cast<std::size_t>(I.shard_numel);
+  if (device_mesh_) {
+    gather_stream_after_compute();
+    use(dst, d.stream);
+    if (slices) use(*slices, d.stream);
+  }
   if (slices) {
     const std::size_t block = static_cast<std::size_t>(I.world / d.k) * gsn;
     return done(d,
@@ -261,6 +366,26 @@ Event RunningBackend::gather_copy_out(const OpDesc& d, engine::Group& g, const B
     return done(d, comm::Work());
   }
   const void* from = src ? mem(*src).tensor.data() : p.sharded().data();
+  if (device_mesh_) {
+    // Copy-out (and the kept slice) as kernels on the operation's stream.
+    void* to = mem(arena).tensor.data();
+    void* kept = keep ? mem(*keep).tensor.data() : nullptr;
+    const std::size_t block = keep ? keep->bytes : 0;
+    const int k = g.reshard_after_forward;
+    const kernels::ExecStream& on = exec(d.stream);
+    Event e = device_op(d, g, [&] {
+      kernels::run_copies(p.copy_out_plan(), from, I.param_dtype, to, I.param_dtype, on);
+      if (kept)
+        kernels::cast_copy(
+            on, static_cast<const std::byte*>(from) + static_cast<std::size_t>(I.rank % k) * block,
+            I.param_dtype, kept, I.param_dtype,
+            static_cast<std::int64_t>(block / dtype_size(I.param_dtype)));
+    });
+    use(arena, d.stream);
+    if (src) use(*src, d.stream);
+    if (keep) use(*keep, d.stream);
+    return e;
+  }
   kernels::run_copies(p.copy_out_plan(), from, I.param_dtype, mem(arena).tensor.data(),
                       I.param_dtype, exec(d.stream));
   if (keep) {
@@ -275,7 +400,34 @@ Event RunningBackend::gather_copy_out(const OpDesc& d, engine::Group& g, const B
   return done(d, comm::Work());
 }
 
-Event RunningBackend::grad_init(const OpDesc& d, engine::Group&, Buf& grads) {
+Event RunningBackend::grad_init(const OpDesc& d, engine::Group& g, Buf& grads) {
+  if (device_mesh_) {
+    // A kernel on the compute stream writing zeros: runs of padding only (nothing read), in
+    // blocks of 64 Ki elements (the device kernel gives each run one team), built once per
+    // group.
+    const DType t = g.info.param_dtype;
+    const auto n = static_cast<std::int64_t>(grads.bytes / dtype_size(t));
+    const auto id = static_cast<std::size_t>(g.id);
+    if (zero_plans_.size() <= id) zero_plans_.resize(id + 1);
+    if (zero_plans_[id].elements_written() != n) {
+      constexpr std::int64_t kBlock = std::int64_t{1} << 16;
+      std::vector<kernels::CopyRun> runs;
+      for (std::int64_t at = 0; at < n; at += kBlock) {
+        kernels::CopyRun zeros;
+        zeros.dst_offset = at;
+        zeros.pad = std::min(kBlock, n - at);
+        runs.push_back(zeros);
+      }
+      zero_plans_[id] = kernels::CopyPlan(kernels::ExecTarget::device, runs);
+    }
+    void* ptr = mem(grads).tensor.data();
+    const kernels::ExecStream& on = exec(d.stream);
+    Event e = device_op(d, g, [&] {
+      if (n > 0) kernels::run_copies(zero_plans_[id], ptr, t, ptr, t, on);
+    });
+    use(grads, d.stream);
+    return e;
+  }
   if (grads.bytes) std::memset(mem(grads).tensor.data(), 0, grads.bytes);
   return done(d, comm::Work());
 }
@@ -289,6 +441,14 @@ Event RunningBackend::reduce_copy_in(const OpDesc& d, engine::Group& g, Buf& gra
   if (p.shm() && I.world > 1) {
     // Shared memory: nothing to copy, peers read their chunks from the gradient window.
     return on_stream(d, g, [] {});
+  }
+  if (device_mesh_) {
+    const kernels::ExecStream& on = exec(d.stream);
+    Event e = device_op(
+        d, g, [&] { kernels::run_copies(*plan, from, I.param_dtype, to, I.reduce_dtype, on); });
+    use(grads, d.stream);
+    use(input, d.stream);
+    return e;
   }
   // The kernel holds the buffers until it ran (worker streams run it later).
   Tensor keep_from = mem(grads).tensor;
@@ -362,6 +522,23 @@ Event RunningBackend::reduce_scatter(const OpDesc& d, engine::Group& g, Buf& inp
     mem(input).used = mem(output).used = e.work;
     return e;
   }
+  if (device_mesh_) {
+    // NCCL's pre-multiplied sum: each rank's input is scaled by 1/divisor inside the
+    // reduction (FSDP2's gradient divide factor), so the copy-out only casts and accumulates.
+    // The divisor is the one the engine's copy-out asks for (checked there). Ordered after the
+    // copy-in by the stream.
+    const double divisor =
+        g.divide_factor > 0 ? g.divide_factor : static_cast<double>(I.world) * I.replicate;
+    if (prescaled_.size() <= static_cast<std::size_t>(g.id))
+      prescaled_.resize(static_cast<std::size_t>(g.id) + 1, 0.0);
+    prescaled_[static_cast<std::size_t>(g.id)] = divisor;
+    use(input, d.stream);
+    use(output, d.stream);
+    return done(
+        d, p.rs_comm().reduce_scatter_divided(mem(input).tensor.data(), mem(output).tensor.data(),
+                                              static_cast<std::size_t>(I.shard_numel),
+                                              I.reduce_dtype, divisor, stream(g, d.stream)));
+  }
   exec(d.stream).fence();  // the copy-in before it
   return done(
       d, pg(g).rs_comm().reduce_scatter(mem(input).tensor.data(), mem(output).tensor.data(),
@@ -371,7 +548,11 @@ Event RunningBackend::reduce_scatter(const OpDesc& d, engine::Group& g, Buf& inp
 
 Event RunningBackend::all_reduce(const OpDesc& d, engine::Group& g, Buf& data) {
   const auto& I = g.info;
-  exec(StreamKind::reduce_scatter).fence();  // what the reduce-scatter stream wrote into it
+  // What the reduce-scatter stream wrote into it (on the device: the engine's event wait).
+  if (device_mesh_)
+    use(data, d.stream);
+  else
+    exec(StreamKind::reduce_scatter).fence();
   return done(d, pg(g).ar_comm().all_reduce(mem(data).tensor.data(), mem(data).tensor.data(),
                                             static_cast<std::size_t>(I.shard_numel), I.reduce_dtype,
                                             comm::ReduceOp::sum, stream(g, d.stream)));
@@ -382,6 +563,15 @@ Event RunningBackend::accumulate(const OpDesc& d, engine::Group& g, Buf& src, Bu
   Tensor from = mem(src).tensor;
   Tensor to = mem(dst).tensor;
   const kernels::ExecStream& on = exec(d.stream);
+  if (device_mesh_) {
+    Event e = device_op(d, g, [&] {
+      kernels::reduce_copy_out(on, from.data(), I.reduce_dtype, to.data(), I.reduce_dtype,
+                               I.shard_numel, 1.0, acc);
+    });
+    use(src, d.stream);
+    use(dst, d.stream);
+    return e;
+  }
   Event e = on_stream(d, g, [=, &on] {
     kernels::reduce_copy_out(on, from.data(), I.reduce_dtype, to.data(), I.reduce_dtype,
                              I.shard_numel, 1.0, acc);
@@ -407,10 +597,25 @@ Event RunningBackend::reduce_copy_out(const OpDesc& d, engine::Group& g, const B
   }
   if (!p.sharded_grads().data())
     p.sharded_grads() =
-        Tensor::empty({I.shard_numel}, I.orig_dtype, MemorySpace::host, "fsdp.grads:" + p.name());
+        Tensor::empty({I.shard_numel}, I.orig_dtype, p.space(), "fsdp.grads:" + p.name());
   Tensor from = mem(src).tensor;
   Tensor to = p.sharded_grads();
   const kernels::ExecStream& on = exec(d.stream);
+  if (device_mesh_) {
+    // What the reduce-scatter's pre-multiplied sum divided by is not divided again.
+    double rest = divisor;
+    if (static_cast<std::size_t>(g.id) < prescaled_.size()) {
+      double& pre = prescaled_[static_cast<std::size_t>(g.id)];
+      if (pre > 0) rest = divisor / pre;
+      pre = 0.0;
+    }
+    Event e = device_op(d, g, [&] {
+      kernels::reduce_copy_out(on, from.data(), I.reduce_dtype, to.data(), I.orig_dtype,
+                               I.shard_numel, rest, acc);
+    });
+    use(src, d.stream);
+    return e;
+  }
   return on_stream(d, g, [=, &on] {
     kernels::reduce_copy_out(on, from.data(), I.reduce_dtype, to.data(), I.orig_dtype,
                              I.shard_numel, divisor, acc);
@@ -423,6 +628,16 @@ Event RunningBackend::reshard(const OpDesc& d, engine::Group&) {
 
 Event RunningBackend::compute(const OpDesc& d, graph::Module& m, engine::Phase phase) {
   const auto& cb = phase == engine::Phase::forward ? m.forward_callback() : m.backward_callback();
+  if (cb && device_mesh_) {
+    // The callback enqueues its kernels on the compute stream (after the copy-outs there); the
+    // event recorded after them orders the reduce-scatter stream. No host synchronisation.
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string name = m.fqn().empty() ? "<root>" : m.fqn();
+    const std::string what = (phase == engine::Phase::forward ? "fwd(" : "bwd(") + name + ")";
+    Event e = done(d, dstream(StreamKind::compute).submit(what, [&] { cb(m); }));
+    if (compute_recorder) compute_recorder(what, t0, std::chrono::steady_clock::now());
+    return e;
+  }
   if (cb) {
     exec(StreamKind::compute).fence();  // the copy-outs the callback reads
     const auto t0 = std::chrono::steady_clock::now();
@@ -438,6 +653,22 @@ Event RunningBackend::compute(const OpDesc& d, graph::Module& m, engine::Phase p
 
 void RunningBackend::host_wait(const OpDesc& d, const std::vector<Event>& events) {
   if (op_log) op_log->push_back(d);
+  if (device_mesh_) {
+    // FSDP2's wait for the reductions on the device: the compute stream waits for their
+    // events (cudaStreamWaitEvent), the host only re-raises errors already known.
+    std::exception_ptr first;
+    for (const Event& e : events) {
+      try {
+        e.work.test();
+        dstream(StreamKind::compute).wait(e.work.event());
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    gather_after_compute_ = true;  // the next iteration's first all-gather
+    if (first) std::rethrow_exception(first);
+    return;
+  }
   for (const auto& e : exec_)
     e.fence();
   std::exception_ptr first;
@@ -452,6 +683,14 @@ void RunningBackend::host_wait(const OpDesc& d, const std::vector<Event>& events
 }
 
 void RunningBackend::host_wait(const Event& e) {
+  if (device_mesh_) {
+    // On the device the compute stream waits instead of the host (cudaStreamWaitEvent): for
+    // an all-gather before its copy-out, for a reduction before the sharded gradients are
+    // used. Errors already known are re-raised here.
+    e.work.test();
+    dstream(StreamKind::compute).wait(e.work.event());
+    return;
+  }
   e.work.wait();
   exec(StreamKind::all_gather).fence();
 }
@@ -482,11 +721,11 @@ void RunningBackend::show_sharded(engine::Group& g) {
 // The host sees the parameters and gradients from here on: the kernels that made them are
 // finished first.
 void RunningBackend::show_unsharded(engine::Group& g) {
-  exec(StreamKind::compute).fence();
+  if (!device_mesh_) exec(StreamKind::compute).fence();
   pg(g).show_unsharded(mem(g.arena).tensor);
 }
 void RunningBackend::show_unsharded_grads(engine::Group& g) {
-  exec(StreamKind::compute).fence();
+  if (!device_mesh_) exec(StreamKind::compute).fence();
   pg(g).show_unsharded_grads(mem(g.grads).tensor);
 }
 void RunningBackend::show_sharded_grads(engine::Group& g) {

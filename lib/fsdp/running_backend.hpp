@@ -1,12 +1,21 @@
-// The running backend of the FSDP engine: the mesh's communicators and channel streams, one
-// buffer pool per FSDP root, the Kokkos copy kernels, the user's callbacks. Private to
-// lib/fsdp.
+// The running backend of the FSDP engine: the communicators, streams, memory and Kokkos copy
+// kernels of the mesh's device, and the user's callbacks. Private to lib/fsdp.
+//
+// On a CPU mesh: MPI (or node-local shared memory) collectives on the mesh's host channel
+// streams, one host buffer pool per FSDP root, kernels on the host.
+// On a CUDA mesh: NCCL collectives on the mesh's CUDA channel streams, copy kernels as Kokkos
+// kernels on the stream of their operation, user compute on the mesh's compute stream, every
+// buffer from the root's stream-ordered device pool. Cross-stream order is kept with CUDA
+// events only (the engine's waits become cudaStreamWaitEvent); the host never blocks on a
+// collective or a kernel (no fence, no cudaDeviceSynchronize): its waits only re-raise errors
+// already known and order the compute stream.
 #pragma once
 
 #include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,10 +24,29 @@
 #include "fullshard/kernels/shard_copy.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/tensor/buffer_pool.hpp"
+#include "fullshard/tensor/stream_pool.hpp"
 
 namespace fullshard::fsdp::detail {
 
 class ParamGroup;
+
+/// The buffers of one FSDP root: a host BufferPool on a CPU mesh, a stream-ordered device pool
+/// on the mesh's CUDA streams on a CUDA mesh, with the engine's accounting (what FSDPModule's
+/// memory statistics and the plan's peak refer to).
+class EnginePool {
+ public:
+  BufferPool host{MemorySpace::host, "fsdp"};
+  StreamOrderedPool* device = nullptr;
+  std::size_t device_in_use = 0;
+  std::size_t device_peak = 0;
+
+  std::size_t bytes_in_use() const { return device ? device_in_use : host.bytes_in_use(); }
+  std::size_t peak_bytes_in_use() const { return device ? device_peak : host.peak_bytes_in_use(); }
+  void reset_peak() {
+    host.reset_peak();
+    device_peak = device_in_use;
+  }
+};
 
 class RunningBackend final : public engine::Backend {
  public:
@@ -26,7 +54,7 @@ class RunningBackend final : public engine::Backend {
 
   /// The groups by engine id (attach order).
   std::vector<ParamGroup*> groups;
-  BufferPool pool;
+  EnginePool pool;
   ComputeRecorder compute_recorder;
   /// When set, every operation's description is appended (plan-versus-run comparisons).
   std::vector<engine::OpDesc>* op_log = nullptr;
@@ -62,6 +90,12 @@ class RunningBackend final : public engine::Backend {
   void show_unsharded_grads(engine::Group& g) override;
   void show_sharded_grads(engine::Group& g) override;
 
+  /// Takes the device of `g`'s mesh (the first group attached decides; every group of one
+  /// root must be on the same device type: InvalidArgument naming both groups otherwise). On a
+  /// CUDA mesh the root's operations run on that mesh's streams.
+  void bind(const ParamGroup& g);
+  bool on_device() const noexcept { return device_mesh_.has_value(); }
+
  protected:
   void stream_wait(engine::StreamKind waiter, const engine::Event& e) override;
   void stream_record(engine::StreamKind s, engine::Event& e) override;
@@ -95,6 +129,32 @@ class RunningBackend final : public engine::Backend {
       kernels::ExecStream::host(), kernels::ExecStream::host(), kernels::ExecStream::host(),
       kernels::ExecStream::host()};
   const kernels::ExecStream& exec(engine::StreamKind s) const { return exec_[static_cast<int>(s)]; }
+
+  // ---- the device (CUDA meshes) ----
+  std::optional<DeviceMesh> device_mesh_;  // the mesh whose streams the root's operations use
+  bool bound_ = false;
+  DeviceType device_type_ = DeviceType::cpu;
+  std::string bound_group_;  // the group that decided the device (messages)
+  // The CUDA stream of an engine stream.
+  comm::Stream& dstream(engine::StreamKind s) const;
+  // Runs `enqueue` (device work on dstream(d.stream)) as the operation's submit: the event
+  // recorded after it is the operation's completion.
+  engine::Event device_op(const engine::OpDesc& d, const engine::Group& g,
+                          const std::function<void()>& enqueue);
+  // Declares that operation stream `s` uses `b` (the pool records a release event there).
+  void use(const engine::Buf& b, engine::StreamKind s);
+  // FSDP2's root pre-forward: the first all-gather-stream operation of an iteration waits for
+  // the compute stream (what the user enqueued there since the last backward, e.g. an
+  // optimizer step on the shards). Set at the end of backward.
+  bool gather_after_compute_ = true;
+  void gather_stream_after_compute();
+  // Per group: the divisor its last reduce-scatter already applied (NCCL pre-multiplied sum),
+  // 0 when none (one rank: no reduce-scatter ran).
+  std::vector<double> prescaled_;
+  // Per group: the kernel that zeroes its unsharded gradients (grad_init).
+  std::vector<kernels::CopyPlan> zero_plans_;
+  // The root's buffers on a CUDA mesh (EnginePool::device points here).
+  std::unique_ptr<StreamOrderedPool> device_pool_;
 };
 
 /// One FSDP root: its backend and the engine state shared by its groups.

@@ -1,14 +1,18 @@
 #include "fullshard/mesh/device_mesh.hpp"
 
-#include "fullshard/comm/mpi_communicator.hpp"
-
+#include <Kokkos_Core.hpp>  // KOKKOS_ENABLE_CUDA: whether MemorySpace::device is GPU memory
 #include <algorithm>
 #include <array>
 #include <mutex>
 #include <set>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/comm/mpi_communicator.hpp"
+#include "fullshard/config.hpp"
 #include "fullshard/runtime/runtime.hpp"
+#if FULLSHARD_HAS_NCCL
+#include "fullshard/comm/nccl_communicator.hpp"
+#endif
 
 namespace fullshard {
 
@@ -24,6 +28,16 @@ const char* channel_name(Channel c) noexcept {
       return "all_reduce";
   }
   return "?";
+}
+
+const char* device_type_name(DeviceType d) noexcept {
+  return d == DeviceType::cuda ? "cuda" : "cpu";
+}
+
+DeviceType parse_device_type(const std::string& s) {
+  if (s == "cpu") return DeviceType::cpu;
+  if (s == "cuda") return DeviceType::cuda;
+  throw InvalidArgument("DeviceMesh: unknown device type '" + s + "' (use \"cpu\" or \"cuda\")");
 }
 
 namespace detail {
@@ -49,6 +63,16 @@ struct MeshState {
   // (mutable: a const mesh hands out its streams).
   mutable std::mutex stream_mutex;
   mutable std::array<std::unique_ptr<comm::Stream>, kChannels> streams;
+  mutable std::unique_ptr<comm::Stream> host_compute;  // CPU meshes: a caller stream
+
+  // The device's resources (CUDA meshes; created with the mesh). The streams are declared
+  // before the NCCL communicators, so the communicators go first (finalized while their
+  // streams exist).
+  DeviceType device = DeviceType::cpu;
+  std::array<std::unique_ptr<comm::Stream>, kChannels> device_streams;
+  std::unique_ptr<comm::Stream> compute;
+  // device_dims[d][channel]: NCCL over the ranks of dims[d][channel]
+  std::vector<std::array<std::unique_ptr<comm::Communicator>, kChannels>> device_dims;
 };
 
 }  // namespace detail
@@ -113,15 +137,77 @@ bool on_one_node(MPI_Comm dim_comm, int ranks_per_node) {
   return local;
 }
 
+// What a CUDA mesh needs of the build ("" when it has it).
+std::string cuda_mesh_unsupported() {
+  std::string missing;
+#if !FULLSHARD_HAS_NCCL
+  missing = "NCCL (configure with CUDA and NCCL found, FULLSHARD_ENABLE_NCCL=ON)";
+#endif
+#if !defined(KOKKOS_ENABLE_CUDA)
+  missing += std::string(missing.empty() ? "" : " and ") + "a CUDA-enabled Kokkos (this Kokkos " +
+             std::to_string(KOKKOS_VERSION) +
+             " runs on the host only; build against one: docs/gpu.md, scripts/build-cuda)";
+#endif
+  return missing;
+}
+
+// The device resources of a CUDA mesh: the streams first (they find out whether
+// this rank has a usable GPU), agreed on over `base` so that no rank is left in an NCCL
+// bootstrap its peers never reach; then one NCCL communicator per dim and channel over the
+// channel's MPI communicator (the unique id broadcast under the timeout).
+// (build() has checked cuda_mesh_unsupported()).
+void build_cuda(detail::MeshState& s, MPI_Comm base, const std::string& mesh_name) {
+#if FULLSHARD_HAS_NCCL && defined(KOKKOS_ENABLE_CUDA)
+  std::string failure;
+  try {
+    for (int c = 0; c < detail::kChannels; ++c)
+      s.device_streams[c] = std::make_unique<comm::Stream>(comm::Stream::device(
+          mesh_name + "." + channel_name(static_cast<Channel>(c)), /*priority=*/-1));
+    s.compute = std::make_unique<comm::Stream>(comm::Stream::device(mesh_name + ".compute", 0));
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  int ok = failure.empty() ? 1 : 0;
+  int all_ok = 0;
+  if (MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, base) != MPI_SUCCESS)
+    throw CommError("DeviceMesh(cuda) " + mesh_name +
+                    ": MPI_Allreduce agreeing on the device streams failed");
+  if (!ok)
+    throw CommError("DeviceMesh(cuda) " + mesh_name + " rank " + std::to_string(s.rank) + ": " +
+                    failure);
+  if (!all_ok)
+    throw CommError("DeviceMesh(cuda) " + mesh_name +
+                    ": another rank could not create its CUDA "
+                    "streams (its own error names the call); no NCCL communicator was created");
+  s.device_dims.resize(s.shape.size());
+  for (std::size_t d = 0; d < s.shape.size(); ++d)
+    for (int c = 0; c < detail::kChannels; ++c) {
+      auto& mpi = *s.dims[d][c];
+      s.device_dims[d][c] =
+          comm::NcclCommunicator::create(mpi.handle(), mpi.name() + ".nccl", s.timeout_s);
+    }
+#else
+  (void)s;
+  (void)base;
+  (void)mesh_name;
+#endif
+}
+
 std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
                                          std::vector<std::string> names, double timeout_s,
                                          HostProgress progress, HostCollectives collectives,
-                                         int ranks_per_node) {
+                                         int ranks_per_node, DeviceType device) {
   int ranks = 0;
   int rank = 0;
   MPI_Comm_size(base, &ranks);
   MPI_Comm_rank(base, &rank);
   validate(shape, names, ranks);
+  if (device == DeviceType::cuda) {
+    const std::string unsupported = cuda_mesh_unsupported();
+    if (!unsupported.empty())
+      throw ConfigError("DeviceMesh(cuda): this fullshard was built without " + unsupported +
+                        "; use a CPU mesh (DeviceType::cpu) here");
+  }
 
   auto s = std::make_shared<detail::MeshState>();
   s->shape = std::move(shape);
@@ -132,6 +218,7 @@ std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
   s->host_progress = progress;
   s->collectives = collectives;
   s->ranks_per_node = ranks_per_node;
+  s->device = device;
   const int nd = static_cast<int>(s->shape.size());
   s->coords.assign(nd, 0);
   for (int d = nd - 1, r = rank; d >= 0; --d) {
@@ -156,10 +243,12 @@ std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
     for (int c = 1; c < detail::kChannels; ++c)
       s->dims[d][c] = comm::MpiCommunicator::duplicate(
           split, dim_name + "." + channel_name(static_cast<Channel>(c)), timeout_s);
-    if (s->shape[d] > 1 && collectives != HostCollectives::mpi &&
+    // FSDP's host collectives only (a CUDA mesh's go through NCCL).
+    if (device == DeviceType::cpu && s->shape[d] > 1 && collectives != HostCollectives::mpi &&
         on_one_node(split, ranks_per_node))
       s->shm[d] = std::make_unique<comm::ShmComm>(split, dim_name, timeout_s);
   }
+  if (device == DeviceType::cuda) build_cuda(*s, base, mesh_name);
   return s;
 }
 
@@ -179,11 +268,27 @@ DeviceMesh::DeviceMesh(const Runtime& runtime, std::vector<int> shape,
                  runtime.settings().host_progress, runtime.settings().host_collectives,
                  runtime.settings().ranks_per_node) {}
 
+DeviceMesh::DeviceMesh(const Runtime& runtime, DeviceType device, std::vector<int> shape,
+                       std::vector<std::string> names)
+    : s_(build(runtime.world(), std::move(shape), std::move(names), runtime.settings().timeout_s,
+               runtime.settings().host_progress, runtime.settings().host_collectives,
+               runtime.settings().ranks_per_node, device)) {}
+
+DeviceMesh::DeviceMesh(DeviceType device, MPI_Comm base, std::vector<int> shape,
+                       std::vector<std::string> names, double timeout_s)
+    : s_(build(base, std::move(shape), std::move(names), timeout_s, HostProgress::inline_,
+               HostCollectives::auto_, 0, device)) {}
+
 DeviceMesh::DeviceMesh(MPI_Comm base, std::vector<int> shape, std::vector<std::string> names,
                        double timeout_s, HostProgress progress, HostCollectives collectives,
                        int ranks_per_node)
     : s_(build(base, std::move(shape), std::move(names), timeout_s, progress, collectives,
-               ranks_per_node)) {}
+               ranks_per_node, DeviceType::cpu)) {}
+
+DeviceMesh init_device_mesh(const Runtime& runtime, const std::string& device_type,
+                            std::vector<int> shape, std::vector<std::string> names) {
+  return DeviceMesh(runtime, parse_device_type(device_type), std::move(shape), std::move(names));
+}
 
 DeviceMesh DeviceMesh::node_aware(const Runtime& runtime) {
   return node_aware(runtime.world(), runtime.settings().ranks_per_node,
@@ -229,9 +334,12 @@ DeviceMesh DeviceMesh::node_aware(MPI_Comm base, int ranks_per_node, double time
   OwnedComm ordered;  // ranks in (node, local) row-major order
   MPI_Comm_split(base, 0, node * local_size + local_rank, &ordered.c);
   return DeviceMesh(build(ordered.c, {ranks / local_size, local_size}, {"node", "local"}, timeout_s,
-                          progress, collectives, ranks_per_node));
+                          progress, collectives, ranks_per_node, DeviceType::cpu));
 }
 
+DeviceType DeviceMesh::device_type() const noexcept {
+  return s_->device;
+}
 int DeviceMesh::ndim() const noexcept {
   return static_cast<int>(s_->shape.size());
 }
@@ -270,6 +378,26 @@ comm::Communicator& DeviceMesh::comm(const std::string& dim, Channel channel) co
   return *s_->dims[dim_index(dim)][static_cast<int>(channel)];
 }
 
+comm::Communicator& DeviceMesh::device_comm(const std::string& dim, Channel channel) const {
+  const int d = dim_index(dim);
+  if (s_->device == DeviceType::cpu) return *s_->dims[d][static_cast<int>(channel)];
+  return *s_->device_dims[static_cast<std::size_t>(d)][static_cast<int>(channel)];
+}
+
+comm::Stream& DeviceMesh::device_stream(Channel channel) const {
+  if (s_->device == DeviceType::cpu) return stream(channel);
+  return *s_->device_streams[static_cast<int>(channel)];
+}
+
+comm::Stream& DeviceMesh::compute_stream() const {
+  if (s_->device == DeviceType::cuda) return *s_->compute;
+  const detail::MeshState& st = *s_;
+  std::lock_guard<std::mutex> lock(st.stream_mutex);
+  if (!st.host_compute)
+    st.host_compute = std::make_unique<comm::Stream>(comm::Stream::caller("mesh.compute"));
+  return *st.host_compute;
+}
+
 const comm::ShmComm* DeviceMesh::shm(const std::string& dim) const {
   return s_->shm[static_cast<std::size_t>(dim_index(dim))].get();
 }
@@ -297,6 +425,9 @@ comm::Traffic DeviceMesh::traffic() const {
       t += c->traffic();
   for (const auto& shm : s_->shm)
     if (shm) t += shm->traffic();
+  for (const auto& dim : s_->device_dims)
+    for (const auto& c : dim)
+      if (c) t += c->traffic();
   return t;
 }
 
@@ -313,7 +444,7 @@ comm::Stream& DeviceMesh::stream(Channel channel) const {
 DeviceMesh DeviceMesh::sub_mesh(const std::string& dim) const {
   const int d = dim_index(dim);
   return DeviceMesh(build(s_->dims[d][0]->handle(), {s_->shape[d]}, {dim}, s_->timeout_s,
-                          s_->host_progress, s_->collectives, s_->ranks_per_node));
+                          s_->host_progress, s_->collectives, s_->ranks_per_node, s_->device));
 }
 
 DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& dims, std::string name) const {
@@ -340,7 +471,7 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& dims, std::string
     throw CommError("DeviceMesh::flatten: MPI_Comm_split failed");
   if (name.empty()) name = join(dims, "_");
   return DeviceMesh(build(split.c, {size}, {name}, s_->timeout_s, s_->host_progress,
-                          s_->collectives, s_->ranks_per_node));
+                          s_->collectives, s_->ranks_per_node, s_->device));
 }
 
 double DeviceMesh::timeout_s() const noexcept {
@@ -357,7 +488,7 @@ std::string DeviceMesh::describe() const {
   s += ") rank " + std::to_string(s_->rank) + " at (";
   for (int d = 0; d < ndim(); ++d)
     s += (d ? ", " : "") + std::to_string(s_->coords[d]);
-  return s + ")";
+  return s + (s_->device == DeviceType::cuda ? ") on cuda" : ")");
 }
 
 }  // namespace fullshard

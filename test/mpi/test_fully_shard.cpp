@@ -934,3 +934,17 @@ TEST_CASE_TEMPLATE("ranks that declare different models are told so before the f
           }).empty());
   }
 }
+
+#if !defined(FULLSHARD_TEST_DEVICE_CUDA)
+TEST_CASE("a parameter in device memory on a CPU mesh is an error naming it and both devices") {
+  DeviceMesh mesh(test::runtime(), {W()}, {"dp"});
+  auto root = Module::make_root();
+  Parameter& p = root->add_module("m").add_param("w", {4});
+  p.set_data(Tensor::zeros({4}, DType::f32, MemorySpace::device));
+  CHECK_THROWS_WITH_AS(fsdp::fully_shard(root->module("m"), mesh),
+                       doctest::Contains("parameter 'm.w' is in device memory (cuda) but the mesh"),
+                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(fsdp::fully_shard(root->module("m"), mesh),
+                       doctest::Contains("is a cpu mesh (host memory)"), InvalidArgument);
+}
+#endif

@@ -4,6 +4,7 @@
 
 #include "fullshard/comm/mpi_communicator.hpp"
 
+#include <Kokkos_Core.hpp>  // KOKKOS_ENABLE_CUDA
 #include <string>
 
 #include "fullshard/base/error.hpp"
@@ -144,4 +145,29 @@ TEST_CASE("bad meshes are errors naming what is wrong") {
     CHECK(std::string(e.what()).find("fullshard[rank " + std::to_string(test::world_rank()) +
                                      "]") == 0);
   }
+}
+
+TEST_CASE("device types: CPU by default, torch's strings, a CUDA mesh needs a CUDA Kokkos") {
+  const int W = test::world_size();
+  DeviceMesh mesh(test::runtime(), {W}, {"dp"});
+  CHECK(mesh.device_type() == DeviceType::cpu);
+  CHECK(mesh.describe().find("cuda") == std::string::npos);
+  // A CPU mesh's device resources are its host ones.
+  CHECK(&mesh.device_comm("dp", Channel::all_gather) == &mesh.comm("dp", Channel::all_gather));
+  CHECK(&mesh.device_stream(Channel::reduce_scatter) == &mesh.stream(Channel::reduce_scatter));
+  CHECK(mesh.compute_stream().kind() == comm::StreamKind::caller);
+  DeviceMesh cpu = init_device_mesh(test::runtime(), "cpu", {W}, {"dp"});
+  CHECK(cpu.device_type() == DeviceType::cpu);
+  CHECK(rank_sum(cpu.device_comm("dp")) == W * (W - 1) / 2);
+  CHECK_THROWS_WITH_AS(init_device_mesh(test::runtime(), "gpu", {W}, {"dp"}),
+                       doctest::Contains("unknown device type 'gpu' (use \"cpu\" or \"cuda\")"),
+                       InvalidArgument);
+#if !defined(KOKKOS_ENABLE_CUDA)
+  // This build's Kokkos runs on the host only: a CUDA mesh is refused on every rank, naming
+  // what is missing (before any communicator is made).
+  CHECK_THROWS_WITH_AS(DeviceMesh(test::runtime(), DeviceType::cuda, {W}, {"dp"}),
+                       doctest::Contains("a CUDA-enabled Kokkos (this Kokkos"), ConfigError);
+  CHECK_THROWS_WITH_AS(init_device_mesh(test::runtime(), "cuda", {W}, {"dp"}),
+                       doctest::Contains("use a CPU mesh"), ConfigError);
+#endif
 }

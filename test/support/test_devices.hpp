@@ -67,11 +67,10 @@ struct CudaDevice {
     return {};
 #endif
   }
-  /// The mesh the engine runs on this device. DeviceMesh has no device type yet (issue 16,
-  /// item 1: init_device_mesh("cuda", ...)); until it has, this is the host mesh and the
-  /// CUDA instantiation's memory-space checks fail on a GPU, saying where the bytes are.
+  /// A CUDA mesh (init_device_mesh("cuda", ...)): NCCL communicators, CUDA streams and the
+  /// stream-ordered device pool, so the engine keeps its bytes in device memory.
   static DeviceMesh mesh(std::vector<int> shape, std::vector<std::string> names) {
-    return DeviceMesh(runtime(), std::move(shape), std::move(names));
+    return DeviceMesh(runtime(), DeviceType::cuda, std::move(shape), std::move(names));
   }
 };
 #define FULLSHARD_TEST_DEVICE ::fullshard::test::CudaDevice

@@ -30,8 +30,11 @@ struct NcclUniqueId {
 /// every rank returns the same bytes. If ncclGetUniqueId fails on rank 0 (no network
 /// interface, no GPU, ...) every rank throws CommError naming ncclGetUniqueId (rank 0
 /// broadcasts its status before the id, so no rank is left waiting). `name` labels
-/// messages. Also CommError when an MPI call fails.
-NcclUniqueId nccl_bootstrap_id(MPI_Comm comm, const std::string& name = "nccl");
+/// messages. Also CommError when an MPI call fails. The broadcasts are bounded by `timeout_s`
+/// (> 0; 0 waits forever): past it the job is aborted with the common timeout message naming
+/// `name` (a rank that never reaches the bootstrap must not hang the others).
+NcclUniqueId nccl_bootstrap_id(MPI_Comm comm, const std::string& name = "nccl",
+                               double timeout_s = 0.0);
 
 namespace detail {
 struct NcclCommState;  // owns the ncclComm_t (defined in lib/comm/nccl)
@@ -65,8 +68,8 @@ enum class DivideMode {
 /// fails). See the status note at the top of this file.
 class NcclCommunicator final : public Communicator {
  public:
-  /// Collective over `comm`: nccl_bootstrap_id, then ncclCommInitRankConfig on the current
-  /// device. `comm` is only used during the call (not kept). `timeout_s` > 0 bounds
+  /// Collective over `comm`: nccl_bootstrap_id (under `timeout_s`), then ncclCommInitRankConfig on
+  /// the current device. `comm` is only used during the call (not kept). `timeout_s` > 0 bounds
   /// Work::wait and the non-blocking polls (normally Settings::timeout_s). CommError on
   /// failure (on every rank when the id cannot be created).
   static std::unique_ptr<NcclCommunicator> create(MPI_Comm comm, const std::string& name,

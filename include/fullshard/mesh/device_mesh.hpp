@@ -2,6 +2,15 @@
 // sits at the row-major coordinates of r in the shape (as torch's init_device_mesh does).
 // Each dim has its own communicators (one per channel, so that all-gather, reduce-scatter
 // and all-reduce streams never share an MPI communicator).
+//
+// A mesh has a device type, as torch's init_device_mesh("cuda", ...) does. A CPU mesh runs
+// FSDP's collectives on host memory over MPI (or node-local shared memory). A CUDA mesh
+// (one GPU per rank, the device the Runtime bound) also owns, per dim and channel, an NCCL
+// communicator bootstrapped over the dim's MPI communicator (the ncclUniqueId is broadcast
+// under the mesh's timeout), one CUDA stream per channel plus a compute stream: the FSDP
+// engine's device resources (its buffers come from a stream-ordered device pool per FSDP root
+// on these streams, lib/fsdp; the pool is a tensor-layer type). Both kinds keep the MPI
+// communicators (comm(), world_comm(), control_comm()) for host memory and control messages.
 #pragma once
 
 #include <mpi.h>
@@ -26,11 +35,30 @@ struct MeshState;
 enum class Channel { main, all_gather, reduce_scatter, all_reduce };
 const char* channel_name(Channel c) noexcept;
 
+/// Where a mesh's FSDP state lives and its collectives run.
+enum class DeviceType {
+  cpu,   ///< host memory; MPI (or node-local shared memory) collectives on host streams
+  cuda,  ///< CUDA device memory; NCCL collectives on CUDA streams (one GPU per rank)
+};
+/// "cpu", "cuda".
+const char* device_type_name(DeviceType d) noexcept;
+/// "cpu" or "cuda" (torch's device type strings); InvalidArgument naming the string and the
+/// accepted ones otherwise.
+DeviceType parse_device_type(const std::string& s);
+
 class DeviceMesh {
  public:
   /// Mesh over all ranks of `runtime`'s world. `names` has one entry per dim; the product of
   /// `shape` must equal the world size. Collective over the world.
   DeviceMesh(const Runtime& runtime, std::vector<int> shape, std::vector<std::string> names);
+  /// The same on `device`. DeviceType::cuda needs a fullshard built with NCCL against a
+  /// CUDA-enabled Kokkos (ConfigError naming what is missing otherwise) and a usable GPU on
+  /// every rank (CommError naming the rank and the CUDA / NCCL call that failed). Collective.
+  DeviceMesh(const Runtime& runtime, DeviceType device, std::vector<int> shape,
+             std::vector<std::string> names);
+  /// Over the ranks of `base` on `device`, with the collective timeout `timeout_s`.
+  DeviceMesh(DeviceType device, MPI_Comm base, std::vector<int> shape,
+             std::vector<std::string> names, double timeout_s);
   /// Mesh over the ranks of `base` (any communicator, e.g. the training ranks of a coupled
   /// simulation). `timeout_s` is the collective timeout of its communicators. `collectives`
   /// chooses the FSDP host collectives' transport per dim (shm()); `ranks_per_node` > 0
@@ -49,6 +77,10 @@ class DeviceMesh {
                                HostProgress progress = HostProgress::inline_,
                                HostCollectives collectives = HostCollectives::auto_);
 
+  /// The device the mesh was made for (FSDP keeps shards, unsharded parameters and gradients
+  /// in device memory on a CUDA mesh, in host memory on a CPU mesh).
+  DeviceType device_type() const noexcept;
+
   int ndim() const noexcept;
   const std::vector<int>& shape() const noexcept;
   const std::vector<std::string>& names() const noexcept;
@@ -65,8 +97,22 @@ class DeviceMesh {
   /// This rank's coordinate along one dim.
   int coordinate(const std::string& dim) const;
 
-  /// The communicator along `dim` (ranks that differ only in that dim) for `channel`.
+  /// The communicator along `dim` (ranks that differ only in that dim) for `channel`: MPI,
+  /// host memory, on every kind of mesh.
   comm::Communicator& comm(const std::string& dim, Channel channel = Channel::main) const;
+  /// The communicator of the mesh's device along `dim` for `channel`: NCCL on a CUDA mesh
+  /// (device memory, device_stream(channel)), comm(dim, channel) on a CPU mesh.
+  comm::Communicator& device_comm(const std::string& dim, Channel channel = Channel::main) const;
+  /// The stream device_comm(..., channel) runs on: the channel's CUDA stream on a CUDA mesh
+  /// (created with the mesh, high priority, as FSDP2's communication streams), stream(channel)
+  /// on a CPU mesh.
+  comm::Stream& device_stream(Channel channel) const;
+  /// The stream user compute runs on: FSDP's copy-outs into the unsharded parameters are
+  /// enqueued on it, and forward / backward callbacks must enqueue their kernels on it (or
+  /// order their own streams after it). A CUDA stream on a CUDA mesh (native_handle() is the
+  /// cudaStream_t; fullshard/mesh/compute_space.hpp gives the Kokkos execution-space instance);
+  /// on a CPU mesh a caller stream (the host thread itself).
+  comm::Stream& compute_stream() const;
   /// The stream that the collectives of `channel` run on: one per channel per mesh (copies of
   /// a mesh share it), created on first use as a worker or caller stream (host_progress()).
   /// Using a channel's communicators only on the channel's stream is what keeps two streams
@@ -102,12 +148,17 @@ class DeviceMesh {
   /// How the mesh's channel streams run (the Runtime's setting, or the constructor's).
   HostProgress host_progress() const noexcept;
 
-  /// "(replicate=2, shard=2) rank 3 at (1, 1)".
+  /// "(replicate=2, shard=2) rank 3 at (1, 1)", with " on cuda" for a CUDA mesh.
   std::string describe() const;
 
  private:
   explicit DeviceMesh(std::shared_ptr<const detail::MeshState> s) : s_(std::move(s)) {}
   std::shared_ptr<const detail::MeshState> s_;
 };
+
+/// torch's init_device_mesh(device_type, mesh_shape, mesh_dim_names=...): `device_type` is
+/// "cpu" or "cuda" (parse_device_type). Collective over the runtime's world.
+DeviceMesh init_device_mesh(const Runtime& runtime, const std::string& device_type,
+                            std::vector<int> shape, std::vector<std::string> names);
 
 }  // namespace fullshard

@@ -15,6 +15,7 @@
 
 #include "fullshard/base/deadline.hpp"
 #include "fullshard/base/error.hpp"
+#include "fullshard/base/mpi_wait.hpp"
 #include "lib/comm/buffer_checks.hpp"
 #include "lib/comm/cuda/cuda_check.hpp"
 #include "lib/comm/cuda/device_divide.hpp"
@@ -173,7 +174,7 @@ GroupState& group_state() {
 }  // namespace
 }  // namespace detail
 
-NcclUniqueId nccl_bootstrap_id(MPI_Comm comm, const std::string& name) {
+NcclUniqueId nccl_bootstrap_id(MPI_Comm comm, const std::string& name, double timeout_s) {
   if (comm == MPI_COMM_NULL)
     throw InvalidArgument("nccl_bootstrap_id for communicator '" + name + "': MPI_COMM_NULL given");
   int rank = 0;
@@ -188,15 +189,21 @@ NcclUniqueId nccl_bootstrap_id(MPI_Comm comm, const std::string& name) {
   std::memset(&id, 0, sizeof(id));
   int status = static_cast<int>(ncclSuccess);
   if (rank == 0) status = static_cast<int>(ncclGetUniqueId(&id));
-  mpi_check(MPI_Bcast(&status, 1, MPI_INT, 0, comm), "MPI_Bcast (status)", context);
+  // Nonblocking broadcasts under the timeout: a rank that never reaches the bootstrap is
+  // reported (naming this communicator) instead of hanging the others.
+  auto bcast = [&](void* buf, int n, MPI_Datatype type, const char* what) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    mpi_check(MPI_Ibcast(buf, n, type, 0, comm, &request), what, context);
+    wait_mpi(request, WaitSite::labelled(context + ": " + what), timeout_s);
+  };
+  bcast(&status, 1, MPI_INT, "MPI_Ibcast (status)");
   if (status != static_cast<int>(ncclSuccess)) {
     const auto r = static_cast<ncclResult_t>(status);
     const std::string where = rank == 0 ? "ncclGetUniqueId" : "ncclGetUniqueId on rank 0";
     throw CommError(context + ": " + where +
                     " failed: " + detail::nccl_error_message(r, "ncclGetUniqueId"));
   }
-  mpi_check(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, comm), "MPI_Bcast (id)",
-            context);
+  bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, "MPI_Ibcast (id)");
   NcclUniqueId out;
   std::memcpy(out.bytes.data(), &id, sizeof(id));
   return out;
@@ -237,7 +244,7 @@ NcclCommunicator& NcclCommunicator::operator=(NcclCommunicator&& o) noexcept {
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MPI_Comm comm, const std::string& name,
                                                            double timeout_s, NcclOptions options) {
-  const NcclUniqueId uid = nccl_bootstrap_id(comm, name);
+  const NcclUniqueId uid = nccl_bootstrap_id(comm, name, timeout_s);
   int rank = 0;
   int size = 1;
   MPI_Comm_rank(comm, &rank);
