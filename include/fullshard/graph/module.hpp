@@ -110,7 +110,7 @@ class Parameter {
 /// have at most kMaxFqnBytes bytes; a parameter's size in bytes fits in a signed 64-bit
 /// integer. Errors are InvalidArgument naming the module ("root module 'model'" for the root,
 /// else "module '<fqn>'") and the offending name.
-class alignas(64) Module {
+class Module {
  public:
   /// A root module. Its name (e.g. "model") is not part of any FQN (torch semantics); it must
   /// be a valid name (name_problem) of at most kMaxFqnBytes bytes.
@@ -218,8 +218,8 @@ class alignas(64) Module {
   void collect_postorder(std::vector<Module*>& out);
   void collect_parameters(std::vector<Parameter*>& out);
 
-  // What every walk over the graph reads (planning, hooks) fills the first two cache lines
-  // (the class is cache-line aligned); the names and lookups follow.
+  // What every walk over the graph reads (planning, hooks) comes first; the names and
+  // lookups follow.
   std::vector<std::unique_ptr<Module>> children_;
   std::vector<std::unique_ptr<Parameter>> params_;
   nlohmann::json fully_shard_request_;
