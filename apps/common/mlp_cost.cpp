@@ -1,0 +1,166 @@
+#include "mlp_cost.hpp"
+
+#include <cblas.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/comm/stream.hpp"
+#include "fullshard/graph/module.hpp"
+#include "fullshard/optim/optimizer.hpp"
+
+namespace fullshard::apps {
+
+using schedule::Gemm;
+using schedule::Work;
+
+MlpWork residual_mlp_work(const MlpShape& s, std::int64_t rows) {
+  if (rows < 0) throw InvalidArgument("residual_mlp_work: rows must be >= 0");
+  const std::int64_t r = rows, H = s.hidden, I = s.inputs, O = s.outputs;
+  const double f = 4.0;  // bytes per f32
+  MlpWork w;
+  // Byte counts per rows x width array pass: 1 for a write or read only (bias broadcast,
+  // column sum), 2 for read + write (ReLU, copy, add, mask).
+  w.input_forward.elementwise_bytes = f * r * H;          // bias broadcast
+  w.input_backward.elementwise_bytes = f * r * H;         // db: column sums of d_h
+  w.block_forward.elementwise_bytes = 7.0 * f * r * H;    // bias, ReLU, copy h, add b2
+  w.block_backward.elementwise_bytes = 6.0 * f * r * H;   // ReLU, 2 column sums, mask
+  w.output_forward.elementwise_bytes = 4.0 * f * r * O;   // bias, loss (y, t -> dy)
+  w.output_backward.elementwise_bytes = 1.0 * f * r * O;  // db
+  if (rows == 0) return w;
+  // CBLAS row-major (m, n, k, op(A), op(B)), as linear_forward / linear_backward call it.
+  w.input_forward.gemms = {{r, H, I, false, true}};
+  w.input_backward.gemms = {{H, I, r, true, false}};  // dW only (no input gradient)
+  w.block_forward.gemms = {{r, H, H, false, true}, {r, H, H, false, true}};
+  w.block_backward.gemms = {{H, H, r, true, false},    // dW2
+                            {r, H, H, false, false},   // d_a = d_h W2
+                            {H, H, r, true, false},    // dW1
+                            {r, H, H, false, false}};  // d_h += d_a W1
+  w.output_forward.gemms = {{r, O, H, false, true}};
+  w.output_backward.gemms = {{O, H, r, true, false}, {r, H, O, false, false}};
+  return w;
+}
+
+std::vector<Gemm> residual_mlp_block_gemms(std::int64_t hidden, std::int64_t rows) {
+  return {{rows, hidden, hidden, false, true},
+          {rows, hidden, hidden, false, false},
+          {hidden, hidden, rows, true, false}};
+}
+
+void declare_costs(ResidualMlp& model, const schedule::ComputeRates& rates, std::int64_t rows) {
+  const MlpWork w = residual_mlp_work(model.shape(), rows);
+  graph::Module& root = model.root();
+  root.module("input").cost() = schedule::cost_from_work(rates, w.input_forward, w.input_backward);
+  root.module("output").cost() =
+      schedule::cost_from_work(rates, w.output_forward, w.output_backward);
+  for (int i = 0; i < model.shape().blocks; ++i)
+    root.module("blocks." + std::to_string(i)).cost() =
+        schedule::cost_from_work(rates, w.block_forward, w.block_backward);
+}
+
+namespace {
+
+/// Runs `op` (which returns the work it did: flops or bytes) from a barrier for min_ms of
+/// wall time on every rank; returns the slowest rank's work per millisecond.
+template <class Op>
+double rate_per_ms(comm::Communicator& c, comm::Stream& s, double min_ms, Op op) {
+  op();  // warm-up: page faults, caches, OpenBLAS buffers
+  c.barrier(s).wait();
+  const double t0 = MPI_Wtime();
+  double work = 0.0, ms = 0.0;
+  do {
+    work += op();
+    ms = (MPI_Wtime() - t0) * 1e3;
+  } while (ms < min_ms);
+  double rate = work / ms, slowest = rate;
+  c.all_reduce(&rate, &slowest, 1, DType::f64, comm::ReduceOp::min, s).wait();
+  return slowest;
+}
+
+}  // namespace
+
+schedule::ComputeRates calibrate_compute(const comm::Communicator& comm_in,
+                                         const ComputeCalibration& what) {
+  if (what.elementwise_floats < 1 || what.optimizer_elements < 1 || !(what.min_ms > 0))
+    throw InvalidArgument(
+        "calibrate_compute: elementwise_floats and optimizer_elements must be >= 1 and min_ms > "
+        "0");
+  std::unique_ptr<comm::Communicator> c = comm_in.dup(comm_in.name() + ".compute");
+  comm::Stream s = comm::Stream::caller("fullshard.calibrate.compute");
+  schedule::ComputeRates rates;
+  rates.ranks = c->size();
+
+  for (const Gemm& g : what.gemms) {
+    const auto m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
+    std::vector<float> a(static_cast<std::size_t>(m) * k, 0.5f),
+        b(static_cast<std::size_t>(k) * n, 0.25f), cc(static_cast<std::size_t>(m) * n, 0.f);
+    const int lda = g.trans_a ? m : k, ldb = g.trans_b ? k : n;
+    const double per_ms = rate_per_ms(*c, s, what.min_ms, [&] {
+      cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                  g.trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.f, a.data(), lda, b.data(), ldb,
+                  1.f, cc.data(), n);
+      return g.flops();
+    });
+    rates.gemm.push_back({g, per_ms / 1e6});  // flop per ms -> GFLOP/s
+  }
+  if (!rates.gemm.empty()) {
+    double sum = 0;
+    for (const auto& r : rates.gemm)
+      sum += r.gflop_per_s;
+    rates.default_gemm_gflop_per_s = sum / double(rates.gemm.size());
+  }
+
+  // Elementwise: the MLP's passes over rows x hidden arrays (bias broadcast of one row,
+  // ReLU, copy, add a row), bytes read + written counted as residual_mlp_work counts them.
+  {
+    const std::size_t W = 512, R = std::max<std::size_t>(1, what.elementwise_floats / W), N = R * W;
+    std::vector<float> x(N, 0.5f), y(N, -0.25f), z(N, 0.f), row(W, 0.1f);
+    for (std::size_t e = 0; e < N; e += 2)
+      x[e] = -x[e];
+    const double per_ms = rate_per_ms(*c, s, what.min_ms, [&] {
+      for (std::size_t r = 0; r < R; ++r)  // bias broadcast: 1
+        std::memcpy(z.data() + r * W, row.data(), sizeof(float) * W);
+      for (std::size_t e = 0; e < N; ++e)  // ReLU: 2
+        y[e] = x[e] > 0.f ? x[e] : 0.f;
+      std::memcpy(z.data(), y.data(), sizeof(float) * N);  // residual copy: 2
+      for (std::size_t r = 0; r < R; ++r)                  // bias add: 2
+        for (std::size_t j = 0; j < W; ++j)
+          z[r * W + j] += row[j];
+      x[0] = z[N - 1] * 1e-30f;
+      return 7.0 * 4.0 * double(N);
+    });
+    rates.elementwise_gb_per_s = per_ms / 1e6;  // B per ms -> GB/s
+  }
+
+  // Optimizers: one step of a parameter of optimizer_elements (its own root module, a
+  // gradient of ones), per element.
+  for (const std::string& kind : {std::string("adamw"), std::string("sgd")}) {
+    auto root = graph::Module::make_root("calibrate");
+    graph::Parameter& p = root->add_param("w", {what.optimizer_elements});
+    p.init([](std::int64_t e) { return 1e-3 * double(e % 17); });
+    // Gradients of both signs and a spread of magnitudes, as a training step's.
+    Tensor g = Tensor::zeros({what.optimizer_elements}, DType::f32);
+    float* gd = g.data_as<float>();
+    for (std::int64_t e = 0; e < what.optimizer_elements; ++e)
+      gd[e] = 1e-3f * (static_cast<float>((e * 2654435761LL) % 2001) - 1000.f) / 1000.f;
+    p.set_grad(g);
+    std::unique_ptr<optim::Optimizer> opt;
+    if (kind == "adamw")
+      opt = std::make_unique<optim::AdamW>(std::vector<graph::Parameter*>{&p}, 1e-6, 0.9, 0.999,
+                                           1e-8, 0.0);
+    else
+      opt = std::make_unique<optim::SGD>(std::vector<graph::Parameter*>{&p}, 1e-6, 0.9, 0.0);
+    const double per_ms = rate_per_ms(*c, s, what.min_ms, [&] {
+      opt->step();
+      return double(what.optimizer_elements);
+    });
+    (kind == "adamw" ? rates.adamw_ns_per_element : rates.sgd_ns_per_element) = 1e6 / per_ms;
+  }
+  return rates;
+}
+
+}  // namespace fullshard::apps
