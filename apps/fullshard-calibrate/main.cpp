@@ -6,9 +6,9 @@
 // --mlp / --gemm shapes, elementwise passes, optimizer steps) on every rank at once:
 //   mpirun -n 4 fullshard-calibrate --mesh 4 --out cost.json --compute-out compute.json
 //       --mlp 64x512,64x1024
-#include <cstdio>
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -26,7 +26,7 @@ namespace {
   std::fprintf(stderr,
                "fullshard-calibrate: error: %s\n"
                "usage: mpirun -n N fullshard-calibrate --mesh N|RxS --out FILE "
-               "[--sizes BYTES,BYTES,...] [--reps K]\n"
+               "[--sizes BYTES,BYTES,...] [--reps K] [--median]\n"
                "       [--compute-out FILE [--mlp ROWSxHIDDEN,...] [--gemm MxNxK:TT,...] "
                "[--compute-ms MS]]\n",
                msg.c_str());
@@ -59,10 +59,11 @@ int main(int argc, char** argv) {
     std::string mesh_arg, out;
     std::vector<std::size_t> sizes = {1 << 16, 1 << 20, 1 << 22};
     int reps = 5;
+    bool median = false;
     std::string compute_out;
     std::vector<fullshard::schedule::Gemm> gemms;
     std::int64_t elementwise_floats = 0;
-    double compute_ms = 200.0;
+    double compute_ms = 100.0;
     auto split = [](const std::string& v) {
       std::vector<std::string> items;
       std::size_t pos = 0;
@@ -85,6 +86,8 @@ int main(int argc, char** argv) {
         sizes = parse_sizes(value());
       else if (a == "--reps")
         reps = std::atoi(value().c_str());
+      else if (a == "--median")
+        median = true;
       else if (a == "--compute-out")
         compute_out = value();
       else if (a == "--compute-ms")
@@ -106,8 +109,7 @@ int main(int argc, char** argv) {
             usage_error(e.what());
           }
         }
-      }
-      else
+      } else
         usage_error("unknown option '" + a + "'");
     }
     if (mesh_arg.empty() || (out.empty() && compute_out.empty()))
@@ -149,7 +151,7 @@ int main(int argc, char** argv) {
     if (out.empty()) return 0;
     const auto model = fullshard::schedule::CostModel::calibrate(
         mesh.comm("shard"), fullshard::schedule::CostModel::defaults(shape),
-        replicate > 1 ? &mesh.comm("replicate") : nullptr, sizes, reps);
+        replicate > 1 ? &mesh.comm("replicate") : nullptr, sizes, reps, median);
     if (rt.rank() == 0) {
       std::ofstream f(out);
       f << model.to_json().dump(2) << "\n";

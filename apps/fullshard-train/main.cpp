@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,10 +24,10 @@
 #include "bounded_comm.hpp"
 #include "cli.hpp"
 #include "fullshard/base/error.hpp"
-#include "fullshard/graph/json_graph.hpp"
 #include "fullshard/checkpoint/checkpoint.hpp"
 #include "fullshard/checkpoint/safetensors.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
+#include "fullshard/graph/json_graph.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/optim/optimizer.hpp"
 #include "fullshard/runtime/runtime.hpp"
@@ -204,8 +205,7 @@ Config parse(int argc, char** argv) {
     else if (f == "--predict") {
       a.no_value();
       c.predict = true;
-    }
-    else if (f == "--log-every")
+    } else if (f == "--log-every")
       c.log_every = a.int_value(1);
     else if (f == "--checkpoint-dir")
       c.checkpoint_dir = a.value();
@@ -298,6 +298,12 @@ class Teacher {
   std::uint64_t seed_;
   std::vector<double> a_, b_, c_;
 };
+
+long minor_faults() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt;
+}
 
 double peak_rss_mib() {
   struct rusage ru {};
@@ -427,6 +433,7 @@ class Trainer {
   /// One training step on global batch `step`; returns the loss (and records the times).
   double step(int step, int first_step) {
     teacher_.batch(static_cast<std::int64_t>(step) * c_.batch + first_row_, rows_, x_, t_);
+    const long faults0 = minor_faults();
     const auto t0 = Clock::now();
     const fullshard::comm::Traffic traffic0 = mesh_.traffic();
     if (schedule_) {
@@ -453,6 +460,14 @@ class Trainer {
     // runs them on this thread, so they add to the step time).
     auto& timeline = model_.executor().timeline();
     const double comm = timeline.busy_us(ops_seen_, /*communication=*/true) / 1e3;
+    if (c_.predict && step > first_step) {
+      const std::vector<fullshard::schedule::MeasuredOp> ops = timeline.ops();
+      for (std::size_t i = ops_seen_; i < ops.size(); ++i)
+        measured_kind_ms_[ops[i].stream == schedule::StreamKind::compute ? kind_of(ops[i].label)
+                                                                         : "collectives"] +=
+            (ops[i].end_us - ops[i].start_us) / 1e3;
+      ++measured_steps_;
+    }
     if (keep_timeline_)
       ops_seen_ = timeline.size();
     else
@@ -460,6 +475,7 @@ class Trainer {
 
     step_ms_.push_back(ms);
     fb_ms_.push_back(std::chrono::duration<double, std::milli>(t_fb - t0).count());
+    faults_.push_back(static_cast<double>(minor_faults() - faults0));
     opt_ms_.push_back(std::chrono::duration<double, std::milli>(t_opt - t_fb).count());
     comm_ms_.push_back(comm);
     if (step == first_step) first_loss_ = loss;
@@ -526,7 +542,10 @@ class Trainer {
     const double serial = schedule::serial_step_ms(plan);
     const double elements = static_cast<double>(plan.sharded_bytes) / sizeof(float);
     const double opt = rates_.optimizer_ms(c_.optimizer, elements);
-    const double predicted = serial + opt;
+    // The sharded gradients are re-created in every step (zero_grad drops them): their
+    // pages are faulted in again, outside the pool the plan models.
+    const double touch = rates_.first_touch_ms(static_cast<double>(plan.grad_bytes));
+    const double predicted = serial + opt + touch;
     auto after_first = [&](std::vector<double> v) {
       if (v.size() > 1) v.erase(v.begin());
       return median(v);
@@ -534,12 +553,37 @@ class Trainer {
     const double measured = after_first(step_ms_);
     std::printf(
         "prediction: step %.3f ms = plan %.3f ms (its ops one after the other; streams "
-        "overlapped: %.3f ms) + optimizer %.3f ms (%.0f elements per rank); measured median "
-        "%.3f ms (zero_grad + forward + backward %.3f ms, optimizer %.3f ms; steps after the "
-        "first): error %+.1f %%\n",
-        predicted, serial, plan.step_ms, opt, elements, measured, after_first(fb_ms_),
-        after_first(opt_ms_), measured > 0 ? 100.0 * (predicted - measured) / measured : 0.0);
+        "overlapped: %.3f ms) + optimizer %.3f ms (%.0f elements per rank) + first touch of "
+        "the sharded gradients %.3f ms; measured median "
+        "%.3f ms (zero_grad + forward + backward %.3f ms, optimizer %.3f ms, %.0f page faults; "
+        "steps after the first): error %+.1f %%\n",
+        predicted, serial, plan.step_ms, opt, elements, touch, measured, after_first(fb_ms_),
+        after_first(opt_ms_), after_first(faults_),
+        measured > 0 ? 100.0 * (predicted - measured) / measured : 0.0);
+    // Per kind of op, predicted against the measured mean per step: the modules' forward and
+    // backward, the communication streams' ops (collectives and the copies on their
+    // streams), and the compute stream's copies (which the executor does not record).
+    std::map<std::string, double> planned;
+    for (const schedule::Op& op : plan.ops) {
+      const std::string k = kind_of(plan.label(op));
+      planned[op.stream != schedule::StreamKind::compute ? "collectives"
+              : k == "fwd" || k == "bwd"                 ? k
+                                                         : "copies"] += op.end_ms - op.start_ms;
+    }
+    auto measured_of = [&](const std::string& k) {
+      const auto it = measured_kind_ms_.find(k);
+      return it == measured_kind_ms_.end() || measured_steps_ == 0 ? 0.0
+                                                                   : it->second / measured_steps_;
+    };
+    std::printf(
+        "prediction by kind (predicted / measured ms per step): forward %.3f / %.3f, backward "
+        "%.3f / %.3f, communication streams %.3f / %.3f, compute-stream copies %.3f / (not "
+        "recorded)\n",
+        planned["fwd"], measured_of("fwd"), planned["bwd"], measured_of("bwd"),
+        planned["collectives"], measured_of("collectives"), planned["copies"]);
   }
+
+  static std::string kind_of(const std::string& label) { return label.substr(0, label.find('(')); }
 
   /// --trace: the plan and rank 0's measured timeline in one Chrome/Perfetto file.
   void write_trace() {
@@ -663,7 +707,10 @@ class Trainer {
   std::vector<float> x_, t_;
   std::vector<double> step_ms_, comm_ms_;
   // Parts of each step: zero_grad + forward + backward, and the optimizer (with clipping).
-  std::vector<double> fb_ms_, opt_ms_;
+  std::vector<double> fb_ms_, opt_ms_, faults_;
+  // --predict: measured time per kind of op (label up to '(') over the steps after the first.
+  std::map<std::string, double> measured_kind_ms_;
+  int measured_steps_ = 0;
   double first_loss_ = 0, last_loss_ = 0;
   std::size_t ops_seen_ = 0;
   // Bytes of the training steps after the first (which also initialises): checkpoint saves

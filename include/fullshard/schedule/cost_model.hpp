@@ -80,11 +80,13 @@ class CostModel {
   /// (the fastest counts), agrees on the slowest rank's times (all ranks get the same model),
   /// and fits alpha, beta by least squares (clamped at 0). The copy bandwidth is measured
   /// with a memcpy of the largest size. Collective over the communicators: every rank calls
-  /// it with the same arguments. Values not measured come from `base`.
+  /// it with the same arguments. Values not measured come from `base`. With `median` the
+  /// median of the reps counts instead of the fastest (what a training step sees on a
+  /// shared host: fullshard-calibrate --median).
   static CostModel calibrate(const comm::Communicator& shard_comm, const CostModel& base,
                              const comm::Communicator* replicate_comm = nullptr,
                              const std::vector<std::size_t>& sizes = {1 << 16, 1 << 20, 1 << 22},
-                             int reps = 3);
+                             int reps = 3, bool median = false);
 
   bool operator==(const CostModel& o) const noexcept;
   bool operator!=(const CostModel& o) const noexcept { return !(*this == o); }
