@@ -2,7 +2,6 @@
 
 #include <cblas.h>
 #include <mpi.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstring>
@@ -174,26 +173,6 @@ schedule::ComputeRates calibrate_compute(const comm::Communicator& comm_in,
       return double(what.optimizer_elements);
     });
     (kind == "adamw" ? rates.adamw_ns_per_element : rates.sgd_ns_per_element) = 1e6 / per_ms;
-  }
-  // First touch: writing 16 MiB of fresh anonymous memory (mmap: faulted in page by page, as
-  // the tensors the engine allocates anew in every step) against writing the same bytes
-  // again; the difference per page.
-  {
-    const std::size_t bytes = std::size_t(16) << 20, pages = bytes / 4096;
-    std::vector<char> warm(bytes, 1);
-    const double fresh_per_ms = rate_per_ms(*c, s, what.min_ms, [&] {
-      void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) throw Error("calibrate_compute: mmap of 16 MiB failed");
-      std::memset(p, 2, bytes);
-      ::munmap(p, bytes);
-      return double(bytes);
-    });
-    const double warm_per_ms = rate_per_ms(*c, s, what.min_ms, [&] {
-      std::memset(warm.data(), 3, bytes);
-      return double(bytes);
-    });
-    const double per_page_ms = (bytes / fresh_per_ms - bytes / warm_per_ms) / double(pages);
-    rates.first_touch_us_per_page = std::max(0.0, per_page_ms * 1e3);
   }
   return rates;
 }

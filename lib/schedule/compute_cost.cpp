@@ -122,10 +122,6 @@ double ComputeRates::optimizer_ms(const std::string& optimizer, double elements)
                         "' (adamw or sgd)");
 }
 
-double ComputeRates::first_touch_ms(double bytes) const noexcept {
-  return std::ceil(bytes / 4096.0) * first_touch_us_per_page * 1e-3;
-}
-
 nlohmann::json ComputeRates::to_json() const {
   nlohmann::json g = nlohmann::json::array();
   for (const GemmRate& r : gemm)
@@ -135,7 +131,6 @@ nlohmann::json ComputeRates::to_json() const {
           {"elementwise_gb_per_s", elementwise_gb_per_s},
           {"adamw_ns_per_element", adamw_ns_per_element},
           {"sgd_ns_per_element", sgd_ns_per_element},
-          {"first_touch_us_per_page", first_touch_us_per_page},
           {"ranks", ranks}};
 }
 
@@ -154,8 +149,6 @@ ComputeRates ComputeRates::from_json(const nlohmann::json& j, const ComputeRates
       c.adamw_ns_per_element = number(v, source, key, false);
     } else if (key == "sgd_ns_per_element") {
       c.sgd_ns_per_element = number(v, source, key, false);
-    } else if (key == "first_touch_us_per_page") {
-      c.first_touch_us_per_page = number(v, source, key, false);
     } else if (key == "ranks") {
       if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > 1 << 24)
         fail(source, key, "expected an integer >= 1, got " + v.dump());
@@ -196,7 +189,7 @@ ComputeRates ComputeRates::from_json(const nlohmann::json& j, const ComputeRates
       fail(source, key,
            "unknown key '" + key +
                "' (allowed: gemm, default_gemm_gflop_per_s, elementwise_gb_per_s, "
-               "adamw_ns_per_element, sgd_ns_per_element, first_touch_us_per_page, ranks)");
+               "adamw_ns_per_element, sgd_ns_per_element, ranks)");
     }
   }
   return c;
@@ -226,8 +219,7 @@ bool ComputeRates::operator==(const ComputeRates& o) const noexcept {
   return default_gemm_gflop_per_s == o.default_gemm_gflop_per_s &&
          elementwise_gb_per_s == o.elementwise_gb_per_s &&
          adamw_ns_per_element == o.adamw_ns_per_element &&
-         sgd_ns_per_element == o.sgd_ns_per_element &&
-         first_touch_us_per_page == o.first_touch_us_per_page && ranks == o.ranks;
+         sgd_ns_per_element == o.sgd_ns_per_element && ranks == o.ranks;
 }
 
 graph::Cost cost_from_work(const ComputeRates& rates, const Work& forward, const Work& backward) {

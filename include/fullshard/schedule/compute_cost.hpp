@@ -59,9 +59,6 @@ struct ComputeRates {
   /// Optimizer step per element of this rank's shards (Optimizer::step), and zero_grad.
   double adamw_ns_per_element = 5.0;
   double sgd_ns_per_element = 3.0;
-  /// First write to a freshly allocated 4 KiB page (the page fault), beyond the write itself:
-  /// the engine re-creates the sharded gradients in every step (zero_grad drops them).
-  double first_touch_us_per_page = 0.0;
   /// Ranks that ran at once while measuring (informational: rates of 4 ranks on 2 cores
   /// include the core sharing).
   int ranks = 1;
@@ -78,8 +75,6 @@ struct ComputeRates {
   /// One optimizer step over `elements` (this rank's shard elements): "adamw" or "sgd";
   /// InvalidArgument for another name.
   double optimizer_ms(const std::string& optimizer, double elements) const;
-  /// First touch of `bytes` of fresh memory (whole 4 KiB pages).
-  double first_touch_ms(double bytes) const noexcept;
 
   /// The JSON form (every key written).
   nlohmann::json to_json() const;
