@@ -34,20 +34,37 @@ double number(const nlohmann::json& v, const std::string& source, const std::str
   return d;
 }
 
-std::int64_t dim_of(const std::string& s, std::size_t& pos, const std::string& text,
-                    const std::string& what) {
-  const std::size_t start = pos;
-  while (pos < s.size() && s[pos] >= '0' && s[pos] <= '9')
-    ++pos;
-  if (pos == start || pos - start > 9)
-    throw InvalidArgument(what + ": '" + text +
-                          "' is not a GEMM shape MxNxK[:NN|NT|TN|TT] (sizes 1.." +
-                          std::to_string(kMaxGemmDim) + ")");
-  const std::int64_t v = std::atoll(s.substr(start, pos - start).c_str());
-  if (v < 1 || v > kMaxGemmDim)
-    throw InvalidArgument(what + ": '" + text + "': size " + std::to_string(v) + " is not in 1.." +
-                          std::to_string(kMaxGemmDim));
-  return v;
+// Parses "MxNxK[:AB]" into g; returns "" or what is wrong with `text`.
+std::string parse_gemm(const std::string& text, Gemm& g) {
+  const std::string form =
+      "'" + text + "' is not a GEMM shape MxNxK[:NN|NT|TN|TT] (e.g. 256x512x512:NT)";
+  std::size_t pos = 0;
+  std::int64_t* dims[] = {&g.m, &g.n, &g.k};
+  for (int d = 0; d < 3; ++d) {
+    if (d > 0) {
+      if (pos >= text.size() || text[pos] != 'x') return form;
+      ++pos;
+    }
+    const std::size_t start = pos;
+    while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9')
+      ++pos;
+    if (pos == start || pos - start > 9) return form;
+    const std::int64_t v = std::atoll(text.substr(start, pos - start).c_str());
+    if (v < 1 || v > kMaxGemmDim)
+      return "'" + text + "': size " + std::to_string(v) + " is not in 1.." +
+             std::to_string(kMaxGemmDim);
+    *dims[d] = v;
+  }
+  g.trans_a = g.trans_b = false;
+  if (pos == text.size()) return "";
+  if (text[pos] != ':') return form;
+  ++pos;
+  if (text.size() - pos != 2 || (text[pos] != 'N' && text[pos] != 'T') ||
+      (text[pos + 1] != 'N' && text[pos + 1] != 'T'))
+    return "'" + text + "': the transposes are two letters N or T (NN, NT, TN, TT)";
+  g.trans_a = text[pos] == 'T';
+  g.trans_b = text[pos + 1] == 'T';
+  return "";
 }
 
 }  // namespace
@@ -59,27 +76,8 @@ std::string Gemm::to_string() const {
 
 Gemm Gemm::parse(const std::string& text, const std::string& what) {
   Gemm g;
-  std::size_t pos = 0;
-  auto expect = [&](char c) {
-    if (pos >= text.size() || text[pos] != c)
-      throw InvalidArgument(what + ": '" + text +
-                            "' is not a GEMM shape MxNxK[:NN|NT|TN|TT] (e.g. 256x512x512:NT)");
-    ++pos;
-  };
-  g.m = dim_of(text, pos, text, what);
-  expect('x');
-  g.n = dim_of(text, pos, text, what);
-  expect('x');
-  g.k = dim_of(text, pos, text, what);
-  if (pos < text.size()) {
-    expect(':');
-    if (text.size() - pos != 2 || (text[pos] != 'N' && text[pos] != 'T') ||
-        (text[pos + 1] != 'N' && text[pos + 1] != 'T'))
-      throw InvalidArgument(what + ": '" + text +
-                            "': the transposes are two letters N or T (NN, NT, TN, TT)");
-    g.trans_a = text[pos] == 'T';
-    g.trans_b = text[pos + 1] == 'T';
-  }
+  const std::string problem = parse_gemm(text, g);
+  if (!problem.empty()) throw InvalidArgument(what + ": " + problem);
   return g;
 }
 
@@ -167,11 +165,8 @@ ComputeRates ComputeRates::from_json(const nlohmann::json& j, const ComputeRates
           if (f.key() == "shape") {
             if (!f.value().is_string())
               fail(source, fpath, "expected a string MxNxK:TT, got " + f.value().dump());
-            try {
-              r.shape = Gemm::parse(f.value().get<std::string>(), "shape");
-            } catch (const InvalidArgument& ex) {
-              fail(source, fpath, ex.what());
-            }
+            const std::string problem = parse_gemm(f.value().get<std::string>(), r.shape);
+            if (!problem.empty()) fail(source, fpath, problem);
             has_shape = true;
           } else if (f.key() == "gflop_per_s") {
             r.gflop_per_s = number(f.value(), source, fpath, true);

@@ -57,7 +57,7 @@ awk -v ranks="$ranks" '
       if ($i == "step" && $(i + 2) == "ms") predicted = $(i + 1)
       if ($i == "plan") train_serial = $(i + 1)
       if ($i == "overlapped:") train_overlapped = $(i + 1)
-      if ($i == "optimizer") opt = $(i + 1)
+      if ($i == "optimizer" && opt == "") opt = $(i + 1)
       if ($(i + 1) == "elements") elements = substr($i, 2)
     }
   }

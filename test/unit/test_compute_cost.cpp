@@ -119,7 +119,7 @@ TEST_CASE("compute_cost: JSON round trip, partial files, errors naming the key")
   CHECK(contains(err(R"({"ranks": 0})"), "compute.json: ranks: expected an integer >= 1"));
   CHECK(contains(err(R"({"gemm": {}})"), "compute.json: gemm: expected an array"));
   CHECK(contains(err(R"({"gemm": [{"shape": "1x2x3", "gflop_per_s": 5}, {"shape": "1x2"}]})"),
-                 "compute.json: gemm[1].shape: shape: '1x2' is not a GEMM shape"));
+                 "compute.json: gemm[1].shape: '1x2' is not a GEMM shape"));
   CHECK(contains(err(R"({"gemm": [{"shape": "1x2x3"}]})"),
                  "compute.json: gemm[0]: missing key 'gflop_per_s'"));
   CHECK(contains(err(R"({"gemm": [{"shape": "1x2x3", "gflops": 1}]})"),
