@@ -98,6 +98,8 @@ int main(int argc, char** argv) {
             if (a == "--gemm") {
               gemms.push_back(fullshard::schedule::Gemm::parse(item, "--gemm"));
             } else {  // ROWSxHIDDEN: the shapes of a residual MLP block
+              if (std::count(item.begin(), item.end(), 'x') != 1 || item.find(':') != item.npos)
+                usage_error("--mlp: '" + item + "' is not ROWSxHIDDEN (e.g. 64x512)");
               const auto g = fullshard::schedule::Gemm::parse(item + "x1", "--mlp");
               for (const auto& b : {fullshard::schedule::Gemm{g.m, g.n, g.n, false, true},
                                     fullshard::schedule::Gemm{g.m, g.n, g.n, false, false},
