@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -64,27 +65,20 @@ void declare_costs(ResidualMlp& model, const schedule::ComputeRates& rates, std:
 
 namespace {
 
-/// Runs `op` (which returns the work it did: flops or bytes) from a barrier for min_ms of
-/// wall time on every rank, three times; returns the best of the three of the slowest rank's
-/// work per millisecond (the fastest of repetitions, as CostModel::calibrate: what another
-/// process takes from the cores in one repetition does not count).
-template <class Op>
-double rate_per_ms(comm::Communicator& c, comm::Stream& s, double min_ms, Op op) {
-  op();  // warm-up: page faults, caches, OpenBLAS buffers
-  double best = 0.0;
-  for (int rep = 0; rep < 3; ++rep) {
-    c.barrier(s).wait();
-    const double t0 = MPI_Wtime();
-    double work = 0.0, ms = 0.0;
-    do {
-      work += op();
-      ms = (MPI_Wtime() - t0) * 1e3;
-    } while (ms < min_ms);
-    double rate = work / ms, slowest = rate;
-    c.all_reduce(&rate, &slowest, 1, DType::f64, comm::ReduceOp::min, s).wait();
-    best = std::max(best, slowest);
-  }
-  return best;
+/// Work per millisecond of `op` (which returns the work it did: flops or bytes) on the
+/// slowest rank, run from a barrier for min_ms of wall time on every rank at once.
+double rate_once(comm::Communicator& c, comm::Stream& s, double min_ms,
+                 const std::function<double()>& op) {
+  c.barrier(s).wait();
+  const double t0 = MPI_Wtime();
+  double work = 0.0, ms = 0.0;
+  do {
+    work += op();
+    ms = (MPI_Wtime() - t0) * 1e3;
+  } while (ms < min_ms);
+  double rate = work / ms, slowest = rate;
+  c.all_reduce(&rate, &slowest, 1, DType::f64, comm::ReduceOp::min, s).wait();
+  return slowest;
 }
 
 }  // namespace
@@ -97,8 +91,8 @@ schedule::ComputeRates calibrate_compute(const comm::Communicator& comm_in,
         "0");
   std::unique_ptr<comm::Communicator> c = comm_in.dup(comm_in.name() + ".compute");
   comm::Stream s = comm::Stream::caller("fullshard.calibrate.compute");
-  schedule::ComputeRates rates;
-  rates.ranks = c->size();
+  // Every measurement is an op returning its work; each holds its own buffers.
+  std::vector<std::function<double()>> ops;
 
   for (const Gemm& g : what.gemms) {
     const auto m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
@@ -109,52 +103,51 @@ schedule::ComputeRates calibrate_compute(const comm::Communicator& comm_in,
                       sc = static_cast<std::size_t>(m) * n;
     const std::size_t sets = std::max<std::size_t>(
         1, std::min<std::size_t>(64, (std::size_t(16) << 20) / (4 * (sa + sb + sc)) + 1));
-    std::vector<float> a(sa * sets, 0.5f), b(sb * sets, 0.25f), cc(sc * sets, 0.f);
+    auto a = std::make_shared<std::vector<float>>(sa * sets, 0.5f);
+    auto b = std::make_shared<std::vector<float>>(sb * sets, 0.25f);
+    auto cc = std::make_shared<std::vector<float>>(sc * sets, 0.f);
+    auto next = std::make_shared<std::size_t>(0);
     const int lda = g.trans_a ? m : k, ldb = g.trans_b ? k : n;
-    std::size_t next = 0;
-    const double per_ms = rate_per_ms(*c, s, what.min_ms, [&] {
-      const std::size_t i = next++ % sets;
+    ops.push_back([=] {
+      const std::size_t i = (*next)++ % sets;
       cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
-                  g.trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.f, a.data() + i * sa, lda,
-                  b.data() + i * sb, ldb, 1.f, cc.data() + i * sc, n);
+                  g.trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.f, a->data() + i * sa, lda,
+                  b->data() + i * sb, ldb, 1.f, cc->data() + i * sc, n);
       return g.flops();
     });
-    rates.gemm.push_back({g, per_ms / 1e6});  // flop per ms -> GFLOP/s
-  }
-  if (!rates.gemm.empty()) {
-    double sum = 0;
-    for (const auto& r : rates.gemm)
-      sum += r.gflop_per_s;
-    rates.default_gemm_gflop_per_s = sum / double(rates.gemm.size());
   }
 
   // Elementwise: the MLP's passes over rows x hidden arrays (bias broadcast of one row,
   // ReLU, copy, add a row), bytes read + written counted as residual_mlp_work counts them.
   {
     const std::size_t W = 512, R = std::max<std::size_t>(1, what.elementwise_floats / W), N = R * W;
-    std::vector<float> x(N, 0.5f), y(N, -0.25f), z(N, 0.f), row(W, 0.1f);
+    auto x = std::make_shared<std::vector<float>>(N, 0.5f);
+    auto y = std::make_shared<std::vector<float>>(N, -0.25f);
+    auto z = std::make_shared<std::vector<float>>(N, 0.f);
+    auto row = std::make_shared<std::vector<float>>(W, 0.1f);
     for (std::size_t e = 0; e < N; e += 2)
-      x[e] = -x[e];
-    const double per_ms = rate_per_ms(*c, s, what.min_ms, [&] {
+      (*x)[e] = -(*x)[e];
+    ops.push_back([=] {
+      float* zp = z->data();
       for (std::size_t r = 0; r < R; ++r)  // bias broadcast: 1
-        std::memcpy(z.data() + r * W, row.data(), sizeof(float) * W);
+        std::memcpy(zp + r * W, row->data(), sizeof(float) * W);
       for (std::size_t e = 0; e < N; ++e)  // ReLU: 2
-        y[e] = x[e] > 0.f ? x[e] : 0.f;
-      std::memcpy(z.data(), y.data(), sizeof(float) * N);  // residual copy: 2
-      for (std::size_t r = 0; r < R; ++r)                  // bias add: 2
+        (*y)[e] = (*x)[e] > 0.f ? (*x)[e] : 0.f;
+      std::memcpy(zp, y->data(), sizeof(float) * N);  // residual copy: 2
+      for (std::size_t r = 0; r < R; ++r)             // bias add: 2
         for (std::size_t j = 0; j < W; ++j)
-          z[r * W + j] += row[j];
-      x[0] = z[N - 1] * 1e-30f;
+          zp[r * W + j] += (*row)[j];
+      (*x)[0] = zp[N - 1] * 1e-30f;
       return 7.0 * 4.0 * double(N);
     });
-    rates.elementwise_gb_per_s = per_ms / 1e6;  // B per ms -> GB/s
   }
 
-  // Optimizers: one step of a parameter of optimizer_elements (its own root module, a
-  // gradient of ones), per element.
-  for (const std::string& kind : {std::string("adamw"), std::string("sgd")}) {
-    auto root = graph::Module::make_root("calibrate");
-    graph::Parameter& p = root->add_param("w", {what.optimizer_elements});
+  // Optimizers: one step of a parameter of optimizer_elements (its own root module).
+  std::vector<std::unique_ptr<graph::Module>> roots;
+  std::vector<std::shared_ptr<optim::Optimizer>> opts;
+  for (int kind = 0; kind < 2; ++kind) {
+    roots.push_back(graph::Module::make_root("calibrate"));
+    graph::Parameter& p = roots.back()->add_param("w", {what.optimizer_elements});
     p.init([](std::int64_t e) { return 1e-3 * double(e % 17); });
     // Gradients of both signs and a spread of magnitudes, as a training step's.
     Tensor g = Tensor::zeros({what.optimizer_elements}, DType::f32);
@@ -162,18 +155,43 @@ schedule::ComputeRates calibrate_compute(const comm::Communicator& comm_in,
     for (std::int64_t e = 0; e < what.optimizer_elements; ++e)
       gd[e] = 1e-3f * (static_cast<float>((e * 2654435761LL) % 2001) - 1000.f) / 1000.f;
     p.set_grad(g);
-    std::unique_ptr<optim::Optimizer> opt;
-    if (kind == "adamw")
-      opt = std::make_unique<optim::AdamW>(std::vector<graph::Parameter*>{&p}, 1e-6, 0.9, 0.999,
+    std::shared_ptr<optim::Optimizer> opt;
+    if (kind == 0)
+      opt = std::make_shared<optim::AdamW>(std::vector<graph::Parameter*>{&p}, 1e-6, 0.9, 0.999,
                                            1e-8, 0.0);
     else
-      opt = std::make_unique<optim::SGD>(std::vector<graph::Parameter*>{&p}, 1e-6, 0.9, 0.0);
-    const double per_ms = rate_per_ms(*c, s, what.min_ms, [&] {
+      opt = std::make_shared<optim::SGD>(std::vector<graph::Parameter*>{&p}, 1e-6, 0.9, 0.0);
+    const double elements = double(what.optimizer_elements);
+    ops.push_back([opt, elements] {
       opt->step();
-      return double(what.optimizer_elements);
+      return elements;
     });
-    (kind == "adamw" ? rates.adamw_ns_per_element : rates.sgd_ns_per_element) = 1e6 / per_ms;
   }
+
+  // Three rounds over every measurement (a warm-up call first: page faults, caches, OpenBLAS
+  // buffers); each keeps its best round, so a slow second of the machine spoils one round of
+  // a measurement, not all three.
+  std::vector<double> best(ops.size(), 0.0);
+  for (auto& op : ops)
+    op();
+  for (int round = 0; round < 3; ++round)
+    for (std::size_t i = 0; i < ops.size(); ++i)
+      best[i] = std::max(best[i], rate_once(*c, s, what.min_ms, ops[i]));
+
+  schedule::ComputeRates rates;
+  rates.ranks = c->size();
+  std::size_t i = 0;
+  for (const Gemm& g : what.gemms)
+    rates.gemm.push_back({g, best[i++] / 1e6});  // flop per ms -> GFLOP/s
+  if (!rates.gemm.empty()) {
+    double sum = 0;
+    for (const auto& r : rates.gemm)
+      sum += r.gflop_per_s;
+    rates.default_gemm_gflop_per_s = sum / double(rates.gemm.size());
+  }
+  rates.elementwise_gb_per_s = best[i++] / 1e6;  // B per ms -> GB/s
+  rates.adamw_ns_per_element = 1e6 / best[i++];
+  rates.sgd_ns_per_element = 1e6 / best[i++];
   return rates;
 }
 

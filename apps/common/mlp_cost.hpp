@@ -40,13 +40,14 @@ struct ComputeCalibration {
   std::int64_t elementwise_floats = 256 * 512;
   /// Elements of the parameter the optimizers update (a rank's shard).
   std::int64_t optimizer_elements = 1 << 22;
-  /// Wall time each of the three repetitions of a measurement runs on every rank at once.
+  /// Wall time each of the three rounds of a measurement runs on every rank at once.
   double min_ms = 100.0;
 };
 
 /// Measures the rates on every rank of `comm` at once (collective: same arguments on every
-/// rank): each measurement runs three times from a barrier for min_ms; the slowest rank's
-/// rate of the best repetition counts (every rank gets the same result). ranks = comm.size().
+/// rank): three rounds over all measurements, each from a barrier for min_ms; the slowest
+/// rank's rate counts, the best round is kept (every rank gets the same result).
+/// ranks = comm.size().
 schedule::ComputeRates calibrate_compute(const comm::Communicator& comm,
                                          const ComputeCalibration& what);
 
