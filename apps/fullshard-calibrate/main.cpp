@@ -4,6 +4,12 @@
 // writes "transport": {"shard": "shm"} with the "shm" coefficients.
 //   mpirun -n 8 fullshard-calibrate --mesh 8 --out cost.json        (FSDP)
 //   mpirun -n 8 fullshard-calibrate --mesh 2x4 --out cost.json      (HSDP: replicate x shard)
+// With --compute-out it also measures the compute rates (schedule::ComputeRates: SGEMM at the
+// --mlp / --gemm shapes, elementwise passes, optimizer steps) on every rank at once:
+//   mpirun -n 4 fullshard-calibrate --mesh 4 --out cost.json --compute-out compute.json
+//       --mlp 64x512,64x1024
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -12,6 +18,9 @@
 
 #include "fullshard/fullshard.hpp"
 #include "fullshard/schedule/cost_model.hpp"
+#ifdef FULLSHARD_CALIBRATE_COMPUTE
+#include "mlp_cost.hpp"
+#endif
 
 namespace {
 
@@ -19,7 +28,9 @@ namespace {
   std::fprintf(stderr,
                "fullshard-calibrate: error: %s\n"
                "usage: mpirun -n N fullshard-calibrate --mesh N|RxS --out FILE "
-               "[--sizes BYTES,BYTES,...] [--reps K]\n",
+               "[--sizes BYTES,BYTES,...] [--reps K] [--median]\n"
+               "       [--compute-out FILE [--mlp ROWSxHIDDEN,...] [--gemm MxNxK:TT,...] "
+               "[--compute-ms MS]]\n",
                msg.c_str());
   std::exit(2);
 }
@@ -50,6 +61,19 @@ int main(int argc, char** argv) {
     std::string mesh_arg, out;
     std::vector<std::size_t> sizes = {1 << 16, 1 << 20, 1 << 22};
     int reps = 5;
+    bool median = false;
+    std::string compute_out;
+    std::vector<fullshard::schedule::Gemm> gemms;
+    std::int64_t elementwise_floats = 0;
+    double compute_ms = 100.0;
+    auto split = [](const std::string& v) {
+      std::vector<std::string> items;
+      std::size_t pos = 0;
+      for (std::size_t c; (c = v.find(',', pos)) != std::string::npos; pos = c + 1)
+        items.push_back(v.substr(pos, c - pos));
+      items.push_back(v.substr(pos));
+      return items;
+    };
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto value = [&]() -> std::string {
@@ -64,10 +88,37 @@ int main(int argc, char** argv) {
         sizes = parse_sizes(value());
       else if (a == "--reps")
         reps = std::atoi(value().c_str());
-      else
+      else if (a == "--median")
+        median = true;
+      else if (a == "--compute-out")
+        compute_out = value();
+      else if (a == "--compute-ms")
+        compute_ms = std::atof(value().c_str());
+      else if (a == "--gemm" || a == "--mlp") {
+        for (const std::string& item : split(value())) {
+          try {
+            if (a == "--gemm") {
+              gemms.push_back(fullshard::schedule::Gemm::parse(item, "--gemm"));
+            } else {  // ROWSxHIDDEN: the shapes of a residual MLP block
+              if (std::count(item.begin(), item.end(), 'x') != 1 || item.find(':') != item.npos)
+                usage_error("--mlp: '" + item + "' is not ROWSxHIDDEN (e.g. 64x512)");
+              const auto g = fullshard::schedule::Gemm::parse(item + "x1", "--mlp");
+              for (const auto& b : {fullshard::schedule::Gemm{g.m, g.n, g.n, false, true},
+                                    fullshard::schedule::Gemm{g.m, g.n, g.n, false, false},
+                                    fullshard::schedule::Gemm{g.n, g.n, g.m, true, false}})
+                gemms.push_back(b);
+              elementwise_floats = std::max(elementwise_floats, g.m * g.n);
+            }
+          } catch (const fullshard::InvalidArgument& e) {
+            usage_error(e.what());
+          }
+        }
+      } else
         usage_error("unknown option '" + a + "'");
     }
-    if (mesh_arg.empty() || out.empty()) usage_error("--mesh and --out are required");
+    if (mesh_arg.empty() || (out.empty() && compute_out.empty()))
+      usage_error("--mesh and --out (or --compute-out) are required");
+    if (!(compute_ms > 0)) usage_error("--compute-ms must be > 0");
     if (reps < 1) usage_error("--reps must be >= 1");
     int replicate = 1, shard = 0;
     if (const auto x = mesh_arg.find('x'); x != std::string::npos) {
@@ -83,9 +134,28 @@ int main(int argc, char** argv) {
     fullshard::DeviceMesh mesh =
         replicate > 1 ? fullshard::DeviceMesh(rt, {replicate, shard}, {"replicate", "shard"})
                       : fullshard::DeviceMesh(rt, {shard}, {"shard"});
+    if (!compute_out.empty()) {
+#ifdef FULLSHARD_CALIBRATE_COMPUTE
+      fullshard::apps::ComputeCalibration what;
+      what.gemms = gemms;
+      if (elementwise_floats > 0) what.elementwise_floats = elementwise_floats;
+      what.min_ms = compute_ms;
+      const auto rates = fullshard::apps::calibrate_compute(mesh.world_comm(), what);
+      if (rt.rank() == 0) {
+        std::ofstream f(compute_out);
+        f << rates.to_json().dump(2) << "\n";
+        if (!f) throw fullshard::ConfigError(compute_out + ": cannot write the compute rates");
+        std::printf("fullshard-calibrate: wrote %s (compute rates, %d ranks at once)\n",
+                    compute_out.c_str(), rt.world_size());
+      }
+#else
+      usage_error("--compute-out: this build has no BLAS (OpenBLAS was not found)");
+#endif
+    }
+    if (out.empty()) return 0;
     const auto model = fullshard::schedule::CostModel::calibrate(
         mesh.comm("shard"), fullshard::schedule::CostModel::defaults(shape),
-        replicate > 1 ? &mesh.comm("replicate") : nullptr, sizes, reps, mesh.shm("shard"));
+        replicate > 1 ? &mesh.comm("replicate") : nullptr, sizes, reps, mesh.shm("shard"), median);
     if (rt.rank() == 0) {
       std::ofstream f(out);
       f << model.to_json().dump(2) << "\n";

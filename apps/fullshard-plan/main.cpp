@@ -17,6 +17,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/graph/json_graph.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
+#include "fullshard/schedule/compute_cost.hpp"
 #include "fullshard/schedule/plan.hpp"
 
 namespace {
@@ -293,6 +294,8 @@ int run(int argc, char** argv) {
   else
     std::fputs(plan.to_text().c_str(), stdout);
   if (network) print_links(plan, *network);
+  std::printf("serial step time: %.3f ms (every op on one thread, as the host's inline progress)\n",
+              schedule::serial_step_ms(plan));
   if (timing)
     std::printf("%s time: %.3f ms (%zu modules%s)\n", chosen ? "auto-plan" : "planning", elapsed_ms,
                 root->modules_preorder().size(),

@@ -4,6 +4,7 @@
 // of ranks (up to floating-point summation order).
 //
 //   mpirun -n 4 fullshard-train --layers 8 --hidden 512 --batch 256 --steps 100 --seed 1
+#include <malloc.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,10 +28,13 @@
 #include "fullshard/checkpoint/checkpoint.hpp"
 #include "fullshard/checkpoint/safetensors.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
+#include "fullshard/graph/json_graph.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/optim/optimizer.hpp"
 #include "fullshard/runtime/runtime.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
+#include "fullshard/schedule/compute_cost.hpp"
+#include "mlp_cost.hpp"
 #include "residual_mlp.hpp"
 
 namespace {
@@ -97,6 +102,16 @@ const char* const kUsage =
     "  --memory-budget SIZE  per-rank budget of --auto-plan, e.g. 512MiB (parameters, gradients,\n"
     "                        optimizer state and the pool peak)\n"
     "  --trace FILE          write the plan and the measured timeline (Chrome/Perfetto JSON)\n"
+    "prediction (docs/plan-format.md, \"Compute calibration JSON\"):\n"
+    "  --cost FILE           the plan's cost model (fullshard-calibrate --out; default: the\n"
+    "                        host defaults for the mesh)\n"
+    "  --compute FILE        compute rates (fullshard-calibrate --compute-out): each module\n"
+    "                        declares its cost from its FLOPs and bytes at these rates\n"
+    "  --predict             print the predicted step next to the measured median (implied\n"
+    "                        by --cost and --compute): the plan's ops one after the other\n"
+    "                        (host streams run inline) plus the optimizer step\n"
+    "  --graph-out FILE      write the model's graph JSON (the declared costs and the plan's\n"
+    "                        fully_shard requests) for fullshard-plan\n"
     "  --log-every N         print every N-th step line (default 1; the last step always)\n"
     "  --help                print this help\n"
     "\n"
@@ -114,6 +129,8 @@ struct Config {
   schedule::PlanOptions plan;
   std::optional<fullshard::DType> param_dtype, reduce_dtype;
   std::string trace;
+  std::string cost_file, compute_file, graph_out;
+  bool predict = false;
   int log_every = 1;
   std::string checkpoint_dir, resume_dir, init_from;
   int save_every = 0;
@@ -180,7 +197,16 @@ Config parse(int argc, char** argv) {
       }
     } else if (f == "--trace")
       c.trace = a.value();
-    else if (f == "--log-every")
+    else if (f == "--cost")
+      c.cost_file = a.value();
+    else if (f == "--compute")
+      c.compute_file = a.value();
+    else if (f == "--graph-out")
+      c.graph_out = a.value();
+    else if (f == "--predict") {
+      a.no_value();
+      c.predict = true;
+    } else if (f == "--log-every")
       c.log_every = a.int_value(1);
     else if (f == "--checkpoint-dir")
       c.checkpoint_dir = a.value();
@@ -214,6 +240,7 @@ Config parse(int argc, char** argv) {
   if (c.warmup >= 0 && c.warmup >= c.steps)
     throw apps::UsageError{"--warmup " + std::to_string(c.warmup) + " must be below --steps " +
                            std::to_string(c.steps)};
+  if (!c.cost_file.empty() || !c.compute_file.empty()) c.predict = true;
   auto& mp = c.plan.defaults.mp_policy;
   mp.param_dtype = c.param_dtype;
   mp.reduce_dtype = c.reduce_dtype
@@ -273,6 +300,12 @@ class Teacher {
   std::vector<double> a_, b_, c_;
 };
 
+long minor_faults() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt;
+}
+
 double peak_rss_mib() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
@@ -311,7 +344,21 @@ class Trainer {
                        {"warmup", c.warmup},
                        {"steps", c.steps}}),
         keep_timeline_(!c.trace.empty()) {
-    model_.shard(mesh_, c.auto_plan ? auto_plan(c) : c.plan);
+    schedule::PlanOptions base = c.plan;
+    if (!c.cost_file.empty())
+      base.cost =
+          schedule::CostModel::load_json(c.cost_file, schedule::CostModel::defaults(plan_mesh()));
+    if (!c.compute_file.empty()) rates_ = schedule::ComputeRates::load_json(c.compute_file, rates_);
+    // Costs for the largest share of the batch (the same on every rank: one plan).
+    if (c.predict)
+      apps::declare_costs(model_, rates_, (c.batch + rt.world_size() - 1) / rt.world_size());
+    const schedule::PlanOptions options = c.auto_plan ? auto_plan(c, base) : base;
+    if (!c.graph_out.empty() && rank_ == 0) {
+      std::ofstream out(c.graph_out);
+      out << fullshard::graph::graph_to_json(model_.root()).dump(1) << "\n";
+      if (!out) throw fullshard::Error("--graph-out: cannot write '" + c.graph_out + "'");
+    }
+    model_.shard(mesh_, options);
     params_ = model_.root().parameters();
     if (c.optimizer == "sgd") {
       auto o = std::make_unique<fullshard::optim::SGD>(params_, c.lr, c.momentum, c.weight_decay);
@@ -336,14 +383,17 @@ class Trainer {
 
   /// --auto-plan: the blocks' requests become free, the planner chooses, the choice is applied
   /// to the graph (the same on every rank: planning is deterministic).
-  schedule::PlanOptions auto_plan(const Config& c) {
-    const schedule::MeshShape ms = mesh_.ndim() == 1
-                                       ? schedule::MeshShape{mesh_.size(), 1}
-                                       : schedule::MeshShape{mesh_.shape()[1], mesh_.shape()[0]};
+  schedule::MeshShape plan_mesh() const {
+    return mesh_.ndim() == 1 ? schedule::MeshShape{mesh_.size(), 1}
+                             : schedule::MeshShape{mesh_.shape()[1], mesh_.shape()[0]};
+  }
+
+  schedule::PlanOptions auto_plan(const Config& c, const schedule::PlanOptions& base) {
+    const schedule::MeshShape ms = plan_mesh();
     schedule::AutoPlanOptions o;
     o.memory_budget_bytes = c.memory_budget;
     o.state_bytes_per_param_byte = c.optimizer == "sgd" ? 1.0 : 2.0;
-    o.base = c.plan;
+    o.base = base;
     o.keep_requests = false;
     const schedule::AutoPlan a = schedule::auto_plan(model_.root(), ms, o);
     schedule::apply_auto_plan(model_.root(), a.choice);
@@ -384,6 +434,7 @@ class Trainer {
   /// One training step on global batch `step`; returns the loss (and records the times).
   double step(int step, int first_step) {
     teacher_.batch(static_cast<std::int64_t>(step) * c_.batch + first_row_, rows_, x_, t_);
+    const long faults0 = minor_faults();
     const auto t0 = Clock::now();
     const fullshard::comm::Traffic traffic0 = mesh_.traffic();
     if (schedule_) {
@@ -393,8 +444,10 @@ class Trainer {
     }
     opt_->zero_grad();
     const double sse = model_.forward_backward(x_.data(), t_.data(), rows_, c_.batch);
+    const auto t_fb = Clock::now();
     if (c_.clip > 0) fullshard::optim::clip_grad_norm(params_, c_.clip, mesh_);
     opt_->step();
+    const auto t_opt = Clock::now();
     const double loss = apps::sum_over_mesh(sse, mesh_) / (double(c_.batch) * c_.shape.outputs);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     if (step > first_step) {
@@ -408,12 +461,23 @@ class Trainer {
     // runs them on this thread, so they add to the step time).
     auto& timeline = model_.executor().timeline();
     const double comm = timeline.busy_us(ops_seen_, /*communication=*/true) / 1e3;
+    if (c_.predict && step > first_step) {
+      const std::vector<fullshard::schedule::MeasuredOp> ops = timeline.ops();
+      for (std::size_t i = ops_seen_; i < ops.size(); ++i)
+        measured_kind_ms_[ops[i].stream == schedule::StreamKind::compute ? kind_of(ops[i].label)
+                                                                         : "collectives"] +=
+            (ops[i].end_us - ops[i].start_us) / 1e3;
+      ++measured_steps_;
+    }
     if (keep_timeline_)
       ops_seen_ = timeline.size();
     else
       timeline.clear();
 
     step_ms_.push_back(ms);
+    fb_ms_.push_back(std::chrono::duration<double, std::milli>(t_fb - t0).count());
+    faults_.push_back(static_cast<double>(minor_faults() - faults0));
+    opt_ms_.push_back(std::chrono::duration<double, std::milli>(t_opt - t_fb).count());
     comm_ms_.push_back(comm);
     if (step == first_step) first_loss_ = loss;
     last_loss_ = loss;
@@ -453,6 +517,7 @@ class Trainer {
         steps_run, total_s, first_loss_, last_loss_, median(step_ms_), median(comm_ms_),
         model_.executor().measured_peak_bytes() / kMiB, model_.plan().peak_bytes / kMiB,
         peak_rss_mib());
+    if (c_.predict) print_prediction(median);
     // Bytes per step against FSDP's reference: every parameter all-gathered in forward and
     // again in backward, and its gradient reduce-scattered once (3x the parameter bytes).
     if (steps_run > 1) {
@@ -468,6 +533,54 @@ class Trainer {
     }
     std::fflush(stdout);
   }
+
+  /// --predict: the plan's ops one after the other (the host runs its streams inline) plus the
+  /// optimizer step over this rank's shards, against the measured median of the steps after
+  /// the first (which also faults in the buffers).
+  template <class Median>
+  void print_prediction(const Median& median) const {
+    const schedule::Plan& plan = model_.plan();
+    const double serial = schedule::serial_step_ms(plan);
+    const double elements = static_cast<double>(plan.sharded_bytes) / sizeof(float);
+    const double opt = rates_.optimizer_ms(c_.optimizer, elements);
+    const double predicted = serial + opt;
+    auto after_first = [&](std::vector<double> v) {
+      if (v.size() > 1) v.erase(v.begin());
+      return median(v);
+    };
+    const double measured = after_first(step_ms_);
+    std::printf(
+        "prediction: step %.3f ms = plan %.3f ms (its ops one after the other; streams "
+        "overlapped: %.3f ms) + optimizer %.3f ms (%.0f elements per rank); measured median "
+        "%.3f ms (zero_grad + forward + backward %.3f ms, optimizer %.3f ms, %.0f page faults; "
+        "steps after the first): error %+.1f %%\n",
+        predicted, serial, plan.step_ms, opt, elements, measured, after_first(fb_ms_),
+        after_first(opt_ms_), after_first(faults_),
+        measured > 0 ? 100.0 * (predicted - measured) / measured : 0.0);
+    // Per kind of op, predicted against the measured mean per step: the modules' forward and
+    // backward, the communication streams' ops (collectives and the copies on their
+    // streams), and the compute stream's copies (which the executor does not record).
+    std::map<std::string, double> planned;
+    for (const schedule::Op& op : plan.ops) {
+      const std::string k = kind_of(plan.label(op));
+      planned[op.stream != schedule::StreamKind::compute ? "collectives"
+              : k == "fwd" || k == "bwd"                 ? k
+                                                         : "copies"] += op.end_ms - op.start_ms;
+    }
+    auto measured_of = [&](const std::string& k) {
+      const auto it = measured_kind_ms_.find(k);
+      return it == measured_kind_ms_.end() || measured_steps_ == 0 ? 0.0
+                                                                   : it->second / measured_steps_;
+    };
+    std::printf(
+        "prediction by kind (predicted / measured ms per step): forward %.3f / %.3f, backward "
+        "%.3f / %.3f, communication streams %.3f / %.3f, compute-stream copies %.3f / (not "
+        "recorded)\n",
+        planned["fwd"], measured_of("fwd"), planned["bwd"], measured_of("bwd"),
+        planned["collectives"], measured_of("collectives"), planned["copies"]);
+  }
+
+  static std::string kind_of(const std::string& label) { return label.substr(0, label.find('(')); }
 
   /// --trace: the plan and rank 0's measured timeline in one Chrome/Perfetto file.
   void write_trace() {
@@ -584,11 +697,17 @@ class Trainer {
   fullshard::optim::SGD* sgd_ = nullptr;
   fullshard::optim::AdamW* adamw_ = nullptr;
   std::optional<fullshard::optim::WarmupCosine> schedule_;
+  schedule::ComputeRates rates_;
   std::int64_t dp_ = 1, base_ = 0, first_row_ = 0;
   int rows_ = 0;
   int last_step_ = 0;
   std::vector<float> x_, t_;
   std::vector<double> step_ms_, comm_ms_;
+  // Parts of each step: zero_grad + forward + backward, and the optimizer (with clipping).
+  std::vector<double> fb_ms_, opt_ms_, faults_;
+  // --predict: measured time per kind of op (label up to '(') over the steps after the first.
+  std::map<std::string, double> measured_kind_ms_;
+  int measured_steps_ = 0;
   double first_loss_ = 0, last_loss_ = 0;
   std::size_t ops_seen_ = 0;
   // Bytes of the training steps after the first (which also initialises): checkpoint saves
@@ -643,6 +762,9 @@ std::vector<apps::OptionValue> option_values(const Config& c) {
           {"--reshard", c.plan.defaults.reshard_after_forward.to_string()},
           {"--prefetch", std::to_string(c.plan.forward_prefetch_depth)},
           {"--auto-plan", c.auto_plan ? "on" : "off"},
+          {"--cost", c.cost_file},
+          {"--compute", c.compute_file},
+          {"--predict", c.predict ? "on" : "off"},
           {"--memory-budget", std::to_string(c.memory_budget)},
           {"--checkpoint-dir", c.checkpoint_dir},
           {"--save-every", std::to_string(c.save_every)},
@@ -654,6 +776,14 @@ std::vector<apps::OptionValue> option_values(const Config& c) {
 }
 
 int main(int argc, char** argv) {
+#ifdef __GLIBC__
+  // Tensors of a step (the sharded gradients, which zero_grad drops and the next
+  // reduce-scatter creates again; optimizer scratch) come back to the heap instead of being
+  // unmapped and faulted in again page by page in every step (1.6 us per 4 KiB page on a
+  // Firecracker VM: 10 % of a step on one rank).
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
   const bool help = apps::take_help(argc, argv);
   std::optional<fullshard::Runtime> rt;
   try {

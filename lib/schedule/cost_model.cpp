@@ -325,7 +325,7 @@ double agree_max(comm::Communicator& c, comm::Stream& s, double v) {
 CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostModel& base,
                                const comm::Communicator* replicate_comm,
                                const std::vector<std::size_t>& sizes, int reps,
-                               const comm::ShmComm* shard_shm) {
+                               const comm::ShmComm* shard_shm, bool median) {
   if (sizes.empty() || reps < 1)
     throw InvalidArgument("CostModel::calibrate: need at least one size and one repetition");
   if (shard_shm && shard_shm->size() != shard_comm.size())
@@ -357,12 +357,18 @@ CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostM
     for (std::size_t bytes : sizes) {
       const std::size_t count = std::max<std::size_t>(1, (bytes + 3) / 4);
       double best = 1e300;
+      std::vector<double> times;
       op(c, count);  // warm-up
       for (int r = 0; r < reps; ++r) {
         c.barrier(s).wait();
         const double t0 = MPI_Wtime();
         op(c, count);
-        best = std::min(best, (MPI_Wtime() - t0) * 1e3);
+        times.push_back((MPI_Wtime() - t0) * 1e3);
+        best = std::min(best, times.back());
+      }
+      if (median) {
+        std::sort(times.begin(), times.end());
+        best = times[times.size() / 2];
       }
       x.push_back(static_cast<double>(count * 4));
       t.push_back(agree(best));

@@ -111,13 +111,15 @@ class CostModel {
   /// over the same ranks) it also measures the shared-memory all-gather and reduce-scatter
   /// the running backend does (counter publish and wait on a ShmWindow, the Kokkos copy of
   /// every peer's slot; the fused sum over every peer's chunk with the divide) and sets
-  /// transport(shard) to shm; without it transport(shard) is mpi. Collective over the
-  /// communicators: every rank calls it with the same arguments. Values not measured come
-  /// from `base`.
+  /// transport(shard) to shm; without it transport(shard) is mpi. With `median` the median
+  /// of the reps counts instead of the fastest (what a training step sees on a shared host:
+  /// fullshard-calibrate --median). Collective over the communicators: every rank calls it
+  /// with the same arguments. Values not measured come from `base`.
   static CostModel calibrate(const comm::Communicator& shard_comm, const CostModel& base,
                              const comm::Communicator* replicate_comm = nullptr,
                              const std::vector<std::size_t>& sizes = {1 << 16, 1 << 20, 1 << 22},
-                             int reps = 3, const comm::ShmComm* shard_shm = nullptr);
+                             int reps = 3, const comm::ShmComm* shard_shm = nullptr,
+                             bool median = false);
 
   bool operator==(const CostModel& o) const noexcept;
   bool operator!=(const CostModel& o) const noexcept { return !(*this == o); }

@@ -1,0 +1,104 @@
+// Compute costs from work counts: a module's forward or backward is described by the SGEMMs it
+// runs and the bytes its elementwise passes move, and a calibration of this machine
+// (ComputeRates: SGEMM GFLOP/s at measured shapes, elementwise and optimizer throughput,
+// measured by `fullshard-calibrate --compute-out` with every rank running at once) turns
+// that into the milliseconds a module declares as its `cost` for the planner.
+// JSON schema: docs/plan-format.md, "Compute calibration JSON".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fullshard/graph/module.hpp"
+
+namespace fullshard::schedule {
+
+class Plan;
+
+/// One SGEMM C (m x n) += op(A) (m x k) op(B) (k x n) (CBLAS row-major; trans_a / trans_b:
+/// op is the transpose). 2 m n k floating-point operations.
+struct Gemm {
+  std::int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  double flops() const noexcept { return 2.0 * double(m) * double(n) * double(k); }
+  /// "256x512x512:NT" (m x n x k, then A's and B's op: N or T).
+  std::string to_string() const;
+  /// Parses to_string()'s form (the ":NT" suffix is optional, default NN). InvalidArgument
+  /// naming `what` and the text when it is not of that form or a size is not in 1..2^24.
+  static Gemm parse(const std::string& text, const std::string& what = "gemm");
+  bool operator==(const Gemm& o) const noexcept {
+    return m == o.m && n == o.n && k == o.k && trans_a == o.trans_a && trans_b == o.trans_b;
+  }
+};
+
+/// The work of one forward or backward of one module (its own work, without its children).
+struct Work {
+  std::vector<Gemm> gemms;
+  /// Bytes read plus bytes written by the elementwise passes (bias broadcasts, activations,
+  /// residual adds, column sums, copies).
+  double elementwise_bytes = 0.0;
+};
+
+/// A measured SGEMM throughput at one shape.
+struct GemmRate {
+  Gemm shape;
+  double gflop_per_s = 0.0;
+};
+
+/// Compute throughputs of one rank while `ranks` ranks of the machine run at once.
+struct ComputeRates {
+  /// Measured SGEMM rates; gemm_gflop_per_s(g) looks them up.
+  std::vector<GemmRate> gemm;
+  /// The rate of a GEMM when no shape was measured.
+  double default_gemm_gflop_per_s = 10.0;
+  /// Elementwise passes: (bytes read + written) per second, 1 GB = 1e9 B.
+  double elementwise_gb_per_s = 5.0;
+  /// Optimizer step per element of this rank's shards (Optimizer::step), and zero_grad.
+  double adamw_ns_per_element = 5.0;
+  double sgd_ns_per_element = 3.0;
+  /// Ranks that ran at once while measuring (informational: rates of 4 ranks on 2 cores
+  /// include the core sharing).
+  int ranks = 1;
+
+  /// The rate for `g`: the measured shape equal to it; else, among the measured shapes with
+  /// the same transposes (or any when none has them), the nearest in log space (sum of
+  /// |log(m/m')| + |log(n/n')| + |log(k/k')|, the first of equals); else
+  /// default_gemm_gflop_per_s.
+  double gemm_gflop_per_s(const Gemm& g) const noexcept;
+  /// flops / rate, in ms.
+  double time_ms(const Gemm& g) const noexcept;
+  /// Sum of the GEMMs' times plus elementwise_bytes / elementwise rate, in ms.
+  double time_ms(const Work& w) const noexcept;
+  /// One optimizer step over `elements` (this rank's shard elements): "adamw" or "sgd";
+  /// InvalidArgument for another name.
+  double optimizer_ms(const std::string& optimizer, double elements) const;
+
+  /// The JSON form (every key written).
+  nlohmann::json to_json() const;
+  /// Reads `j` over `base` (keys present replace base's; "gemm" replaces the whole list).
+  /// ConfigError "<source>: <JSON path>: <problem>" on unknown keys, wrong types, numbers
+  /// that are negative, zero where a rate is meant, or not finite, bad shapes.
+  static ComputeRates from_json(const nlohmann::json& j, const ComputeRates& base,
+                                const std::string& source = "<compute>");
+  /// from_json on text; ConfigError "<source>: invalid JSON ..." when it does not parse.
+  static ComputeRates parse_json(const std::string& text, const ComputeRates& base,
+                                 const std::string& source = "<compute>");
+  /// parse_json on a file; ConfigError naming the path when it cannot be read.
+  static ComputeRates load_json(const std::string& path, const ComputeRates& base);
+
+  bool operator==(const ComputeRates& o) const noexcept;
+};
+
+/// The module's declared cost from its forward and backward work.
+graph::Cost cost_from_work(const ComputeRates& rates, const Work& forward, const Work& backward);
+
+/// The time of the plan when every op runs on the calling thread, one after the other: the
+/// sum of every op's (end - start). A host mesh with FULLSHARD_HOST_PROGRESS=inline (the
+/// default) runs its collectives that way, so this, not Plan::step_ms (the streams
+/// overlapped), is what a host step takes.
+double serial_step_ms(const Plan& plan) noexcept;
+
+}  // namespace fullshard::schedule

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# fullshard-train --cost/--compute predicts with the plan it executes: on N ranks with fixed
+# cost and compute files, the step it prints ("plan X ms", its ops one after the other, and
+# "streams overlapped: Y ms") equals what fullshard-plan computes for the graph the run wrote
+# (--graph-out: the modules' declared costs and fully_shard requests) with the same cost file
+# and options; the module costs are those of the FLOP formula at the fixed rates; and the
+# predicted step is that plan time plus the optimizer (elements per rank x ns per element).
+# No timing is asserted.
+#   train_predict.sh MPIEXEC TRAIN_BINARY PLAN_BINARY RANKS
+set -euo pipefail
+mpiexec="$1" train="$2" plan="$3" ranks="$4"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+cat >"$work/cost.json" <<'JSON'
+{"all_gather": {"shard": {"alpha_ms": 0.05, "beta_ms_per_byte": 2e-6}},
+ "reduce_scatter": {"shard": {"alpha_ms": 0.07, "beta_ms_per_byte": 3e-6}},
+ "copy_gb_per_s": 4}
+JSON
+cat >"$work/compute.json" <<'JSON'
+{"gemm": [{"shape": "16x64x64:NT", "gflop_per_s": 20},
+          {"shape": "16x64x64:NN", "gflop_per_s": 16},
+          {"shape": "64x64x16:TN", "gflop_per_s": 8}],
+ "default_gemm_gflop_per_s": 5, "elementwise_gb_per_s": 2,
+ "adamw_ns_per_element": 3, "sgd_ns_per_element": 2, "ranks": 2}
+JSON
+flags=(--steps 3 --layers 3 --hidden 64 --inputs 16 --outputs 4 --batch 32 --prefetch 1)
+"$mpiexec" -n "$ranks" "$train" "${flags[@]}" --cost "$work/cost.json" \
+  --compute "$work/compute.json" --graph-out "$work/graph.json" >"$work/train.log" 2>&1 \
+  || { echo "FAIL: fullshard-train exited with an error:"; cat "$work/train.log"; exit 1; }
+"$plan" --graph "$work/graph.json" --mesh "$ranks" --prefetch 1 --cost "$work/cost.json" \
+  >"$work/plan.log" 2>&1 \
+  || { echo "FAIL: fullshard-plan exited with an error:"; cat "$work/plan.log"; exit 1; }
+grep '^prediction:' "$work/train.log" || true
+grep -E '^(serial )?step time:' "$work/plan.log" || true
+# The module costs the run declared: a block at 32 / ranks rows (hidden 64) from the rates.
+python3 - "$work/graph.json" "$ranks" <<'PY'
+import json, sys
+g = json.load(open(sys.argv[1]))
+r, H = 32 // int(sys.argv[2]), 64
+def mod(m, name):
+    return next(c for c in m["modules"] if c["name"] == name)
+blk = mod(mod(g, "blocks"), "0")
+rate = {"NT": 20, "NN": 16, "TN": 8}  # the measured shapes, or the nearest ones
+flop = 2.0 * r * H * H
+fwd = 2 * flop / (rate["NT"] * 1e6) + 7 * 4 * r * H / 2e6
+bwd = 2 * flop / (rate["TN"] * 1e6) + 2 * flop / (rate["NN"] * 1e6) + 6 * 4 * r * H / 2e6
+got = blk["cost"]
+print("blocks.0 cost", got, "expected", fwd, bwd)
+if abs(got["forward_ms"] - fwd) > 1e-9 * fwd or abs(got["backward_ms"] - bwd) > 1e-9 * bwd:
+    sys.exit("FAIL: blocks.0's declared cost is not the FLOP formula's")
+PY
+awk -v ranks="$ranks" '
+  FILENAME ~ /plan.log$/ && /^step time:/ { overlapped = $3 }
+  FILENAME ~ /plan.log$/ && /^serial step time:/ { serial = $4 }
+  FILENAME ~ /train.log$/ && /^prediction:/ {
+    for (i = 1; i <= NF; ++i) {
+      if ($i == "step" && $(i + 2) == "ms") predicted = $(i + 1)
+      if ($i == "plan") train_serial = $(i + 1)
+      if ($i == "overlapped:") train_overlapped = $(i + 1)
+      if ($i == "optimizer" && opt == "") opt = $(i + 1)
+      if ($(i + 1) == "elements") elements = substr($i, 2)
+    }
+  }
+  END {
+    if (serial == "" || train_serial == "") { print "FAIL: no plan or prediction line"; exit 1 }
+    d = function_abs(train_serial - serial) + function_abs(train_overlapped - overlapped)
+    if (d > 0.0015) { print "FAIL: fullshard-train plan " train_serial " / " train_overlapped \
+                      " ms != fullshard-plan " serial " / " overlapped " ms"; exit 1 }
+    if (function_abs(predicted - train_serial - opt) > 0.0015) {
+      print "FAIL: predicted " predicted " != plan " train_serial " + optimizer " opt; exit 1 }
+    if (function_abs(opt - elements * 3e-6) > 0.0005 + 1e-6 * opt) {
+      print "FAIL: optimizer " opt " ms != " elements " elements x 3 ns"; exit 1 }
+    print "ok: plan " serial " ms (overlapped " overlapped " ms) in both; optimizer " opt " ms"
+  }
+  function function_abs(x) { return x < 0 ? -x : x }
+' "$work/plan.log" "$work/train.log"
