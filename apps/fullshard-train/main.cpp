@@ -777,10 +777,10 @@ std::vector<apps::OptionValue> option_values(const Config& c) {
 
 int main(int argc, char** argv) {
 #ifdef __GLIBC__
-  // Tensors of a step (the sharded gradients, which zero_grad drops and the next
-  // reduce-scatter creates again; optimizer scratch) come back to the heap instead of being
+  // Tensors of a step (the model's activations and optimizer scratch; fully_shard keeps its
+  // own sharded-gradient storage across zero_grad) come back to the heap instead of being
   // unmapped and faulted in again page by page in every step (1.6 us per 4 KiB page on a
-  // Firecracker VM: 10 % of a step on one rank).
+  // Firecracker VM).
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 #endif

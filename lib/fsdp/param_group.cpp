@@ -284,9 +284,28 @@ void ParamGroup::zero_grad() {
     engine::zero_grad(engine_);
     return;
   }
-  sharded_grads_ = Tensor();
+  drop_sharded_grads();
   engine_.has_sharded_grads = false;
   show_sharded_grads();
+}
+
+void ParamGroup::drop_sharded_grads() noexcept {
+  spare_grads_ = std::move(sharded_grads_);
+  sharded_grads_ = Tensor();
+}
+
+void ParamGroup::ensure_sharded_grads() {
+  if (sharded_grads_.data()) return;
+  // Reused only while no one else refers to it: a gradient the user kept (or a view of it)
+  // keeps its values.
+  if (spare_grads_.data() && spare_grads_.owner().use_count() == 1) {
+    sharded_grads_ = std::move(spare_grads_);
+    spare_grads_ = Tensor();
+    return;
+  }
+  spare_grads_ = Tensor();
+  sharded_grads_ = Tensor::empty({layout_.shard_numel}, engine_.info.orig_dtype, space_,
+                                 "fsdp.grads:" + engine_.info.name);
 }
 
 std::string ParamGroup::adopt_problem(const Tensor& storage) const {

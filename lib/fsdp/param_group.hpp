@@ -119,6 +119,13 @@ class ParamGroup {
   void ensure_shm_grads();
   Tensor& sharded() noexcept { return sharded_; }
   Tensor& sharded_grads() noexcept { return sharded_grads_; }
+  /// The sharded gradients (gsn elements, orig dtype, uninitialised) for a reduction that
+  /// writes them: the storage zero_grad set aside when nobody else holds it (no allocation
+  /// and no page faults per step), else a new tensor.
+  void ensure_sharded_grads();
+  /// zero_grad: the sharded gradients go (set to none, as FSDP2's); their storage is kept
+  /// for ensure_sharded_grads.
+  void drop_sharded_grads() noexcept;
   void show_sharded();
   void show_sharded_grads();
   void show_unsharded(const Tensor& arena);
@@ -140,6 +147,7 @@ class ParamGroup {
   MemorySpace space_ = MemorySpace::host;
   Tensor sharded_;        // gsn elements, orig dtype, padding zero (slot layout)
   Tensor sharded_grads_;  // gsn elements, orig dtype, or undefined
+  Tensor spare_grads_;    // what drop_sharded_grads set aside, or undefined
   const comm::ShmComm* shm_ = nullptr;
   ShmGroupState shm_state_;
   engine::Group engine_;

@@ -483,9 +483,7 @@ Event RunningBackend::reduce_scatter(const OpDesc& d, engine::Group& g, Buf& inp
     bool acc = false;
     Tensor keep_out = mem(output).tensor;
     if (fused) {
-      if (!p.sharded_grads().data())
-        p.sharded_grads() = Tensor::empty({I.shard_numel}, I.orig_dtype, MemorySpace::host,
-                                          "fsdp.grads:" + p.name());
+      p.ensure_sharded_grads();
       keep_out = p.sharded_grads();
       out_t = I.orig_dtype;
       // What the engine's reduce_copy_out asks for (checked there).
@@ -595,9 +593,7 @@ Event RunningBackend::reduce_copy_out(const OpDesc& d, engine::Group& g, const B
     // Done by the reduce-scatter: this operation completes with it.
     return done(d, last_[static_cast<int>(d.stream)]);
   }
-  if (!p.sharded_grads().data())
-    p.sharded_grads() =
-        Tensor::empty({I.shard_numel}, I.orig_dtype, p.space(), "fsdp.grads:" + p.name());
+  p.ensure_sharded_grads();
   Tensor from = mem(src).tensor;
   Tensor to = p.sharded_grads();
   const kernels::ExecStream& on = exec(d.stream);
@@ -696,7 +692,7 @@ void RunningBackend::host_wait(const Event& e) {
 }
 
 void RunningBackend::drop_sharded_grads(engine::Group& g) {
-  pg(g).sharded_grads() = Tensor();
+  pg(g).drop_sharded_grads();
 }
 
 // ---- registration -------------------------------------------------------------------------

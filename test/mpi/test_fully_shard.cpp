@@ -14,6 +14,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -459,6 +460,37 @@ TEST_CASE_TEMPLATE("a custom gradient divide factor, and gradients accumulate ac
   check_shards_and_grads(bag, {{1}}, 2.0);
   CHECK_THROWS_WITH_AS(s.set_gradient_divide_factor(0.0), doctest::Contains("must be > 0"),
                        InvalidArgument);
+}
+
+TEST_CASE_TEMPLATE(
+    "zero_grad keeps the gradient storage for the next step; a gradient the user holds "
+    "keeps its values",
+    D, FULLSHARD_TEST_DEVICE) {
+  Bag bag(D::space);
+  Module& l0 = bag.add("l0", {{"w", {12, 2}}});
+  auto mesh = world_mesh<D>();
+  fsdp::fully_shard(l0, mesh);
+  auto& root = fsdp::fully_shard(*bag.root, mesh);
+  Parameter& w = l0.param(0);
+  bag.step(0);
+  REQUIRE(w.grad().owner());
+  const std::weak_ptr<void> storage = w.grad().owner();
+  root.zero_grad();
+  CHECK(!w.grad().defined());
+  CHECK(!storage.expired());  // set aside, not freed
+  bag.step(1);
+  CHECK(w.grad().owner() == storage.lock());  // reused: nobody held it
+  check_shards_and_grads(bag, {{1}}, W());
+
+  const Tensor held = w.grad();
+  const Tensor before = test::host_copy(held);
+  root.zero_grad();
+  bag.step(0);
+  CHECK(w.grad().owner() != held.owner());  // held by the user: a new tensor
+  const Tensor after = test::host_copy(held);
+  for (std::int64_t e = 0; e < before.numel(); ++e)
+    CHECK(after.at(e) == before.at(e));
+  check_shards_and_grads(bag, {{0}}, W());
 }
 
 TEST_CASE_TEMPLATE("ignored parameters are neither sharded nor reduced", D, FULLSHARD_TEST_DEVICE) {
