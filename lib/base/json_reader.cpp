@@ -1,6 +1,10 @@
 #include "fullshard/base/json_reader.hpp"
 
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <unordered_set>
 
 #include "fullshard/base/error.hpp"
@@ -227,6 +231,17 @@ nlohmann::ordered_json parse_json_strict(const std::string& text, const std::str
   Builder b(source, limits);
   ojson::sax_parse(text, &b, nlohmann::json::input_format_t::json, true);
   return b.take();
+}
+
+std::string read_text_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw ConfigError(path + ": cannot read the " + what +
+                      " (cannot open it: " + std::strerror(errno) + ")");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw ConfigError(path + ": cannot read the " + what);
+  return text.str();
 }
 
 }  // namespace fullshard::detail

@@ -318,12 +318,7 @@ std::unique_ptr<Module> parse_graph_json(const std::string& text, const std::str
 }
 
 std::unique_ptr<Module> load_graph_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path + ": cannot open the graph file (" + std::strerror(errno) + ")");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw ConfigError(path + ": cannot read the graph file");
-  return parse_graph_json(text.str(), path);
+  return parse_graph_json(detail::read_text_file(path, "graph file"), path);
 }
 
 nlohmann::ordered_json graph_to_json(const Module& root) {

@@ -199,11 +199,7 @@ ComputeRates ComputeRates::parse_json(const std::string& text, const ComputeRate
 }
 
 ComputeRates ComputeRates::load_json(const std::string& path, const ComputeRates& base) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path + ": cannot read the compute calibration file");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return parse_json(s.str(), base, path);
+  return parse_json(detail::read_text_file(path, "compute calibration file"), base, path);
 }
 
 bool ComputeRates::operator==(const ComputeRates& o) const noexcept {

@@ -274,11 +274,7 @@ CostModel CostModel::parse_json(const std::string& text, const CostModel& base,
 }
 
 CostModel CostModel::load_json(const std::string& path, const CostModel& base) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path + ": cannot read the cost model file");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return parse_json(s.str(), base, path);
+  return parse_json(detail::read_text_file(path, "cost model file"), base, path);
 }
 
 AlphaBeta fit_alpha_beta(const std::vector<double>& x, const std::vector<double>& t) {
@@ -557,13 +553,11 @@ TwoLevelNetwork TwoLevelNetwork::from_json(const nlohmann::json& j, const TwoLev
 }
 
 TwoLevelNetwork TwoLevelNetwork::load_json(const std::string& path, const TwoLevelNetwork& base) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path + ": cannot read the network file");
-  std::ostringstream s;
-  s << in.rdbuf();
   detail::JsonLimits limits;
   limits.max_depth = 64;
-  return from_json(detail::parse_json_strict(s.str(), path, limits), base, path);
+  return from_json(
+      detail::parse_json_strict(detail::read_text_file(path, "network file"), path, limits), base,
+      path);
 }
 
 }  // namespace fullshard::schedule

@@ -38,6 +38,10 @@ struct JsonLimits {
   std::vector<std::pair<std::string, std::string>> duplicate_words;
 };
 
+/// The whole of file `path`; ConfigError "<path>: cannot read the <what> (cannot open it:
+/// <reason>)" or "<path>: cannot read the <what>" when it cannot be opened or read.
+std::string read_text_file(const std::string& path, const std::string& what);
+
 /// Parses `text` (the whole of it) as described above.
 nlohmann::ordered_json parse_json_strict(const std::string& text, const std::string& source,
                                          const JsonLimits& limits = JsonLimits());
