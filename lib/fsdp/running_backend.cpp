@@ -202,15 +202,13 @@ Buf RunningBackend::acquire(const engine::Group& g, engine::BufKind kind, std::i
   if (pool.device) {
     // Stream-ordered: a block last used on other streams is handed out after their release
     // events (on the device, cudaStreamWaitEvent).
-    mem(b).tensor =
-        pool.device->acquire({numel}, dtype, dstream(first_user(kind)),
-                             std::string(engine::buf_kind_name(kind)) + ":" + pg(g).name());
+    mem(b).tensor = pool.device->acquire({numel}, dtype, dstream(first_user(kind)),
+                                         engine::buf_kind_name(kind), pg(g).name());
     pool.device_in_use += b.bytes;
     pool.device_peak = std::max(pool.device_peak, pool.device_in_use);
     return b;
   }
-  mem(b).tensor = pool.host.acquire({numel}, dtype,
-                                    std::string(engine::buf_kind_name(kind)) + ":" + pg(g).name());
+  mem(b).tensor = pool.host.acquire({numel}, dtype, engine::buf_kind_name(kind), pg(g).name());
   ParamGroup& p = pg(g);
   if (kind == engine::BufKind::grads && p.shm() && g.info.world > 1) {
     // Shared memory: the unsharded gradients live in the group's window, where peers read

@@ -24,7 +24,8 @@ BufferPool::BufferPool(MemorySpace space, std::string name) : s_(std::make_share
 
 BufferPool::~BufferPool() = default;  // blocks still in use keep the state alive
 
-Tensor BufferPool::acquire(const Shape& shape, DType dtype, const std::string& label) {
+Tensor BufferPool::acquire(const Shape& shape, DType dtype, std::string_view label,
+                           std::string_view owner) {
   const std::size_t bytes = static_cast<std::size_t>(numel(shape)) * dtype_size(dtype);
   Tensor block;
   {
@@ -38,7 +39,7 @@ Tensor BufferPool::acquire(const Shape& shape, DType dtype, const std::string& l
   }
   if (!block.data())  // a new block: f32 words covering `bytes`
     block = Tensor::empty({static_cast<std::int64_t>((bytes + 3) / 4)}, DType::f32, s_->space,
-                          label.empty() ? s_->name : s_->name + ":" + label);
+                          detail::pool_block_label(s_->name, label, owner));
   {
     std::lock_guard<std::mutex> lock(s_->m);  // counted once the block exists
     s_->in_use += bytes;
@@ -87,5 +88,17 @@ void BufferPool::trim() {
 MemorySpace BufferPool::space() const noexcept {
   return s_->space;
 }
+
+namespace detail {
+
+std::string pool_block_label(const std::string& pool, std::string_view label,
+                             std::string_view owner) {
+  std::string out = pool;
+  for (std::string_view part : {label, owner})
+    if (!part.empty()) out.append(":").append(part);
+  return out;
+}
+
+}  // namespace detail
 
 }  // namespace fullshard

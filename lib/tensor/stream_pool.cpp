@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/tensor/buffer_pool.hpp"
 
 namespace fullshard {
 namespace {
@@ -59,7 +60,7 @@ StreamOrderedPool::StreamOrderedPool(MemorySpace space, std::string name)
 StreamOrderedPool::~StreamOrderedPool() = default;  // blocks in use keep the state alive
 
 Tensor StreamOrderedPool::acquire(const Shape& shape, DType dtype, comm::Stream& stream,
-                                  const std::string& label) {
+                                  std::string_view label, std::string_view owner) {
   const std::int64_t n = numel(shape);
   if (n < 0)
     throw InvalidArgument("pool '" + s_->name + "': negative shape " + shape_string(shape));
@@ -99,7 +100,7 @@ Tensor StreamOrderedPool::acquire(const Shape& shape, DType dtype, comm::Stream&
     block = std::make_shared<Block>();
     block->bytes = bytes;
     block->storage = Tensor::empty({static_cast<std::int64_t>((bytes + 3) / 4)}, DType::f32,
-                                   s_->space, label.empty() ? s_->name : s_->name + ":" + label);
+                                   s_->space, detail::pool_block_label(s_->name, label, owner));
   }
   // Order this stream after the block's previous users on other streams.
   for (const auto& e : waits)

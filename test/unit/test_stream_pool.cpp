@@ -6,6 +6,7 @@
 
 #include "fake_device.hpp"
 #include "fullshard/base/error.hpp"
+#include "fullshard/tensor/buffer_pool.hpp"
 #include "fullshard/tensor/stream_pool.hpp"
 
 using fullshard::DType;
@@ -149,4 +150,13 @@ TEST_CASE("host worker streams order a reuse too, and bad used_on calls are refu
   } catch (const InvalidArgument& e) {
     CHECK(std::string(e.what()).find("pool 'host': used_on(stream 'w2')") != std::string::npos);
   }
+}
+
+TEST_CASE(
+    "a new pool block's label joins the pool, the label and the owner, leaving out empty parts") {
+  CHECK(fullshard::detail::pool_block_label("pool", "", "") == "pool");
+  CHECK(fullshard::detail::pool_block_label("pool", "ag_buffer", "") == "pool:ag_buffer");
+  CHECK(fullshard::detail::pool_block_label("pool", "ag_buffer", "layers.0") ==
+        "pool:ag_buffer:layers.0");
+  CHECK(fullshard::detail::pool_block_label("pool", "", "layers.0") == "pool:layers.0");
 }

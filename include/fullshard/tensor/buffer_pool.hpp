@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "fullshard/tensor/tensor.hpp"
 
@@ -20,8 +21,10 @@ class BufferPool {
   BufferPool& operator=(const BufferPool&) = delete;
 
   /// A tensor whose bytes come from the pool (contents unspecified). The bytes go back to the
-  /// pool when the last copy or view of the tensor is destroyed.
-  Tensor acquire(const Shape& shape, DType dtype, const std::string& label = "");
+  /// pool when the last copy or view of the tensor is destroyed. A new block is labelled
+  /// "<pool>:<label>:<owner>" for Kokkos tools (joined only then: no string per reuse).
+  Tensor acquire(const Shape& shape, DType dtype, std::string_view label = {},
+                 std::string_view owner = {});
 
   /// Bytes handed out and not yet returned.
   std::size_t bytes_in_use() const;
@@ -38,5 +41,11 @@ class BufferPool {
   struct State;
   std::shared_ptr<State> s_;
 };
+
+namespace detail {
+/// "<pool>", "<pool>:<label>" or "<pool>:<label>:<owner>" (the empty parts left out).
+std::string pool_block_label(const std::string& pool, std::string_view label,
+                             std::string_view owner);
+}  // namespace detail
 
 }  // namespace fullshard

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "fullshard/comm/stream.hpp"
 #include "fullshard/tensor/tensor.hpp"
@@ -47,8 +48,9 @@ class StreamOrderedPool {
 
   /// A tensor for use on `stream` (contents unspecified); see the file comment for reuse.
   /// The bytes return to the pool when the last copy or view of the tensor is destroyed.
-  Tensor acquire(const Shape& shape, DType dtype, comm::Stream& stream,
-                 const std::string& label = "");
+  /// Labels as BufferPool::acquire's.
+  Tensor acquire(const Shape& shape, DType dtype, comm::Stream& stream, std::string_view label = {},
+                 std::string_view owner = {});
   /// Declares that `t` (or a view of it) from this pool is also used on `stream`: its
   /// release then records an event there too. InvalidArgument for a tensor of another pool
   /// or one already released.
