@@ -7,6 +7,8 @@
 #include <set>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/base/hash.hpp"
+#include "fullshard/base/mpi_wait.hpp"
 #include "fullshard/comm/mpi_communicator.hpp"
 #include "fullshard/config.hpp"
 #include "fullshard/runtime/runtime.hpp"
@@ -91,6 +93,31 @@ std::string shape_string(const std::vector<int>& shape) {
   for (std::size_t i = 0; i < shape.size(); ++i)
     s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + ")";
+}
+
+// Every rank of `base` must build the same thing (what `description` says) before the
+// blocking splits that follow: one nonblocking reduction of its fingerprint under the timeout
+// (a rank that never arrives ends in the common timeout message, not a hang inside
+// MPI_Comm_split), and a mismatch is an error on every rank.
+void agree_on(MPI_Comm base, const std::string& what, const std::string& description,
+              double timeout_s) {
+  int rank = 0;
+  int size = 0;
+  MPI_Comm_rank(base, &rank);
+  MPI_Comm_size(base, &size);
+  if (size == 1) return;
+  const std::uint64_t fp = fnv1a64(description);
+  std::uint64_t v[2] = {fp, ~fp};  // min of both: the smallest and (negated) largest value
+  MPI_Request r = MPI_REQUEST_NULL;
+  if (MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MIN, base, &r) != MPI_SUCCESS)
+    throw CommError(what + ": MPI_Iallreduce agreeing on the mesh failed");
+  wait_mpi(r, WaitSite{"MPI_Iallreduce (agreeing on the mesh)", what, rank, size, 0, ""},
+           timeout_s);
+  if (v[0] != fp || ~v[1] != fp)
+    throw InvalidArgument("rank " + std::to_string(rank) + ": " + what +
+                          ": the ranks do not all build the same mesh (this rank: " + description +
+                          "); every rank must make the same call with the same shape, dim names, "
+                          "device and settings");
 }
 
 void validate(const std::vector<int>& shape, const std::vector<std::string>& names, int ranks) {
@@ -202,6 +229,17 @@ std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
   MPI_Comm_size(base, &ranks);
   MPI_Comm_rank(base, &rank);
   validate(shape, names, ranks);
+  {
+    std::string shape_text;
+    for (std::size_t d = 0; d < shape.size(); ++d)
+      shape_text += (d ? "x" : "") + std::to_string(shape[d]);
+    agree_on(base, "DeviceMesh(" + join(names, ",") + ")",
+             "shape " + shape_text + ", dims " + join(names, ",") + ", device " +
+                 (device == DeviceType::cuda ? "cuda" : "cpu") + ", host collectives " +
+                 host_collectives_name(collectives) + ", ranks per node " +
+                 std::to_string(ranks_per_node),
+             timeout_s);
+  }
   if (device == DeviceType::cuda) {
     const std::string unsupported = cuda_mesh_unsupported();
     if (!unsupported.empty())
@@ -302,6 +340,10 @@ DeviceMesh DeviceMesh::node_aware(MPI_Comm base, int ranks_per_node, double time
   int ranks = 0;
   MPI_Comm_rank(base, &rank);
   MPI_Comm_size(base, &ranks);
+  agree_on(base, "DeviceMesh::node_aware",
+           "node-aware mesh, ranks per node " + std::to_string(ranks_per_node) +
+               ", host collectives " + host_collectives_name(collectives),
+           timeout_s);
   int local_rank = 0;
   int local_size = 0;
   int node = 0;
@@ -466,6 +508,8 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& dims, std::string
     key = key * s_->shape[d] + s_->coords[d];
     size *= s_->shape[d];
   }
+  agree_on(s_->world->handle(), "DeviceMesh::flatten",
+           "flatten of " + join(dims, ",") + " named '" + name + "'", s_->timeout_s);
   OwnedComm split;
   if (MPI_Comm_split(s_->world->handle(), color, key, &split.c) != MPI_SUCCESS)
     throw CommError("DeviceMesh::flatten: MPI_Comm_split failed");

@@ -147,6 +147,27 @@ TEST_CASE("bad meshes are errors naming what is wrong") {
   }
 }
 
+TEST_CASE("ranks that build different meshes get an error on every rank, not a hang") {
+  const auto& rt = test::runtime();
+  const int W = test::world_size();
+  if (W < 2) return;  // one rank always agrees with itself
+  const bool odd = test::world_rank() == W - 1;
+  // Dim names differ on the last rank: the splits below would pair mismatched calls.
+  const std::string expected = "the ranks do not all build the same mesh (this rank: shape " +
+                               std::to_string(W) + ", dims " + (odd ? "b" : "a");
+  CHECK_THROWS_WITH_AS(DeviceMesh(rt, {W}, {odd ? "b" : "a"}), doctest::Contains(expected.c_str()),
+                       InvalidArgument);
+  // The same shape and names on every rank still agree afterwards.
+  DeviceMesh mesh(rt, {W}, {"dp"});
+  CHECK(mesh.size() == W);
+  // A flatten whose name differs on one rank.
+  CHECK_THROWS_WITH_AS(mesh.flatten({"dp"}, odd ? "x" : "y"),
+                       doctest::Contains("DeviceMesh::flatten: the ranks do not all build the same "
+                                         "mesh"),
+                       InvalidArgument);
+  CHECK(mesh.flatten({"dp"}, "flat").size() == W);
+}
+
 TEST_CASE("device types: CPU by default, torch's strings, a CUDA mesh needs a CUDA Kokkos") {
   const int W = test::world_size();
   DeviceMesh mesh(test::runtime(), {W}, {"dp"});
