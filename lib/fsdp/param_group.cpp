@@ -1,5 +1,6 @@
 #include "lib/fsdp/param_group.hpp"
 
+#include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cstring>
 
@@ -265,6 +266,9 @@ Tensor ParamGroup::gather_full() {
   const MemorySpace space = space_;
   Tensor arena = Tensor::empty({layout_.arena_numel}, od, space, "fsdp.full:" + name());
   Tensor gathered = sharded_;
+  // Device shards: the optimizer (or any user kernel) may still be writing them on the
+  // compute stream; this cold path (state dicts, checkpoints) waits for the whole device.
+  if (space != MemorySpace::host) Kokkos::fence();
   if (W > 1) {
     gathered = Tensor::empty({W * gsn}, od, space, "fsdp.full_gather");
     comm::Stream& s = mesh_.device_stream(Channel::all_gather);

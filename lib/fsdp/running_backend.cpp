@@ -521,19 +521,25 @@ Event RunningBackend::reduce_scatter(const OpDesc& d, engine::Group& g, Buf& inp
   if (device_mesh_) {
     // NCCL's pre-multiplied sum: each rank's input is scaled by 1/divisor inside the
     // reduction (FSDP2's gradient divide factor), so the copy-out only casts and accumulates.
-    // The divisor is the one the engine's copy-out asks for (checked there). Ordered after the
-    // copy-in by the stream.
+    // The divisor is the one the engine's copy-out asks for (checked there). 16-bit reductions
+    // sum here and divide in the copy-out: NCCL would round 1/divisor to the reduce dtype
+    // (1/3 -> 0.3340 in bf16) before the sum, where the host path divides in f32. Ordered
+    // after the copy-in by the stream.
+    const bool premul = I.reduce_dtype == DType::f32 || I.reduce_dtype == DType::f64;
     const double divisor =
         g.divide_factor > 0 ? g.divide_factor : static_cast<double>(I.world) * I.replicate;
     if (prescaled_.size() <= static_cast<std::size_t>(g.id))
       prescaled_.resize(static_cast<std::size_t>(g.id) + 1, 0.0);
-    prescaled_[static_cast<std::size_t>(g.id)] = divisor;
+    prescaled_[static_cast<std::size_t>(g.id)] = premul ? divisor : 0.0;
     use(input, d.stream);
     use(output, d.stream);
-    return done(
-        d, p.rs_comm().reduce_scatter_divided(mem(input).tensor.data(), mem(output).tensor.data(),
-                                              static_cast<std::size_t>(I.shard_numel),
-                                              I.reduce_dtype, divisor, stream(g, d.stream)));
+    void* in = mem(input).tensor.data();
+    void* out = mem(output).tensor.data();
+    const auto n = static_cast<std::size_t>(I.shard_numel);
+    return done(d, premul ? p.rs_comm().reduce_scatter_divided(in, out, n, I.reduce_dtype, divisor,
+                                                               stream(g, d.stream))
+                          : p.rs_comm().reduce_scatter(in, out, n, I.reduce_dtype,
+                                                       comm::ReduceOp::sum, stream(g, d.stream)));
   }
   exec(d.stream).fence();  // the copy-in before it
   return done(
@@ -624,11 +630,14 @@ Event RunningBackend::compute(const OpDesc& d, graph::Module& m, engine::Phase p
   const auto& cb = phase == engine::Phase::forward ? m.forward_callback() : m.backward_callback();
   if (cb && device_mesh_) {
     // The callback enqueues its kernels on the compute stream (after the copy-outs there); the
-    // event recorded after them orders the reduce-scatter stream. No host synchronisation.
+    // event recorded after them orders the reduce-scatter stream. No host synchronisation. It
+    // runs here, not inside the stream's submit, so that its exception leaves forward() /
+    // backward() at once, as on the host (a submit keeps it in the Work until a later test).
     const auto t0 = std::chrono::steady_clock::now();
     const std::string name = m.fqn().empty() ? "<root>" : m.fqn();
     const std::string what = (phase == engine::Phase::forward ? "fwd(" : "bwd(") + name + ")";
-    Event e = done(d, dstream(StreamKind::compute).submit(what, [&] { cb(m); }));
+    cb(m);
+    Event e = done(d, dstream(StreamKind::compute).submit(what, [] {}));
     if (compute_recorder) compute_recorder(what, t0, std::chrono::steady_clock::now());
     return e;
   }
