@@ -2,6 +2,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <cmath>
+#include <deque>
 #include <set>
 #include <unordered_set>
 
@@ -11,6 +12,23 @@
 #include "fullshard/tensor/staging.hpp"
 
 namespace fullshard::optim {
+
+namespace detail {
+struct DeviceExec {
+#if defined(KOKKOS_ENABLE_CUDA)
+  std::deque<std::pair<void*, Kokkos::Cuda>> instances;  // references stay valid
+  // The instance on `stream` (nullptr: Kokkos' default instance).
+  const Kokkos::Cuda& on(void* stream) {
+    for (const auto& [s, exec] : instances)
+      if (s == stream) return exec;
+    instances.emplace_back(stream, stream == nullptr
+                                       ? Kokkos::Cuda()
+                                       : Kokkos::Cuda(static_cast<cudaStream_t>(stream)));
+    return instances.back().second;
+  }
+#endif
+};
+}  // namespace detail
 
 namespace {
 
@@ -36,13 +54,14 @@ void* stream_of(graph::Parameter& p) {
 
 // A copy of `t` in `space`, copied on `stream` (after the kernels enqueued there).
 Tensor copy_of(const Tensor& t, MemorySpace space, void* stream, const std::string& what) {
-  Tensor out = space == MemorySpace::host && t.space() == MemorySpace::device
-                   ? detail::pinned_host_tensor(t.shape(), t.dtype(), "fullshard::optim_state")
-                   : Tensor::empty(t.shape(), t.dtype(), space, "fullshard::optim_state");
+  Tensor out =
+      space == MemorySpace::host && t.space() == MemorySpace::device
+          ? ::fullshard::detail::pinned_host_tensor(t.shape(), t.dtype(), "fullshard::optim_state")
+          : Tensor::empty(t.shape(), t.dtype(), space, "fullshard::optim_state");
   if (t.space() == MemorySpace::host && space == MemorySpace::host)
     copy_bytes(out, t);
   else
-    detail::copy_on_stream(out, t, stream, what);
+    ::fullshard::detail::copy_on_stream(out, t, stream, what);
   return out;
 }
 
@@ -51,17 +70,18 @@ Tensor copy_of(const Tensor& t, MemorySpace space, void* stream, const std::stri
 // the host otherwise (the host path's code and speed, bit for bit).
 template <class Kernel>
 void for_each_element(const char* label, const Kernel& k, std::int64_t n, MemorySpace space,
-                      void* stream) {
+                      void* stream, detail::DeviceExec& execs) {
 #if defined(KOKKOS_ENABLE_CUDA)
   if (space == MemorySpace::device) {
     if (n == 0) return;
-    const Kokkos::Cuda exec(static_cast<cudaStream_t>(stream));
     Kokkos::parallel_for(
-        label, Kokkos::RangePolicy<Kokkos::Cuda, Kokkos::IndexType<std::int64_t>>(exec, 0, n), k);
+        label,
+        Kokkos::RangePolicy<Kokkos::Cuda, Kokkos::IndexType<std::int64_t>>(execs.on(stream), 0, n),
+        k);
     return;
   }
 #else
-  (void)label, (void)space, (void)stream;
+  (void)label, (void)space, (void)stream, (void)execs;
 #endif
   for (std::int64_t e = 0; e < n; ++e)
     k(e);
@@ -124,7 +144,8 @@ struct SumSqKernel {
 
 }  // namespace
 
-Optimizer::Optimizer(std::vector<graph::Parameter*> params) : params_(std::move(params)) {
+Optimizer::Optimizer(std::vector<graph::Parameter*> params)
+    : params_(std::move(params)), exec_(std::make_shared<detail::DeviceExec>()) {
   std::unordered_set<const graph::Parameter*> seen;
   for (const graph::Parameter* p : params_) {
     if (p == nullptr) throw InvalidArgument("optimizer: null parameter in the list");
@@ -199,7 +220,7 @@ void Optimizer::zero_grad() {
         throw InvalidArgument("optimizer: zero_grad of " + pname(*p) +
                               ": device gradients must be f32");
       for_each_element("fullshard::optim::zero_grad", ScaleKernel{g.data_as<float>(), 0.0},
-                       g.numel(), g.space(), stream_of(*p));
+                       g.numel(), g.space(), stream_of(*p), *exec_);
     }
   }
 }
@@ -351,7 +372,7 @@ void SGD::update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& s
                     weight_decay_,
                     nesterov_,
                     fresh};
-  for_each_element("fullshard::optim::SGD", k, grad.numel(), grad.space(), stream());
+  for_each_element("fullshard::optim::SGD", k, grad.numel(), grad.space(), stream(), device_exec());
 }
 
 // ---- AdamW ----------------------------------------------------------------------------------
@@ -391,7 +412,8 @@ void AdamW::update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>&
                       eps_,
                       lr / bc1,
                       bc2_sqrt};
-  for_each_element("fullshard::optim::AdamW", k, grad.numel(), grad.space(), stream());
+  for_each_element("fullshard::optim::AdamW", k, grad.numel(), grad.space(), stream(),
+                   device_exec());
 }
 
 // ---- clip_grad_norm -------------------------------------------------------------------------
@@ -425,10 +447,11 @@ double clip_grad_norm(const std::vector<graph::Parameter*>& params, double max_n
   }
 #if defined(KOKKOS_ENABLE_CUDA)
   void* stream = mesh.compute_stream().native_handle();
+  detail::DeviceExec execs;  // the instance on the compute stream, for this call
   if (!on_device.empty()) {
     // One sum of squares per gradient into a device array (asynchronous, on the compute
     // stream after the backward), then one copy of that array to the host: the only wait.
-    const Kokkos::Cuda exec(static_cast<cudaStream_t>(stream));
+    const Kokkos::Cuda& exec = execs.on(stream);
     Kokkos::View<double*, Kokkos::CudaSpace> sums(
         Kokkos::view_alloc(exec, std::string("fullshard::clip_grad_norm")), on_device.size());
     for (std::size_t i = 0; i < on_device.size(); ++i) {
@@ -460,7 +483,7 @@ double clip_grad_norm(const std::vector<graph::Parameter*>& params, double max_n
 #if defined(KOKKOS_ENABLE_CUDA)
       if (g.space() == MemorySpace::device) {
         for_each_element("fullshard::clip_grad_norm::scale", ScaleKernel{g.data_as<float>(), coef},
-                         g.numel(), g.space(), stream);
+                         g.numel(), g.space(), stream, execs);
         continue;
       }
 #endif

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,13 @@
 #include "fullshard/tensor/tensor.hpp"
 
 namespace fullshard::optim {
+
+namespace detail {
+/// The device execution-space instances an optimizer launches on, one per stream, created on
+/// first use and kept (a Kokkos::Cuda instance allocates its scratch memory when created).
+/// Defined in lib/optim/optimizer.cpp.
+struct DeviceExec;
+}  // namespace detail
 
 /// Base class: holds the parameters, the step count and per-parameter state tensors (named
 /// by the subclass, allocated on a parameter's first update with its local shard's shape).
@@ -77,6 +85,8 @@ class Optimizer {
   /// During update(): the cudaStream_t device kernels of that parameter go on (the compute
   /// stream of its FSDP mesh; nullptr for host shards and outside FSDP).
   void* stream() const noexcept { return stream_; }
+  /// The instances device kernels are launched on (see detail::DeviceExec).
+  detail::DeviceExec& device_exec() const noexcept { return *exec_; }
 
  private:
   std::int64_t checked_step(const std::map<std::string, Tensor>& state,
@@ -86,6 +96,7 @@ class Optimizer {
   std::vector<std::vector<Tensor>> state_;  // per parameter: empty until first update
   std::int64_t step_ = 0;
   void* stream_ = nullptr;
+  std::shared_ptr<detail::DeviceExec> exec_;
 };
 
 /// torch.optim.SGD (dampening 0): g = grad + weight_decay * p; with momentum,
