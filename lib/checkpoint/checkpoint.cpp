@@ -27,6 +27,7 @@
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/runtime/settings.hpp"
+#include "fullshard/tensor/staging.hpp"
 #include "lib/checkpoint/io.hpp"
 
 namespace fullshard::checkpoint {
@@ -253,12 +254,11 @@ std::vector<Entry> collect(graph::Module& model, const optim::Optimizer* opt) {
   return out;
 }
 
-// Host bytes of a tensor (a staging copy for device tensors).
-Tensor host_view(const Tensor& t) {
-  if (t.space() == MemorySpace::host || t.numel() == 0) return t;
-  Tensor h = Tensor::empty(t.shape(), t.dtype(), MemorySpace::host, "checkpoint.stage");
-  copy_bytes(h, t);
-  return h;
+// Host bytes of the tensors to save: device shards (and their optimizer state) are copied on
+// the mesh's compute stream (after the optimizer's kernels) into one reused pinned buffer.
+using Stager = ::fullshard::detail::HostStager;
+Stager stager(const DeviceMesh& mesh) {
+  return Stager(mesh.compute_stream().native_handle());
 }
 
 json shard_json(const std::string& name, const ShardInfo& s) {
@@ -336,11 +336,12 @@ std::string save_sharded(const Comm& c, const DeviceMesh& mesh, std::vector<Entr
     const std::string name = rank_file(shard_rank);
     detail::DataFileWriter w(detail::join(pending.tmp, name), index.block_bytes, fault);
     json shards = json::array();
+    Stager stage = stager(mesh);
     for (const Entry& e : entries) {
       if (e.info.placement.is_replicate() && mesh.rank() != 0) continue;  // one copy suffices
       if (e.layout.local_numel() == 0) continue;
       fault.maybe_throw("prepare_tensor");
-      const Tensor h = host_view(e.local);
+      const Tensor h = stage.host_of(e.local, "checkpoint::save: '" + e.info.name + "'");
       ShardInfo s;
       s.global_offset = e.layout.global_offset;
       s.shape = e.layout.local_shape;
@@ -477,6 +478,7 @@ std::string save_full(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>&
     t.shards.push_back(std::move(s));
   };
   detail::ByteBuffer full, piece;  // rank 0: grown, never zero-filled
+  Stager stage = stager(mesh);
   for (std::size_t i = 0; row && !stopped && i < entries.size(); ++i) {
     const Entry& e = entries[i];
     TensorInfo& t = index.tensors[i];
@@ -485,7 +487,7 @@ std::string save_full(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>&
       if (row->rank == 0 && !err)
         err = attempt([&] {
           fault.maybe_throw("prepare_tensor");
-          append(host_view(e.local).data(), t);
+          append(stage.host_of(e.local, "checkpoint::save: '" + e.info.name + "'").data(), t);
         });
       continue;
     }
@@ -494,7 +496,8 @@ std::string save_full(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>&
     if (!err)
       err = attempt([&] {
         fault.maybe_throw("prepare_tensor");
-        if (e.layout.local_numel() > 0) h = host_view(e.local);
+        if (e.layout.local_numel() > 0)
+          h = stage.host_of(e.local, "checkpoint::save: '" + e.info.name + "'");
         if (row->rank != 0) return;
         std::uint64_t piece_bytes = 0;
         const std::vector<std::int64_t> zero(t.global_shape.size(), 0);
@@ -774,7 +777,10 @@ LoadTargets allocate(const LoadPlan& plan, graph::Module& model,
       std::memset(base + covered * es, 0, static_cast<std::size_t>(fresh.numel() - covered) * es);
     out.groups.push_back({g, std::move(fresh)});
   }
-  auto staging = [](const TensorInfo& t, const ShardLayout& l) {
+  // Host memory to read into; pinned for a device shard (copied there at commit).
+  auto staging = [](const TensorInfo& t, const ShardLayout& l, MemorySpace target) {
+    if (target == MemorySpace::device)
+      return ::fullshard::detail::pinned_host_tensor(l.local_shape, t.dtype, "checkpoint.load");
     Tensor s = Tensor::empty(l.local_shape, t.dtype, MemorySpace::host, "checkpoint.load");
     advise_huge_pages(s);
     return s;
@@ -788,7 +794,7 @@ LoadTargets allocate(const LoadPlan& plan, graph::Module& model,
     const TensorInfo* t = plan.by_name.at(name);
     auto it = slot_of.find(p);
     if (it == slot_of.end()) {
-      out.staged[p] = staging(*t, st.layout);
+      out.staged[p] = staging(*t, st.layout, st.local.space());
       out.params.push_back({p, t, st.layout, std::string::npos, 0});
     } else {
       out.params.push_back({p, t, st.layout, it->second.first, it->second.second});
@@ -796,7 +802,7 @@ LoadTargets allocate(const LoadPlan& plan, graph::Module& model,
   }
   for (const LoadPlan::State& s : plan.states) {
     const ShardLayout& l = sd.at(s.param).layout;
-    out.opt_state[s.key] = staging(*s.tensor, l);
+    out.opt_state[s.key] = staging(*s.tensor, l, sd.at(s.param).local.space());
     out.state_reads.emplace_back(s.tensor, l);
     out.state_keys.push_back(s.key);
   }
@@ -827,11 +833,16 @@ std::uint64_t read_shards(const LoadPlan& plan, const std::string& step_dir, Loa
 
 // Everything is read and checked on every rank: swap the new storage in, copy the few staged
 // parameters, hand the optimizer its state. Nothing here can fail halfway.
-void commit(LoadTargets& targets, optim::Optimizer* optimizer) {
+// Device shards are copied from their pinned staging on `stream` (the compute stream).
+void commit(LoadTargets& targets, optim::Optimizer* optimizer, void* stream) {
   for (GroupTarget& t : targets.groups)
     t.group->adopt_sharded_storage(std::move(t.storage));
   for (const auto& [p, t] : targets.staged)
-    copy_bytes(p->data(), t);
+    if (p->data().space() == MemorySpace::host)
+      copy_bytes(p->data(), t);
+    else
+      ::fullshard::detail::copy_on_stream(p->data(), t, stream,
+                                          "checkpoint::load: '" + p->fqn() + "'");
   if (optimizer) optimizer->load_state_dict(std::move(targets.opt_state));
 }
 
@@ -868,7 +879,7 @@ Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* opti
     out.kind = plan.index.kind;
   });
   agree(c, err, "checkpoint load");
-  commit(targets, optimizer);
+  commit(targets, optimizer, mesh.compute_stream().native_handle());
   return out;
 }
 

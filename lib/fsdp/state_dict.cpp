@@ -5,6 +5,7 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
+#include "fullshard/tensor/staging.hpp"
 #include "lib/fsdp/param_group.hpp"
 
 namespace fullshard::fsdp {
@@ -33,10 +34,18 @@ std::string relative(const graph::Module& m, const graph::Parameter& p) {
   return p.fqn().substr(prefix.size() + 1);
 }
 
-void* slot_of(const detail::ParamGroup& g, std::size_t i) {
+// Parameter i's slot in the group's sharded storage (host or device memory).
+Tensor slot_of(const detail::ParamGroup& g, std::size_t i) {
   const auto& mem = g.layout().members[i];
-  return static_cast<std::byte*>(g.sharded_storage().data()) +
-         static_cast<std::size_t>(mem.slot_offset) * dtype_size(g.orig_dtype());
+  return g.sharded_storage().flat_view(mem.slot_offset, mem.layout.local_shape);
+}
+
+// The stream device shards are read and written on: the mesh's compute stream (after the
+// optimizer's kernels); nullptr (unused) for host shards.
+void* stream_of(const detail::ParamGroup& g) {
+  return g.sharded_storage().space() == MemorySpace::device
+             ? g.mesh().compute_stream().native_handle()
+             : nullptr;
 }
 
 template <class Map>
@@ -52,13 +61,19 @@ void check_keys(graph::Module& module, const Map& state, const char* what) {
     if (!state.count(k)) throw InvalidArgument(std::string(what) + ": missing key '" + k + "'");
 }
 
+// `also`: a memory space accepted besides host memory (the shard's).
 void check_tensor(const Tensor& t, const Shape& shape, DType dtype, const std::string& key,
-                  const char* what) {
-  if (t.shape() != shape || t.dtype() != dtype || t.space() != MemorySpace::host ||
-      (!t.data() && t.numel() > 0))
+                  const char* what, MemorySpace also = MemorySpace::host) {
+  if (t.shape() != shape || t.dtype() != dtype || (!t.data() && t.numel() > 0))
     throw InvalidArgument(std::string(what) + ": '" + key + "' is a " + dtype_name(t.dtype()) +
                           " tensor of shape " + shape_string(t.shape()) + ", expected " +
                           dtype_name(dtype) + " " + shape_string(shape));
+  if (t.space() != MemorySpace::host && t.space() != also)
+    throw InvalidArgument(std::string(what) + ": '" + key + "' is in " +
+                          memory_space_name(t.space()) + " memory, expected host memory" +
+                          (also != MemorySpace::host ? std::string(" or the shard's ") +
+                                                           memory_space_name(also) + " memory"
+                                                     : std::string()));
 }
 
 void require_sharded(const detail::ParamGroup& g, const char* what) {
@@ -67,7 +82,7 @@ void require_sharded(const detail::ParamGroup& g, const char* what) {
                           " is unsharded or being gathered; call reshard() before loading");
 }
 
-// Copies this rank's shard of a full tensor into the group's slot.
+// Copies this rank's shard of a full host tensor into host memory at `slot`.
 void copy_shard(const Tensor& full, const ShardLayout& l, void* slot) {
   const std::size_t es = dtype_size(full.dtype());
   const std::int64_t D = l.global_shape[static_cast<std::size_t>(l.placement.dim())];
@@ -149,7 +164,8 @@ void load_sharded_state_dict(graph::Module& module,
         throw InvalidArgument(std::string(what) + ": '" + key + "' is " +
                               st.placement().to_string() + ", the parameter is sharded " +
                               l.placement.to_string());
-      check_tensor(st.local, l.local_shape, p->dtype(), key, what);
+      check_tensor(st.local, l.local_shape, p->dtype(), key, what,
+                   at.group->sharded_storage().space());
     } else {
       check_tensor(st.local, p->shape(), p->dtype(), key, what);
       check_tensor(p->data(), p->shape(), p->dtype(), key + "' (the parameter's own tensor)", what);
@@ -158,10 +174,16 @@ void load_sharded_state_dict(graph::Module& module,
   }
   for (auto& [p, st] : todo) {
     const Located at = locate(*p);
-    if (at.group)
-      std::memcpy(slot_of(*at.group, at.index), st->local.data(), st->local.nbytes());
-    else
+    if (at.group) {
+      const Tensor slot = slot_of(*at.group, at.index);
+      if (slot.space() == MemorySpace::host && st->local.space() == MemorySpace::host)
+        std::memcpy(slot.data(), st->local.data(), st->local.nbytes());
+      else  // a device shard: from host or device memory, ordered on the compute stream
+        ::fullshard::detail::copy_on_stream(slot, st->local, stream_of(*at.group),
+                                            std::string(what) + ": '" + p->fqn() + "'");
+    } else {
       copy_bytes(p->data(), st->local);
+    }
   }
 }
 
@@ -177,13 +199,28 @@ void load_full_state_dict(graph::Module& module, const std::map<std::string, Ten
     else
       check_tensor(p->data(), p->shape(), p->dtype(), key + "' (the parameter's own tensor)", what);
   }
+  Tensor stage;  // device shards: this rank's shard, cut out on the host (pinned), then copied
   for (auto* p : module.parameters()) {
     const Tensor& full = state.at(relative(module, *p));
     const Located at = locate(*p);
-    if (at.group)
-      copy_shard(full, at.group->layout().members[at.index].layout, slot_of(*at.group, at.index));
-    else
+    if (!at.group) {
       copy_bytes(p->data(), full);
+      continue;
+    }
+    const ShardLayout& l = at.group->layout().members[at.index].layout;
+    const Tensor slot = slot_of(*at.group, at.index);
+    if (slot.space() == MemorySpace::host) {
+      copy_shard(full, l, slot.data());
+      continue;
+    }
+    if (stage.nbytes() < slot.nbytes())
+      stage = ::fullshard::detail::pinned_host_tensor(
+          {static_cast<std::int64_t>((slot.nbytes() + 7) / 8)}, DType::f64, "fsdp.load_stage");
+    const Tensor host = Tensor::from_owner(stage.owner(), stage.data(), slot.shape(), slot.dtype(),
+                                           MemorySpace::host);
+    copy_shard(full, l, host.data());
+    ::fullshard::detail::copy_on_stream(slot, host, stream_of(*at.group),
+                                        std::string(what) + ": '" + p->fqn() + "'");
   }
 }
 

@@ -1,14 +1,34 @@
 #include "fullshard/optim/optimizer.hpp"
 
+#include <Kokkos_Core.hpp>
 #include <cmath>
+#include <deque>
 #include <set>
 #include <unordered_set>
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/stream.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
+#include "fullshard/tensor/staging.hpp"
 
 namespace fullshard::optim {
+
+namespace detail {
+struct DeviceExec {
+#if defined(KOKKOS_ENABLE_CUDA)
+  std::deque<std::pair<void*, Kokkos::Cuda>> instances;  // references stay valid
+  // The instance on `stream` (nullptr: Kokkos' default instance).
+  const Kokkos::Cuda& on(void* stream) {
+    for (const auto& [s, exec] : instances)
+      if (s == stream) return exec;
+    instances.emplace_back(stream, stream == nullptr
+                                       ? Kokkos::Cuda()
+                                       : Kokkos::Cuda(static_cast<cudaStream_t>(stream)));
+    return instances.back().second;
+  }
+#endif
+};
+}  // namespace detail
 
 namespace {
 
@@ -23,15 +43,109 @@ void check_hyper(bool ok, const std::string& what, double v) {
     throw InvalidArgument("optimizer: bad " + what + " " + std::to_string(v));
 }
 
-Tensor copy_of(const Tensor& t) {
-  Tensor out = Tensor::empty(t.shape(), t.dtype(), MemorySpace::host, "fullshard::optim_state");
-  copy_bytes(out, t);
+// The compute stream of the mesh `p` is sharded over (nullptr: host shard, or outside FSDP).
+void* stream_of(graph::Parameter& p) {
+  if (p.data().space() != MemorySpace::device) return nullptr;
+  for (graph::Module* m = &p.module(); m != nullptr; m = m->parent())
+    if (fsdp::FSDPModule* st = fsdp::fsdp_state(*m))
+      return st->mesh().compute_stream().native_handle();
+  return nullptr;
+}
+
+// A copy of `t` in `space`, copied on `stream` (after the kernels enqueued there).
+Tensor copy_of(const Tensor& t, MemorySpace space, void* stream, const std::string& what) {
+  Tensor out =
+      space == MemorySpace::host && t.space() == MemorySpace::device
+          ? ::fullshard::detail::pinned_host_tensor(t.shape(), t.dtype(), "fullshard::optim_state")
+          : Tensor::empty(t.shape(), t.dtype(), space, "fullshard::optim_state");
+  if (t.space() == MemorySpace::host && space == MemorySpace::host)
+    copy_bytes(out, t);
+  else
+    ::fullshard::detail::copy_on_stream(out, t, stream, what);
   return out;
 }
 
+// Runs the element-wise kernel `k` (k(e) for e in [0, n)) where `space` is: a Kokkos kernel
+// of the CUDA execution space on `stream` for device memory (asynchronous), a plain loop on
+// the host otherwise (the host path's code and speed, bit for bit).
+template <class Kernel>
+void for_each_element(const char* label, const Kernel& k, std::int64_t n, MemorySpace space,
+                      void* stream, detail::DeviceExec& execs) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if (space == MemorySpace::device) {
+    if (n == 0) return;
+    Kokkos::parallel_for(
+        label,
+        Kokkos::RangePolicy<Kokkos::Cuda, Kokkos::IndexType<std::int64_t>>(execs.on(stream), 0, n),
+        k);
+    return;
+  }
+#else
+  (void)label, (void)space, (void)stream, (void)execs;
+#endif
+  for (std::int64_t e = 0; e < n; ++e)
+    k(e);
+}
+
+// torch.optim.SGD's update of element e (see SGD in the header).
+struct SgdKernel {
+  float* w;
+  const float* g;
+  float* b;  // nullptr without momentum
+  double lr, momentum, weight_decay;
+  bool nesterov, fresh;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
+    double d = static_cast<double>(g[e]) + weight_decay * static_cast<double>(w[e]);
+    if (b != nullptr) {
+      const double buf = fresh ? d : momentum * static_cast<double>(b[e]) + d;
+      b[e] = static_cast<float>(buf);
+      d = nesterov ? d + momentum * buf : buf;
+    }
+    w[e] = static_cast<float>(static_cast<double>(w[e]) - lr * d);
+  }
+};
+
+// torch.optim.AdamW's update of element e (see AdamW in the header).
+struct AdamWKernel {
+  float* w;
+  const float* g;
+  float* m;
+  float* v;
+  double lr, weight_decay, beta1, beta2, eps, step_size, bc2_sqrt;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
+    const double gd = g[e];
+    double pw = static_cast<double>(w[e]) * (1.0 - lr * weight_decay);
+    const double md = beta1 * static_cast<double>(m[e]) + (1.0 - beta1) * gd;
+    const double vd = beta2 * static_cast<double>(v[e]) + (1.0 - beta2) * gd * gd;
+    m[e] = static_cast<float>(md);
+    v[e] = static_cast<float>(vd);
+    pw -= step_size * md / (::sqrt(vd) / bc2_sqrt + eps);
+    w[e] = static_cast<float>(pw);
+  }
+};
+
+// g[e] *= coef (rounded to f32), as clip_grad_norm's host path does through Tensor::set.
+struct ScaleKernel {
+  float* g;
+  double coef;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
+    g[e] = static_cast<float>(static_cast<double>(g[e]) * coef);
+  }
+};
+
+// Sum of g[e]^2 in double (clip_grad_norm on device gradients).
+struct SumSqKernel {
+  const float* g;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e, double& acc) const {
+    const double x = g[e];
+    acc += x * x;
+  }
+};
+
 }  // namespace
 
-Optimizer::Optimizer(std::vector<graph::Parameter*> params) : params_(std::move(params)) {
+Optimizer::Optimizer(std::vector<graph::Parameter*> params)
+    : params_(std::move(params)), exec_(std::make_shared<detail::DeviceExec>()) {
   std::unordered_set<const graph::Parameter*> seen;
   for (const graph::Parameter* p : params_) {
     if (p == nullptr) throw InvalidArgument("optimizer: null parameter in the list");
@@ -52,8 +166,10 @@ void Optimizer::step() {
     const Tensor& d = p->data();
     if (d.dtype() != DType::f32 || g.dtype() != DType::f32)
       throw InvalidArgument("optimizer: " + pname(*p) + ": data and gradient must be f32");
-    if (d.space() != MemorySpace::host || g.space() != MemorySpace::host)
-      throw InvalidArgument("optimizer: " + pname(*p) + ": tensors must be in host memory");
+    if (d.space() != g.space())
+      throw InvalidArgument("optimizer: " + pname(*p) + ": data in " +
+                            memory_space_name(d.space()) + " memory but gradient in " +
+                            memory_space_name(g.space()) + " memory");
     if (d.shape() != g.shape())
       throw InvalidArgument("optimizer: " + pname(*p) + ": gradient shape " +
                             shape_string(g.shape()) + " differs from the data's " +
@@ -69,28 +185,43 @@ void Optimizer::step() {
     if (state_[i].size() != ns || (ns > 0 && state_[i][0].shape() != p.data().shape())) {
       state_[i].clear();
       for (std::size_t s = 0; s < ns; ++s)
-        state_[i].push_back(Tensor::zeros(p.data().shape(), DType::f32, MemorySpace::host,
+        state_[i].push_back(Tensor::zeros(p.data().shape(), DType::f32, p.data().space(),
                                           "fullshard::optim_state"));
       fresh = true;
     }
+    stream_ = stream_of(p);
     update(p, g, state_[i], fresh, step_);
   }
+  stream_ = nullptr;
 }
 
 void Optimizer::zero_grad() {
   std::vector<fsdp::FSDPModule*> states;
   std::set<fsdp::FSDPModule*> seen;
-  for (graph::Parameter* p : params_) {
+  auto st_of = [](graph::Parameter& p) {
     fsdp::FSDPModule* st = nullptr;
-    for (graph::Module* m = &p->module(); m != nullptr && st == nullptr; m = m->parent())
+    for (graph::Module* m = &p.module(); m != nullptr && st == nullptr; m = m->parent())
       st = fsdp::fsdp_state(*m);
+    return st;
+  };
+  for (graph::Parameter* p : params_) {
+    fsdp::FSDPModule* st = st_of(*p);
     if (st != nullptr && seen.insert(st).second) states.push_back(st);
   }
   for (fsdp::FSDPModule* st : states)
     st->zero_grad();
   for (graph::Parameter* p : params_) {
     Tensor g = p->grad();
-    if (g.defined() && g.numel() > 0 && g.space() == MemorySpace::host) g.fill(0.0);
+    if (!g.defined() || g.numel() == 0) continue;
+    if (g.space() == MemorySpace::host) {
+      g.fill(0.0);
+    } else if (st_of(*p) == nullptr) {  // a device gradient outside FSDP (FSDP zeroed its own)
+      if (g.dtype() != DType::f32)
+        throw InvalidArgument("optimizer: zero_grad of " + pname(*p) +
+                              ": device gradients must be f32");
+      for_each_element("fullshard::optim::zero_grad", ScaleKernel{g.data_as<float>(), 0.0},
+                       g.numel(), g.space(), stream_of(*p), *exec_);
+    }
   }
 }
 
@@ -99,7 +230,9 @@ std::map<std::string, Tensor> Optimizer::state_dict() const {
   const std::vector<std::string> names = state_names();
   for (std::size_t i = 0; i < params_.size(); ++i)
     for (std::size_t s = 0; s < state_[i].size(); ++s)
-      out[params_[i]->fqn() + "." + names[s]] = copy_of(state_[i][s]);
+      out[params_[i]->fqn() + "." + names[s]] =
+          copy_of(state_[i][s], MemorySpace::host, stream_of(*params_[i]),
+                  "state_dict: '" + params_[i]->fqn() + "." + names[s] + "'");
   Tensor step = Tensor::zeros({1}, DType::f64);
   step.set(0, static_cast<double>(step_));
   out["step"] = step;
@@ -143,8 +276,13 @@ std::int64_t Optimizer::checked_step(const std::map<std::string, Tensor>& state,
     auto it = known.find(key);
     if (it == known.end()) throw InvalidArgument("load_state_dict: unexpected key '" + key + "'");
     const graph::Parameter& p = *params_[it->second.first];
-    if (t.dtype() != DType::f32 || t.space() != MemorySpace::host)
-      throw InvalidArgument("load_state_dict: key '" + key + "' must be an f32 host tensor");
+    if (t.dtype() != DType::f32 ||
+        (t.space() != MemorySpace::host && t.space() != p.data().space()))
+      throw InvalidArgument("load_state_dict: key '" + key + "' must be an f32 tensor in host " +
+                            "memory or in the shard's (" + memory_space_name(p.data().space()) +
+                            ") memory");
+    if (t.numel() > 0 && t.data() == nullptr)
+      throw InvalidArgument("load_state_dict: key '" + key + "' has no data");
     if (t.shape() != p.data().shape())
       throw InvalidArgument("load_state_dict: key '" + key + "' has shape " +
                             shape_string(t.shape()) + ", expected the local shard's " +
@@ -172,8 +310,10 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     state_[i].clear();
     if (!has_state[i]) continue;
+    graph::Parameter& p = *params_[i];
     for (const std::string& n : names)
-      state_[i].push_back(copy_of(state.at(params_[i]->fqn() + "." + n)));
+      state_[i].push_back(copy_of(state.at(p.fqn() + "." + n), p.data().space(), stream_of(p),
+                                  "load_state_dict: '" + p.fqn() + "." + n + "'"));
   }
   step_ = step;
 }
@@ -186,9 +326,16 @@ void Optimizer::load_state_dict(std::map<std::string, Tensor>&& state) {
   std::vector<std::vector<Tensor>> next(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (!has_state[i]) continue;
+    graph::Parameter& p = *params_[i];
     next[i].reserve(names.size());
-    for (const std::string& n : names)
-      next[i].push_back(std::move(state.at(params_[i]->fqn() + "." + n)));
+    for (const std::string& n : names) {
+      Tensor& t = state.at(p.fqn() + "." + n);
+      if (t.space() == p.data().space())
+        next[i].push_back(std::move(t));
+      else  // e.g. a checkpoint's host staging of a device shard's state
+        next[i].push_back(copy_of(t, p.data().space(), stream_of(p),
+                                  "load_state_dict: '" + p.fqn() + "." + n + "'"));
+    }
   }
   state_.swap(next);
   step_ = step;
@@ -217,19 +364,15 @@ std::vector<std::string> SGD::state_names() const {
 
 void SGD::update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state, bool fresh,
                  std::int64_t) {
-  float* w = p.data().data_as<float>();
-  const float* g = grad.data_as<float>();
-  float* b = state.empty() ? nullptr : state[0].data_as<float>();
-  const std::int64_t n = grad.numel();
-  for (std::int64_t e = 0; e < n; ++e) {
-    double d = static_cast<double>(g[e]) + weight_decay_ * static_cast<double>(w[e]);
-    if (b != nullptr) {
-      const double buf = fresh ? d : momentum_ * static_cast<double>(b[e]) + d;
-      b[e] = static_cast<float>(buf);
-      d = nesterov_ ? d + momentum_ * buf : buf;
-    }
-    w[e] = static_cast<float>(static_cast<double>(w[e]) - lr * d);
-  }
+  const SgdKernel k{p.data().data_as<float>(),
+                    grad.data_as<float>(),
+                    state.empty() ? nullptr : state[0].data_as<float>(),
+                    lr,
+                    momentum_,
+                    weight_decay_,
+                    nesterov_,
+                    fresh};
+  for_each_element("fullshard::optim::SGD", k, grad.numel(), grad.space(), stream(), device_exec());
 }
 
 // ---- AdamW ----------------------------------------------------------------------------------
@@ -255,25 +398,22 @@ std::vector<std::string> AdamW::state_names() const {
 
 void AdamW::update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state, bool,
                    std::int64_t step) {
-  float* w = p.data().data_as<float>();
-  const float* g = grad.data_as<float>();
-  float* m = state[0].data_as<float>();
-  float* v = state[1].data_as<float>();
   const double t = static_cast<double>(step);
   const double bc1 = 1.0 - std::pow(beta1_, t);
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(beta2_, t));
-  const double step_size = lr / bc1;
-  const std::int64_t n = grad.numel();
-  for (std::int64_t e = 0; e < n; ++e) {
-    const double gd = g[e];
-    double pw = static_cast<double>(w[e]) * (1.0 - lr * weight_decay_);
-    const double md = beta1_ * static_cast<double>(m[e]) + (1.0 - beta1_) * gd;
-    const double vd = beta2_ * static_cast<double>(v[e]) + (1.0 - beta2_) * gd * gd;
-    m[e] = static_cast<float>(md);
-    v[e] = static_cast<float>(vd);
-    pw -= step_size * md / (std::sqrt(vd) / bc2_sqrt + eps_);
-    w[e] = static_cast<float>(pw);
-  }
+  const AdamWKernel k{p.data().data_as<float>(),
+                      grad.data_as<float>(),
+                      state[0].data_as<float>(),
+                      state[1].data_as<float>(),
+                      lr,
+                      weight_decay_,
+                      beta1_,
+                      beta2_,
+                      eps_,
+                      lr / bc1,
+                      bc2_sqrt};
+  for_each_element("fullshard::optim::AdamW", k, grad.numel(), grad.space(), stream(),
+                   device_exec());
 }
 
 // ---- clip_grad_norm -------------------------------------------------------------------------
@@ -284,17 +424,51 @@ double clip_grad_norm(const std::vector<graph::Parameter*>& params, double max_n
     throw InvalidArgument("clip_grad_norm: max_norm must be finite and >= 0, got " +
                           std::to_string(max_norm));
   double local = 0.0;
-  for (const graph::Parameter* p : params) {
+  std::vector<graph::Parameter*> on_device;  // f32 device gradients: summed by kernels
+  for (graph::Parameter* p : params) {
     if (p == nullptr) throw InvalidArgument("clip_grad_norm: null parameter in the list");
     const Tensor& g = p->grad();
     if (!g.defined()) continue;
-    if (g.space() != MemorySpace::host)
-      throw InvalidArgument("clip_grad_norm: " + pname(*p) + ": gradient not in host memory");
+    if (g.space() != MemorySpace::host) {
+#if defined(KOKKOS_ENABLE_CUDA)
+      if (g.dtype() != DType::f32)
+        throw InvalidArgument("clip_grad_norm: " + pname(*p) + ": device gradient has dtype " +
+                              dtype_name(g.dtype()) + "; only f32 is supported");
+      on_device.push_back(p);
+      continue;
+#else
+      // A host-only Kokkos: "device" memory is host memory, read as on the host.
+#endif
+    }
     for (std::int64_t e = 0; e < g.numel(); ++e) {
       const double x = g.at(e);
       local += x * x;
     }
   }
+#if defined(KOKKOS_ENABLE_CUDA)
+  void* stream = mesh.compute_stream().native_handle();
+  detail::DeviceExec execs;  // the instance on the compute stream, for this call
+  if (!on_device.empty()) {
+    // One sum of squares per gradient into a device array (asynchronous, on the compute
+    // stream after the backward), then one copy of that array to the host: the only wait.
+    const Kokkos::Cuda& exec = execs.on(stream);
+    Kokkos::View<double*, Kokkos::CudaSpace> sums(
+        Kokkos::view_alloc(exec, std::string("fullshard::clip_grad_norm")), on_device.size());
+    for (std::size_t i = 0; i < on_device.size(); ++i) {
+      const float* g = on_device[i]->grad().data_as<const float>();
+      const std::int64_t n = on_device[i]->grad().numel();
+      Kokkos::parallel_reduce(
+          "fullshard::clip_grad_norm::sum_sq",
+          Kokkos::RangePolicy<Kokkos::Cuda, Kokkos::IndexType<std::int64_t>>(exec, 0, n),
+          SumSqKernel{g}, Kokkos::subview(sums, i));
+    }
+    auto host = Kokkos::create_mirror_view(Kokkos::HostSpace(), sums);
+    Kokkos::deep_copy(exec, host, sums);
+    exec.fence("fullshard::clip_grad_norm: the sums of squares");
+    for (std::size_t i = 0; i < on_device.size(); ++i)
+      local += host(i);
+  }
+#endif
   const std::string& dim = mesh.names().back();
   double total = 0.0;
   mesh.comm(dim, Channel::main)
@@ -306,6 +480,13 @@ double clip_grad_norm(const std::vector<graph::Parameter*>& params, double max_n
     for (graph::Parameter* p : params) {
       Tensor g = p->grad();
       if (!g.defined()) continue;
+#if defined(KOKKOS_ENABLE_CUDA)
+      if (g.space() == MemorySpace::device) {
+        for_each_element("fullshard::clip_grad_norm::scale", ScaleKernel{g.data_as<float>(), coef},
+                         g.numel(), g.space(), stream, execs);
+        continue;
+      }
+#endif
       for (std::int64_t e = 0; e < g.numel(); ++e)
         g.set(e, g.at(e) * coef);
     }

@@ -2,10 +2,15 @@
 // works on this rank's local shard of each parameter (Parameter::data()) from its local
 // sharded gradient (Parameter::grad()), so the optimizer state is sharded exactly like the
 // parameters and step() needs no communication. clip_grad_norm needs one all-reduce.
+// Device shards (fully_shard on a CUDA mesh) are updated by Kokkos kernels on the CUDA
+// execution space, enqueued on the mesh's compute stream (after the backward's gradients,
+// before the next forward's all-gathers, with no host synchronisation); host shards by the
+// same element-wise code in a loop on the host. The state lives where the shard lives.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,9 +20,17 @@
 
 namespace fullshard::optim {
 
+namespace detail {
+/// The device execution-space instances an optimizer launches on, one per stream, created on
+/// first use and kept (a Kokkos::Cuda instance allocates its scratch memory when created).
+/// Defined in lib/optim/optimizer.cpp.
+struct DeviceExec;
+}  // namespace detail
+
 /// Base class: holds the parameters, the step count and per-parameter state tensors (named
 /// by the subclass, allocated on a parameter's first update with its local shard's shape).
-/// Parameters must be f32 with host tensors; errors are InvalidArgument naming the parameter.
+/// Parameters must be f32, in host or device memory (the state is allocated in the same
+/// memory); errors are InvalidArgument naming the parameter.
 class Optimizer {
  public:
   /// `params`: e.g. root.parameters(). No null pointers, no duplicates, f32 only.
@@ -27,8 +40,10 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   /// One update of every parameter that has a gradient (others are skipped). Every
-  /// parameter is checked (gradient shape equals the shard's shape, f32, host) before any is
-  /// written. Not collective.
+  /// parameter is checked (gradient shape equals the shard's shape, f32, in the shard's
+  /// memory) before any is written. Device shards: kernels on the compute stream of the
+  /// parameter's FSDP mesh (the default stream outside FSDP); step() returns without waiting
+  /// for them. Not collective.
   void step();
   /// Drops the gradients: FSDPModule::zero_grad on the FSDP states owning the parameters;
   /// gradients of parameters outside any FSDP module are filled with zeros.
@@ -40,19 +55,23 @@ class Optimizer {
   /// Names of the per-parameter state tensors ("momentum_buffer", "exp_avg", ...).
   virtual std::vector<std::string> state_names() const = 0;
 
-  /// Copies of the state: "<fqn>.<state name>" for every parameter whose state exists (local
-  /// shard shape, f32), and "step" (f64, shape (1,)).
+  /// Copies of the state in host memory: "<fqn>.<state name>" for every parameter whose state
+  /// exists (local shard shape, f32; device state is copied after the kernels enqueued on the
+  /// compute stream), and "step" (f64, shape (1,)).
   std::map<std::string, Tensor> state_dict() const;
-  /// The state tensors themselves, keyed like state_dict() but without "step" (steps()): no
-  /// copy; valid until the next step() or load_state_dict(). Checkpoints are written from these.
+  /// The state tensors themselves (in the shard's memory), keyed like state_dict() but without
+  /// "step" (steps()): no copy; valid until the next step() or load_state_dict(). Checkpoints
+  /// are written from these (device state staged through pinned host memory).
   std::map<std::string, Tensor> state_views() const;
   /// Replaces the state (parameters absent from `state` lose theirs, as in torch). Checked
   /// before anything is written: "step" missing or not a non-negative integer, a key that
   /// names no parameter/state (unexpected), a parameter with only some of its state keys
-  /// (missing), a wrong shape or dtype: InvalidArgument naming the key.
+  /// (missing), a wrong shape or dtype, a tensor neither in host memory nor in the shard's:
+  /// InvalidArgument naming the key. Host tensors for a device shard are copied to the device.
   void load_state_dict(const std::map<std::string, Tensor>& state);
   /// The same, taking the state tensors instead of copying them (the caller must not use
-  /// them afterwards): checkpoint loads read straight into the tensors the optimizer keeps.
+  /// them afterwards): checkpoint loads read straight into the tensors the optimizer keeps
+  /// (tensors in another memory than the shard's are copied into the shard's memory).
   void load_state_dict(std::map<std::string, Tensor>&& state);
   /// load_state_dict's checks without writing anything: InvalidArgument as it would throw.
   void check_state_dict(const std::map<std::string, Tensor>& state) const;
@@ -63,6 +82,11 @@ class Optimizer {
   /// from 1.
   virtual void update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state,
                       bool fresh, std::int64_t step) = 0;
+  /// During update(): the cudaStream_t device kernels of that parameter go on (the compute
+  /// stream of its FSDP mesh; nullptr for host shards and outside FSDP).
+  void* stream() const noexcept { return stream_; }
+  /// The instances device kernels are launched on (see detail::DeviceExec).
+  detail::DeviceExec& device_exec() const noexcept { return *exec_; }
 
  private:
   std::int64_t checked_step(const std::map<std::string, Tensor>& state,
@@ -71,6 +95,8 @@ class Optimizer {
   std::vector<graph::Parameter*> params_;
   std::vector<std::vector<Tensor>> state_;  // per parameter: empty until first update
   std::int64_t step_ = 0;
+  void* stream_ = nullptr;
+  std::shared_ptr<detail::DeviceExec> exec_;
 };
 
 /// torch.optim.SGD (dampening 0): g = grad + weight_decay * p; with momentum,
@@ -115,6 +141,8 @@ class AdamW : public Optimizer {
 /// (local sums of squares, one f64 all-reduce over the mesh's last (shard) dim: under HSDP
 /// the replicate dim holds copies); every local gradient is scaled by
 /// min(1, max_norm / (norm + 1e-6)). Returns the norm. Collective over the shard dim.
+/// Device gradients (f32): sums of squares and the scaling are Kokkos kernels on the mesh's
+/// compute stream; the only host round trip is one copy of the per-parameter sums.
 /// Parameters without a gradient are skipped. InvalidArgument for a negative or non-finite
 /// max_norm.
 double clip_grad_norm(const std::vector<graph::Parameter*>& params, double max_norm,
