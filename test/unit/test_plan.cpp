@@ -934,8 +934,9 @@ TEST_CASE("cost model calibration on shared memory") {
     CHECK(std::isfinite(ab.alpha_ms));
     CHECK(ab.alpha_ms >= 0);
     CHECK(std::isfinite(ab.beta_ms_per_byte));
-    CHECK(ab.beta_ms_per_byte > 0);  // 2 MiB per rank takes longer than 4 KiB
-    // Measured, not the defaults.
+    // >= 0, not > 0: the fit clamps a negative slope, which a descheduled 4 KiB round on an
+    // oversubscribed machine can give (no timing assertion). Measured, not the defaults.
+    CHECK(ab.beta_ms_per_byte >= 0);
     CHECK(ab.beta_ms_per_byte != base.shm_collective(k, MeshDim::shard).beta_ms_per_byte);
     // The replicate dim was not measured.
     CHECK(c.shm_collective(k, MeshDim::replicate).beta_ms_per_byte ==
