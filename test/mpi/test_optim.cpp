@@ -33,16 +33,9 @@ int R() {
   return test::world_rank();
 }
 
-int salt(const std::string& fqn) {
-  int h = 7;
-  for (char c : fqn)
-    h = (h * 31 + static_cast<unsigned char>(c)) % 1000;
-  return h;
-}
-
 // Rank r's local gradient of element e of fqn at iteration k.
 double local_grad(int r, const std::string& fqn, std::int64_t e, int k) {
-  return test::sample(r, static_cast<std::size_t>(e), salt(fqn) + 1000 * k, true);
+  return test::sample(r, static_cast<std::size_t>(e), test::name_salt(fqn) + 1000 * k, true);
 }
 // The reduced gradient: mean over ranks, summed exactly and divided once in f32.
 float reduced_grad(const std::string& fqn, std::int64_t e, int k, int ranks) {

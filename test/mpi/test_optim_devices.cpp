@@ -37,13 +37,6 @@ int R() {
   return test::world_rank();
 }
 
-int salt(const std::string& fqn) {
-  int h = 7;
-  for (char c : fqn)
-    h = (h * 31 + static_cast<unsigned char>(c)) % 1000;
-  return h;
-}
-
 // Params (7,3) and (5,) in l0, (13,) in l1, every layer and the root fully_shard'ed on `mesh`.
 struct Model {
   std::unique_ptr<Module> root = Module::make_root("model");
@@ -63,7 +56,7 @@ struct Model {
           Tensor h = test::host_copy(p.grad());
           for (std::int64_t e = 0; e < h.numel(); ++e)
             h.set(e, h.at(e) + test::sample(R(), static_cast<std::size_t>(e),
-                                            salt(p.fqn()) + 1000 * k, true));
+                                            test::name_salt(p.fqn()) + 1000 * k, true));
           test::write_back(p.grad(), h);
         }
       });

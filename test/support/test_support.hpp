@@ -30,6 +30,14 @@ inline bool all_ranks(bool ok) {
   return all == 1;
 }
 
+/// A salt for sample() from a name (a parameter's FQN): different names, different values.
+inline int name_salt(const std::string& name) {
+  int h = 7;
+  for (char c : name)
+    h = (h * 31 + static_cast<unsigned char>(c)) % 1000;
+  return h;
+}
+
 /// A deterministic, non-trivial value for (rank, index, salt): integers in [-64, 64) scaled by
 /// a power of two, so sums over a few ranks are exact in every dtype when `exact` is true,
 /// and spread-out non-integers otherwise.
