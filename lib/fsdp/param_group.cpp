@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/tensor/staging.hpp"
 #include "lib/fsdp/running_backend.hpp"
 
 namespace fullshard::fsdp::detail {
@@ -50,12 +51,10 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
   const bool on_device = mesh.device_type() == DeviceType::cuda;
   const MemorySpace space = on_device ? MemorySpace::device : MemorySpace::host;
   space_ = space;
+  // CPUOffloadPolicy: the sharded parameters and gradients stay in host memory (on a CPU
+  // mesh they are host memory anyway: the policy changes nothing there).
+  shard_space_ = options.offload_policy ? MemorySpace::host : space;
   shm_ = on_device ? nullptr : mesh.shm(shard_dim);
-  if (on_device && options.offload_policy)
-    throw ConfigError("fully_shard(" + I.name + "): CPUOffloadPolicy on a CUDA mesh (" +
-                      mesh.describe() +
-                      ") is not implemented yet (issue 16, item 4); use a CPU mesh or no "
-                      "offload policy");
   if (!on_device && !shm_ && I.world > 1 && mesh.host_collectives() == HostCollectives::shm)
     throw ConfigError("fully_shard(" + I.name +
                       "): FULLSHARD_HOST_COLLECTIVES=shm, but the shard dim '" + shard_dim +
@@ -74,7 +73,7 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
                             "so give them separate fully_shard calls");
   I.param_dtype = options.mp_policy.param_dtype.value_or(I.orig_dtype);
   I.reduce_dtype = options.mp_policy.reduce_dtype.value_or(I.param_dtype);
-  offload_ = options.offload_policy;  // sharded state below is host memory either way
+  offload_ = options.offload_policy;
 
   layout_ = kernels::make_group_layout(layouts);
   I.shard_numel = layout_.shard_numel;
@@ -89,10 +88,18 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
   // may be host memory on any mesh (Parameter::init; copied to the device once, as FSDP2
   // moves CPU states to the mesh's device) or the mesh's own memory; device memory on a CPU
   // mesh is an error.
-  sharded_ = Tensor::zeros({layout_.shard_numel}, I.orig_dtype, space, "fsdp.sharded:" + I.name);
-  Tensor staging = on_device ? Tensor::zeros({layout_.shard_numel}, I.orig_dtype, MemorySpace::host,
-                                             "fsdp.staging:" + I.name)
-                             : sharded_;
+  // Under CPUOffloadPolicy the shards are host memory (pinned with pin_memory on a CUDA mesh)
+  // and take the initial values directly.
+  if (shard_space_ == MemorySpace::host) {
+    sharded_ = new_shard_tensor("fsdp.sharded:" + I.name);
+    std::memset(sharded_.data(), 0, sharded_.nbytes());
+  } else {
+    sharded_ = Tensor::zeros({layout_.shard_numel}, I.orig_dtype, space, "fsdp.sharded:" + I.name);
+  }
+  const bool stage = sharded_.space() != MemorySpace::host;
+  Tensor staging = stage ? Tensor::zeros({layout_.shard_numel}, I.orig_dtype, MemorySpace::host,
+                                         "fsdp.staging:" + I.name)
+                         : sharded_;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto* p = params_[i];
     const auto& m = layout_.members[i];
@@ -120,7 +127,7 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
                         static_cast<std::size_t>(m.slot_offset) * dtype_size(I.orig_dtype));
     }
   }
-  if (on_device) copy_bytes(sharded_, staging);
+  if (stage) copy_bytes(sharded_, staging);
   set_reshard_after_forward(options.reshard_after_forward);
   show_sharded();
 }
@@ -131,6 +138,23 @@ ParamGroup::~ParamGroup() {
       engine_.gather_done.work.wait();  // the collective writes into the gather buffer
     } catch (...) {                     // a destructor only cleans up
     }
+  }
+}
+
+Tensor ParamGroup::new_shard_tensor(const std::string& label) const {
+  const Shape shape{layout_.shard_numel};
+  const DType t = engine_.info.orig_dtype;
+  if (!offload_pinned()) return Tensor::empty(shape, t, shard_space_, label);
+  try {
+    return ::fullshard::detail::pinned_host_tensor(shape, t, label);
+  } catch (const std::exception& e) {
+    const std::size_t bytes = static_cast<std::size_t>(layout_.shard_numel) * dtype_size(t);
+    throw ConfigError("fully_shard(" + name() +
+                      "): CPUOffloadPolicy(pin_memory=true) could not allocate " +
+                      std::to_string(bytes) + " bytes of page-locked host memory for '" + label +
+                      "' (" + e.what() +
+                      "); give the offload policy pin_memory=false (pageable memory, copies "
+                      "that block the host) or raise the locked-memory limit");
   }
 }
 
@@ -269,10 +293,16 @@ Tensor ParamGroup::gather_full() {
   // Device shards: the optimizer (or any user kernel) may still be writing them on the
   // compute stream; this cold path (state dicts, checkpoints) waits for the whole device.
   if (space != MemorySpace::host) Kokkos::fence();
+  if (offloaded()) {
+    // Host shards (CPUOffloadPolicy): the collective and the copy-out run on the device.
+    gathered = Tensor::empty({gsn}, od, space, "fsdp.full_shard:" + name());
+    copy_bytes(gathered, sharded_);
+  }
+  const Tensor shard = gathered;
   if (W > 1) {
     gathered = Tensor::empty({W * gsn}, od, space, "fsdp.full_gather");
     comm::Stream& s = mesh_.device_stream(Channel::all_gather);
-    ag_comm_->all_gather(sharded_.data(), gathered.data(), static_cast<std::size_t>(gsn), od, s)
+    ag_comm_->all_gather(shard.data(), gathered.data(), static_cast<std::size_t>(gsn), od, s)
         .wait();
   }
   kernels::run_copies(copy_out_, gathered.data(), od, arena.data(), od);
@@ -308,8 +338,7 @@ void ParamGroup::ensure_sharded_grads() {
     return;
   }
   spare_grads_ = Tensor();
-  sharded_grads_ = Tensor::empty({layout_.shard_numel}, engine_.info.orig_dtype, space_,
-                                 "fsdp.grads:" + engine_.info.name);
+  sharded_grads_ = new_shard_tensor("fsdp.grads:" + engine_.info.name);
 }
 
 std::string ParamGroup::adopt_problem(const Tensor& storage) const {
@@ -324,7 +353,18 @@ std::string ParamGroup::adopt_problem(const Tensor& storage) const {
 }
 
 void ParamGroup::adopt_sharded_storage(Tensor storage) {
-  sharded_ = std::move(storage);
+  if (offload_pinned() && storage.data() != sharded_.data() &&
+      !::fullshard::detail::is_pinned_host(storage.data())) {
+    // Pageable memory (a checkpoint load's) under pin_memory: the values go into the pinned
+    // storage, once the device has finished reading it (a forward's copy-ins on the
+    // all-gather stream, copy-outs on the compute stream). A cold path: these two streams are
+    // synchronised, not the device.
+    mesh_.device_stream(Channel::all_gather).synchronize();
+    mesh_.compute_stream().synchronize();
+    std::memcpy(sharded_.data(), storage.data(), sharded_.nbytes());
+  } else {
+    sharded_ = std::move(storage);
+  }
   show_sharded();
 }
 

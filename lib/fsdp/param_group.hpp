@@ -77,9 +77,19 @@ class ParamGroup {
   DType param_dtype() const noexcept { return engine_.info.param_dtype; }
   DType reduce_dtype() const noexcept { return engine_.info.reduce_dtype; }
   bool offload_to_cpu() const noexcept { return offload_.has_value(); }
-  /// Where the group's shards, gradients and unsharded buffers live: device memory on a CUDA
-  /// mesh, host memory on a CPU mesh.
+  /// Where the group's unsharded parameters, unsharded gradients and communication buffers
+  /// live: device memory on a CUDA mesh, host memory on a CPU mesh.
   MemorySpace space() const noexcept { return space_; }
+  /// Where its sharded parameters and sharded gradients (and so the optimizer state) live:
+  /// space(), or host memory under CPUOffloadPolicy.
+  MemorySpace shard_space() const noexcept { return shard_space_; }
+  /// CPUOffloadPolicy on a CUDA mesh: host shards around device collectives (the running
+  /// backend copies them host-to-device before the all-gather and the reduced gradient
+  /// shard device-to-host after the reduce-scatter).
+  bool offloaded() const noexcept { return space_ != shard_space_; }
+  /// offloaded() with pin_memory: the shards and sharded gradients are page-locked, so the
+  /// device kernels read and write them in place (no staging copy).
+  bool offload_pinned() const noexcept { return offloaded() && offload_->pin_memory; }
 
   engine::Group& engine() noexcept { return engine_; }
   const engine::Group& engine() const noexcept { return engine_; }
@@ -95,6 +105,9 @@ class ParamGroup {
 
   const Tensor& sharded_storage() const noexcept { return sharded_; }
   std::string adopt_problem(const Tensor& storage) const;
+  /// Under offload_pinned() a storage that is not page-locked (a checkpoint load's) is copied
+  /// into the group's pinned storage instead (after the device's last reads of it), so the
+  /// shards stay pinned.
   void adopt_sharded_storage(Tensor storage);
   /// The group's full parameters in their original dtype, in a fresh arena (layout order);
   /// one all-gather. Collective over the shard group.
@@ -145,6 +158,10 @@ class ParamGroup {
   kernels::CopyPlan copy_in_;
   DeviceMesh mesh_;
   MemorySpace space_ = MemorySpace::host;
+  MemorySpace shard_space_ = MemorySpace::host;
+  // New sharded storage or gradients (gsn elements, orig dtype, uninitialised) in
+  // shard_space_: page-locked under offload_pinned().
+  Tensor new_shard_tensor(const std::string& label) const;
   Tensor sharded_;        // gsn elements, orig dtype, padding zero (slot layout)
   Tensor sharded_grads_;  // gsn elements, orig dtype, or undefined
   Tensor spare_grads_;    // what drop_sharded_grads set aside, or undefined

@@ -7,6 +7,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/kernels/multi_source.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
+#include "fullshard/tensor/staging.hpp"
 #include "lib/fsdp/param_group.hpp"
 
 namespace fullshard::fsdp::detail {
@@ -80,6 +81,7 @@ comm::Stream& RunningBackend::dstream(StreamKind s) const {
 
 void RunningBackend::bind(const ParamGroup& g) {
   const DeviceMesh& m = g.mesh();
+  if (g.offloaded()) offloaded_ = true;
   if (bound_) {
     if (m.device_type() != device_type_)
       throw InvalidArgument("fully_shard: groups " + bound_group_ + " (a " +
@@ -118,6 +120,22 @@ void RunningBackend::gather_stream_after_compute() {
 void RunningBackend::use(const Buf& b, StreamKind s) {
   const Tensor& t = mem(b).tensor;
   if (pool.device && t.nbytes() > 0) pool.device->used_on(t, dstream(s));
+}
+
+Tensor RunningBackend::offload_staging(const ParamGroup& p, StreamKind s) {
+  if (!p.offloaded() || p.offload_pinned()) return Tensor();
+  return device_pool_->acquire({p.layout().shard_numel}, p.orig_dtype(), dstream(s),
+                               "offload_staging", p.name());
+}
+
+void RunningBackend::offload_copy(const ParamGroup& p, void* dst, const void* src, StreamKind s,
+                                  const char* what) {
+  ::fullshard::detail::copy_async(
+      dst, src, static_cast<std::size_t>(p.layout().shard_numel) * dtype_size(p.orig_dtype()),
+      dstream(s).native_handle(), [&] {
+        return std::string("CPUOffloadPolicy of group ") + p.name() + ": " + what + " on the " +
+               engine::stream_name(s) + " stream";
+      });
 }
 
 Event RunningBackend::done(const OpDesc& d, comm::Work w) {
@@ -271,7 +289,14 @@ Event RunningBackend::gather_copy_in(const OpDesc& d, engine::Group& g, Buf& dst
   const kernels::ExecStream& on = exec(d.stream);
   if (device_mesh_) {
     gather_stream_after_compute();
+    // CPUOffloadPolicy: the cast kernel reads pinned host shards in place (the H2D is fused
+    // into the copy-in); pageable ones are copied into a device staging buffer first.
+    const Tensor staged = offload_staging(p, d.stream);
     Event e = device_op(d, g, [&] {
+      if (staged.data()) {
+        offload_copy(p, staged.data(), from, d.stream, "host-to-device copy of the shard");
+        from = staged.data();
+      }
       kernels::cast_copy(on, from, I.orig_dtype, to, I.param_dtype, I.shard_numel);
     });
     use(dst, d.stream);
@@ -327,9 +352,16 @@ Event RunningBackend::all_gather(const OpDesc& d, engine::Group& g, Buf& dst, bo
       win.publish(ShmGroupState::kPublished, round);
     });
   }
-  const void* send = in_place ? bytes(mem(dst).tensor) + static_cast<std::size_t>(I.rank) * gsn *
-                                                             dtype_size(I.param_dtype)
-                              : p.sharded().data();
+  void* own =
+      bytes(mem(dst).tensor) + static_cast<std::size_t>(I.rank) * gsn * dtype_size(I.param_dtype);
+  const void* send = in_place ? own : p.sharded().data();
+  if (device_mesh_ && !in_place && p.offloaded()) {
+    // CPUOffloadPolicy without a cast: NCCL sends device memory, so the host shard is copied
+    // (cudaMemcpyAsync, DMA from pinned memory) into this rank's slot of the all-gather
+    // buffer on the all-gather stream, and the all-gather runs in place after it.
+    offload_copy(p, own, send, d.stream, "host-to-device copy of the shard");
+    send = own;
+  }
   return done(d, p.ag_comm().all_gather(send, mem(dst).tensor.data(), gsn, I.param_dtype, s));
 }
 
@@ -365,13 +397,20 @@ Event RunningBackend::gather_copy_out(const OpDesc& d, engine::Group& g, const B
   }
   const void* from = src ? mem(*src).tensor.data() : p.sharded().data();
   if (device_mesh_) {
-    // Copy-out (and the kept slice) as kernels on the operation's stream.
+    // Copy-out (and the kept slice) as kernels on the operation's stream. Without a gather
+    // buffer (one rank, no cast) the kernel reads the shards themselves: pinned host shards
+    // (CPUOffloadPolicy) in place, pageable ones after a copy into a device staging buffer.
     void* to = mem(arena).tensor.data();
     void* kept = keep ? mem(*keep).tensor.data() : nullptr;
     const std::size_t block = keep ? keep->bytes : 0;
     const int k = g.reshard_after_forward;
     const kernels::ExecStream& on = exec(d.stream);
+    const Tensor staged = src ? Tensor() : offload_staging(p, d.stream);
     Event e = device_op(d, g, [&] {
+      if (staged.data()) {
+        offload_copy(p, staged.data(), from, d.stream, "host-to-device copy of the shard");
+        from = staged.data();
+      }
       kernels::run_copies(p.copy_out_plan(), from, I.param_dtype, to, I.param_dtype, on);
       if (kept)
         kernels::cast_copy(
@@ -609,9 +648,20 @@ Event RunningBackend::reduce_copy_out(const OpDesc& d, engine::Group& g, const B
       if (pre > 0) rest = divisor / pre;
       pre = 0.0;
     }
+    // CPUOffloadPolicy: the kernel writes (and accumulates into) pinned host gradients in
+    // place (the D2H is fused into the copy-out); pageable ones go through a device staging
+    // buffer: the old gradients in (when accumulating), the kernel, the result out (a copy
+    // into pageable memory returns once done: the host blocks here, as FSDP2's).
+    const Tensor staged = offload_staging(p, d.stream);
+    void* out = staged.data() ? staged.data() : to.data();
     Event e = device_op(d, g, [&] {
-      kernels::reduce_copy_out(on, from.data(), I.reduce_dtype, to.data(), I.orig_dtype,
-                               I.shard_numel, rest, acc);
+      if (staged.data() && acc)
+        offload_copy(p, out, to.data(), d.stream, "host-to-device copy of the sharded gradients");
+      kernels::reduce_copy_out(on, from.data(), I.reduce_dtype, out, I.orig_dtype, I.shard_numel,
+                               rest, acc);
+      if (staged.data())
+        offload_copy(p, to.data(), out, d.stream,
+                     "device-to-host copy of the reduced gradient shard");
     });
     use(src, d.stream);
     return e;
@@ -659,11 +709,26 @@ void RunningBackend::host_wait(const OpDesc& d, const std::vector<Event>& events
   if (device_mesh_) {
     // FSDP2's wait for the reductions on the device: the compute stream waits for their
     // events (cudaStreamWaitEvent), the host only re-raises errors already known.
+    // CPUOffloadPolicy (FSDP2's finalize_backward synchronising its grad offload events): the
+    // host also blocks until the reduced gradient shards are in host memory, before anything
+    // on the host reads them (clip_grad_norm, the optimizer step on the host shards), and
+    // until the all-gather stream has passed its last read of the host shards (a prefetch
+    // that backward did not use), before the host optimizer writes them.
     std::exception_ptr first;
     for (const Event& e : events) {
       try {
-        e.work.test();
+        if (offloaded_)
+          e.work.wait();
+        else
+          e.work.test();
         dstream(StreamKind::compute).wait(e.work.event());
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (offloaded_) {
+      try {
+        dstream(StreamKind::all_gather).record().synchronize();
       } catch (...) {
         if (!first) first = std::current_exception();
       }

@@ -9,6 +9,10 @@
 // events only (the engine's waits become cudaStreamWaitEvent); the host never blocks on a
 // collective or a kernel (no fence, no cudaDeviceSynchronize): its waits only re-raise errors
 // already known and order the compute stream.
+// CPUOffloadPolicy on a CUDA mesh: the shards and sharded gradients are host memory; their
+// host-to-device and device-to-host copies are part of the copy-in / copy-out operations (on
+// the all-gather and reduce-scatter streams), and the end of backward waits on the host for
+// the reduced gradient shards (FSDP2's finalize_backward), so the optimizer steps on the host.
 #pragma once
 
 #include <chrono>
@@ -143,6 +147,17 @@ class RunningBackend final : public engine::Backend {
                           const std::function<void()>& enqueue);
   // Declares that operation stream `s` uses `b` (the pool records a release event there).
   void use(const engine::Buf& b, engine::StreamKind s);
+  // ---- CPUOffloadPolicy on a CUDA mesh (host shards, device collectives) ----
+  // True when a group of this root is offloaded: the end of backward waits on the host.
+  bool offloaded_ = false;
+  // Pageable host shards (pin_memory=false): a device buffer of one group shard (orig dtype)
+  // from the root's pool for use on stream `s`, released (an event on `s`) with the returned
+  // tensor; outside the engine's accounting. Undefined for pinned or device shards, whose
+  // kernels read and write them in place.
+  Tensor offload_staging(const ParamGroup& p, engine::StreamKind s);
+  // One group shard (orig dtype) from `src` to `dst` on stream `s` (cudaMemcpyAsync).
+  void offload_copy(const ParamGroup& p, void* dst, const void* src, engine::StreamKind s,
+                    const char* what);
   // FSDP2's root pre-forward: the first all-gather-stream operation of an iteration waits for
   // the compute stream (what the user enqueued there since the last backward, e.g. an
   // optimizer step on the shards). Set at the end of backward.

@@ -51,16 +51,21 @@ struct MixedPrecisionPolicy {
 };
 
 /// FSDP2's CPUOffloadPolicy: the sharded parameters, their gradients and the optimizer state
-/// stay in host memory; only unsharded parameters and communication buffers live on the
-/// device. On the GPU path each step copies the group shard host-to-device before the
-/// all-gather (on the all-gather stream's copy, overlapped with compute) and the reduced
-/// gradient shard device-to-host after the reduce-scatter (on the reduce-scatter stream),
-/// and the optimizer steps on the host. `pin_memory` asks for page-locked host memory
-/// (cudaHostRegister) so that those copies are asynchronous DMA.
+/// stay in host memory; only unsharded parameters, unsharded gradients and communication
+/// buffers live on the device, where the collectives run. On a CUDA mesh the host-to-device
+/// copy of the shard is part of the all-gather copy-in (the cast kernel reads the pinned
+/// shard in place; without a cast the shard is copied into the gather buffer) on the
+/// all-gather stream, and the device-to-host copy of the reduced gradient shard is part of
+/// the reduce-scatter copy-out (the kernel writes the pinned gradients in place) on the
+/// reduce-scatter stream; the host waits for the gradients at the end of the last backward
+/// (FSDP2's), and the optimizer steps on the host. `pin_memory` gives page-locked host memory
+/// (Kokkos::CudaHostPinnedSpace), which the device kernels read and write directly; without
+/// it the shards are pageable and every copy goes through a device staging buffer and
+/// cudaMemcpyAsync, which blocks the host for the device-to-host copies (docs/gpu.md, "CPU
+/// offload on the GPU path").
 ///
-/// In this build the engine runs on the host (MPI), where sharded state is host memory
-/// already: the policy is accepted and validated, gives exactly the host path's results, and
-/// pin_memory has no effect (there is no device to copy to).
+/// On a CPU mesh sharded state is host memory already: the policy is accepted and validated,
+/// gives exactly the host path's results, and pin_memory has no effect.
 struct CPUOffloadPolicy {
   bool pin_memory = true;
 };

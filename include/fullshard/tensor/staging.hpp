@@ -61,6 +61,50 @@ inline void copy_on_stream(const Tensor& dst, const Tensor& src, void* stream,
   std::memcpy(dst.data(), src.data(), src.nbytes());
 }
 
+/// True when `p` points into page-locked host memory that the device can read and write
+/// (cudaHostAlloc / cudaHostRegister, e.g. pinned_host_tensor's): kernels may take it as
+/// their source or destination. False for pageable or device memory, and always false with
+/// a host-only Kokkos (there is no device).
+inline bool is_pinned_host(const void* p) noexcept {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if (p == nullptr) return false;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();  // clears the error of an unknown pointer (old runtimes)
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+#else
+  (void)p;
+  return false;
+#endif
+}
+
+/// Enqueues a copy of `bytes` bytes from `src` to `dst` (host or device, cudaMemcpyDefault)
+/// on `stream` (a cudaStream_t) and returns without waiting for the device: the copy runs
+/// after everything enqueued on `stream` before. Page-locked host memory is copied by DMA,
+/// fully asynchronously (the host must not touch it until the stream has passed the copy);
+/// with pageable host memory the CUDA runtime stages the bytes itself and may block the
+/// host (a copy to pageable memory returns once it is done). Host to host, or a host-only
+/// Kokkos: a memcpy. On a CUDA error throws Error with `what()` (called only then).
+template <class What>
+void copy_async(void* dst, const void* src, std::size_t bytes, void* stream, const What& what) {
+  if (bytes == 0) return;
+#if defined(KOKKOS_ENABLE_CUDA)
+  const cudaError_t e =
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(std::string(what()) + ": copy of " + std::to_string(bytes) +
+                " bytes between host and device failed: " + cudaGetErrorString(e));
+  }
+#else
+  (void)stream;
+  (void)what;
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
 /// Host bytes of tensors, one at a time: a host tensor is returned as it is; a device tensor
 /// is copied (on `stream`) into one page-locked buffer, grown as needed and reused, so the
 /// returned tensor is valid until the next host_of call.
