@@ -69,6 +69,10 @@ struct StreamAccess {
   static Work submit_device(Stream& stream, std::string label, const std::function<void()>& enqueue,
                             double timeout_s, DeviceWatch watch,
                             std::vector<DeferredDevice>* deferred = nullptr);
+  /// The same with a label built only when needed (an error, a timeout, Work::label()).
+  static Work submit_device(Stream& stream, const LazyLabel& label,
+                            const std::function<void()>& enqueue, double timeout_s,
+                            DeviceWatch watch, std::vector<DeferredDevice>* deferred = nullptr);
   /// Records the event of a deferred operation (after ncclGroupEnd), or stores `error` in it.
   static void finish_deferred(DeferredDevice& d, std::exception_ptr error = nullptr);
 };

@@ -27,10 +27,22 @@ const char* stream_kind_name(StreamKind k) noexcept {
   return "?";
 }
 
+std::string LazyLabel::str() const {
+  if (build_) return build_(text_, context_.get(), a_, b_);
+  std::string out = text_;
+  if (context_) out += *static_cast<const std::string*>(context_.get());
+  return out += suffix_;
+}
+
 namespace detail {
 
 struct Completion {
+  // The label: given as text (host operations), or built from `lazy` on first use (device
+  // operations: only errors, timeouts and Work::label() need it).
   std::string label;
+  LazyLabel lazy;
+  bool label_is_lazy = false;
+  std::once_flag label_once;
   double timeout_s = 0.0;
   std::atomic<bool> done{false};
   std::exception_ptr error;  // written before `done` is set, read after
@@ -45,9 +57,14 @@ struct Completion {
 
   bool is_device() const noexcept { return device != nullptr || pending_group; }
 
-  void require_issued() const {
+  const std::string& text() {
+    if (label_is_lazy) std::call_once(label_once, [this] { label = lazy.str(); });
+    return label;
+  }
+
+  void require_issued() {
     if (pending_group)
-      throw InvalidArgument(label +
+      throw InvalidArgument(text() +
                             ": waited on inside its NCCL group; end the group "
                             "(NcclGroup::end) before waiting on its operations");
   }
@@ -71,8 +88,9 @@ struct Completion {
   // Blocks until the device operation finished, polling the producer's asynchronous errors;
   // on timeout the producer is told (it aborts its communicator) and CommError is stored.
   void wait_device() {
+    if (poll_device()) return;  // finished: no wait, no label
     struct TimedOut {};
-    BoundedWait wait(WaitSite::labelled(label), timeout_s, [this](const std::string& why) {
+    BoundedWait wait(WaitSite::labelled(text()), timeout_s, [this](const std::string& why) {
       std::string aborted;
       if (watch.on_timeout) {
         try {
@@ -103,7 +121,8 @@ struct Completion {
     if (done.load(std::memory_order_acquire)) return;
     std::unique_lock<std::mutex> lock(m);
     auto is_done = [&] { return done.load(std::memory_order_acquire); };
-    BoundedWait(WaitSite::labelled(label), with_timeout ? timeout_s : 0.0).block(cv, lock, is_done);
+    BoundedWait(WaitSite::labelled(text()), with_timeout ? timeout_s : 0.0)
+        .block(cv, lock, is_done);
   }
 };
 
@@ -115,6 +134,7 @@ struct StreamImpl {
   };
 
   std::string name;
+  std::shared_ptr<const std::string> shared_name;  // the same, for lazy labels
   bool inline_ = false;
   std::uint64_t id = 0;
   std::mutex m;
@@ -136,11 +156,18 @@ struct StreamImpl {
   }
 
   StreamImpl(std::string n, bool run_inline)
-      : name(std::move(n)), inline_(run_inline), id(next_id()) {
+      : name(std::move(n)),
+        shared_name(std::make_shared<const std::string>(name)),
+        inline_(run_inline),
+        id(next_id()) {
     if (!inline_) worker = std::thread([this] { run(); });
   }
   StreamImpl(std::string n, std::unique_ptr<DeviceStreamBackend> backend)
-      : name(std::move(n)), inline_(true), id(next_id()), device(std::move(backend)) {}
+      : name(std::move(n)),
+        shared_name(std::make_shared<const std::string>(name)),
+        inline_(true),
+        id(next_id()),
+        device(std::move(backend)) {}
 
   ~StreamImpl() {
     if (!inline_) {
@@ -275,7 +302,7 @@ bool Work::test() const {
 }
 
 std::string Work::label() const {
-  return c_ ? c_->label : std::string("(none)");
+  return c_ ? c_->text() : std::string("(none)");
 }
 
 bool Work::is_device() const noexcept {
@@ -319,6 +346,9 @@ Stream Stream::wrap_device(void* cuda_stream, std::string name) {
 const std::string& Stream::name() const noexcept {
   return impl_->name;
 }
+const std::shared_ptr<const std::string>& Stream::shared_name() const noexcept {
+  return impl_->shared_name;
+}
 StreamKind Stream::kind() const noexcept {
   return impl_->kind();
 }
@@ -338,10 +368,16 @@ Work Stream::submit(std::string label, std::function<void()> op, double timeout_
   return Work(impl_->enqueue(std::move(label), std::move(op), timeout_s));
 }
 
+Work Stream::submit(const LazyLabel& label, std::function<void()> op, double timeout_s) {
+  if (impl_->device) return detail::StreamAccess::submit_device(*this, label, op, timeout_s, {});
+  return Work(impl_->enqueue(label.str(), std::move(op), timeout_s));
+}
+
 Event Stream::record() {
   if (impl_->device) {
     auto c = std::make_shared<detail::Completion>();
-    c->label = "record on stream '" + impl_->name + "'";
+    c->lazy = LazyLabel("record on stream '", impl_->shared_name, "'");
+    c->label_is_lazy = true;
     c->device = impl_->device->record();
     return Event(std::move(c));
   }
@@ -382,15 +418,17 @@ Stream StreamAccess::make_device(std::string name, std::unique_ptr<DeviceStreamB
   return Stream(std::make_shared<StreamImpl>(std::move(name), std::move(backend)));
 }
 
-Work StreamAccess::submit_device(Stream& stream, std::string label,
-                                 const std::function<void()>& enqueue, double timeout_s,
-                                 DeviceWatch watch, std::vector<DeferredDevice>* deferred) {
-  StreamImpl& s = *stream.impl_;
+namespace {
+
+std::shared_ptr<Completion> submit_device_op(Stream& stream, StreamImpl& s,
+                                             std::shared_ptr<Completion> c,
+                                             const std::function<void()>& enqueue, double timeout_s,
+                                             DeviceWatch watch,
+                                             std::vector<DeferredDevice>* deferred) {
   if (!s.device)
-    throw InvalidArgument(label + ": stream '" + s.name + "' is a " + stream_kind_name(s.kind()) +
+    throw InvalidArgument(c->text() + ": stream '" + s.name + "' is a " +
+                          stream_kind_name(s.kind()) +
                           " stream, but device operations need a device stream (Stream::device)");
-  auto c = std::make_shared<Completion>();
-  c->label = std::move(label);
   c->timeout_s = timeout_s;
   c->watch = std::move(watch);
   try {
@@ -404,7 +442,28 @@ Work StreamAccess::submit_device(Stream& stream, std::string label,
   } catch (...) {
     c->finish(std::current_exception());
   }
-  return Work(std::move(c));
+  return c;
+}
+
+}  // namespace
+
+Work StreamAccess::submit_device(Stream& stream, std::string label,
+                                 const std::function<void()>& enqueue, double timeout_s,
+                                 DeviceWatch watch, std::vector<DeferredDevice>* deferred) {
+  auto c = std::make_shared<Completion>();
+  c->label = std::move(label);
+  return Work(submit_device_op(stream, *stream.impl_, std::move(c), enqueue, timeout_s,
+                               std::move(watch), deferred));
+}
+
+Work StreamAccess::submit_device(Stream& stream, const LazyLabel& label,
+                                 const std::function<void()>& enqueue, double timeout_s,
+                                 DeviceWatch watch, std::vector<DeferredDevice>* deferred) {
+  auto c = std::make_shared<Completion>();
+  c->lazy = label;
+  c->label_is_lazy = true;
+  return Work(submit_device_op(stream, *stream.impl_, std::move(c), enqueue, timeout_s,
+                               std::move(watch), deferred));
 }
 
 void StreamAccess::finish_deferred(DeferredDevice& d, std::exception_ptr error) {

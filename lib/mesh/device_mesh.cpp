@@ -73,8 +73,18 @@ struct MeshState {
   DeviceType device = DeviceType::cpu;
   std::array<std::unique_ptr<comm::Stream>, kChannels> device_streams;
   std::unique_ptr<comm::Stream> compute;
-  // device_dims[d][channel]: NCCL over the ranks of dims[d][channel]
-  std::vector<std::array<std::unique_ptr<comm::Communicator>, kChannels>> device_dims;
+  // compute_stream_cache(): the compute stream's Kokkos instance, destroyed before the stream.
+  mutable std::once_flag compute_cache_once;
+  mutable std::shared_ptr<void> compute_cache;
+  // device_bootstrap[d]: an MPI communicator of dim d's ranks used only to broadcast the
+  // NCCL unique ids of its device communicators (never in use by another layer when a device
+  // communicator is created on first use).
+  std::vector<std::unique_ptr<comm::MpiCommunicator>> device_bootstrap;
+  // device_dims[d][channel]: NCCL over the ranks of dims[d][channel], created on first use
+  // (device_comm; FSDP uses 3 of them in all: the shard dim's all-gather and reduce-scatter
+  // channels and the replicate dim's all-reduce channel). Guarded by device_mutex.
+  mutable std::mutex device_mutex;
+  mutable std::vector<std::array<std::unique_ptr<comm::Communicator>, kChannels>> device_dims;
 };
 
 }  // namespace detail
@@ -206,13 +216,12 @@ void build_cuda(detail::MeshState& s, MPI_Comm base, const std::string& mesh_nam
     throw CommError("DeviceMesh(cuda) " + mesh_name +
                     ": another rank could not create its CUDA "
                     "streams (its own error names the call); no NCCL communicator was created");
+  // The NCCL communicators are created on first use (device_comm), over these.
   s.device_dims.resize(s.shape.size());
+  s.device_bootstrap.resize(s.shape.size());
   for (std::size_t d = 0; d < s.shape.size(); ++d)
-    for (int c = 0; c < detail::kChannels; ++c) {
-      auto& mpi = *s.dims[d][c];
-      s.device_dims[d][c] =
-          comm::NcclCommunicator::create(mpi.handle(), mpi.name() + ".nccl", s.timeout_s);
-    }
+    s.device_bootstrap[d] = comm::MpiCommunicator::duplicate(
+        s.dims[d][0]->handle(), s.dims[d][0]->name() + ".nccl-bootstrap", s.timeout_s);
 #else
   (void)s;
   (void)base;
@@ -422,8 +431,37 @@ comm::Communicator& DeviceMesh::comm(const std::string& dim, Channel channel) co
 
 comm::Communicator& DeviceMesh::device_comm(const std::string& dim, Channel channel) const {
   const int d = dim_index(dim);
-  if (s_->device == DeviceType::cpu) return *s_->dims[d][static_cast<int>(channel)];
-  return *s_->device_dims[static_cast<std::size_t>(d)][static_cast<int>(channel)];
+  const int c = static_cast<int>(channel);
+  if (s_->device == DeviceType::cpu) return *s_->dims[d][c];
+  const detail::MeshState& st = *s_;
+  std::lock_guard<std::mutex> lock(st.device_mutex);
+  auto& slot = st.device_dims[static_cast<std::size_t>(d)][c];
+  if (slot) return *slot;
+#if FULLSHARD_HAS_NCCL
+  // First use: collective over the dim's ranks (non-blocking NCCL init under the timeout).
+  const auto& mpi = *st.dims[d][c];
+  if (comm::NcclGroup::depth() > 0)
+    throw InvalidArgument("DeviceMesh " + describe() + ": device_comm('" + dim + "', " +
+                          channel_name(channel) +
+                          ") is used for the first time inside an NCCL "
+                          "group; its communicator is created on first use (collective over "
+                          "the dim's ranks): use it once outside the group first");
+  slot = comm::NcclCommunicator::create(st.device_bootstrap[static_cast<std::size_t>(d)]->handle(),
+                                        mpi.name() + ".nccl", st.timeout_s);
+  return *slot;
+#else
+  throw ConfigError("DeviceMesh: a CUDA mesh without NCCL");  // refused when it was built
+#endif
+}
+
+int DeviceMesh::device_comms_created() const noexcept {
+  if (s_->device == DeviceType::cpu) return 0;
+  std::lock_guard<std::mutex> lock(s_->device_mutex);
+  int n = 0;
+  for (const auto& dim : s_->device_dims)
+    for (const auto& c : dim)
+      n += c != nullptr;
+  return n;
 }
 
 comm::Stream& DeviceMesh::device_stream(Channel channel) const {
@@ -438,6 +476,13 @@ comm::Stream& DeviceMesh::compute_stream() const {
   if (!st.host_compute)
     st.host_compute = std::make_unique<comm::Stream>(comm::Stream::caller("mesh.compute"));
   return *st.host_compute;
+}
+
+void* DeviceMesh::compute_stream_cache(std::shared_ptr<void> (*make)(void* native_stream)) const {
+  const detail::MeshState& st = *s_;
+  comm::Stream& compute = compute_stream();
+  std::call_once(st.compute_cache_once, [&] { st.compute_cache = make(compute.native_handle()); });
+  return st.compute_cache.get();
 }
 
 const comm::ShmComm* DeviceMesh::shm(const std::string& dim) const {
@@ -467,6 +512,7 @@ comm::Traffic DeviceMesh::traffic() const {
       t += c->traffic();
   for (const auto& shm : s_->shm)
     if (shm) t += shm->traffic();
+  std::lock_guard<std::mutex> lock(s_->device_mutex);
   for (const auto& dim : s_->device_dims)
     for (const auto& c : dim)
       if (c) t += c->traffic();

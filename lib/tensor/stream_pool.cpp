@@ -1,8 +1,11 @@
 #include "fullshard/tensor/stream_pool.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <exception>
 #include <map>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -21,6 +24,17 @@ struct Block {
   std::vector<std::pair<std::uint64_t, comm::Event>> released;
 };
 
+// The message of an exception without fullshard's "fullshard[rank R]: " prefix (it is wrapped
+// into another error, which adds its own).
+std::string bare_message(const std::exception& e) {
+  std::string m = e.what();
+  if (m.rfind("fullshard[", 0) == 0) {
+    const auto end = m.find("]: ");
+    if (end != std::string::npos) m.erase(0, end + 3);
+  }
+  return m;
+}
+
 }  // namespace
 
 struct StreamOrderedPool::State {
@@ -30,24 +44,71 @@ struct StreamOrderedPool::State {
   std::map<std::size_t, std::vector<std::shared_ptr<Block>>> free;  // by byte size
   std::unordered_map<const void*, std::shared_ptr<Block>> live;     // by base address
   Stats stats;
+  // A release that could not record its events (a CUDA error in the tensor's deleter, which
+  // must not throw): the first such failure, re-thrown by the next acquire(), and how many
+  // there were. The blocks they released are never reused (another stream may still use
+  // them): kept in `quarantined` until the pool's state goes.
+  std::string release_error;
+  std::uint64_t release_errors = 0;
+  std::vector<std::shared_ptr<Block>> quarantined;
 
-  void release(const std::shared_ptr<Block>& b) {
-    std::vector<comm::Stream> users;
-    {
+  ~State() {
+    if (release_error.empty()) return;
+    // Never re-thrown (no acquire followed): reported, so it is not lost.
+    const int rank = detail::world_rank_or_minus_one();
+    std::fprintf(stderr, "fullshard[rank %s]: %s (not re-thrown: no acquire followed)\n",
+                 rank < 0 ? "-" : std::to_string(rank).c_str(), release_error.c_str());
+  }
+
+  // The tensor deleter: never throws (a throwing deleter is std::terminate).
+  void release(const std::shared_ptr<Block>& b) noexcept {
+    try {
+      std::vector<comm::Stream> users;
+      {
+        std::lock_guard<std::mutex> lock(m);
+        users.swap(b->users);
+      }
+      // Record outside the lock: a worker stream's record() enqueues a task.
+      std::vector<std::pair<std::uint64_t, comm::Event>> events;
+      events.reserve(users.size());
+      std::string failure;
+      for (auto& s : users) {
+        try {
+          events.emplace_back(s.id(), s.record());
+        } catch (const std::exception& e) {
+          if (failure.empty())
+            failure = "pool '" + name + "': releasing a block of " + std::to_string(b->bytes) +
+                      " bytes could not record its release event on stream '" + s.name() +
+                      "' (the block is not reused): " + bare_message(e);
+        }
+      }
       std::lock_guard<std::mutex> lock(m);
-      users.swap(b->users);
+      live.erase(b->storage.data());
+      stats.bytes_in_use -= b->bytes;
+      if (!failure.empty()) {
+        if (release_error.empty()) release_error = std::move(failure);
+        ++release_errors;
+        quarantined.push_back(b);
+        return;
+      }
+      b->released = std::move(events);
+      stats.bytes_cached += b->bytes;
+      free[b->bytes].push_back(b);
+    } catch (...) {  // out of host memory: the block is dropped, the failure reported here
+      std::fputs("fullshard: StreamOrderedPool: a block could not be returned to its pool\n",
+                 stderr);
     }
-    // Record outside the lock: a worker stream's record() enqueues a task.
-    std::vector<std::pair<std::uint64_t, comm::Event>> events;
-    events.reserve(users.size());
-    for (auto& s : users)
-      events.emplace_back(s.id(), s.record());
-    std::lock_guard<std::mutex> lock(m);
-    b->released = std::move(events);
-    live.erase(b->storage.data());
-    stats.bytes_in_use -= b->bytes;
-    stats.bytes_cached += b->bytes;
-    free[b->bytes].push_back(b);
+  }
+
+  // acquire(): a release failure is the caller's error now (once).
+  void rethrow_release_error_locked() {
+    if (release_error.empty()) return;
+    std::string m = std::move(release_error);
+    release_error.clear();
+    if (release_errors > 1)
+      m += " (and " + std::to_string(release_errors - 1) + " more release failures)";
+    release_errors = 0;
+    throw CommError(m);
   }
 };
 
@@ -71,6 +132,7 @@ Tensor StreamOrderedPool::acquire(const Shape& shape, DType dtype, comm::Stream&
   std::vector<comm::Event> waits;
   {
     std::lock_guard<std::mutex> lock(s_->m);
+    s_->rethrow_release_error_locked();
     auto it = s_->free.find(bytes);
     if (it != s_->free.end() && !it->second.empty()) {
       auto& list = it->second;

@@ -64,6 +64,13 @@ TEST_CASE("a CUDA mesh: device type, NCCL per dim and channel, streams; a pool o
   CHECK(mesh.device_type() == DeviceType::cuda);
   CHECK(mesh.describe().find("on cuda") != std::string::npos);
   CHECK(mesh.compute_stream().is_device());
+  // NCCL communicators are created on first use only.
+  CHECK(mesh.device_comms_created() == 0);
+  CHECK(mesh.device_comm("dp", Channel::all_gather).size() == W);
+  CHECK(mesh.device_comms_created() == 1);
+  CHECK(&mesh.device_comm("dp", Channel::all_gather) ==
+        &mesh.device_comm("dp", Channel::all_gather));  // created once
+  CHECK(mesh.device_comms_created() == 1);
   for (Channel c :
        {Channel::main, Channel::all_gather, Channel::reduce_scatter, Channel::all_reduce}) {
     CAPTURE(channel_name(c));
@@ -74,6 +81,9 @@ TEST_CASE("a CUDA mesh: device type, NCCL per dim and channel, streams; a pool o
     // The MPI communicators stay (host memory, control messages).
     CHECK(mesh.comm("dp", c).name().find(".nccl") == std::string::npos);
   }
+  CHECK(mesh.device_comms_created() == 4);
+  CHECK(&mesh.device_comm("dp", Channel::all_gather) !=
+        &mesh.device_comm("dp", Channel::reduce_scatter));
   // Distinct streams per channel and for compute.
   CHECK(mesh.device_stream(Channel::all_gather).id() !=
         mesh.device_stream(Channel::reduce_scatter).id());
@@ -133,6 +143,10 @@ TEST_CASE("the compute stream as a Kokkos execution-space instance") {
   auto space = compute_space(mesh);
 #if defined(KOKKOS_ENABLE_CUDA)
   CHECK(space.cuda_stream() == compute_cuda_stream(mesh));
+  // One instance per mesh (a copy of the mesh shares it), not one per call.
+  const DeviceMesh copy = mesh;
+  CHECK(compute_space(mesh).impl_internal_space_instance() == space.impl_internal_space_instance());
+  CHECK(compute_space(copy).impl_internal_space_instance() == space.impl_internal_space_instance());
 #endif
   const int n = 1000;
   Kokkos::View<float*, Kokkos::DefaultExecutionSpace::memory_space> v("v", n);

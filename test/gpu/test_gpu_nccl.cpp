@@ -67,10 +67,11 @@ struct DeviceBuffer {
   }
 };
 
-std::unique_ptr<NcclCommunicator> make_comm(bool blocking = true) {
+// Non-blocking by default (NcclOptions): creation and in-progress calls are polled.
+std::unique_ptr<NcclCommunicator> make_comm(bool blocking = false) {
   comm::NcclOptions o;
   o.blocking = blocking;
-  return NcclCommunicator::create(MPI_COMM_WORLD, blocking ? "gpu.world" : "gpu.world.nb", 60.0, o);
+  return NcclCommunicator::create(MPI_COMM_WORLD, blocking ? "gpu.world.b" : "gpu.world", 60.0, o);
 }
 
 const DType kTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
@@ -244,10 +245,11 @@ TEST_CASE("grouped collectives on two communicators (dup), and split") {
   CHECK(half->rank() == R / 2);
 }
 
-TEST_CASE("a non-blocking communicator gives the same results") {
-  auto c = make_comm(false);
-  CHECK_FALSE(c->blocking());
-  Stream s = Stream::device("nb");
+TEST_CASE("communicators are non-blocking by default; a blocking one gives the same results") {
+  CHECK_FALSE(make_comm()->blocking());
+  auto c = make_comm(true);
+  CHECK(c->blocking());
+  Stream s = Stream::device("b");
   const int W = world_size();
   const std::size_t n = 300;
   DeviceBuffer send(n, DType::f16), recv(n * W, DType::f16);

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "fullshard/base/error.hpp"
 #include "fullshard/comm/stream.hpp"
 #include "lib/comm/device_stream.hpp"
 
@@ -51,6 +52,7 @@ class FakeStream final : public DeviceStreamBackend {
   explicit FakeStream(std::shared_ptr<Log> log) : log_(std::move(log)) {}
   void* native() const noexcept override { return const_cast<FakeStream*>(this); }
   std::shared_ptr<DeviceEvent> record() override {
+    if (fail_record) throw CommError("fake device: cudaEventRecord failed: cudaErrorLaunchFailure");
     ++log_->records;
     return std::make_shared<FakeEvent>(gate, log_);
   }
@@ -59,6 +61,7 @@ class FakeStream final : public DeviceStreamBackend {
       std::this_thread::yield();
   }
   Gate gate = std::make_shared<std::atomic<bool>>(false);
+  bool fail_record = false;  // record() throws CommError (a device error)
 
  private:
   std::shared_ptr<Log> log_;

@@ -204,3 +204,50 @@ TEST_CASE("Stream::device without a usable GPU is a clear error") {
     CHECK(contains(e.what(), "built without CUDA"));
   }
 }
+
+namespace {
+
+std::atomic<int> label_builds{0};
+std::string build_label(const char* text, const void* context, std::uint64_t a, std::uint64_t b) {
+  ++label_builds;
+  return std::string(text) + " on '" + *static_cast<const std::string*>(context) + "' (seq " +
+         std::to_string(a) + ", " + std::to_string(b) + " x f32)";
+}
+
+}  // namespace
+
+TEST_CASE("a lazy label is built only when a message needs it, once") {
+  using fullshard::comm::LazyLabel;
+  FakeDevice dev("nccl");
+  label_builds = 0;
+  auto name = std::make_shared<const std::string>("dp");
+  const LazyLabel label(&build_label, "all_gather", name, 7, 1024);
+  Work w = StreamAccess::submit_device(dev.stream, label, [] {}, 60.0, {});
+  CHECK_FALSE(w.test());  // polled: no text needed
+  dev.open();
+  CHECK(w.test());
+  w.wait();
+  CHECK(label_builds == 0);  // submitted, polled and finished without a string
+  CHECK(w.label() == "all_gather on 'dp' (seq 7, 1024 x f32)");
+  CHECK(w.label() == "all_gather on 'dp' (seq 7, 1024 x f32)");
+  CHECK(label_builds == 1);
+  // Stream::record on a device stream: "record on stream '<name>'", built on demand.
+  CHECK(LazyLabel("record on stream '", dev.stream.shared_name(), "'").str() ==
+        "record on stream 'nccl'");
+  CHECK(LazyLabel("static").str() == "static");
+  // A timeout names the operation by its label (built then).
+  FakeDevice stuck("rs");
+  Work t = stuck.stream.submit(
+      LazyLabel(&build_label, "reduce_scatter", name, 8, 16), [] {}, 0.05);
+  const std::string m = message_of(t);
+  INFO(m);
+  CHECK(contains(m,
+                 "reduce_scatter on 'dp' (seq 8, 16 x f32) did not finish within "
+                 "FULLSHARD_TIMEOUT"));
+  // On a host stream the label is built at submit (host operations keep a text label).
+  Stream host = Stream::caller("host");
+  label_builds = 0;
+  Work h = host.submit(LazyLabel(&build_label, "copy", name, 1, 2), [] {});
+  CHECK(label_builds == 1);
+  CHECK(h.label() == "copy on 'dp' (seq 1, 2 x f32)");
+}

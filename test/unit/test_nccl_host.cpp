@@ -5,6 +5,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -12,6 +13,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/nccl_communicator.hpp"
 #include "lib/comm/nccl/nccl_error.hpp"
+#include "lib/comm/nccl/nccl_poll.hpp"
 #include "lib/comm/nccl/nccl_types.hpp"
 
 using fullshard::CommError;
@@ -207,4 +209,113 @@ TEST_CASE("NcclGroup nests and ends once (no operations, no GPU needed)") {
     CHECK(NcclGroup::depth() == 1);
   }  // the moved-to guard ends the group once
   CHECK(NcclGroup::depth() == 0);
+}
+
+namespace {
+
+// A fake communicator state for complete_nccl_call: ncclInProgress for `polls_in_progress`
+// queries (forever when negative), then `final_state`.
+struct FakeInit {
+  int polls_in_progress = 0;
+  ncclResult_t final_state = ncclSuccess;
+  int polls = 0;
+  int aborts = 0;
+  std::string abort_reason;
+
+  ncclResult_t state() {
+    ++polls;
+    return polls_in_progress < 0 || polls <= polls_in_progress ? ncclInProgress : final_state;
+  }
+  // Runs complete_nccl_call as the backend does for an init; "" or the CommError's message.
+  std::string run(ncclResult_t first, double timeout_s) {
+    fullshard::WaitSite site{
+        "ncclCommInitRankConfig", "communicator 'mesh.dp.all_gather.nccl'", 1, 4, 0, ""};
+    fullshard::BackOff::Policy fast;
+    fast.spins = 2;
+    fast.yields = 2;
+    fast.max_sleep = std::chrono::microseconds(200);
+    try {
+      fullshard::comm::detail::complete_nccl_call(
+          first, site, timeout_s, [this] { return state(); },
+          [this](const std::string& why) {
+            ++aborts;
+            abort_reason = why;
+          },
+          fullshard::comm::detail::kNcclInitTimeoutHint, fast);
+    } catch (const CommError& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a non-blocking NCCL call is polled until it leaves ncclInProgress") {
+  SUBCASE("success at once: no poll, no abort") {
+    FakeInit f;
+    CHECK(f.run(ncclSuccess, 1.0).empty());
+    CHECK(f.polls == 0);
+    CHECK(f.aborts == 0);
+  }
+  SUBCASE("in progress, then success") {
+    FakeInit f;
+    f.polls_in_progress = 25;
+    CHECK(f.run(ncclInProgress, 0.0).empty());  // no timeout: polls until done
+    CHECK(f.polls == 26);
+    CHECK(f.aborts == 0);
+  }
+  SUBCASE("in progress, then an error: aborted, CommError naming rank and communicator") {
+    FakeInit f;
+    f.polls_in_progress = 3;
+    f.final_state = ncclRemoteError;
+    const std::string m = f.run(ncclInProgress, 5.0);
+    INFO(m);
+    CHECK(f.polls == 4);
+    CHECK(f.aborts == 1);
+    CHECK(contains(m,
+                   "ncclCommInitRankConfig on communicator 'mesh.dp.all_gather.nccl' "
+                   "(rank 1/4) failed: ncclRemoteError"));
+    CHECK(contains(m, "another rank failed or left"));
+    CHECK(contains(m, "the communicator was aborted (ncclCommAbort)"));
+    CHECK(contains(f.abort_reason, "ncclRemoteError"));
+  }
+  SUBCASE("an error at once: aborted without polling") {
+    FakeInit f;
+    const std::string m = f.run(ncclSystemError, 5.0);
+    INFO(m);
+    CHECK(f.polls == 0);
+    CHECK(f.aborts == 1);
+    CHECK(contains(m, "(rank 1/4) failed: ncclSystemError"));
+  }
+  SUBCASE("still in progress at the timeout: aborted once, the common timeout message") {
+    FakeInit f;
+    f.polls_in_progress = -1;
+    const std::string m = f.run(ncclInProgress, 0.05);
+    INFO(m);
+    CHECK(f.polls > 1);
+    CHECK(f.aborts == 1);
+    CHECK(contains(m,
+                   "ncclCommInitRankConfig on communicator 'mesh.dp.all_gather.nccl' "
+                   "(rank 1/4) did not finish within FULLSHARD_TIMEOUT=0.05 s; another rank "
+                   "of the communicator did not join its creation"));
+    CHECK(contains(m, "the communicator was aborted (ncclCommAbort)"));
+    CHECK(f.abort_reason == m.substr(m.find("ncclCommInitRankConfig"), f.abort_reason.size()));
+  }
+  SUBCASE("the sequence number of an operation is part of the message") {
+    fullshard::WaitSite site{"ncclAllGather", "communicator 'dp'", 0, 2, 7, "1024 x f32"};
+    int aborts = 0;
+    try {
+      fullshard::comm::detail::complete_nccl_call(
+          ncclInProgress, site, 0.01, [] { return ncclInProgress; },
+          [&](const std::string&) { ++aborts; });
+      FAIL("no timeout");
+    } catch (const CommError& e) {
+      INFO(e.what());
+      CHECK(contains(e.what(),
+                     "ncclAllGather on communicator 'dp' (rank 0/2, seq 7, 1024 x f32) "
+                     "did not finish within FULLSHARD_TIMEOUT=0.01 s"));
+    }
+    CHECK(aborts == 1);
+  }
 }

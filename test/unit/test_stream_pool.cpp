@@ -160,3 +160,35 @@ TEST_CASE(
         "pool:ag_buffer:layers.0");
   CHECK(fullshard::detail::pool_block_label("pool", "", "layers.0") == "pool:layers.0");
 }
+
+TEST_CASE("a release that cannot record its event is reported at the next acquire, never thrown") {
+  // The old deleter let the event's CommError escape a shared_ptr deleter: std::terminate.
+  StreamOrderedPool pool(MemorySpace::host, "p");
+  FakeDevice dev("dev.rs");
+  {
+    Tensor a = pool.acquire({256}, DType::f32, dev.stream, "a");
+    CHECK(pool.bytes_in_use() == 1024);
+    dev.backend->fail_record = true;
+  }  // the deleter: the record fails; nothing escapes
+  dev.backend->fail_record = false;
+  CHECK(pool.bytes_in_use() == 0);
+  CHECK(pool.stats().bytes_cached == 0);  // not cached: never reused
+  try {
+    (void)pool.acquire({256}, DType::f32, dev.stream, "b");
+    FAIL("the release failure was not re-thrown");
+  } catch (const fullshard::CommError& e) {
+    const std::string m = e.what();
+    INFO(m);
+    CHECK(m.find("pool 'p': releasing a block of 1024 bytes could not record its release event "
+                 "on stream 'dev.rs' (the block is not reused): fake device: cudaEventRecord "
+                 "failed") != std::string::npos);
+    CHECK(m.find("fullshard[rank", 1) == std::string::npos);  // one prefix only
+  }
+  // Reported once; the pool goes on with a new block.
+  Tensor c = pool.acquire({256}, DType::f32, dev.stream, "c");
+  CHECK(c.nbytes() == 1024);
+  const auto st = pool.stats();
+  CHECK(st.allocations == 2);
+  CHECK(st.reuses == 0);
+  CHECK(st.bytes_in_use == 1024);
+}

@@ -42,9 +42,14 @@ struct NcclCommState;  // owns the ncclComm_t (defined in lib/comm/nccl)
 
 /// How a communicator is created.
 struct NcclOptions {
-  /// false: a non-blocking communicator (ncclConfig_t::blocking = 0); calls that return
-  /// ncclInProgress are completed by polling ncclCommGetAsyncError, bounded by the timeout.
-  bool blocking = true;
+  /// false (the default): a non-blocking communicator (ncclConfig_t::blocking = 0). Its
+  /// creation (ncclCommInitRankConfig, ncclCommSplit) and every call that returns
+  /// ncclInProgress are completed by polling ncclCommGetAsyncError under the timeout; an
+  /// error or the timeout aborts the communicator (ncclCommAbort) and throws CommError naming
+  /// the call, the communicator and this rank, so a peer that never joins an init cannot hang
+  /// the others. true: a blocking communicator; its init is bounded by a Watchdog only (past
+  /// the timeout the job is aborted with the common timeout message).
+  bool blocking = false;
 };
 
 /// How reduce_scatter_divided divides by a custom factor.
@@ -69,9 +74,10 @@ enum class DivideMode {
 class NcclCommunicator final : public Communicator {
  public:
   /// Collective over `comm`: nccl_bootstrap_id (under `timeout_s`), then ncclCommInitRankConfig on
-  /// the current device. `comm` is only used during the call (not kept). `timeout_s` > 0 bounds
+  /// the current device (non-blocking by default, polled under `timeout_s`: NcclOptions).
+  /// `comm` is only used during the call (not kept). `timeout_s` > 0 bounds the init,
   /// Work::wait and the non-blocking polls (normally Settings::timeout_s). CommError on
-  /// failure (on every rank when the id cannot be created).
+  /// failure or timeout (on every rank when the id cannot be created).
   static std::unique_ptr<NcclCommunicator> create(MPI_Comm comm, const std::string& name,
                                                   double timeout_s, NcclOptions options = {});
   /// ncclCommFinalize + ncclCommDestroy (ncclCommAbort if finalizing fails or times out).

@@ -28,6 +28,36 @@ struct StreamAccess;
 
 class Stream;
 
+/// The label of an operation that is built only when its text is needed (an error, a
+/// timeout, Work::label()), so that a device operation builds no string when it is submitted.
+/// Copying one copies two pointers, two numbers and a shared_ptr (no allocation).
+class LazyLabel {
+ public:
+  /// Builds the text from the parts given to the constructor.
+  using Build = std::string (*)(const char* text, const void* context, std::uint64_t a,
+                                std::uint64_t b);
+  /// `text` (static storage: a literal or op_kind_name()).
+  explicit LazyLabel(const char* text = "") noexcept : text_(text) {}
+  /// `text` + *name + `suffix` (text and suffix of static storage; the name is shared).
+  LazyLabel(const char* text, std::shared_ptr<const std::string> name,
+            const char* suffix = "") noexcept
+      : text_(text), suffix_(suffix), context_(std::move(name)) {}
+  /// build(text, context.get(), a, b), for labels with numbers (a sequence, a count).
+  LazyLabel(Build build, const char* text, std::shared_ptr<const void> context, std::uint64_t a = 0,
+            std::uint64_t b = 0) noexcept
+      : build_(build), text_(text), context_(std::move(context)), a_(a), b_(b) {}
+  /// The text.
+  std::string str() const;
+
+ private:
+  Build build_ = nullptr;
+  const char* text_ = "";
+  const char* suffix_ = "";
+  std::shared_ptr<const void> context_;
+  std::uint64_t a_ = 0;
+  std::uint64_t b_ = 0;
+};
+
 /// What runs a stream's operations.
 enum class StreamKind {
   caller,  ///< the thread that submits (host)
@@ -112,6 +142,8 @@ class Stream {
   static Stream wrap_device(void* cuda_stream, std::string name);
 
   const std::string& name() const noexcept;
+  /// The name, shared (for LazyLabel).
+  const std::shared_ptr<const std::string>& shared_name() const noexcept;
   StreamKind kind() const noexcept;
   bool is_device() const noexcept { return kind() == StreamKind::device; }
   /// The cudaStream_t of a device stream (as void*); nullptr for host streams.
@@ -126,6 +158,9 @@ class Stream {
   /// of Work::wait. On a device stream `op` runs now and must only enqueue device work on
   /// native_handle(); the Work completes when that work has run on the device.
   Work submit(std::string label, std::function<void()> op, double timeout_s = 0.0);
+  /// The same with a label built only if needed (device streams; a host stream builds it
+  /// now).
+  Work submit(const LazyLabel& label, std::function<void()> op, double timeout_s = 0.0);
   /// An event that completes when everything submitted so far has run.
   Event record();
   /// Operations submitted after this call start only once `e` completed. A device stream

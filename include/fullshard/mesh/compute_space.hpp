@@ -12,6 +12,7 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <memory>
 #include <type_traits>
 
 #include "fullshard/mesh/device_mesh.hpp"
@@ -30,14 +31,26 @@ inline cudaStream_t compute_cuda_stream(const DeviceMesh& mesh) {
 }
 #endif
 
+#if defined(KOKKOS_ENABLE_CUDA)
+namespace detail {
+inline std::shared_ptr<void> make_compute_cuda_space(void* stream) {
+  return std::make_shared<Kokkos::Cuda>(static_cast<cudaStream_t>(stream));
+}
+}  // namespace detail
+#endif
+
 /// An instance of `ExecSpace` that runs on `mesh`'s compute stream: for Kokkos::Cuda on a
-/// CUDA mesh, Kokkos::Cuda(compute stream); otherwise (host spaces, CPU meshes) the default
+/// CUDA mesh, a copy of the mesh's Kokkos::Cuda(compute stream) instance, created once per
+/// mesh (creating one allocates Kokkos' scratch memory; a copy is a reference) and kept until
+/// the mesh and its copies are gone; otherwise (host spaces, CPU meshes) the default
 /// instance, which runs where the callback runs.
 template <class ExecSpace = Kokkos::DefaultExecutionSpace>
 ExecSpace compute_space(const DeviceMesh& mesh) {
 #if defined(KOKKOS_ENABLE_CUDA)
   if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) {
-    if (mesh.device_type() == DeviceType::cuda) return Kokkos::Cuda(compute_cuda_stream(mesh));
+    if (mesh.device_type() == DeviceType::cuda)
+      return *static_cast<const Kokkos::Cuda*>(
+          mesh.compute_stream_cache(&detail::make_compute_cuda_space));
   }
 #endif
   (void)mesh;

@@ -5,9 +5,10 @@
 //
 // A mesh has a device type, as torch's init_device_mesh("cuda", ...) does. A CPU mesh runs
 // FSDP's collectives on host memory over MPI (or node-local shared memory). A CUDA mesh
-// (one GPU per rank, the device the Runtime bound) also owns, per dim and channel, an NCCL
-// communicator bootstrapped over the dim's MPI communicator (the ncclUniqueId is broadcast
-// under the mesh's timeout), one CUDA stream per channel plus a compute stream: the FSDP
+// (one GPU per rank, the device the Runtime bound) also owns, per dim and channel used, an
+// NCCL communicator created on first use and bootstrapped over the dim's MPI ranks (the
+// ncclUniqueId is broadcast under the mesh's timeout), one CUDA stream per channel plus a
+// compute stream: the FSDP
 // engine's device resources (its buffers come from a stream-ordered device pool per FSDP root
 // on these streams, lib/fsdp; the pool is a tensor-layer type). Both kinds keep the MPI
 // communicators (comm(), world_comm(), control_comm()) for host memory and control messages.
@@ -101,8 +102,15 @@ class DeviceMesh {
   /// host memory, on every kind of mesh.
   comm::Communicator& comm(const std::string& dim, Channel channel = Channel::main) const;
   /// The communicator of the mesh's device along `dim` for `channel`: NCCL on a CUDA mesh
-  /// (device memory, device_stream(channel)), comm(dim, channel) on a CPU mesh.
+  /// (device memory, device_stream(channel)), comm(dim, channel) on a CPU mesh. A CUDA mesh
+  /// creates each NCCL communicator on its first use (FSDP uses 3 in all: the shard dim's
+  /// all-gather and reduce-scatter channels, the replicate dim's all-reduce channel, got when
+  /// fully_shard builds its groups), so the first call for a (dim, channel) is collective over
+  /// the dim's ranks: every rank makes it, in the same order, outside an NCCL group
+  /// (InvalidArgument inside one); a peer that never does ends in a CommError at the timeout.
   comm::Communicator& device_comm(const std::string& dim, Channel channel = Channel::main) const;
+  /// The NCCL communicators device_comm has created so far (0 on a CPU mesh).
+  int device_comms_created() const noexcept;
   /// The stream device_comm(..., channel) runs on: the channel's CUDA stream on a CUDA mesh
   /// (created with the mesh, high priority, as FSDP2's communication streams), stream(channel)
   /// on a CPU mesh.
@@ -113,6 +121,11 @@ class DeviceMesh {
   /// cudaStream_t; fullshard/mesh/compute_space.hpp gives the Kokkos execution-space instance);
   /// on a CPU mesh a caller stream (the host thread itself).
   comm::Stream& compute_stream() const;
+  /// For fullshard/mesh/compute_space.hpp: an object kept with the mesh's compute stream
+  /// (one per mesh, shared by its copies, destroyed before the stream), made by
+  /// `make(compute_stream().native_handle())` on the first call; every call returns it. One
+  /// slot: the compute stream's Kokkos execution-space instance.
+  void* compute_stream_cache(std::shared_ptr<void> (*make)(void* native_stream)) const;
   /// The stream that the collectives of `channel` run on: one per channel per mesh (copies of
   /// a mesh share it), created on first use as a worker or caller stream (host_progress()).
   /// Using a channel's communicators only on the channel's stream is what keeps two streams

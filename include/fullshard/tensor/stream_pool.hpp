@@ -12,6 +12,11 @@
 // function of the acquire/release order alone (what the plan predicts), not of device timing
 // (record_stream-style deferred frees would make it depend on when events complete).
 //
+// The release runs in the tensor's deleter, which never throws: when an event cannot be
+// recorded there (a CUDA error), the block is kept out of reuse (another stream may still
+// use it) and the error is re-thrown, as a CommError naming the pool and the stream, by the
+// next acquire() (printed to stderr with the rank if no acquire follows).
+//
 // The events are comm::Event of the streams given, so host tests drive the pool with worker
 // streams or fake device streams (test/unit/test_stream_pool.cpp).
 #pragma once
@@ -48,7 +53,8 @@ class StreamOrderedPool {
 
   /// A tensor for use on `stream` (contents unspecified); see the file comment for reuse.
   /// The bytes return to the pool when the last copy or view of the tensor is destroyed.
-  /// Labels as BufferPool::acquire's.
+  /// Labels as BufferPool::acquire's. CommError (once) when an earlier release could not
+  /// record its event.
   Tensor acquire(const Shape& shape, DType dtype, comm::Stream& stream, std::string_view label = {},
                  std::string_view owner = {});
   /// Declares that `t` (or a view of it) from this pool is also used on `stream`: its

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "fullshard/base/error.hpp"
 #include "lib/comm/cuda/cuda_check.hpp"
@@ -12,15 +13,19 @@
 namespace fullshard::comm::detail {
 namespace {
 
+using Name = std::shared_ptr<const std::string>;
+
+// Context strings are built only on failure: recording an event is on every device
+// operation's path.
 class CudaEvent final : public DeviceEvent {
  public:
-  CudaEvent(cudaStream_t stream, const std::string& stream_name) : name_(stream_name) {
-    cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate",
-               "recording an event on stream '" + name_ + "'");
-    const cudaError_t e = cudaEventRecord(event_, stream);
-    if (e != cudaSuccess) {
+  CudaEvent(cudaStream_t stream, Name stream_name) : name_(std::move(stream_name)) {
+    if (const cudaError_t e = cudaEventCreateWithFlags(&event_, cudaEventDisableTiming);
+        e != cudaSuccess)
+      cuda_check(e, "cudaEventCreate", "recording an event on stream '" + *name_ + "'");
+    if (const cudaError_t e = cudaEventRecord(event_, stream); e != cudaSuccess) {
       cudaEventDestroy(event_);
-      cuda_check(e, "cudaEventRecord", "recording an event on stream '" + name_ + "'");
+      cuda_check(e, "cudaEventRecord", "recording an event on stream '" + *name_ + "'");
     }
   }
   ~CudaEvent() override { cudaEventDestroy(event_); }  // fine while pending
@@ -30,27 +35,28 @@ class CudaEvent final : public DeviceEvent {
   bool ready() override {
     const cudaError_t e = cudaEventQuery(event_);
     if (e == cudaErrorNotReady) return false;
-    cuda_check(e, "cudaEventQuery", "an event of stream '" + name_ + "'");
+    if (e != cudaSuccess) cuda_check(e, "cudaEventQuery", "an event of stream '" + *name_ + "'");
     return true;
   }
   void synchronize() override {
-    cuda_check(cudaEventSynchronize(event_), "cudaEventSynchronize",
-               "an event of stream '" + name_ + "'");
+    if (const cudaError_t e = cudaEventSynchronize(event_); e != cudaSuccess)
+      cuda_check(e, "cudaEventSynchronize", "an event of stream '" + *name_ + "'");
   }
   void enqueue_wait(void* native) override {
-    cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(native), event_, 0),
-               "cudaStreamWaitEvent", "waiting on an event of stream '" + name_ + "'");
+    if (const cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(native), event_, 0);
+        e != cudaSuccess)
+      cuda_check(e, "cudaStreamWaitEvent", "waiting on an event of stream '" + *name_ + "'");
   }
 
  private:
   cudaEvent_t event_ = nullptr;
-  std::string name_;
+  Name name_;
 };
 
 class CudaStream final : public DeviceStreamBackend {
  public:
-  CudaStream(cudaStream_t s, std::string name, bool owned)
-      : stream_(s), name_(std::move(name)), owned_(owned) {}
+  CudaStream(cudaStream_t s, const std::string& name, bool owned)
+      : stream_(s), name_(std::make_shared<const std::string>(name)), owned_(owned) {}
   ~CudaStream() override {
     if (owned_) cudaStreamDestroy(stream_);  // pending work still completes
   }
@@ -62,13 +68,13 @@ class CudaStream final : public DeviceStreamBackend {
     return std::make_shared<CudaEvent>(stream_, name_);
   }
   void synchronize() override {
-    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize",
-               "synchronising stream '" + name_ + "'");
+    if (const cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
+      cuda_check(e, "cudaStreamSynchronize", "synchronising stream '" + *name_ + "'");
   }
 
  private:
   cudaStream_t stream_ = nullptr;
-  std::string name_;
+  Name name_;
   bool owned_ = false;
 };
 

@@ -22,6 +22,7 @@
 #include "lib/comm/device_stream.hpp"
 #include "lib/comm/mpi_error.hpp"
 #include "lib/comm/nccl/nccl_error.hpp"
+#include "lib/comm/nccl/nccl_poll.hpp"
 #include "lib/comm/nccl/nccl_types.hpp"
 
 namespace fullshard::comm {
@@ -55,6 +56,9 @@ struct NcclCommState {
   ncclComm_t comm = nullptr;
   bool blocking = true;
   double timeout_s = 0.0;
+  std::string name;          // the communicator's name
+  int rank = 0;              // this process's rank in it
+  int size = 1;              // its number of ranks
   std::string what;          // "communicator 'x' (rank r/n)"
   std::string abort_reason;  // set once aborted
   void* scratch = nullptr;   // one device word for barrier()
@@ -68,6 +72,10 @@ struct NcclCommState {
                       ") and cannot be used again");
     if (!comm) throw CommError(context + ": the communicator was destroyed");
   }
+  void require_usable_locked(const LazyLabel& what) const {
+    if (abort_reason.empty() && comm) return;
+    require_usable_locked(what.str());
+  }
 
   void abort_locked(const std::string& why) {
     if (abort_reason.empty()) abort_reason = why;
@@ -79,53 +87,53 @@ struct NcclCommState {
     abort_locked(why);
   }
 
-  // Polls `c`'s asynchronous state until it leaves ncclInProgress (non-blocking
-  // communicators), bounded by the timeout. Aborts and throws on an error or the timeout.
-  void wait_in_progress_locked(ncclComm_t c, const char* call, const std::string& context) {
-    ncclResult_t st = ncclInProgress;
-    BoundedWait wait(WaitSite::labelled(context + ": " + call), timeout_s,
-                     [&](const std::string& why) {
-                       if (c != comm) ncclCommAbort(c);
-                       abort_locked(why);
-                       throw CommError(why + "; the communicator was aborted (ncclCommAbort)");
-                     });
-    wait.poll([&] {
-      if (const ncclResult_t r = ncclCommGetAsyncError(c, &st); r != ncclSuccess) st = r;
-      return st != ncclInProgress;
-    });
-    if (st != ncclSuccess) {
-      const std::string why = context + ": " + call + " failed: " + nccl_error_message(st, call);
-      if (c != comm) ncclCommAbort(c);
-      abort_locked(why);
-      throw CommError(why + "; the communicator was aborted (ncclCommAbort)");
-    }
+  // The communicator as a wait site: "<operation> on communicator '<name>' (rank r/n, seq s,
+  // <detail>)", the common format of timeout and error messages.
+  WaitSite site(std::string operation, std::uint64_t seq = 0, std::string detail = {}) const {
+    return WaitSite{std::move(operation), "communicator '" + name + "'", rank, size, seq,
+                    std::move(detail)};
   }
 
-  // The result of an enqueueing call. Any failure aborts the communicator: the other ranks
-  // may already be inside the collective.
-  void finish_call_locked(ncclResult_t r, const char* call, const std::string& context,
-                          bool in_group) {
+  // Completes a call on `c` (this communicator's handle, or a child's being split from it)
+  // that returned `r`: polls its asynchronous state while ncclInProgress, bounded by the
+  // timeout (complete_nccl_call). On an error or the timeout aborts `c` (and nulls it) and
+  // this communicator, and throws CommError.
+  void complete_locked(ncclResult_t r, ncclComm_t& c, const WaitSite& at,
+                       const char* hint = kCollectiveTimeoutHint) {
     if (r == ncclSuccess) return;
-    if (r == ncclInProgress && !blocking) {
-      if (!in_group) wait_in_progress_locked(comm, call, context);  // else: at ncclGroupEnd
-      return;
-    }
-    const std::string why = context + ": " + call + " failed: " + nccl_error_message(r, call);
-    abort_locked(why);
-    throw CommError(why + "; the communicator was aborted (ncclCommAbort)");
+    complete_nccl_call(
+        r, at, timeout_s, [&c] { return c ? nccl_async_state(c) : ncclInvalidUsage; },
+        [&](const std::string& why) {
+          if (&c != &comm) {  // a child: aborted here; this communicator below
+            if (c) ncclCommAbort(c);
+            c = nullptr;
+          }
+          abort_locked(why);
+        },
+        hint);
+  }
+
+  // The result of an enqueueing call (`what`: the operation's label). Any failure aborts the
+  // communicator: the other ranks may already be inside the collective. ncclInProgress (a
+  // non-blocking communicator still enqueueing) is polled to its end here, before the caller
+  // records the operation's event; inside a group, at ncclGroupEnd.
+  void finish_call_locked(ncclResult_t r, const char* call, const LazyLabel& what, bool in_group) {
+    if (r == ncclSuccess) return;
+    if (r == ncclInProgress && in_group && !blocking) return;  // completed at ncclGroupEnd
+    complete_locked(r, comm, WaitSite::labelled(std::string(call) + " for " + what.str()));
   }
 
   // Work::wait's poll: throws (after aborting) when NCCL reports an asynchronous error.
-  void check(const std::string& context) {
+  void check(const LazyLabel& what) {
     std::lock_guard<std::mutex> lock(m);
     if (!abort_reason.empty())
-      throw CommError(context + ": the communicator was aborted (" + abort_reason + ")");
+      throw CommError(what.str() + ": the communicator was aborted (" + abort_reason + ")");
     if (!comm) return;  // destroyed after finalize: its operations finished
     ncclResult_t st = ncclSuccess;
     if (const ncclResult_t r = ncclCommGetAsyncError(comm, &st); r != ncclSuccess) st = r;
     if (st == ncclSuccess || st == ncclInProgress) return;
     const std::string why =
-        context + ": ncclCommGetAsyncError reported " + nccl_error_message(st, "async");
+        what.str() + ": ncclCommGetAsyncError reported " + nccl_error_message(st, "async");
     abort_locked(why);
     throw CommError(why + "; the communicator was aborted (ncclCommAbort)");
   }
@@ -138,7 +146,7 @@ struct NcclCommState {
       ncclResult_t r = ncclCommFinalize(comm);
       if (r == ncclInProgress) {
         try {
-          wait_in_progress_locked(comm, "ncclCommFinalize", "destroying " + what);
+          complete_locked(r, comm, site("ncclCommFinalize"));
           r = ncclSuccess;
         } catch (...) {  // aborted inside
           r = ncclInternalError;
@@ -254,17 +262,31 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MPI_Comm comm, const 
   auto state = std::make_shared<detail::NcclCommState>();
   state->blocking = options.blocking;
   state->timeout_s = timeout_s;
+  state->name = name;
+  state->rank = rank;
+  state->size = size;
   state->what = label(name, rank, size);
   const std::string context = "creating " + state->what;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = options.blocking ? 1 : 0;
   {
     std::lock_guard<std::mutex> lock(state->m);
-    const ncclResult_t r = ncclCommInitRankConfig(&state->comm, size, id, rank, &config);
-    if (r == ncclInProgress && !options.blocking)
-      state->wait_in_progress_locked(state->comm, "ncclCommInitRankConfig", context);
-    else
-      detail::nccl_check(r, "ncclCommInitRankConfig", context);
+    if (options.blocking) {
+      // A blocking init cannot be polled: the watchdog bounds it (the job is aborted with the
+      // common timeout message when a peer never joins).
+      const std::string what = state->site("ncclCommInitRankConfig (blocking)").describe();
+      Watchdog watchdog;
+      watchdog.arm(what, timeout_s, detail::kNcclInitTimeoutHint);
+      const ncclResult_t r = ncclCommInitRankConfig(&state->comm, size, id, rank, &config);
+      watchdog.disarm();
+      state->complete_locked(r, state->comm, state->site("ncclCommInitRankConfig"));
+    } else {
+      // Non-blocking: the call returns at once (ncclInProgress) and the init is polled
+      // under the timeout; an error or the timeout aborts it (ncclCommAbort) and throws.
+      const ncclResult_t r = ncclCommInitRankConfig(&state->comm, size, id, rank, &config);
+      state->complete_locked(r, state->comm, state->site("ncclCommInitRankConfig"),
+                             detail::kNcclInitTimeoutHint);
+    }
   }
   detail::cuda_check(cudaMalloc(&state->scratch, sizeof(float)), "cudaMalloc",
                      context + " (barrier word)");
@@ -290,29 +312,53 @@ void* NcclCommunicator::native_handle() const noexcept {
   return state_->comm;
 }
 
-// Labels the operation, checks the stream, and submits `call(comm, stream)` (which returns
-// the ncclResult_t of `nccl_call`) to the device stream with the hooks Work::wait polls.
+namespace {
+
+// The label of a collective, "<op> on communicator '<name>' (rank r/n, seq s, <count> x
+// <dtype>)", built only when a message needs it (LazyLabel): `count_dtype` holds the count in
+// its low 56 bits and the dtype above.
+constexpr int kDtypeShift = 56;
+std::string op_label(const char* op, const void* state, std::uint64_t seq,
+                     std::uint64_t count_dtype) {
+  const auto& st = *static_cast<const detail::NcclCommState*>(state);
+  const auto dtype = static_cast<DType>(count_dtype >> kDtypeShift);
+  const std::uint64_t count = count_dtype & ((std::uint64_t{1} << kDtypeShift) - 1);
+  return std::string(op) + " on communicator '" + st.name + "' (rank " + std::to_string(st.rank) +
+         "/" + std::to_string(st.size) + ", seq " + std::to_string(seq) + ", " +
+         std::to_string(count) + " x " + dtype_name(dtype) + ")";
+}
+
+// The traffic counter of an operation (as MpiCommunicator counts it), -1 for none.
+int traffic_slot(const char* op) noexcept {
+  if (std::strcmp(op, "all_gather") == 0) return 0;
+  if (std::strncmp(op, "reduce_scatter", 14) == 0) return 1;
+  if (std::strcmp(op, "all_reduce") == 0) return 2;
+  if (std::strcmp(op, "broadcast") == 0) return 3;
+  return -1;
+}
+
+}  // namespace
+
+// Checks the stream and submits `call(comm, stream, label, in_group)` (which enqueues the
+// NCCL call and completes its result) to the device stream with the hooks Work::wait polls.
+// No string is built unless an error needs one (the label is a LazyLabel).
 template <class Call>
 Work NcclCommunicator::launch(const char* op, std::size_t count, DType dtype, Stream& stream,
                               Call&& call) {
-  const std::string what = std::string(op) + " on communicator '" + name_ + "' (rank " +
-                           std::to_string(rank_) + "/" + std::to_string(size_) + ", seq " +
-                           std::to_string(++seq_) + ", " + std::to_string(count) + " x " +
-                           dtype_name(dtype) + ")";
-  if (!state_) throw InvalidArgument(what + ": the communicator was moved from");
-  {  // traffic counted as MpiCommunicator counts it
+  ++seq_;
+  if (!state_)
+    throw InvalidArgument(std::string(op) + " on communicator '" + name_ +
+                          "': the communicator was moved from");
+  const LazyLabel what(
+      &op_label, op, state_, seq_,
+      (static_cast<std::uint64_t>(dtype) << kDtypeShift) | static_cast<std::uint64_t>(count));
+  if (const int slot = traffic_slot(op); slot >= 0) {
     const std::uint64_t bytes = count * dtype_size(dtype);
-    const std::string o(op);
-    const int slot = o == "all_gather"                   ? 0
-                     : o.rfind("reduce_scatter", 0) == 0 ? 1
-                     : o == "all_reduce"                 ? 2
-                     : o == "broadcast"                  ? 3
-                                                         : -1;
     const std::uint64_t mult = slot <= 1 ? static_cast<std::uint64_t>(size_) : 1;
-    if (slot >= 0) (*traffic_)[static_cast<std::size_t>(slot)].fetch_add(bytes * mult);
+    (*traffic_)[static_cast<std::size_t>(slot)].fetch_add(bytes * mult);
   }
   if (!stream.is_device())
-    throw InvalidArgument(what + ": stream '" + stream.name() + "' is a " +
+    throw InvalidArgument(what.str() + ": stream '" + stream.name() + "' is a " +
                           stream_kind_name(stream.kind()) +
                           " stream; NCCL collectives need a device stream (Stream::device)");
   auto state = state_;
@@ -358,7 +404,7 @@ Work NcclCommunicator::all_gather(const void* send, void* recv, std::size_t coun
   const ncclDataType_t t = detail::nccl_dtype(dtype);
   auto state = state_;
   return launch("all_gather", count, dtype, stream,
-                [=](ncclComm_t c, cudaStream_t s, const std::string& what, bool in_group) {
+                [=](ncclComm_t c, cudaStream_t s, const LazyLabel& what, bool in_group) {
                   state->finish_call_locked(ncclAllGather(send, recv, count, t, c, s),
                                             "ncclAllGather", what, in_group);
                 });
@@ -400,7 +446,7 @@ Work NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
   auto state = state_;
   const int size = size_;
   return launch("reduce_scatter", recv_count, dtype, stream,
-                [=](ncclComm_t c, cudaStream_t s, const std::string& what, bool in_group) {
+                [=](ncclComm_t c, cudaStream_t s, const LazyLabel& what, bool in_group) {
                   state->finish_call_locked(ncclReduceScatter(send, recv, recv_count, t, nop, c, s),
                                             "ncclReduceScatter", what, in_group);
                   if (divide) detail::device_divide(recv, recv_count, dtype, size, s);
@@ -427,17 +473,19 @@ Work NcclCommunicator::reduce_scatter_divided(const void* send, void* recv, std:
   const auto scalar = detail::nccl_scalar(dtype, 1.0 / divide_factor);
   return launch(
       pre_mul ? "reduce_scatter(pre_mul_sum)" : "reduce_scatter(sum_then_scale)", recv_count, dtype,
-      stream, [=](ncclComm_t c, cudaStream_t s, const std::string& what, bool in_group) {
+      stream, [=](ncclComm_t c, cudaStream_t s, const LazyLabel& what, bool in_group) {
 #if FULLSHARD_NCCL_HAS_PREMULSUM
         if (pre_mul) {
           ncclRedOp_t op;
           auto value = scalar;  // ncclScalarHostImmediate: read during the call
-          detail::nccl_check(
+          state->finish_call_locked(
               ncclRedOpCreatePreMulSum(&op, value.data(), t, ncclScalarHostImmediate, c),
-              "ncclRedOpCreatePreMulSum", what);
+              "ncclRedOpCreatePreMulSum", what, false);
           const ncclResult_t r = ncclReduceScatter(send, recv, recv_count, t, op, c, s);
-          ncclRedOpDestroy(op, c);  // allowed once the call that used it returned
+          if (r != ncclSuccess && r != ncclInProgress) ncclRedOpDestroy(op, c);
+          // A non-blocking enqueue still in progress reads the op: destroyed once it is done.
           state->finish_call_locked(r, "ncclReduceScatter", what, in_group);
+          if (state->comm) ncclRedOpDestroy(op, state->comm);
           return;
         }
 #endif
@@ -462,7 +510,7 @@ Work NcclCommunicator::all_reduce(const void* send, void* recv, std::size_t coun
   auto state = state_;
   const int size = size_;
   return launch("all_reduce", count, dtype, stream,
-                [=](ncclComm_t c, cudaStream_t s, const std::string& what, bool in_group) {
+                [=](ncclComm_t c, cudaStream_t s, const LazyLabel& what, bool in_group) {
                   state->finish_call_locked(ncclAllReduce(send, recv, count, t, nop, c, s),
                                             "ncclAllReduce", what, in_group);
                   if (divide) detail::device_divide(recv, count, dtype, size, s);
@@ -478,7 +526,7 @@ Work NcclCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, i
   const ncclDataType_t t = detail::nccl_dtype(dtype);
   auto state = state_;
   return launch("broadcast", count, dtype, stream,
-                [=](ncclComm_t c, cudaStream_t s, const std::string& what, bool in_group) {
+                [=](ncclComm_t c, cudaStream_t s, const LazyLabel& what, bool in_group) {
                   state->finish_call_locked(ncclBroadcast(buffer, buffer, count, t, root, c, s),
                                             "ncclBroadcast", what, in_group);
                 });
@@ -488,7 +536,7 @@ Work NcclCommunicator::barrier(Stream& stream) {
   auto state = state_;
   void* word = state_ ? state_->scratch : nullptr;
   return launch("barrier", 1, DType::f32, stream,
-                [=](ncclComm_t c, cudaStream_t s, const std::string& what, bool in_group) {
+                [=](ncclComm_t c, cudaStream_t s, const LazyLabel& what, bool in_group) {
                   state->finish_call_locked(
                       ncclAllReduce(word, word, 1, ncclFloat32, ncclSum, c, s),
                       "ncclAllReduce (barrier)", what, in_group);
@@ -514,11 +562,16 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split_impl(int color, int ke
     state_->require_usable_locked(context);
     const ncclResult_t r = ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
                                          &child->comm, &config);
-    if (r == ncclInProgress && !options_.blocking) {
-      if (child->comm) state_->wait_in_progress_locked(child->comm, "ncclCommSplit", context);
-      state_->wait_in_progress_locked(state_->comm, "ncclCommSplit", context);
-    } else {
-      state_->finish_call_locked(r, "ncclCommSplit", context, false);
+    // Non-blocking: both the parent and the child are in progress until the split finished.
+    const WaitSite at = state_->site("ncclCommSplit", 0, "into '" + name + "'");
+    try {
+      if (r == ncclInProgress && child->comm)
+        state_->complete_locked(r, child->comm, at, detail::kNcclInitTimeoutHint);
+      state_->complete_locked(r, state_->comm, at, detail::kNcclInitTimeoutHint);
+    } catch (...) {  // the parent was aborted: so is the child
+      if (child->comm) ncclCommAbort(child->comm);
+      child->comm = nullptr;
+      throw;
     }
   }
   if (color < 0 || !child->comm) return nullptr;
@@ -526,6 +579,9 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split_impl(int color, int ke
   int size = 1;
   detail::nccl_check(ncclCommUserRank(child->comm, &rank), "ncclCommUserRank", context);
   detail::nccl_check(ncclCommCount(child->comm, &size), "ncclCommCount", context);
+  child->name = name;
+  child->rank = rank;
+  child->size = size;
   child->what = label(name, rank, size);
   detail::cuda_check(cudaMalloc(&child->scratch, sizeof(float)), "cudaMalloc",
                      context + " (barrier word)");
@@ -601,7 +657,7 @@ void NcclGroup::end() {
       for (const auto& c : comms) {
         std::lock_guard<std::mutex> lock(c->m);
         if (c->comm && !c->blocking)
-          c->wait_in_progress_locked(c->comm, "ncclGroupEnd", context + " on " + c->what);
+          c->complete_locked(r, c->comm, c->site("ncclGroupEnd", 0, context));
       }
     } else if (r != ncclSuccess) {
       const std::string why =
