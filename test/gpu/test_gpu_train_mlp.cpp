@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <Kokkos_Core.hpp>  // KOKKOS_ENABLE_CUDA
 #include <algorithm>
 #include <cmath>
 #include <string>
