@@ -142,6 +142,26 @@ bool take_help(int& argc, char** argv) {
   return help;
 }
 
+std::vector<std::string> take_flag(int& argc, char** argv, const std::string& flag) {
+  std::vector<std::string> taken;
+  const std::string with_value = flag + "=";
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == flag) {
+      taken.push_back(a);
+      if (i + 1 < argc) taken.emplace_back(argv[++i]);
+    } else if (a.compare(0, with_value.size(), with_value) == 0) {
+      taken.push_back(a);
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
+  argv[argc] = nullptr;
+  return taken;
+}
+
 std::string one_line(std::string s) {
   const std::string prefix = "fullshard[rank ";
   if (s.compare(0, prefix.size(), prefix) == 0) {

@@ -57,6 +57,12 @@ class ArgParser {
 /// Call it before the Runtime starts: Kokkos would otherwise answer --help with its own help.
 bool take_help(int& argc, char** argv);
 
+/// Takes every "--flag VALUE" and "--flag=VALUE" out of argv (in place; argc shrinks) and
+/// returns those arguments in their order, for parsing after the Runtime started. Call it
+/// before the Runtime starts for flags that Kokkos would claim too (Kokkos 3 reads --device
+/// as its device number).
+std::vector<std::string> take_flag(int& argc, char** argv, const std::string& flag);
+
 /// An exception's message on one line, without the "fullshard[rank R]: " prefix.
 std::string one_line(std::string s);
 

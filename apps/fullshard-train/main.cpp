@@ -36,6 +36,9 @@
 #include "fullshard/schedule/compute_cost.hpp"
 #include "mlp_cost.hpp"
 #include "residual_mlp.hpp"
+#if defined(FULLSHARD_APPS_HAVE_CUDA)
+#include "residual_mlp_cuda.hpp"
+#endif
 
 namespace {
 
@@ -68,6 +71,11 @@ const char* const kUsage =
     "  --warmup N            linear warm-up steps, then cosine decay to 0 at S (default: no\n"
     "                        schedule, constant lr)\n"
     "  --clip X              clip the global gradient norm to X (default: off)\n"
+    "device:\n"
+    "  --device cpu|cuda     where the model trains: cpu (host memory, MPI collectives,\n"
+    "                        OpenBLAS; the default) or cuda (one GPU per rank: a CUDA mesh,\n"
+    "                        NCCL, cuBLAS and Kokkos kernels on the mesh's compute stream;\n"
+    "                        needs a build against a CUDA-enabled Kokkos, docs/gpu.md)\n"
     "fully_shard and the schedule:\n"
     "  --mesh N | RxN        FSDP over N ranks, or HSDP: R replicas of N-rank shard groups\n"
     "                        (default: FSDP over every rank)\n"
@@ -115,7 +123,8 @@ const char* const kUsage =
     "  --log-every N         print every N-th step line (default 1; the last step always)\n"
     "  --help                print this help\n"
     "\n"
-    "Exit status: 0 on success, 2 on bad options, 1 on a runtime error.\n";
+    "Exit status: 0 on success, 2 on bad options, 1 on a runtime error, 77 with --device\n"
+    "cuda where no CUDA device is visible (\"SKIPPED: no CUDA device ...\").\n";
 
 struct Config {
   apps::MlpShape shape{32, 256, 8, 4};
@@ -139,12 +148,18 @@ struct Config {
   bool help = false;
   bool auto_plan = false;
   std::size_t memory_budget = 0;
+  fullshard::DeviceType device = fullshard::DeviceType::cpu;
 };
 
-Config parse(int argc, char** argv) {
+/// `device_args`: the --device arguments taken out of argv before the Runtime (take_flag).
+Config parse(int argc, char** argv, const std::vector<std::string>& device_args) {
   Config c;
   c.plan.forward_prefetch_depth = 1;
-  apps::ArgParser a(argc, argv);
+  std::vector<char*> args(argv, argv + argc);
+  for (const std::string& d : device_args)
+    args.push_back(const_cast<char*>(d.c_str()));
+  args.push_back(nullptr);
+  apps::ArgParser a(static_cast<int>(args.size()) - 1, args.data());
   while (a.next()) {
     const std::string& f = a.flag();
     if (f == "--layers")
@@ -195,6 +210,14 @@ Config parse(int argc, char** argv) {
       } catch (const fullshard::InvalidArgument&) {
         throw apps::UsageError{"--memory-budget: '" + v + "' is not a byte size (e.g. 512MiB)"};
       }
+    } else if (f == "--device") {
+      const std::string d = a.value();
+      if (d == "cpu")
+        c.device = fullshard::DeviceType::cpu;
+      else if (d == "cuda")
+        c.device = fullshard::DeviceType::cuda;
+      else
+        throw apps::UsageError{"--device expects cpu or cuda, got '" + d + "'"};
     } else if (f == "--trace")
       c.trace = a.value();
     else if (f == "--cost")
@@ -229,6 +252,13 @@ Config parse(int argc, char** argv) {
     } else
       a.unknown();
   }
+#if !defined(FULLSHARD_APPS_HAVE_CUDA)
+  if (c.device == fullshard::DeviceType::cuda)
+    throw apps::UsageError{
+        "--device cuda: this fullshard-train was built without CUDA (it needs a build against "
+        "a CUDA-enabled Kokkos with the CUDA toolkit's cuBLAS: scripts/build-cuda, "
+        "docs/gpu.md)"};
+#endif
   if (!c.init_from.empty() && !c.resume_dir.empty())
     throw apps::UsageError{
         "--init-from and --resume exclude each other (--resume restores the "
@@ -320,6 +350,9 @@ fullshard::DeviceMesh make_mesh(const fullshard::Runtime& rt, const Config& c) {
     throw apps::UsageError{"--mesh " + std::to_string(R) + "x" + std::to_string(S) + " needs " +
                            std::to_string(static_cast<std::int64_t>(R) * S) +
                            " ranks, the job has " + std::to_string(world)};
+  if (c.device == fullshard::DeviceType::cuda)  // torch's init_device_mesh("cuda", ...)
+    return R == 1 ? fullshard::init_device_mesh(rt, "cuda", {S}, {"shard"})
+                  : fullshard::init_device_mesh(rt, "cuda", {R, S}, {"replicate", "shard"});
   return R == 1 ? fullshard::DeviceMesh(rt, {S}, {"shard"})
                 : fullshard::DeviceMesh(rt, {R, S}, {"replicate", "shard"});
 }
@@ -359,6 +392,15 @@ class Trainer {
       if (!out) throw fullshard::Error("--graph-out: cannot write '" + c.graph_out + "'");
     }
     model_.shard(mesh_, options);
+#if defined(FULLSHARD_APPS_HAVE_CUDA)
+    if (c.device == fullshard::DeviceType::cuda) {
+      // Losses and step times stay on the device between log points (and at most this many
+      // steps).
+      const int to_run = std::max(1, c.stop_after >= 0 ? std::min(c.steps, c.stop_after) : c.steps);
+      slots_ = std::max(1, std::min({c.log_every, to_run, 1024}));
+      cuda_ = std::make_unique<apps::CudaResidualMlp>(model_, mesh_, slots_);
+    }
+#endif
     params_ = model_.root().parameters();
     if (c.optimizer == "sgd") {
       auto o = std::make_unique<fullshard::optim::SGD>(params_, c.lr, c.momentum, c.weight_decay);
@@ -484,6 +526,70 @@ class Trainer {
     return loss;
   }
 
+#if defined(FULLSHARD_APPS_HAVE_CUDA)
+  bool on_cuda() const noexcept {
+    return cuda_ != nullptr;
+  }
+
+  /// --device cuda: one training step enqueued on the GPU (the same data and order as step());
+  /// the losses and step times come back to the host only at the log points, the checkpoint
+  /// saves and every `slots_` steps (fetch), which also prints the step line.
+  void cuda_step(int step, int first_step) {
+    if (step < window_first_ || step >= window_first_ + window_steps_) upload_window(step);
+    const int slot = (step - first_step) % slots_;
+    const long faults0 = minor_faults();
+    const auto t0 = Clock::now();
+    const fullshard::comm::Traffic traffic0 = mesh_.traffic();
+    if (schedule_) {
+      const double lr = schedule_->lr(step);
+      if (sgd_) sgd_->lr = lr;
+      if (adamw_) adamw_->lr = lr;
+    }
+    cuda_->mark_start(slot);
+    opt_->zero_grad();
+    cuda_->forward_backward(step - window_first_, c_.batch, slot);
+    const auto t_fb = Clock::now();
+    if (c_.clip > 0) fullshard::optim::clip_grad_norm(params_, c_.clip, mesh_);
+    opt_->step();
+    cuda_->mark_end(slot);
+    const auto t_opt = Clock::now();
+    if (step > first_step) {
+      const fullshard::comm::Traffic t1 = mesh_.traffic();
+      step_traffic_.all_gather += t1.all_gather - traffic0.all_gather;
+      step_traffic_.reduce_scatter += t1.reduce_scatter - traffic0.reduce_scatter;
+      step_traffic_.all_reduce += t1.all_reduce - traffic0.all_reduce;
+    }
+    // On the GPU the timeline holds the host's time issuing each op (what comm_ms reports).
+    auto& timeline = model_.executor().timeline();
+    comm_ms_.push_back(timeline.busy_us(ops_seen_, /*communication=*/true) / 1e3);
+    if (keep_timeline_)
+      ops_seen_ = timeline.size();
+    else
+      timeline.clear();
+    fb_ms_.push_back(std::chrono::duration<double, std::milli>(t_fb - t0).count());
+    opt_ms_.push_back(std::chrono::duration<double, std::milli>(t_opt - t_fb).count());
+    faults_.push_back(static_cast<double>(minor_faults() - faults0));
+    ++pending_;
+    const bool log = (step + 1) % c_.log_every == 0 || step + 1 == last_step_;
+    const bool save =
+        !c_.checkpoint_dir.empty() &&
+        ((c_.save_every > 0 && (step + 1) % c_.save_every == 0) || step + 1 == last_step_);
+    if (log || save || pending_ == slots_) fetch(step, first_step);
+    if (log && rank_ == 0) {
+      std::printf("step %d loss %.9g step_ms %.3f comm_ms %.3f peak_mib %.2f\n", step + 1,
+                  last_loss_, step_ms_.back(), comm_ms_.back(),
+                  model_.executor().measured_peak_bytes() / kMiB);
+      std::fflush(stdout);
+    }
+  }
+
+  /// The loss of the last step fetched (fetch() ran at every save point).
+  double last_loss() const noexcept {
+    return last_loss_;
+  }
+
+#endif
+
   /// The step line (every --log-every steps and the last), and the divergence check.
   void log_step(int step, double loss) {
     if (rank_ == 0 && ((step + 1) % c_.log_every == 0 || step + 1 == last_step_)) {
@@ -580,7 +686,9 @@ class Trainer {
         planned["collectives"], measured_of("collectives"), planned["copies"]);
   }
 
-  static std::string kind_of(const std::string& label) { return label.substr(0, label.find('(')); }
+  static std::string kind_of(const std::string& label) {
+    return label.substr(0, label.find('('));
+  }
 
   /// --trace: the plan and rank 0's measured timeline in one Chrome/Perfetto file.
   void write_trace() {
@@ -596,9 +704,57 @@ class Trainer {
     std::printf("trace: %s (pid 0: the plan, pid 1: measured on rank 0)\n", c_.trace.c_str());
   }
 
-  int last_step() const noexcept { return last_step_; }
+  int last_step() const noexcept {
+    return last_step_;
+  }
 
  private:
+#if defined(FULLSHARD_APPS_HAVE_CUDA)
+  /// The batches of steps [step, step + W) generated on the host (Teacher::batch, as the CPU
+  /// path) and copied to the device at once, W as many as fit 256 MiB.
+  void upload_window(int step) {
+    const std::size_t per_step =
+        static_cast<std::size_t>(rows_) * (c_.shape.inputs + c_.shape.outputs) * sizeof(float);
+    const int cap = static_cast<int>(
+        std::max<std::size_t>(1, (std::size_t{256} << 20) / std::max<std::size_t>(1, per_step)));
+    window_first_ = step;
+    window_steps_ = std::max(1, std::min(cap, last_step_ - step));
+    std::vector<float> xs, ts;
+    xs.reserve(static_cast<std::size_t>(window_steps_) * rows_ * c_.shape.inputs);
+    ts.reserve(static_cast<std::size_t>(window_steps_) * rows_ * c_.shape.outputs);
+    for (int k = 0; k < window_steps_; ++k) {
+      teacher_.batch(static_cast<std::int64_t>(step + k) * c_.batch + first_row_, rows_, x_, t_);
+      xs.insert(xs.end(), x_.begin(), x_.end());
+      ts.insert(ts.end(), t_.begin(), t_.end());
+    }
+    cuda_->upload(xs.data(), ts.data(), rows_, window_steps_);
+  }
+
+  /// The pending steps' losses (summed over the ranks: one all-reduce) and GPU step times.
+  void fetch(int step, int first_step) {
+    const int n = pending_;
+    const int first = (step + 1 - n - first_step) % slots_;
+    std::vector<double> sse = cuda_->sse(first, n);
+    const std::vector<double> ms = cuda_->step_ms(first, n);
+    mesh_.world_comm()
+        .all_reduce(sse.data(), sse.data(), static_cast<std::size_t>(n), fullshard::DType::f64,
+                    fullshard::comm::ReduceOp::sum, mesh_.stream(fullshard::Channel::main))
+        .wait();
+    for (int k = 0; k < n; ++k) {
+      const int s = step + 1 - n + k;
+      const double loss = sse[static_cast<std::size_t>(k)] / (double(c_.batch) * c_.shape.outputs);
+      if (!std::isfinite(loss))
+        throw fullshard::Error("step " + std::to_string(s + 1) + ": the loss is " +
+                               std::to_string(loss) + " (diverged; lower --lr)");
+      step_ms_.push_back(ms[static_cast<std::size_t>(k)]);
+      if (s == first_step) first_loss_ = loss;
+      last_loss_ = loss;
+    }
+    pending_ = 0;
+  }
+
+#endif
+
   int resume() {
     const auto t0 = Clock::now();
     const fullshard::checkpoint::Loaded ck =
@@ -693,6 +849,12 @@ class Trainer {
   const nlohmann::json run_identity_;
   const bool keep_timeline_;
   std::vector<fullshard::graph::Parameter*> params_;
+#if defined(FULLSHARD_APPS_HAVE_CUDA)
+  // --device cuda: the model's CUDA compute, its device slots, the uploaded steps' window,
+  // and the steps whose loss is still on the device.
+  std::unique_ptr<apps::CudaResidualMlp> cuda_;
+  int slots_ = 1, window_first_ = 0, window_steps_ = 0, pending_ = 0;
+#endif
   std::unique_ptr<fullshard::optim::Optimizer> opt_;
   fullshard::optim::SGD* sgd_ = nullptr;
   fullshard::optim::AdamW* adamw_ = nullptr;
@@ -721,6 +883,13 @@ int train(const fullshard::Runtime& rt, const Config& c) {
   const int first_step = run.restore();
   const auto t_start = Clock::now();
   for (int step = first_step; step < run.last_step(); ++step) {
+#if defined(FULLSHARD_APPS_HAVE_CUDA)
+    if (run.on_cuda()) {
+      run.cuda_step(step, first_step);  // prints its step line at the log points
+      run.maybe_save(step, run.last_loss());
+      continue;
+    }
+#endif
     const double loss = run.step(step, first_step);
     run.log_step(step, loss);
     run.maybe_save(step, loss);
@@ -772,8 +941,24 @@ std::vector<apps::OptionValue> option_values(const Config& c) {
            c.checkpoint_kind == fullshard::checkpoint::Kind::full ? "full" : "sharded"},
           {"--resume", c.resume_dir},
           {"--init-from", c.init_from},
-          {"--stop-after", std::to_string(c.stop_after)}};
+          {"--stop-after", std::to_string(c.stop_after)},
+          {"--device", fullshard::device_type_name(c.device)}};
 }
+
+#if defined(FULLSHARD_APPS_HAVE_CUDA)
+// Whether the --device arguments ask for cuda (the last one wins, as in parse()).
+bool wants_cuda(const std::vector<std::string>& device_args) {
+  bool cuda = false;
+  for (std::size_t i = 0; i < device_args.size(); ++i) {
+    const std::string& a = device_args[i];
+    if (a == "--device" && i + 1 < device_args.size())
+      cuda = device_args[++i] == "cuda";
+    else if (a.rfind("--device=", 0) == 0)
+      cuda = a.substr(9) == "cuda";
+  }
+  return cuda;
+}
+#endif
 
 int main(int argc, char** argv) {
 #ifdef __GLIBC__
@@ -785,6 +970,20 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 #endif
   const bool help = apps::take_help(argc, argv);
+  // Kokkos 3 reads --device (its device number): parsed here after the Runtime instead.
+  const std::vector<std::string> device_args = apps::take_flag(argc, argv, "--device");
+#if defined(FULLSHARD_APPS_HAVE_CUDA)
+  // --device cuda without a visible GPU: skipped (exit 77, what scripts/gpu-run expects),
+  // asked before the Runtime starts (a CUDA-enabled Kokkos cannot start without a device).
+  if (!help && wants_cuda(device_args)) {
+    std::string why;
+    if (apps::cuda_device_count(why) == 0) {
+      std::printf("SKIPPED: no CUDA device (%s): fullshard-train --device cuda needs a GPU\n",
+                  why.c_str());
+      return 77;
+    }
+  }
+#endif
   std::optional<fullshard::Runtime> rt;
   try {
     rt.emplace(argc, argv);
@@ -804,7 +1003,7 @@ int main(int argc, char** argv) {
     std::optional<apps::UsageError> refused;
     Config c;
     try {
-      c = parse(argc, argv);
+      c = parse(argc, argv, device_args);
     } catch (const apps::UsageError& e) {
       refused = e;
     }
