@@ -58,6 +58,7 @@ awk -v ranks="$ranks" '
       if ($i == "plan") train_serial = $(i + 1)
       if ($i == "overlapped:") train_overlapped = $(i + 1)
       if ($i == "optimizer" && opt == "") opt = $(i + 1)
+      if ($i == "wait" && wait == "") wait = $(i + 1)
       if ($(i + 1) == "elements") elements = substr($i, 2)
     }
   }
@@ -66,8 +67,10 @@ awk -v ranks="$ranks" '
     d = function_abs(train_serial - serial) + function_abs(train_overlapped - overlapped)
     if (d > 0.0015) { print "FAIL: fullshard-train plan " train_serial " / " train_overlapped \
                       " ms != fullshard-plan " serial " / " overlapped " ms"; exit 1 }
-    if (function_abs(predicted - train_serial - opt) > 0.0015) {
-      print "FAIL: predicted " predicted " != plan " train_serial " + optimizer " opt; exit 1 }
+    if (wait == "") { print "FAIL: no core wait in the prediction line"; exit 1 }
+    if (function_abs(predicted - train_serial - opt - wait) > 0.0015) {
+      print "FAIL: predicted " predicted " != plan " train_serial " + optimizer " opt \
+            " + core wait " wait; exit 1 }
     if (function_abs(opt - elements * 3e-6) > 0.0005 + 1e-6 * opt) {
       print "FAIL: optimizer " opt " ms != " elements " elements x 3 ns"; exit 1 }
     print "ok: plan " serial " ms (overlapped " overlapped " ms) in both; optimizer " opt " ms"
