@@ -555,14 +555,17 @@ class Trainer {
     const double serial = schedule::serial_step_ms(plan);
     const double elements = static_cast<double>(plan.sharded_bytes) / sizeof(float);
     const double opt = rates_.optimizer_ms(c_.optimizer, elements);
-    // More ranks than cores: the ranks of a core take turns, so a rank also waits for its
-    // core-mates' modules and optimizer (schedule::core_wait_ms; whole-core rates only).
-    double modules = 0.0;
-    for (const schedule::Op& op : plan.ops)
+    // More ranks than cores: a rank also waits for its core-mates' modules (where they do
+    // not fit into its collectives) and optimizer (schedule::core_wait_ms; whole-core rates).
+    double modules = 0.0, collectives = 0.0;
+    for (const schedule::Op& op : plan.ops) {
       if (op.kind == schedule::OpKind::forward || op.kind == schedule::OpKind::backward)
         modules += op.end_ms - op.start_ms;
-    const double wait =
-        rates_.whole_core() ? schedule::core_wait_ms(ranks_per_core_, modules + opt) : 0.0;
+      if (op.stream != schedule::StreamKind::compute) collectives += op.end_ms - op.start_ms;
+    }
+    const double wait = rates_.whole_core()
+                            ? schedule::core_wait_ms(ranks_per_core_, modules, collectives, opt)
+                            : 0.0;
     const double predicted = serial + opt + wait;
     auto after_first = [&](std::vector<double> v) {
       if (v.size() > 1) v.erase(v.begin());

@@ -326,8 +326,11 @@ bool ComputeRates::operator==(const ComputeRates& o) const noexcept {
          ranks_per_core == o.ranks_per_core && module_times == o.module_times;
 }
 
-double core_wait_ms(double ranks_per_core, double cpu_ms) noexcept {
-  return ranks_per_core > 1.0 ? (ranks_per_core - 1.0) * cpu_ms : 0.0;
+double core_wait_ms(double ranks_per_core, double module_ms, double collective_ms,
+                    double optimizer_ms) noexcept {
+  if (!(ranks_per_core > 1.0)) return 0.0;
+  const double mates = ranks_per_core - 1.0;
+  return mates * optimizer_ms + std::max(0.0, mates * module_ms - collective_ms);
 }
 
 graph::Cost cost_from_work(const ComputeRates& rates, const Work& forward, const Work& backward) {

@@ -264,12 +264,16 @@ TEST_CASE("compute_cost: module_times errors name the JSON path") {
                  "compute.json: ranks_per_core: expected a number"));
 }
 
-TEST_CASE("compute_cost: core_wait_ms is the core-mates' share of the CPU work") {
-  // 4 ranks on 2 cores: each core runs its two ranks' CPU work one after the other, so a
-  // rank waits as long as its core-mate computes.
-  CHECK(core_wait_ms(2.0, 30.0) == 30.0);
-  CHECK(core_wait_ms(1.5, 30.0) == 15.0);  // 3 ranks on 2 cores
-  CHECK(core_wait_ms(1.0, 30.0) == 0.0);
-  CHECK(core_wait_ms(0.5, 30.0) == 0.0);  // fewer ranks than cores
-  CHECK(core_wait_ms(0.0, 30.0) == 0.0);  // not recorded
+TEST_CASE(
+    "compute_cost: core_wait_ms: the core-mates' optimizer, and modules beyond the collectives") {
+  // 4 ranks on 2 cores: the core-mate's optimizer adds in full; its modules (30 ms) fit into
+  // this rank's 50 ms of collectives, so they add nothing.
+  CHECK(core_wait_ms(2.0, 30.0, 50.0, 8.0) == 8.0);
+  // Modules of 80 ms against 50 ms of collectives: 30 ms do not fit.
+  CHECK(core_wait_ms(2.0, 80.0, 50.0, 8.0) == 38.0);
+  // 3 ranks on 2 cores: half a core-mate per rank.
+  CHECK(core_wait_ms(1.5, 80.0, 10.0, 8.0) == 4.0 + 30.0);
+  CHECK(core_wait_ms(1.0, 80.0, 0.0, 8.0) == 0.0);  // a core per rank
+  CHECK(core_wait_ms(0.5, 80.0, 0.0, 8.0) == 0.0);  // fewer ranks than cores
+  CHECK(core_wait_ms(0.0, 80.0, 0.0, 8.0) == 0.0);  // not recorded
 }

@@ -133,13 +133,20 @@ struct ComputeRates {
   bool operator==(const ComputeRates& o) const noexcept;
 };
 
-/// The time a rank waits, per step, for the other ranks on its core to compute, when
-/// `ranks_per_core` (> 1) ranks share each core and take turns: while one computes at a whole
-/// core's speed its core-mates wait in a collective, so every core runs the CPU work of all its
-/// ranks one after the other and a rank's step is ranks_per_core x its own CPU work.
-/// (ranks_per_core - 1) x `cpu_ms` (the rank's own CPU work at a whole core: its modules'
-/// forward and backward and its optimizer step); 0 when ranks_per_core <= 1.
-double core_wait_ms(double ranks_per_core, double cpu_ms) noexcept;
+/// The time a rank waits, per step, for the other ranks on its core when `ranks_per_core`
+/// (> 1) ranks share each core and the rates are a whole core's (ComputeRates::whole_core()).
+/// Every core runs the CPU work of all its ranks, so a rank's step also holds its
+/// core-mates' (ranks_per_core - 1) x its own work; but a core-mate computes its modules while
+/// this rank waits in a collective (the collectives' calibrated time, measured with every
+/// rank at once on the shared cores, is mostly that waiting), so of the modules only what
+/// exceeds the collectives adds, while the optimizer step, which every rank runs at the same
+/// time after its last reduce-scatter, adds in full:
+///   (ranks_per_core - 1) x optimizer_ms + max(0, (ranks_per_core - 1) x module_ms -
+///   collective_ms);
+/// 0 when ranks_per_core <= 1. `module_ms`: the rank's modules' forward and backward per
+/// step at a whole core; `collective_ms`: its communication-stream ops (the plan's).
+double core_wait_ms(double ranks_per_core, double module_ms, double collective_ms,
+                    double optimizer_ms) noexcept;
 
 /// The module's declared cost from its forward and backward work.
 graph::Cost cost_from_work(const ComputeRates& rates, const Work& forward, const Work& backward);
