@@ -3,11 +3,15 @@
 #include <cblas.h>
 #include <mpi.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -154,6 +158,26 @@ schedule::MeasuredModules time_residual_mlp_modules(const MlpShape& shape, std::
   for (int k = 0; k < 3; ++k)
     out.modules[names[k]] = {median(samples[2 * k]), median(samples[2 * k + 1])};
   return out;
+}
+
+double scheduler_slice_ms() {
+  if (const char* env = std::getenv("FULLSHARD_SCHED_SLICE_MS")) {
+    char* end = nullptr;
+    const double v = std::strtod(env, &end);
+    if (*env == '\0' || *end != '\0' || !(v > 0) || !std::isfinite(v))
+      throw InvalidArgument("FULLSHARD_SCHED_SLICE_MS: '" + std::string(env) +
+                            "' is not a number of milliseconds > 0");
+    return v;
+  }
+  if (std::ifstream f("/sys/kernel/debug/sched/base_slice_ns"); f) {
+    double ns = 0;
+    if (f >> ns && ns > 0) return ns * 1e-6;
+  }
+  const long cpus = std::max(1L, std::min(8L, sysconf(_SC_NPROCESSORS_ONLN)));
+  int log2 = 0;
+  while ((2L << log2) <= cpus)
+    ++log2;
+  return 0.75 * (1 + log2);
 }
 
 double job_ranks_per_core() {

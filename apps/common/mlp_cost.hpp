@@ -62,6 +62,13 @@ CostSource declare_costs(ResidualMlp& model, const schedule::ComputeRates& rates
 /// over MPI_COMM_WORLD; the same value on every rank.
 double job_ranks_per_core();
 
+/// The time slice the kernel's scheduler gives a task before a core-mate runs (ms; for
+/// schedule::core_wait_ms): FULLSHARD_SCHED_SLICE_MS when set (a number > 0; else
+/// InvalidArgument naming it), else /sys/kernel/debug/sched/base_slice_ns when readable, else
+/// Linux's default base slice (EEVDF, Linux >= 6.6): 0.75 ms x (1 + log2(min(online CPUs,
+/// 8))), 1.5 ms on 2 CPUs.
+double scheduler_slice_ms();
+
 struct ComputeCalibration {
   std::vector<schedule::Gemm> gemms;
   /// Residual MLPs whose modules to time (time_residual_mlp_modules): shape and rows per

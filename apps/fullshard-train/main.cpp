@@ -555,17 +555,20 @@ class Trainer {
     const double serial = schedule::serial_step_ms(plan);
     const double elements = static_cast<double>(plan.sharded_bytes) / sizeof(float);
     const double opt = rates_.optimizer_ms(c_.optimizer, elements);
-    // More ranks than cores: a rank also waits for its core-mates' modules (where they do
-    // not fit into its collectives) and optimizer (schedule::core_wait_ms; whole-core rates).
-    double modules = 0.0, collectives = 0.0;
+    // More ranks than cores: a rank also waits for its core-mates' modules (beyond one
+    // scheduler slice, or where they do not fit into its collectives) and optimizer
+    // (schedule::core_wait_ms; whole-core rates only).
+    std::vector<double> modules;
+    double collectives = 0.0;
     for (const schedule::Op& op : plan.ops) {
       if (op.kind == schedule::OpKind::forward || op.kind == schedule::OpKind::backward)
-        modules += op.end_ms - op.start_ms;
+        modules.push_back(op.end_ms - op.start_ms);
       if (op.stream != schedule::StreamKind::compute) collectives += op.end_ms - op.start_ms;
     }
-    const double wait = rates_.whole_core()
-                            ? schedule::core_wait_ms(ranks_per_core_, modules, collectives, opt)
-                            : 0.0;
+    const double slice = apps::scheduler_slice_ms();
+    const double wait = rates_.whole_core() ? schedule::core_wait_ms(ranks_per_core_, modules,
+                                                                     collectives, opt, slice)
+                                            : 0.0;
     const double predicted = serial + opt + wait;
     auto after_first = [&](std::vector<double> v) {
       if (v.size() > 1) v.erase(v.begin());
@@ -575,10 +578,10 @@ class Trainer {
     std::printf(
         "prediction: step %.3f ms = plan %.3f ms (its ops one after the other; streams "
         "overlapped: %.3f ms) + optimizer %.3f ms (%.0f elements per rank) + core wait %.3f ms "
-        "(%.2f ranks per core); measured median "
+        "(%.2f ranks per core, scheduler slice %.2f ms); measured median "
         "%.3f ms (zero_grad + forward + backward %.3f ms, optimizer %.3f ms, %.0f page faults; "
         "steps after the first): error %+.1f %%\n",
-        predicted, serial, plan.step_ms, opt, elements, wait, ranks_per_core_, measured,
+        predicted, serial, plan.step_ms, opt, elements, wait, ranks_per_core_, slice, measured,
         after_first(fb_ms_), after_first(opt_ms_), after_first(faults_),
         measured > 0 ? 100.0 * (predicted - measured) / measured : 0.0);
     // Per kind of op, predicted against the measured mean per step: the modules' forward and

@@ -326,11 +326,16 @@ bool ComputeRates::operator==(const ComputeRates& o) const noexcept {
          ranks_per_core == o.ranks_per_core && module_times == o.module_times;
 }
 
-double core_wait_ms(double ranks_per_core, double module_ms, double collective_ms,
-                    double optimizer_ms) noexcept {
+double core_wait_ms(double ranks_per_core, const std::vector<double>& module_ms,
+                    double collective_ms, double optimizer_ms, double slice_ms) noexcept {
   if (!(ranks_per_core > 1.0)) return 0.0;
-  const double mates = ranks_per_core - 1.0;
-  return mates * optimizer_ms + std::max(0.0, mates * module_ms - collective_ms);
+  const double mates = ranks_per_core - 1.0, slice = std::max(0.0, slice_ms);
+  double beyond = 0.0, within = 0.0;
+  for (const double t : module_ms) {
+    beyond += std::max(0.0, t - slice);
+    within += std::min(t, slice);
+  }
+  return mates * (optimizer_ms + beyond) + std::max(0.0, mates * within - collective_ms);
 }
 
 graph::Cost cost_from_work(const ComputeRates& rates, const Work& forward, const Work& backward) {

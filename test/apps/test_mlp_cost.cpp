@@ -239,3 +239,17 @@ TEST_CASE("mlp_cost: a calibration with module times, one rank at a time") {
   CHECK(same_everywhere(text));
   CHECK(ComputeRates::parse_json(text, ComputeRates{}) == r);
 }
+
+TEST_CASE("mlp_cost: the scheduler slice") {
+  const double slice = apps::scheduler_slice_ms();
+  CHECK(std::isfinite(slice));
+  CHECK(slice > 0);
+  setenv("FULLSHARD_SCHED_SLICE_MS", "2.5", 1);
+  CHECK(apps::scheduler_slice_ms() == 2.5);
+  setenv("FULLSHARD_SCHED_SLICE_MS", "fast", 1);
+  CHECK(fullshard::test::contains(
+      fullshard::test::error_of<InvalidArgument>([] { apps::scheduler_slice_ms(); }),
+      "FULLSHARD_SCHED_SLICE_MS: 'fast' is not a number of milliseconds > 0"));
+  unsetenv("FULLSHARD_SCHED_SLICE_MS");
+  CHECK(apps::scheduler_slice_ms() == slice);
+}

@@ -265,15 +265,18 @@ TEST_CASE("compute_cost: module_times errors name the JSON path") {
 }
 
 TEST_CASE(
-    "compute_cost: core_wait_ms: the core-mates' optimizer, and modules beyond the collectives") {
-  // 4 ranks on 2 cores: the core-mate's optimizer adds in full; its modules (30 ms) fit into
-  // this rank's 50 ms of collectives, so they add nothing.
-  CHECK(core_wait_ms(2.0, 30.0, 50.0, 8.0) == 8.0);
-  // Modules of 80 ms against 50 ms of collectives: 30 ms do not fit.
-  CHECK(core_wait_ms(2.0, 80.0, 50.0, 8.0) == 38.0);
+    "compute_cost: core_wait_ms: core-mates' optimizer, modules beyond a slice or collectives") {
+  // 4 ranks on 2 cores, slice 1.5 ms: modules of 1, 1 and 4 ms. Beyond the slice: 2.5 ms;
+  // within: 1 + 1 + 1.5 = 3.5 ms, which fits into 50 ms of collectives; the optimizer adds.
+  const std::vector<double> mods = {1.0, 1.0, 4.0};
+  CHECK(core_wait_ms(2.0, mods, 50.0, 8.0, 1.5) == doctest::Approx(8.0 + 2.5));
+  // Only 1 ms of collectives: 2.5 ms of the within-slice part does not fit.
+  CHECK(core_wait_ms(2.0, mods, 1.0, 8.0, 1.5) == doctest::Approx(8.0 + 2.5 + 2.5));
   // 3 ranks on 2 cores: half a core-mate per rank.
-  CHECK(core_wait_ms(1.5, 80.0, 10.0, 8.0) == 4.0 + 30.0);
-  CHECK(core_wait_ms(1.0, 80.0, 0.0, 8.0) == 0.0);  // a core per rank
-  CHECK(core_wait_ms(0.5, 80.0, 0.0, 8.0) == 0.0);  // fewer ranks than cores
-  CHECK(core_wait_ms(0.0, 80.0, 0.0, 8.0) == 0.0);  // not recorded
+  CHECK(core_wait_ms(1.5, mods, 0.0, 8.0, 1.5) == doctest::Approx(0.5 * (8.0 + 2.5) + 1.75));
+  // A slice of 0: every module shares the core (the whole module time adds).
+  CHECK(core_wait_ms(2.0, mods, 50.0, 8.0, 0.0) == doctest::Approx(8.0 + 6.0));
+  CHECK(core_wait_ms(1.0, mods, 0.0, 8.0, 1.5) == 0.0);  // a core per rank
+  CHECK(core_wait_ms(0.5, mods, 0.0, 8.0, 1.5) == 0.0);  // fewer ranks than cores
+  CHECK(core_wait_ms(0.0, mods, 0.0, 8.0, 1.5) == 0.0);  // not recorded
 }

@@ -135,18 +135,20 @@ struct ComputeRates {
 
 /// The time a rank waits, per step, for the other ranks on its core when `ranks_per_core`
 /// (> 1) ranks share each core and the rates are a whole core's (ComputeRates::whole_core()).
-/// Every core runs the CPU work of all its ranks, so a rank's step also holds its
-/// core-mates' (ranks_per_core - 1) x its own work; but a core-mate computes its modules while
-/// this rank waits in a collective (the collectives' calibrated time, measured with every
-/// rank at once on the shared cores, is mostly that waiting), so of the modules only what
-/// exceeds the collectives adds, while the optimizer step, which every rank runs at the same
-/// time after its last reduce-scatter, adds in full:
-///   (ranks_per_core - 1) x optimizer_ms + max(0, (ranks_per_core - 1) x module_ms -
-///   collective_ms);
-/// 0 when ranks_per_core <= 1. `module_ms`: the rank's modules' forward and backward per
+/// Every core runs the CPU work of all its ranks. The kernel runs a task for a time slice
+/// (`slice_ms`) before it lets a core-mate have the core, so the first slice of each module
+/// runs at a whole core's speed and the core-mates compute that part while this rank waits in
+/// a collective (the collectives' calibrated time, measured with every rank at once on the
+/// shared cores, is mostly such waiting); what a module runs beyond one slice shares the core
+/// with its core-mates, and the optimizer step, which every rank runs at the same time after
+/// its last reduce-scatter, adds in full:
+///   m = ranks_per_core - 1;
+///   m x optimizer_ms + m x sum_i max(0, module_ms[i] - slice_ms)
+///     + max(0, m x sum_i min(module_ms[i], slice_ms) - collective_ms);
+/// 0 when ranks_per_core <= 1. `module_ms`: the rank's modules' forward and backward ops of a
 /// step at a whole core; `collective_ms`: its communication-stream ops (the plan's).
-double core_wait_ms(double ranks_per_core, double module_ms, double collective_ms,
-                    double optimizer_ms) noexcept;
+double core_wait_ms(double ranks_per_core, const std::vector<double>& module_ms,
+                    double collective_ms, double optimizer_ms, double slice_ms) noexcept;
 
 /// The module's declared cost from its forward and backward work.
 graph::Cost cost_from_work(const ComputeRates& rates, const Work& forward, const Work& backward);
