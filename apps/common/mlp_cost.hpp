@@ -1,7 +1,8 @@
-// Compute costs of the residual MLP (residual_mlp.hpp) from its work counts, and the
-// calibration of the rates they need (schedule::ComputeRates) on this machine: CBLAS SGEMM at
-// given shapes, the elementwise passes and the optimizers, with every rank of the job
-// measuring at the same time (so that ranks sharing cores measure their share).
+// Compute costs of the residual MLP (residual_mlp.hpp): measured module times (its modules'
+// own code, timed as a step runs it) or, without them, its work counts at calibrated rates;
+// and the calibration of both (schedule::ComputeRates) on this machine: CBLAS SGEMM at given
+// shapes, the elementwise passes, the optimizers and the modules, at a whole core per rank
+// (every rank at once, or one rank at a time when ranks share cores).
 #pragma once
 
 #include <cstdint>
@@ -75,15 +76,16 @@ struct ComputeCalibration {
   /// rank, `module_reps` repetitions after 2 warm-ups.
   std::vector<std::pair<MlpShape, std::int64_t>> mlps;
   int module_reps = 9;
-  /// The job's ranks per core (0: job_ranks_per_core()). Above 1 every measurement runs on
-  /// one rank at a time, the others waiting in a barrier, so that each measures a whole core.
+  /// The job's ranks per core (0: job_ranks_per_core(), collective over MPI_COMM_WORLD, so
+  /// that `comm` must then span it). Above 1 every measurement runs on one rank at a time,
+  /// the others waiting in a barrier, so that each measures a whole core.
   double ranks_per_core = 0.0;
   /// Floats per array of the elementwise passes (rows x hidden of the largest model; rows
   /// of 512 floats).
   std::int64_t elementwise_floats = 256 * 512;
   /// Elements of the parameter the optimizers update (a rank's shard).
   std::int64_t optimizer_elements = 1 << 22;
-  /// Wall time each of the three rounds of a measurement runs on every rank at once.
+  /// Wall time each of the three rounds of a rate's measurement runs on a rank.
   double min_ms = 100.0;
 };
 

@@ -176,8 +176,8 @@ int main(int argc, char** argv) {
         f << rates.to_json().dump(2) << "\n";
         if (!f) throw fullshard::ConfigError(compute_out + ": cannot write the compute rates");
         std::printf(
-            "fullshard-calibrate: wrote %s (compute rates and %zu module timings; %d ranks, %.2f "
-            "per core: %s)\n",
+            "fullshard-calibrate: wrote %s (compute rates and the module times of %zu --mlp "
+            "shapes; %d ranks, %.2f per core: %s)\n",
             compute_out.c_str(), rates.module_times.size(), rt.world_size(), rates.ranks_per_core,
             rates.ranks_per_core > 1 ? "one rank at a time" : "every rank at once");
       }

@@ -1,8 +1,10 @@
 // Compute costs from work counts: a module's forward or backward is described by the SGEMMs it
 // runs and the bytes its elementwise passes move, and a calibration of this machine
 // (ComputeRates: SGEMM GFLOP/s at measured shapes, elementwise and optimizer throughput,
-// measured by `fullshard-calibrate --compute-out` with every rank running at once) turns
-// that into the milliseconds a module declares as its `cost` for the planner.
+// measured by `fullshard-calibrate --compute-out` at a whole core per rank) turns that into
+// the milliseconds a module declares as its `cost` for the planner. The calibration can also
+// hold measured module times (MeasuredModules), which a program prefers for its own shape;
+// core_wait_ms models ranks that share cores.
 // JSON schema: docs/plan-format.md, "Compute calibration JSON".
 #pragma once
 
