@@ -2,10 +2,18 @@
 
 #include <cblas.h>
 #include <mpi.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -52,31 +60,165 @@ std::vector<Gemm> residual_mlp_block_gemms(std::int64_t hidden, std::int64_t row
           {hidden, hidden, rows, true, false}};
 }
 
-void declare_costs(ResidualMlp& model, const schedule::ComputeRates& rates, std::int64_t rows) {
-  const MlpWork w = residual_mlp_work(model.shape(), rows);
+std::map<std::string, std::int64_t> residual_mlp_key(const MlpShape& s, std::int64_t rows) {
+  return {{"rows", rows}, {"hidden", s.hidden}, {"inputs", s.inputs}, {"outputs", s.outputs}};
+}
+
+CostSource declare_costs(ResidualMlp& model, const schedule::ComputeRates& rates,
+                         std::int64_t rows) {
   graph::Module& root = model.root();
+  const auto blocks = model.shape().blocks;
+  if (const schedule::MeasuredModules* m =
+          rates.measured_modules(kResidualMlpModel, residual_mlp_key(model.shape(), rows))) {
+    auto cost = [&](const std::string& name) {
+      graph::Cost c;
+      const auto it = m->modules.find(name);
+      if (it == m->modules.end())
+        throw ConfigError("declare_costs: the measured module times of residual_mlp at rows " +
+                          std::to_string(rows) + " have no module '" + name + "'");
+      c.forward_ms = it->second.forward_ms;
+      c.backward_ms = it->second.backward_ms;
+      c.declared = true;
+      return c;
+    };
+    root.module("input").cost() = cost("input");
+    root.module("output").cost() = cost("output");
+    if (blocks > 0) {
+      const graph::Cost b = cost("block");
+      for (int i = 0; i < blocks; ++i)
+        root.module("blocks." + std::to_string(i)).cost() = b;
+    }
+    return CostSource::measured_modules;
+  }
+  const MlpWork w = residual_mlp_work(model.shape(), rows);
   root.module("input").cost() = schedule::cost_from_work(rates, w.input_forward, w.input_backward);
   root.module("output").cost() =
       schedule::cost_from_work(rates, w.output_forward, w.output_backward);
-  for (int i = 0; i < model.shape().blocks; ++i)
+  for (int i = 0; i < blocks; ++i)
     root.module("blocks." + std::to_string(i)).cost() =
         schedule::cost_from_work(rates, w.block_forward, w.block_backward);
+  return CostSource::flop_model;
+}
+
+schedule::MeasuredModules time_residual_mlp_modules(const MlpShape& shape, std::int64_t rows,
+                                                    int reps, int warmup) {
+  if (rows < 1 || rows > INT_MAX || reps < 1 || warmup < 0 || shape.blocks < 1)
+    throw InvalidArgument("time_residual_mlp_modules: rows (" + std::to_string(rows) +
+                          ") must be in 1..2^31-1, reps (" + std::to_string(reps) +
+                          ") >= 1, warmup (" + std::to_string(warmup) + ") >= 0 and blocks (" +
+                          std::to_string(shape.blocks) + ") >= 1");
+  ResidualMlp model(shape, 7);
+  for (graph::Parameter* p : model.root().parameters())
+    p->set_grad(Tensor::zeros(p->shape(), DType::f32));
+  const auto r = static_cast<std::size_t>(rows);
+  std::vector<float> x(r * static_cast<std::size_t>(shape.inputs)),
+      t(r * static_cast<std::size_t>(shape.outputs));
+  for (std::size_t e = 0; e < x.size(); ++e)
+    x[e] = static_cast<float>(normal01(11, 0, e));
+  for (std::size_t e = 0; e < t.size(); ++e)
+    t[e] = static_cast<float>(normal01(11, 1, e));
+  model.set_batch(x.data(), t.data(), static_cast<int>(rows), rows);
+
+  graph::Module& root = model.root();
+  std::vector<graph::Module*> order = {&root.module("input")};
+  for (int i = 0; i < shape.blocks; ++i)
+    order.push_back(&root.module("blocks." + std::to_string(i)));
+  order.push_back(&root.module("output"));
+  using Clock = std::chrono::steady_clock;
+  auto run = [](graph::Module& m, bool forward) {
+    const auto t0 = Clock::now();
+    (forward ? m.forward_callback() : m.backward_callback())(m);
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
+  // Per repetition: input, block (mean over the blocks), output; forward then backward.
+  std::vector<std::vector<double>> samples(6);
+  for (int rep = 0; rep < warmup + reps; ++rep) {
+    double f[3] = {0, 0, 0}, b[3] = {0, 0, 0};
+    for (std::size_t i = 0; i < order.size(); ++i)
+      f[i == 0 ? 0 : i + 1 == order.size() ? 2 : 1] += run(*order[i], true);
+    for (std::size_t i = order.size(); i-- > 0;)
+      b[i == 0 ? 0 : i + 1 == order.size() ? 2 : 1] += run(*order[i], false);
+    if (rep < warmup) continue;
+    for (int k = 0; k < 3; ++k) {
+      const double n = k == 1 ? double(shape.blocks) : 1.0;
+      samples[2 * k].push_back(f[k] / n);
+      samples[2 * k + 1].push_back(b[k] / n);
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  schedule::MeasuredModules out;
+  out.model = kResidualMlpModel;
+  out.shape = residual_mlp_key(shape, rows);
+  out.reps = reps;
+  const char* names[] = {"input", "block", "output"};
+  for (int k = 0; k < 3; ++k)
+    out.modules[names[k]] = {median(samples[2 * k]), median(samples[2 * k + 1])};
+  return out;
+}
+
+double scheduler_slice_ms() {
+  if (const char* env = std::getenv("FULLSHARD_SCHED_SLICE_MS")) {
+    char* end = nullptr;
+    const double v = std::strtod(env, &end);
+    if (*env == '\0' || *end != '\0' || !(v > 0) || !std::isfinite(v))
+      throw InvalidArgument("FULLSHARD_SCHED_SLICE_MS: '" + std::string(env) +
+                            "' is not a number of milliseconds > 0");
+    return v;
+  }
+  if (std::ifstream f("/sys/kernel/debug/sched/base_slice_ns"); f) {
+    double ns = 0;
+    if (f >> ns && ns > 0) return ns * 1e-6;
+  }
+  const long cpus = std::max(1L, std::min(8L, sysconf(_SC_NPROCESSORS_ONLN)));
+  int log2 = 0;
+  while ((2L << log2) <= cpus)
+    ++log2;
+  return 0.75 * (1 + log2);
+}
+
+double job_ranks_per_core() {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int node_ranks = 1;
+  MPI_Comm_size(node, &node_ranks);
+  cpu_set_t mine, all;
+  CPU_ZERO(&mine);
+  CPU_ZERO(&all);
+  if (sched_getaffinity(0, sizeof(mine), &mine) != 0) CPU_SET(0, &mine);
+  MPI_Allreduce(&mine, &all, static_cast<int>(sizeof(cpu_set_t)), MPI_BYTE, MPI_BOR, node);
+  MPI_Comm_free(&node);
+  const double here = double(node_ranks) / double(std::max(1, CPU_COUNT(&all)));
+  double most = here;
+  MPI_Allreduce(&here, &most, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return most;
 }
 
 namespace {
 
 /// Work per millisecond of `op` (which returns the work it did: flops or bytes) on the
-/// slowest rank, run from a barrier for min_ms of wall time on every rank at once.
-double rate_once(comm::Communicator& c, comm::Stream& s, double min_ms,
+/// slowest rank, run for min_ms of wall time from a barrier: on every rank at once, or (solo)
+/// on one rank after the other while the others wait in a barrier.
+double rate_once(comm::Communicator& c, comm::Stream& s, double min_ms, bool solo,
                  const std::function<double()>& op) {
-  c.barrier(s).wait();
-  const double t0 = MPI_Wtime();
-  double work = 0.0, ms = 0.0;
-  do {
-    work += op();
-    ms = (MPI_Wtime() - t0) * 1e3;
-  } while (ms < min_ms);
-  double rate = work / ms, slowest = rate;
+  auto measure = [&] {
+    const double t0 = MPI_Wtime();
+    double work = 0.0, ms = 0.0;
+    do {
+      work += op();
+      ms = (MPI_Wtime() - t0) * 1e3;
+    } while (ms < min_ms);
+    return work / ms;
+  };
+  double rate = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < (solo ? c.size() : 1); ++r) {
+    c.barrier(s).wait();
+    if (!solo || r == c.rank()) rate = measure();
+  }
+  double slowest = rate;
   c.all_reduce(&rate, &slowest, 1, DType::f64, comm::ReduceOp::min, s).wait();
   return slowest;
 }
@@ -91,6 +233,9 @@ schedule::ComputeRates calibrate_compute(const comm::Communicator& comm_in,
         "0");
   std::unique_ptr<comm::Communicator> c = comm_in.dup(comm_in.name() + ".compute");
   comm::Stream s = comm::Stream::caller("fullshard.calibrate.compute");
+  const double ranks_per_core =
+      what.ranks_per_core > 0 ? what.ranks_per_core : job_ranks_per_core();
+  const bool solo = ranks_per_core > 1.0;
   // Every measurement is an op returning its work; each holds its own buffers.
   std::vector<std::function<double()>> ops;
 
@@ -176,10 +321,34 @@ schedule::ComputeRates calibrate_compute(const comm::Communicator& comm_in,
     op();
   for (int round = 0; round < 3; ++round)
     for (std::size_t i = 0; i < ops.size(); ++i)
-      best[i] = std::max(best[i], rate_once(*c, s, what.min_ms, ops[i]));
+      best[i] = std::max(best[i], rate_once(*c, s, what.min_ms, solo, ops[i]));
 
   schedule::ComputeRates rates;
   rates.ranks = c->size();
+  rates.ranks_per_core = ranks_per_core;
+  // The modules, timed as a step runs them (at once or one rank after the other); the
+  // slowest rank's median of each counts.
+  for (const auto& [shape, rows] : what.mlps) {
+    schedule::MeasuredModules mine;
+    for (int r = 0; r < (solo ? c->size() : 1); ++r) {
+      c->barrier(s).wait();
+      if (!solo || r == c->rank()) mine = time_residual_mlp_modules(shape, rows, what.module_reps);
+    }
+    std::vector<double> t, slowest;
+    for (const auto& [name, m] : mine.modules) {
+      t.push_back(m.forward_ms);
+      t.push_back(m.backward_ms);
+    }
+    slowest.resize(t.size());
+    c->all_reduce(t.data(), slowest.data(), t.size(), DType::f64, comm::ReduceOp::max, s).wait();
+    std::size_t k = 0;
+    for (auto& [name, m] : mine.modules) {
+      m.forward_ms = slowest[k++];
+      m.backward_ms = slowest[k++];
+    }
+    if (!rates.measured_modules(mine.model, mine.shape))
+      rates.module_times.push_back(std::move(mine));
+  }
   std::size_t i = 0;
   for (const Gemm& g : what.gemms)
     rates.gemm.push_back({g, best[i++] / 1e6});  // flop per ms -> GFLOP/s

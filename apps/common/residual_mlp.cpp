@@ -319,8 +319,8 @@ schedule::Executor& ResidualMlp::executor() {
   return *impl_->executor;
 }
 
-double ResidualMlp::forward_backward(const float* x, const float* target, int rows,
-                                     std::int64_t global_rows) {
+void ResidualMlp::set_batch(const float* x, const float* target, int rows,
+                            std::int64_t global_rows) {
   if (rows < 0 || global_rows < rows || global_rows <= 0)
     throw InvalidArgument("ResidualMlp::forward_backward: rows " + std::to_string(rows) +
                           " and global rows " + std::to_string(global_rows) +
@@ -334,9 +334,14 @@ double ResidualMlp::forward_backward(const float* x, const float* target, int ro
   im.training = true;
   im.predict_out = nullptr;
   im.sse = 0.0;
+}
+
+double ResidualMlp::forward_backward(const float* x, const float* target, int rows,
+                                     std::int64_t global_rows) {
+  set_batch(x, target, rows, global_rows);
   executor().step();
-  im.training = false;
-  return im.sse;
+  impl_->training = false;
+  return impl_->sse;
 }
 
 void ResidualMlp::predict(const float* x, int rows, float* out) {

@@ -63,6 +63,12 @@ class ResidualMlp {
   /// global mean loss. Returns this rank's sum of squared errors (not averaged).
   double forward_backward(const float* x, const float* target, int rows, std::int64_t global_rows);
 
+  /// Sets the batch the modules' callbacks read (x, target, rows, global rows; sizes the
+  /// activations) as forward_backward does, without running a step: for running the
+  /// callbacks on their own (fullshard-calibrate times them on an unsharded model whose
+  /// gradients the caller allocated). Same arguments and errors as forward_backward.
+  void set_batch(const float* x, const float* target, int rows, std::int64_t global_rows);
+
   /// Forward only (evaluation): writes rows x outputs predictions to `out`, then reshards
   /// every group. Collective like a training step (every rank calls it; rows may be 0).
   void predict(const float* x, int rows, float* out);

@@ -5,7 +5,10 @@
 //   mpirun -n 8 fullshard-calibrate --mesh 8 --out cost.json        (FSDP)
 //   mpirun -n 8 fullshard-calibrate --mesh 2x4 --out cost.json      (HSDP: replicate x shard)
 // With --compute-out it also measures the compute rates (schedule::ComputeRates: SGEMM at the
-// --mlp / --gemm shapes, elementwise passes, optimizer steps) on every rank at once:
+// --mlp / --gemm shapes, elementwise passes, optimizer steps) and, for every --mlp shape, the
+// residual MLP's modules themselves (input, block, output: their forward and backward code on
+// their own parameters and activations); on every rank at once, or one rank at a time when
+// the job has more ranks than cores:
 //   mpirun -n 4 fullshard-calibrate --mesh 4 --out cost.json --compute-out compute.json
 //       --mlp 64x512,64x1024
 #include <algorithm>
@@ -14,6 +17,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fullshard/fullshard.hpp"
@@ -30,7 +34,8 @@ namespace {
                "usage: mpirun -n N fullshard-calibrate --mesh N|RxS --out FILE "
                "[--sizes BYTES,BYTES,...] [--reps K] [--median]\n"
                "       [--compute-out FILE [--mlp ROWSxHIDDEN,...] [--gemm MxNxK:TT,...] "
-               "[--compute-ms MS]]\n",
+               "[--compute-ms MS]\n"
+               "        [--mlp-blocks L] [--mlp-inputs I] [--mlp-outputs O]]\n",
                msg.c_str());
   std::exit(2);
 }
@@ -66,6 +71,17 @@ int main(int argc, char** argv) {
     std::vector<fullshard::schedule::Gemm> gemms;
     std::int64_t elementwise_floats = 0;
     double compute_ms = 100.0;
+    // --mlp: the residual MLPs whose modules are timed (rows per rank x hidden).
+    std::vector<std::pair<std::int64_t, std::int64_t>> mlps;
+    int mlp_blocks = 8, mlp_inputs = 32, mlp_outputs = 8;
+    auto int_option = [](const std::string& name, const std::string& v, int lo, int hi) {
+      char* end = nullptr;
+      const long x = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || x < lo || x > hi)
+        usage_error(name + ": '" + v + "' is not an integer in " + std::to_string(lo) + ".." +
+                    std::to_string(hi));
+      return static_cast<int>(x);
+    };
     auto split = [](const std::string& v) {
       std::vector<std::string> items;
       std::size_t pos = 0;
@@ -94,6 +110,12 @@ int main(int argc, char** argv) {
         compute_out = value();
       else if (a == "--compute-ms")
         compute_ms = std::atof(value().c_str());
+      else if (a == "--mlp-blocks")
+        mlp_blocks = int_option(a, value(), 1, 1024);
+      else if (a == "--mlp-inputs")
+        mlp_inputs = int_option(a, value(), 1, 1 << 16);
+      else if (a == "--mlp-outputs")
+        mlp_outputs = int_option(a, value(), 1, 1 << 16);
       else if (a == "--gemm" || a == "--mlp") {
         for (const std::string& item : split(value())) {
           try {
@@ -108,6 +130,9 @@ int main(int argc, char** argv) {
                                     fullshard::schedule::Gemm{g.n, g.n, g.m, true, false}})
                 gemms.push_back(b);
               elementwise_floats = std::max(elementwise_floats, g.m * g.n);
+              if (g.m > (1 << 20) || g.n > (1 << 16))
+                usage_error("--mlp: '" + item + "': rows must be <= 2^20 and hidden <= 2^16");
+              mlps.emplace_back(g.m, g.n);
             }
           } catch (const fullshard::InvalidArgument& e) {
             usage_error(e.what());
@@ -140,15 +165,24 @@ int main(int argc, char** argv) {
       what.gemms = gemms;
       if (elementwise_floats > 0) what.elementwise_floats = elementwise_floats;
       what.min_ms = compute_ms;
+      what.module_reps = reps;
+      for (const auto& [rows, hidden] : mlps)
+        what.mlps.push_back({fullshard::apps::MlpShape{mlp_inputs, static_cast<int>(hidden),
+                                                       mlp_outputs, mlp_blocks},
+                             rows});
       const auto rates = fullshard::apps::calibrate_compute(mesh.world_comm(), what);
       if (rt.rank() == 0) {
         std::ofstream f(compute_out);
         f << rates.to_json().dump(2) << "\n";
         if (!f) throw fullshard::ConfigError(compute_out + ": cannot write the compute rates");
-        std::printf("fullshard-calibrate: wrote %s (compute rates, %d ranks at once)\n",
-                    compute_out.c_str(), rt.world_size());
+        std::printf(
+            "fullshard-calibrate: wrote %s (compute rates and the module times of %zu --mlp "
+            "shapes; %d ranks, %.2f per core: %s)\n",
+            compute_out.c_str(), rates.module_times.size(), rt.world_size(), rates.ranks_per_core,
+            rates.ranks_per_core > 1 ? "one rank at a time" : "every rank at once");
       }
 #else
+      (void)mlp_blocks, (void)mlp_inputs, (void)mlp_outputs;
       usage_error("--compute-out: this build has no BLAS (OpenBLAS was not found)");
 #endif
     }

@@ -114,7 +114,9 @@ const char* const kUsage =
     "  --cost FILE           the plan's cost model (fullshard-calibrate --out; default: the\n"
     "                        host defaults for the mesh)\n"
     "  --compute FILE        compute rates (fullshard-calibrate --compute-out): each module\n"
-    "                        declares its cost from its FLOPs and bytes at these rates\n"
+    "                        declares its measured time when the file has module times\n"
+    "                        for this shape (--mlp ROWSxHIDDEN, rows per rank), else its\n"
+    "                        FLOPs and bytes at the rates (the run says which)\n"
     "  --predict             print the predicted step next to the measured median (implied\n"
     "                        by --cost and --compute): the plan's ops one after the other\n"
     "                        (host streams run inline) plus the optimizer step\n"
@@ -383,8 +385,18 @@ class Trainer {
           schedule::CostModel::load_json(c.cost_file, schedule::CostModel::defaults(plan_mesh()));
     if (!c.compute_file.empty()) rates_ = schedule::ComputeRates::load_json(c.compute_file, rates_);
     // Costs for the largest share of the batch (the same on every rank: one plan).
-    if (c.predict)
-      apps::declare_costs(model_, rates_, (c.batch + rt.world_size() - 1) / rt.world_size());
+    if (c.predict) {
+      const std::int64_t rows = (c.batch + rt.world_size() - 1) / rt.world_size();
+      const apps::CostSource source = apps::declare_costs(model_, rates_, rows);
+      ranks_per_core_ = apps::job_ranks_per_core();
+      if (rank_ == 0)
+        std::printf("compute: %s%s (rows %lld per rank, hidden %d, inputs %d, outputs %d)\n",
+                    source == apps::CostSource::measured_modules
+                        ? "the measured module times of "
+                        : "the FLOP model at the rates of ",
+                    c.compute_file.empty() ? "the defaults" : c.compute_file.c_str(),
+                    static_cast<long long>(rows), c.shape.hidden, c.shape.inputs, c.shape.outputs);
+    }
     const schedule::PlanOptions options = c.auto_plan ? auto_plan(c, base) : base;
     if (!c.graph_out.empty() && rank_ == 0) {
       std::ofstream out(c.graph_out);
@@ -649,7 +661,21 @@ class Trainer {
     const double serial = schedule::serial_step_ms(plan);
     const double elements = static_cast<double>(plan.sharded_bytes) / sizeof(float);
     const double opt = rates_.optimizer_ms(c_.optimizer, elements);
-    const double predicted = serial + opt;
+    // More ranks than cores: a rank also waits for its core-mates' modules (beyond one
+    // scheduler slice, or where they do not fit into its collectives) and optimizer
+    // (schedule::core_wait_ms; whole-core rates only).
+    std::vector<double> modules;
+    double collectives = 0.0;
+    for (const schedule::Op& op : plan.ops) {
+      if (op.kind == schedule::OpKind::forward || op.kind == schedule::OpKind::backward)
+        modules.push_back(op.end_ms - op.start_ms);
+      if (op.stream != schedule::StreamKind::compute) collectives += op.end_ms - op.start_ms;
+    }
+    const double slice = apps::scheduler_slice_ms();
+    const double wait = rates_.whole_core() ? schedule::core_wait_ms(ranks_per_core_, modules,
+                                                                     collectives, opt, slice)
+                                            : 0.0;
+    const double predicted = serial + opt + wait;
     auto after_first = [&](std::vector<double> v) {
       if (v.size() > 1) v.erase(v.begin());
       return median(v);
@@ -657,11 +683,12 @@ class Trainer {
     const double measured = after_first(step_ms_);
     std::printf(
         "prediction: step %.3f ms = plan %.3f ms (its ops one after the other; streams "
-        "overlapped: %.3f ms) + optimizer %.3f ms (%.0f elements per rank); measured median "
+        "overlapped: %.3f ms) + optimizer %.3f ms (%.0f elements per rank) + core wait %.3f ms "
+        "(%.2f ranks per core, scheduler slice %.2f ms); measured median "
         "%.3f ms (zero_grad + forward + backward %.3f ms, optimizer %.3f ms, %.0f page faults; "
         "steps after the first): error %+.1f %%\n",
-        predicted, serial, plan.step_ms, opt, elements, measured, after_first(fb_ms_),
-        after_first(opt_ms_), after_first(faults_),
+        predicted, serial, plan.step_ms, opt, elements, wait, ranks_per_core_, slice, measured,
+        after_first(fb_ms_), after_first(opt_ms_), after_first(faults_),
         measured > 0 ? 100.0 * (predicted - measured) / measured : 0.0);
     // Per kind of op, predicted against the measured mean per step: the modules' forward and
     // backward, the communication streams' ops (collectives and the copies on their
@@ -680,10 +707,10 @@ class Trainer {
     };
     std::printf(
         "prediction by kind (predicted / measured ms per step): forward %.3f / %.3f, backward "
-        "%.3f / %.3f, communication streams %.3f / %.3f, compute-stream copies %.3f / (not "
-        "recorded)\n",
+        "%.3f / %.3f, communication streams %.3f (+ core wait %.3f) / %.3f, compute-stream "
+        "copies %.3f / (not recorded)\n",
         planned["fwd"], measured_of("fwd"), planned["bwd"], measured_of("bwd"),
-        planned["collectives"], measured_of("collectives"), planned["copies"]);
+        planned["collectives"], wait, measured_of("collectives"), planned["copies"]);
   }
 
   static std::string kind_of(const std::string& label) {
@@ -860,6 +887,7 @@ class Trainer {
   fullshard::optim::AdamW* adamw_ = nullptr;
   std::optional<fullshard::optim::WarmupCosine> schedule_;
   schedule::ComputeRates rates_;
+  double ranks_per_core_ = 1.0;  // of this job (--predict)
   std::int64_t dp_ = 1, base_ = 0, first_row_ = 0;
   int rows_ = 0;
   int last_step_ = 0;

@@ -34,6 +34,84 @@ double number(const nlohmann::json& v, const std::string& source, const std::str
   return d;
 }
 
+std::int64_t positive_integer(const nlohmann::json& v, const std::string& source,
+                              const std::string& path) {
+  if (!v.is_number_integer() || v.get<std::int64_t>() < 1)
+    fail(source, path, "expected an integer >= 1, got " + v.dump());
+  return v.get<std::int64_t>();
+}
+
+const nlohmann::json& object(const nlohmann::json& v, const std::string& source,
+                             const std::string& path) {
+  if (!v.is_object()) fail(source, path, "expected an object, got " + v.dump());
+  return v;
+}
+
+ModuleTime module_time_from_json(const nlohmann::json& v, const std::string& source,
+                                 const std::string& path) {
+  ModuleTime t;
+  bool has_f = false, has_b = false;
+  for (auto it = object(v, source, path).begin(); it != v.end(); ++it) {
+    const std::string p = detail::json_member(path, it.key());
+    if (it.key() == "forward_ms") {
+      t.forward_ms = number(it.value(), source, p, false);
+      has_f = true;
+    } else if (it.key() == "backward_ms") {
+      t.backward_ms = number(it.value(), source, p, false);
+      has_b = true;
+    } else {
+      fail(source, p,
+           "unknown key " + detail::json_key_shown(it.key()) +
+               " (allowed: forward_ms, backward_ms)");
+    }
+  }
+  if (!has_f || !has_b)
+    fail(source, path, std::string("missing key '") + (has_f ? "backward_ms" : "forward_ms") + "'");
+  return t;
+}
+
+MeasuredModules measured_from_json(const nlohmann::json& e, const std::string& source,
+                                   const std::string& path) {
+  MeasuredModules m;
+  bool has_model = false, has_shape = false, has_modules = false;
+  for (auto it = object(e, source, path).begin(); it != e.end(); ++it) {
+    const std::string p = detail::json_member(path, it.key());
+    const nlohmann::json& v = it.value();
+    if (it.key() == "model") {
+      if (!v.is_string() || v.get<std::string>().empty())
+        fail(source, p, "expected a non-empty string, got " + v.dump());
+      m.model = v.get<std::string>();
+      has_model = true;
+    } else if (it.key() == "shape") {
+      for (auto d = object(v, source, p).begin(); d != v.end(); ++d)
+        m.shape[d.key()] = positive_integer(d.value(), source, detail::json_member(p, d.key()));
+      has_shape = true;
+    } else if (it.key() == "modules") {
+      for (auto d = object(v, source, p).begin(); d != v.end(); ++d)
+        m.modules[d.key()] =
+            module_time_from_json(d.value(), source, detail::json_member(p, d.key()));
+      if (m.modules.empty()) fail(source, p, "expected at least one module");
+      has_modules = true;
+    } else if (it.key() == "reps") {
+      const std::int64_t r = positive_integer(v, source, p);
+      if (r > 1 << 30) fail(source, p, "expected an integer in 1..2^30, got " + v.dump());
+      m.reps = static_cast<int>(r);
+    } else {
+      fail(source, p,
+           "unknown key " + detail::json_key_shown(it.key()) +
+               " (allowed: model, shape, modules, reps)");
+    }
+  }
+  if (!has_model || !has_shape || !has_modules)
+    fail(source, path,
+         std::string("missing key '") +
+             (!has_model   ? "model"
+              : !has_shape ? "shape"
+                           : "modules") +
+             "'");
+  return m;
+}
+
 // Parses "MxNxK[:AB]" into g; returns "" or what is wrong with `text`.
 std::string parse_gemm(const std::string& text, Gemm& g) {
   const std::string form =
@@ -124,12 +202,31 @@ nlohmann::json ComputeRates::to_json() const {
   nlohmann::json g = nlohmann::json::array();
   for (const GemmRate& r : gemm)
     g.push_back({{"shape", r.shape.to_string()}, {"gflop_per_s", r.gflop_per_s}});
-  return {{"gemm", g},
-          {"default_gemm_gflop_per_s", default_gemm_gflop_per_s},
-          {"elementwise_gb_per_s", elementwise_gb_per_s},
-          {"adamw_ns_per_element", adamw_ns_per_element},
-          {"sgd_ns_per_element", sgd_ns_per_element},
-          {"ranks", ranks}};
+  nlohmann::json j = {{"gemm", g},
+                      {"default_gemm_gflop_per_s", default_gemm_gflop_per_s},
+                      {"elementwise_gb_per_s", elementwise_gb_per_s},
+                      {"adamw_ns_per_element", adamw_ns_per_element},
+                      {"sgd_ns_per_element", sgd_ns_per_element},
+                      {"ranks", ranks},
+                      {"ranks_per_core", ranks_per_core}};
+  nlohmann::json mt = nlohmann::json::array();
+  for (const MeasuredModules& m : module_times) {
+    nlohmann::json shape = nlohmann::json::object(), mods = nlohmann::json::object();
+    for (const auto& [k, v] : m.shape)
+      shape[k] = v;
+    for (const auto& [k, t] : m.modules)
+      mods[k] = {{"forward_ms", t.forward_ms}, {"backward_ms", t.backward_ms}};
+    mt.push_back({{"model", m.model}, {"shape", shape}, {"modules", mods}, {"reps", m.reps}});
+  }
+  j["module_times"] = mt;
+  return j;
+}
+
+const MeasuredModules* ComputeRates::measured_modules(
+    const std::string& model, const std::map<std::string, std::int64_t>& shape) const noexcept {
+  for (const MeasuredModules& m : module_times)
+    if (m.model == model && m.shape == shape) return &m;
+  return nullptr;
 }
 
 ComputeRates ComputeRates::from_json(const nlohmann::json& j, const ComputeRates& base,
@@ -151,6 +248,20 @@ ComputeRates ComputeRates::from_json(const nlohmann::json& j, const ComputeRates
       if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > 1 << 24)
         fail(source, key, "expected an integer >= 1, got " + v.dump());
       c.ranks = v.get<int>();
+    } else if (key == "ranks_per_core") {
+      c.ranks_per_core = number(v, source, key, false);
+      if (c.ranks_per_core > double(1 << 24))
+        fail(source, key, "expected a number in 0..2^24, got " + v.dump());
+    } else if (key == "module_times") {
+      if (!v.is_array()) fail(source, key, "expected an array, got " + v.dump());
+      c.module_times.clear();
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        const std::string path = detail::json_element(key, i);
+        MeasuredModules m = measured_from_json(v[i], source, path);
+        if (c.measured_modules(m.model, m.shape))
+          fail(source, path, "a second entry for model '" + m.model + "' at the same shape");
+        c.module_times.push_back(std::move(m));
+      }
     } else if (key == "gemm") {
       if (!v.is_array()) fail(source, key, "expected an array, got " + v.dump());
       c.gemm.clear();
@@ -184,7 +295,8 @@ ComputeRates ComputeRates::from_json(const nlohmann::json& j, const ComputeRates
       fail(source, key,
            "unknown key '" + key +
                "' (allowed: gemm, default_gemm_gflop_per_s, elementwise_gb_per_s, "
-               "adamw_ns_per_element, sgd_ns_per_element, ranks)");
+               "adamw_ns_per_element, sgd_ns_per_element, ranks, ranks_per_core, "
+               "module_times)");
     }
   }
   return c;
@@ -210,7 +322,20 @@ bool ComputeRates::operator==(const ComputeRates& o) const noexcept {
   return default_gemm_gflop_per_s == o.default_gemm_gflop_per_s &&
          elementwise_gb_per_s == o.elementwise_gb_per_s &&
          adamw_ns_per_element == o.adamw_ns_per_element &&
-         sgd_ns_per_element == o.sgd_ns_per_element && ranks == o.ranks;
+         sgd_ns_per_element == o.sgd_ns_per_element && ranks == o.ranks &&
+         ranks_per_core == o.ranks_per_core && module_times == o.module_times;
+}
+
+double core_wait_ms(double ranks_per_core, const std::vector<double>& module_ms,
+                    double collective_ms, double optimizer_ms, double slice_ms) noexcept {
+  if (!(ranks_per_core > 1.0)) return 0.0;
+  const double mates = ranks_per_core - 1.0, slice = std::max(0.0, slice_ms);
+  double beyond = 0.0, within = 0.0;
+  for (const double t : module_ms) {
+    beyond += std::max(0.0, t - slice);
+    within += std::min(t, slice);
+  }
+  return mates * (optimizer_ms + beyond) + std::max(0.0, mates * within - collective_ms);
 }
 
 graph::Cost cost_from_work(const ComputeRates& rates, const Work& forward, const Work& backward) {

@@ -4,8 +4,9 @@
 # "streams overlapped: Y ms") equals what fullshard-plan computes for the graph the run wrote
 # (--graph-out: the modules' declared costs and fully_shard requests) with the same cost file
 # and options; the module costs are those of the FLOP formula at the fixed rates; and the
-# predicted step is that plan time plus the optimizer (elements per rank x ns per element).
-# No timing is asserted.
+# predicted step is that plan time plus the optimizer (elements per rank x ns per element)
+# (plus the core wait it prints). With module times for the run's shape in the compute file,
+# the modules declare those instead, and the run says so. No timing is asserted.
 #   train_predict.sh MPIEXEC TRAIN_BINARY PLAN_BINARY RANKS
 set -euo pipefail
 mpiexec="$1" train="$2" plan="$3" ranks="$4"
@@ -58,6 +59,7 @@ awk -v ranks="$ranks" '
       if ($i == "plan") train_serial = $(i + 1)
       if ($i == "overlapped:") train_overlapped = $(i + 1)
       if ($i == "optimizer" && opt == "") opt = $(i + 1)
+      if ($i == "wait" && wait == "") wait = $(i + 1)
       if ($(i + 1) == "elements") elements = substr($i, 2)
     }
   }
@@ -66,11 +68,52 @@ awk -v ranks="$ranks" '
     d = function_abs(train_serial - serial) + function_abs(train_overlapped - overlapped)
     if (d > 0.0015) { print "FAIL: fullshard-train plan " train_serial " / " train_overlapped \
                       " ms != fullshard-plan " serial " / " overlapped " ms"; exit 1 }
-    if (function_abs(predicted - train_serial - opt) > 0.0015) {
-      print "FAIL: predicted " predicted " != plan " train_serial " + optimizer " opt; exit 1 }
+    if (wait == "") { print "FAIL: no core wait in the prediction line"; exit 1 }
+    if (function_abs(predicted - train_serial - opt - wait) > 0.0015) {
+      print "FAIL: predicted " predicted " != plan " train_serial " + optimizer " opt \
+            " + core wait " wait; exit 1 }
     if (function_abs(opt - elements * 3e-6) > 0.0005 + 1e-6 * opt) {
       print "FAIL: optimizer " opt " ms != " elements " elements x 3 ns"; exit 1 }
     print "ok: plan " serial " ms (overlapped " overlapped " ms) in both; optimizer " opt " ms"
   }
   function function_abs(x) { return x < 0 ? -x : x }
 ' "$work/plan.log" "$work/train.log"
+
+# Module times for this shape (rows 32 / ranks per rank, hidden 64, inputs 16, outputs 4):
+# the modules declare them, not the FLOP formula's costs.
+python3 - "$work/compute.json" "$work/compute_mt.json" "$ranks" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["ranks_per_core"] = 1.0
+c["module_times"] = [{"model": "residual_mlp",
+                      "shape": {"rows": 32 // int(sys.argv[3]), "hidden": 64, "inputs": 16,
+                                "outputs": 4},
+                      "modules": {"input": {"forward_ms": 0.25, "backward_ms": 0.125},
+                                  "block": {"forward_ms": 1.5, "backward_ms": 2.75},
+                                  "output": {"forward_ms": 0.375, "backward_ms": 0.5}}}]
+json.dump(c, open(sys.argv[2], "w"))
+PY
+"$mpiexec" -n "$ranks" "$train" "${flags[@]}" --cost "$work/cost.json" \
+  --compute "$work/compute_mt.json" --graph-out "$work/graph_mt.json" >"$work/train_mt.log" 2>&1 \
+  || { echo "FAIL: fullshard-train exited with an error:"; cat "$work/train_mt.log"; exit 1; }
+grep '^compute:' "$work/train.log" "$work/train_mt.log" || true
+grep -q '^compute: the FLOP model at the rates of ' "$work/train.log" \
+  || { echo "FAIL: the run without module times does not say it used the FLOP model"; exit 1; }
+grep -q '^compute: the measured module times of ' "$work/train_mt.log" \
+  || { echo "FAIL: the run with module times does not say it used them"; exit 1; }
+python3 - "$work/graph_mt.json" <<'PY'
+import json, sys
+g = json.load(open(sys.argv[1]))
+def mod(m, name):
+    return next(c for c in m["modules"] if c["name"] == name)
+want = {"input": (0.25, 0.125), "output": (0.375, 0.5)}
+want.update({"blocks." + str(i): (1.5, 2.75) for i in range(3)})
+for name, (f, b) in want.items():
+    m = g
+    for part in name.split("."):
+        m = mod(m, part)
+    got = (m["cost"]["forward_ms"], m["cost"]["backward_ms"])
+    if got != (f, b):
+        sys.exit(f"FAIL: {name} declared {got}, the measured module times are {(f, b)}")
+print("ok: every module declared its measured time")
+PY

@@ -155,3 +155,128 @@ TEST_CASE("compute_cost: serial_step_ms is the sum of the plan's op times") {
   CHECK(serial_step_ms(p) > compute);
   CHECK(serial_step_ms(p) >= p.step_ms - 1e-9);
 }
+
+namespace {
+
+MeasuredModules sample_modules(std::int64_t rows) {
+  MeasuredModules m;
+  m.model = "residual_mlp";
+  m.shape = {{"rows", rows}, {"hidden", 512}, {"inputs", 32}, {"outputs", 8}};
+  m.modules = {{"input", {0.125, 0.0625}}, {"block", {2.5, 5.25}}, {"output", {0.25, 0.375}}};
+  m.reps = 9;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("compute_cost: measured module times round trip and are looked up by exact shape") {
+  ComputeRates r = sample_rates();
+  r.ranks_per_core = 2.0;
+  r.module_times = {sample_modules(256), sample_modules(64)};
+  const nlohmann::json j = r.to_json();
+  // The documented form (docs/plan-format.md).
+  CHECK(j.at("ranks_per_core") == 2.0);
+  CHECK(j.at("module_times")[1].at("shape").at("rows") == 64);
+  CHECK(j.at("module_times")[0].at("modules").at("block").at("backward_ms") == 5.25);
+  CHECK(j.at("module_times")[0].at("reps") == 9);
+  const ComputeRates back = ComputeRates::parse_json(j.dump(), ComputeRates{});
+  CHECK(back == r);
+  CHECK(back.whole_core());
+  // Lookup: exact model and shape only.
+  const MeasuredModules* m = back.measured_modules("residual_mlp", sample_modules(64).shape);
+  REQUIRE(m != nullptr);
+  CHECK(m->modules.at("block").forward_ms == 2.5);
+  CHECK(m->shape.at("rows") == 64);
+  auto other = sample_modules(64).shape;
+  other["hidden"] = 1024;
+  CHECK(back.measured_modules("residual_mlp", other) == nullptr);
+  other = sample_modules(64).shape;
+  other.erase("outputs");
+  CHECK(back.measured_modules("residual_mlp", other) == nullptr);
+  CHECK(back.measured_modules("transformer", sample_modules(64).shape) == nullptr);
+  // A file without the new keys (written before them) still loads: no module times, the
+  // ranks per core not recorded, so its rates are not taken for a whole core's.
+  const ComputeRates old = ComputeRates::parse_json(
+      R"({"gemm": [], "default_gemm_gflop_per_s": 50, "elementwise_gb_per_s": 20,
+          "adamw_ns_per_element": 6, "sgd_ns_per_element": 2, "ranks": 4})",
+      ComputeRates{}, "old.json");
+  CHECK(old.module_times.empty());
+  CHECK(old.ranks_per_core == 0.0);
+  CHECK_FALSE(old.whole_core());
+  CHECK(old.measured_modules("residual_mlp", sample_modules(64).shape) == nullptr);
+  CHECK(old.default_gemm_gflop_per_s == 50.0);
+}
+
+TEST_CASE("compute_cost: module_times errors name the JSON path") {
+  const ComputeRates r = sample_rates();
+  auto err = [&](const std::string& text) {
+    return error_of<ConfigError>([&] { ComputeRates::parse_json(text, r, "compute.json"); });
+  };
+  const std::string ok_entry =
+      R"({"model": "residual_mlp", "shape": {"rows": 64}, "modules": {"block": )"
+      R"({"forward_ms": 1, "backward_ms": 2}}})";
+  CHECK(
+      ComputeRates::parse_json(R"({"module_times": [)" + ok_entry + "]}", r).module_times.size() ==
+      1);
+  CHECK(contains(err(R"({"module_times": {}})"), "compute.json: module_times: expected an array"));
+  CHECK(contains(err(R"({"module_times": [3]})"),
+                 "compute.json: module_times[0]: expected an object, got 3"));
+  CHECK(contains(err(R"({"module_times": [{"shape": {}, "modules": {}}]})"),
+                 "compute.json: module_times[0].modules: expected at least one module"));
+  CHECK(contains(err(R"({"module_times": [{"shape": {"rows": 1}, "modules": )"
+                     R"({"b": {"forward_ms": 1, "backward_ms": 1}}}]})"),
+                 "compute.json: module_times[0]: missing key 'model'"));
+  CHECK(contains(err(R"({"module_times": [{"model": "m", "modules": )"
+                     R"({"b": {"forward_ms": 1, "backward_ms": 1}}}]})"),
+                 "compute.json: module_times[0]: missing key 'shape'"));
+  CHECK(contains(err(R"({"module_times": [{"model": "", "shape": {}}]})"),
+                 "compute.json: module_times[0].model: expected a non-empty string"));
+  CHECK(contains(err(R"({"module_times": [{"model": "m", "shape": {"rows": 0}}]})"),
+                 "compute.json: module_times[0].shape.rows: expected an integer >= 1, got 0"));
+  CHECK(contains(err(R"({"module_times": [{"model": "m", "shape": {"rows": 2.5}}]})"),
+                 "compute.json: module_times[0].shape.rows: expected an integer >= 1, got 2.5"));
+  CHECK(contains(err(R"({"module_times": [{"model": "m", "shape": [64]}]})"),
+                 "compute.json: module_times[0].shape: expected an object"));
+  CHECK(contains(err(R"({"module_times": [{"model": "m", "shape": {}, "modules": )"
+                     R"({"block": {"forward_ms": -1, "backward_ms": 2}}}]})"),
+                 "compute.json: module_times[0].modules.block.forward_ms: expected a finite "
+                 "number >= 0, got -1"));
+  CHECK(contains(err(R"({"module_times": [{"model": "m", "shape": {}, "modules": )"
+                     R"({"block": {"forward_ms": 1}}}]})"),
+                 "compute.json: module_times[0].modules.block: missing key 'backward_ms'"));
+  CHECK(contains(err(R"({"module_times": [{"model": "m", "shape": {}, "modules": )"
+                     R"({"block": {"forward_ms": 1, "backward_ms": 1, "fwd": 1}}}]})"),
+                 "compute.json: module_times[0].modules.block.fwd: unknown key 'fwd'"));
+  CHECK(contains(err(R"({"module_times": [{"model": "m", "shape": {}, "modules": )"
+                     R"({"block": 7}}]})"),
+                 "compute.json: module_times[0].modules.block: expected an object, got 7"));
+  CHECK(contains(err(R"({"module_times": [{"model": "m", "shape": {}, "mods": {}}]})"),
+                 "compute.json: module_times[0].mods: unknown key 'mods'"));
+  CHECK(contains(err(R"({"module_times": [)" + ok_entry + ", {\"model\": \"m\", \"shape\": {}, " +
+                     R"("modules": {"b": {"forward_ms": 1, "backward_ms": 1}}, "reps": 0}]})"),
+                 "compute.json: module_times[1].reps: expected an integer >= 1, got 0"));
+  CHECK(contains(err(R"({"module_times": [)" + ok_entry + ", " + ok_entry + "]}"),
+                 "compute.json: module_times[1]: a second entry for model 'residual_mlp' at the "
+                 "same shape"));
+  CHECK(contains(err(R"({"ranks_per_core": -1})"),
+                 "compute.json: ranks_per_core: expected a finite number >= 0, got -1"));
+  CHECK(contains(err(R"({"ranks_per_core": "2"})"),
+                 "compute.json: ranks_per_core: expected a number"));
+}
+
+TEST_CASE(
+    "compute_cost: core_wait_ms: core-mates' optimizer, modules beyond a slice or collectives") {
+  // 4 ranks on 2 cores, slice 1.5 ms: modules of 1, 1 and 4 ms. Beyond the slice: 2.5 ms;
+  // within: 1 + 1 + 1.5 = 3.5 ms, which fits into 50 ms of collectives; the optimizer adds.
+  const std::vector<double> mods = {1.0, 1.0, 4.0};
+  CHECK(core_wait_ms(2.0, mods, 50.0, 8.0, 1.5) == doctest::Approx(8.0 + 2.5));
+  // Only 1 ms of collectives: 2.5 ms of the within-slice part does not fit.
+  CHECK(core_wait_ms(2.0, mods, 1.0, 8.0, 1.5) == doctest::Approx(8.0 + 2.5 + 2.5));
+  // 3 ranks on 2 cores: half a core-mate per rank.
+  CHECK(core_wait_ms(1.5, mods, 0.0, 8.0, 1.5) == doctest::Approx(0.5 * (8.0 + 2.5) + 1.75));
+  // A slice of 0: every module shares the core (the whole module time adds).
+  CHECK(core_wait_ms(2.0, mods, 50.0, 8.0, 0.0) == doctest::Approx(8.0 + 6.0));
+  CHECK(core_wait_ms(1.0, mods, 0.0, 8.0, 1.5) == 0.0);  // a core per rank
+  CHECK(core_wait_ms(0.5, mods, 0.0, 8.0, 1.5) == 0.0);  // fewer ranks than cores
+  CHECK(core_wait_ms(0.0, mods, 0.0, 8.0, 1.5) == 0.0);  // not recorded
+}

@@ -1,12 +1,15 @@
 // Compute costs from work counts: a module's forward or backward is described by the SGEMMs it
 // runs and the bytes its elementwise passes move, and a calibration of this machine
 // (ComputeRates: SGEMM GFLOP/s at measured shapes, elementwise and optimizer throughput,
-// measured by `fullshard-calibrate --compute-out` with every rank running at once) turns
-// that into the milliseconds a module declares as its `cost` for the planner.
+// measured by `fullshard-calibrate --compute-out` at a whole core per rank) turns that into
+// the milliseconds a module declares as its `cost` for the planner. The calibration can also
+// hold measured module times (MeasuredModules), which a program prefers for its own shape;
+// core_wait_ms models ranks that share cores.
 // JSON schema: docs/plan-format.md, "Compute calibration JSON".
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -48,6 +51,30 @@ struct GemmRate {
   double gflop_per_s = 0.0;
 };
 
+/// One module's measured forward and backward (ms, the median of the repetitions).
+struct ModuleTime {
+  double forward_ms = 0.0, backward_ms = 0.0;
+  bool operator==(const ModuleTime& o) const noexcept {
+    return forward_ms == o.forward_ms && backward_ms == o.backward_ms;
+  }
+};
+
+/// The measured times of the modules of one model at one shape: the modules' own forward and
+/// backward code run on their own parameters and activations, unsharded, as a step runs it
+/// (fullshard-calibrate --mlp: model "residual_mlp", shape {rows, hidden, inputs, outputs},
+/// modules "input", "block", "output").
+struct MeasuredModules {
+  std::string model;
+  /// The sizes the times are for (positive integers), e.g. {"hidden": 512, "rows": 256, ...}.
+  std::map<std::string, std::int64_t> shape;
+  std::map<std::string, ModuleTime> modules;
+  /// Repetitions the medians are over (informational).
+  int reps = 1;
+  bool operator==(const MeasuredModules& o) const noexcept {
+    return model == o.model && shape == o.shape && modules == o.modules && reps == o.reps;
+  }
+};
+
 /// Compute throughputs of one rank while `ranks` ranks of the machine run at once.
 struct ComputeRates {
   /// Measured SGEMM rates; gemm_gflop_per_s(g) looks them up.
@@ -59,9 +86,25 @@ struct ComputeRates {
   /// Optimizer step per element of this rank's shards (Optimizer::step), and zero_grad.
   double adamw_ns_per_element = 5.0;
   double sgd_ns_per_element = 3.0;
-  /// Ranks that ran at once while measuring (informational: rates of 4 ranks on 2 cores
-  /// include the core sharing).
+  /// Ranks of the calibrating job (informational).
   int ranks = 1;
+  /// The calibrating job's ranks per core on its node (ranks on the node / the CPUs they may
+  /// run on). Above 1, the calibration measured one rank at a time (the others waiting in a
+  /// barrier); at most 1, every rank at once, each on its own core. Either way every rate and
+  /// module time is a whole core's (whole_core()). 0: not recorded (files written before this
+  /// key, whose ranks measured at once however many shared a core: 4 ranks on 2 cores wrote
+  /// half a core's rates).
+  double ranks_per_core = 0.0;
+  /// Measured module times (JSON "module_times"); measured_modules() looks them up.
+  std::vector<MeasuredModules> module_times;
+
+  /// The entry of `model` with exactly `shape`, or nullptr.
+  const MeasuredModules* measured_modules(
+      const std::string& model, const std::map<std::string, std::int64_t>& shape) const noexcept;
+  /// True when the rates and module times are a whole core's (ranks_per_core recorded), so
+  /// that a job with more ranks than cores adds the time its core-mates compute
+  /// (core_wait_ms).
+  bool whole_core() const noexcept { return ranks_per_core > 0.0; }
 
   /// The rate for `g`: the measured shape equal to it; else, among the measured shapes with
   /// the same transposes (or any when none has them), the nearest in log space (sum of
@@ -91,6 +134,23 @@ struct ComputeRates {
 
   bool operator==(const ComputeRates& o) const noexcept;
 };
+
+/// The time a rank waits, per step, for the other ranks on its core when `ranks_per_core`
+/// (> 1) ranks share each core and the rates are a whole core's (ComputeRates::whole_core()).
+/// Every core runs the CPU work of all its ranks. The kernel runs a task for a time slice
+/// (`slice_ms`) before it lets a core-mate have the core, so the first slice of each module
+/// runs at a whole core's speed and the core-mates compute that part while this rank waits in
+/// a collective (the collectives' calibrated time, measured with every rank at once on the
+/// shared cores, is mostly such waiting); what a module runs beyond one slice shares the core
+/// with its core-mates, and the optimizer step, which every rank runs at the same time after
+/// its last reduce-scatter, adds in full:
+///   m = ranks_per_core - 1;
+///   m x optimizer_ms + m x sum_i max(0, module_ms[i] - slice_ms)
+///     + max(0, m x sum_i min(module_ms[i], slice_ms) - collective_ms);
+/// 0 when ranks_per_core <= 1. `module_ms`: the rank's modules' forward and backward ops of a
+/// step at a whole core; `collective_ms`: its communication-stream ops (the plan's).
+double core_wait_ms(double ranks_per_core, const std::vector<double>& module_ms,
+                    double collective_ms, double optimizer_ms, double slice_ms) noexcept;
 
 /// The module's declared cost from its forward and backward work.
 graph::Cost cost_from_work(const ComputeRates& rates, const Work& forward, const Work& backward);
