@@ -504,12 +504,7 @@ class Trainer {
     const auto t_opt = Clock::now();
     const double loss = apps::sum_over_mesh(sse, mesh_) / (double(c_.batch) * c_.shape.outputs);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    if (step > first_step) {
-      const fullshard::comm::Traffic t1 = mesh_.traffic();
-      step_traffic_.all_gather += t1.all_gather - traffic0.all_gather;
-      step_traffic_.reduce_scatter += t1.reduce_scatter - traffic0.reduce_scatter;
-      step_traffic_.all_reduce += t1.all_reduce - traffic0.all_reduce;
-    }
+    if (step > first_step) count_traffic_since(traffic0);
 
     // Communication time of this step: collectives on the channel streams (inline progress
     // runs them on this thread, so they add to the step time).
@@ -565,12 +560,7 @@ class Trainer {
     opt_->step();
     cuda_->mark_end(slot);
     const auto t_opt = Clock::now();
-    if (step > first_step) {
-      const fullshard::comm::Traffic t1 = mesh_.traffic();
-      step_traffic_.all_gather += t1.all_gather - traffic0.all_gather;
-      step_traffic_.reduce_scatter += t1.reduce_scatter - traffic0.reduce_scatter;
-      step_traffic_.all_reduce += t1.all_reduce - traffic0.all_reduce;
-    }
+    if (step > first_step) count_traffic_since(traffic0);
     // On the GPU the timeline holds the host's time issuing each op (what comm_ms reports).
     auto& timeline = model_.executor().timeline();
     comm_ms_.push_back(timeline.busy_us(ops_seen_, /*communication=*/true) / 1e3);
@@ -902,6 +892,13 @@ class Trainer {
   std::size_t ops_seen_ = 0;
   // Bytes of the training steps after the first (which also initialises): checkpoint saves
   // and loads are not counted.
+  // Adds the bytes moved since `before` to step_traffic_ (steps after the first).
+  void count_traffic_since(const fullshard::comm::Traffic& before) {
+    const fullshard::comm::Traffic now = mesh_.traffic();
+    step_traffic_.all_gather += now.all_gather - before.all_gather;
+    step_traffic_.reduce_scatter += now.reduce_scatter - before.reduce_scatter;
+    step_traffic_.all_reduce += now.all_reduce - before.all_reduce;
+  }
   fullshard::comm::Traffic step_traffic_;
 };
 

@@ -17,7 +17,6 @@
 #include <stdlib.h>
 
 #include <cmath>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -142,27 +141,6 @@ std::unique_ptr<optim::Optimizer> make_optimizer(bool adamw, const std::vector<P
   return std::make_unique<optim::SGD>(ps, 0.05, 0.9, 0.01, true);
 }
 
-// A directory shared by every rank, removed at the end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char buf[256] = {};
-    if (R() == 0) {
-      std::string tmpl = "/tmp/fullshard-offload-XXXXXX";
-      if (mkdtemp(tmpl.data())) tmpl.copy(buf, sizeof buf - 1);
-    }
-    MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path = buf;
-    REQUIRE(!path.empty());
-  }
-  ~TempDir() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    std::error_code ec;
-    if (R() == 0) std::filesystem::remove_all(path, ec);
-    MPI_Barrier(MPI_COMM_WORLD);
-  }
-};
-
 }  // namespace
 
 TEST_CASE_TEMPLATE("CPUOffloadPolicy: SGD and AdamW steps on host shards equal the run without", D,
@@ -247,7 +225,7 @@ TEST_CASE_TEMPLATE("CPUOffloadPolicy: checkpoints of host shards load into eithe
   DeviceMesh mesh = D::mesh({test::world_size()}, {"dp"});
   for (const bool pin : {true, false}) {
     CAPTURE(pin);
-    TempDir dir;
+    test::SharedTempDir dir("fullshard-offload");
     Model off(mesh, {fsdp::CPUOffloadPolicy{pin}, false});
     optim::AdamW opt(off.params(), 0.01);
     for (int step = 0; step < 2; ++step) {

@@ -13,7 +13,6 @@
 #include <stdlib.h>
 
 #include <cmath>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -93,27 +92,6 @@ int mismatches(const std::string& what, const std::vector<double>& got,
     }
   return bad;
 }
-
-// A directory shared by every rank, removed at the end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char buf[256] = {};
-    if (R() == 0) {
-      std::string tmpl = "/tmp/fullshard-optim-devices-XXXXXX";
-      if (mkdtemp(tmpl.data())) tmpl.copy(buf, sizeof buf - 1);
-    }
-    MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path = buf;
-    REQUIRE(!path.empty());
-  }
-  ~TempDir() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    std::error_code ec;
-    if (R() == 0) std::filesystem::remove_all(path, ec);
-    MPI_Barrier(MPI_COMM_WORLD);
-  }
-};
 
 }  // namespace
 
@@ -245,7 +223,7 @@ TEST_CASE_TEMPLATE("checkpoints of the device's shards: the host path's files, l
   DeviceMesh host_mesh = test::HostDevice::mesh({test::world_size()}, {"dp"});
   for (checkpoint::Kind kind : {checkpoint::Kind::sharded, checkpoint::Kind::full}) {
     CAPTURE(static_cast<int>(kind));
-    TempDir dir;
+    test::SharedTempDir dir("fullshard-optim-devices");
     Model model(mesh);
     optim::AdamW opt(model.params(), 0.01);
     for (int k = 0; k < 2; ++k) {

@@ -4,6 +4,9 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -65,5 +68,30 @@ inline std::int64_t global_index(const ShardLayout& l, std::int64_t e) {
     g = g * l.global_shape[d] + idx[d] + l.global_offset[d];
   return g;
 }
+
+/// A directory every rank of MPI_COMM_WORLD shares (made by rank 0 under /tmp, its name
+/// broadcast), removed at the end. Collective: every rank constructs and destroys it.
+class SharedTempDir {
+ public:
+  explicit SharedTempDir(const std::string& prefix) {
+    char buf[256] = {};
+    if (world_rank() == 0) {
+      std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
+      if (mkdtemp(tmpl.data())) tmpl.copy(buf, sizeof buf - 1);
+    }
+    MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
+    path = buf;
+    if (path.empty()) throw std::runtime_error("SharedTempDir: mkdtemp failed under /tmp");
+  }
+  SharedTempDir(const SharedTempDir&) = delete;
+  SharedTempDir& operator=(const SharedTempDir&) = delete;
+  ~SharedTempDir() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::error_code ec;
+    if (world_rank() == 0) std::filesystem::remove_all(path, ec);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  std::string path;
+};
 
 }  // namespace fullshard::test
