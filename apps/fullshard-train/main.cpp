@@ -491,11 +491,7 @@ class Trainer {
     const long faults0 = minor_faults();
     const auto t0 = Clock::now();
     const fullshard::comm::Traffic traffic0 = mesh_.traffic();
-    if (schedule_) {
-      const double lr = schedule_->lr(step);
-      if (sgd_) sgd_->lr = lr;
-      if (adamw_) adamw_->lr = lr;
-    }
+    apply_lr(step);
     opt_->zero_grad();
     const double sse = model_.forward_backward(x_.data(), t_.data(), rows_, c_.batch);
     const auto t_fb = Clock::now();
@@ -547,11 +543,7 @@ class Trainer {
     const long faults0 = minor_faults();
     const auto t0 = Clock::now();
     const fullshard::comm::Traffic traffic0 = mesh_.traffic();
-    if (schedule_) {
-      const double lr = schedule_->lr(step);
-      if (sgd_) sgd_->lr = lr;
-      if (adamw_) adamw_->lr = lr;
-    }
+    apply_lr(step);
     cuda_->mark_start(slot);
     opt_->zero_grad();
     cuda_->forward_backward(step - window_first_, c_.batch, slot);
@@ -892,6 +884,13 @@ class Trainer {
   std::size_t ops_seen_ = 0;
   // Bytes of the training steps after the first (which also initialises): checkpoint saves
   // and loads are not counted.
+  // The learning rate of `step` (--lr-schedule), set on the optimizer.
+  void apply_lr(int step) {
+    if (!schedule_) return;
+    const double lr = schedule_->lr(step);
+    if (sgd_) sgd_->lr = lr;
+    if (adamw_) adamw_->lr = lr;
+  }
   // Adds the bytes moved since `before` to step_traffic_ (steps after the first).
   void count_traffic_since(const fullshard::comm::Traffic& before) {
     const fullshard::comm::Traffic now = mesh_.traffic();
