@@ -148,33 +148,45 @@ bool CostModel::operator==(const CostModel& o) const noexcept {
   return copy_gb_per_s_ == o.copy_gb_per_s_;
 }
 
-nlohmann::json CostModel::to_json() const {
-  nlohmann::json j = nlohmann::json::object();
-  for (CollectiveKind k : kKinds) {
+namespace {
+
+// {"all_gather": {"shard": {"alpha_ms": .., "beta_ms_per_byte": ..}, ...}, ...} over `kinds`.
+template <class Kinds, class Lookup>
+nlohmann::json alpha_beta_table(const Kinds& kinds, Lookup&& ab) {
+  nlohmann::json out = nlohmann::json::object();
+  for (CollectiveKind k : kinds) {
     nlohmann::json per = nlohmann::json::object();
     for (MeshDim d : kDims)
-      per[mesh_dim_name(d)] = {{"alpha_ms", collective(k, d).alpha_ms},
-                               {"beta_ms_per_byte", collective(k, d).beta_ms_per_byte}};
-    j[collective_kind_name(k)] = per;
+      per[mesh_dim_name(d)] = {{"alpha_ms", ab(k, d).alpha_ms},
+                               {"beta_ms_per_byte", ab(k, d).beta_ms_per_byte}};
+    out[collective_kind_name(k)] = per;
   }
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json CostModel::to_json() const {
+  nlohmann::json j =
+      alpha_beta_table(kKinds, [this](CollectiveKind k, MeshDim d) { return collective(k, d); });
   j["copy_gb_per_s"] = copy_gb_per_s_;
   nlohmann::json transport = nlohmann::json::object();
   for (MeshDim d : kDims)
     transport[mesh_dim_name(d)] = transport_name(this->transport(d));
   j["transport"] = transport;
-  nlohmann::json shm = nlohmann::json::object();
-  for (CollectiveKind k : kShmKinds) {
-    nlohmann::json per = nlohmann::json::object();
-    for (MeshDim d : kDims)
-      per[mesh_dim_name(d)] = {{"alpha_ms", shm_collective(k, d).alpha_ms},
-                               {"beta_ms_per_byte", shm_collective(k, d).beta_ms_per_byte}};
-    shm[collective_kind_name(k)] = per;
-  }
-  j["shm"] = shm;
+  j["shm"] = alpha_beta_table(kShmKinds,
+                              [this](CollectiveKind k, MeshDim d) { return shm_collective(k, d); });
   return j;
 }
 
 namespace {
+
+// The mesh dim a key names ("shard", "replicate"), or fails naming the JSON path.
+MeshDim dim_named(const std::string& key, const std::string& source, const std::string& path) {
+  for (MeshDim d : kDims)
+    if (key == mesh_dim_name(d)) return d;
+  fail(source, path, "unknown key '" + key + "' (allowed: shard, replicate)");
+}
 
 // {"shard": {"alpha_ms": .., "beta_ms_per_byte": ..}, "replicate": {..}} at `path`, over `ab`.
 template <class Lookup>
@@ -183,12 +195,9 @@ void read_dims(const nlohmann::json& v, const std::string& source, const std::st
   check_object(v, source, path);
   for (auto dt = v.begin(); dt != v.end(); ++dt) {
     const std::string dpath = member(path, dt.key());
-    const MeshDim* dim = nullptr;
-    for (const MeshDim& d : kDims)
-      if (dt.key() == mesh_dim_name(d)) dim = &d;
-    if (!dim) fail(source, dpath, "unknown key '" + dt.key() + "' (allowed: shard, replicate)");
+    const MeshDim dim = dim_named(dt.key(), source, dpath);
     check_object(dt.value(), source, dpath);
-    AlphaBeta& out = ab(*dim);
+    AlphaBeta& out = ab(dim);
     for (auto f = dt.value().begin(); f != dt.value().end(); ++f) {
       const std::string fpath = member(dpath, f.key());
       if (f.key() == "alpha_ms")
@@ -220,15 +229,12 @@ CostModel CostModel::from_json(const nlohmann::json& j, const CostModel& base,
       check_object(it.value(), source, path);
       for (auto dt = it.value().begin(); dt != it.value().end(); ++dt) {
         const std::string dpath = member(path, dt.key());
-        const MeshDim* dim = nullptr;
-        for (const MeshDim& d : kDims)
-          if (dt.key() == mesh_dim_name(d)) dim = &d;
-        if (!dim) fail(source, dpath, "unknown key '" + dt.key() + "' (allowed: shard, replicate)");
+        const MeshDim dim = dim_named(dt.key(), source, dpath);
         const nlohmann::json& v = dt.value();
         if (v == "mpi")
-          c.set_transport(*dim, Transport::mpi);
+          c.set_transport(dim, Transport::mpi);
         else if (v == "shm")
-          c.set_transport(*dim, Transport::shm);
+          c.set_transport(dim, Transport::shm);
         else
           fail(source, dpath, "expected \"mpi\" or \"shm\", got " + v.dump());
       }
