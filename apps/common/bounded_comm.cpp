@@ -104,6 +104,19 @@ MPI_Comm BoundedComm::split(MPI_Comm comm, int color, int key, const std::string
   return out;
 }
 
+MPI_Comm BoundedComm::split_node(MPI_Comm comm, const std::string& name, double timeout_s) {
+  BoundedComm parent(comm, name, timeout_s);
+  MPI_Comm out = MPI_COMM_NULL;
+  const std::string what = parent.site("MPI_Comm_split_type", "shared memory").describe();
+  Watchdog dog;
+  dog.arm(what, timeout_s, kAppTimeoutHint);
+  const int rc =
+      MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, parent.rank(), MPI_INFO_NULL, &out);
+  dog.disarm();
+  parent.check(rc, "MPI_Comm_split_type", "splitting by node");
+  return out;
+}
+
 std::uint64_t fnv1a(const std::string& s) noexcept {
   return fullshard::fnv1a64(s);
 }

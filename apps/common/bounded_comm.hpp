@@ -70,6 +70,9 @@ class BoundedComm {
   /// MPI_Comm_split of `comm` (blocking in MPI: run under a Watchdog); the caller frees it.
   static MPI_Comm split(MPI_Comm comm, int color, int key, const std::string& name,
                         double timeout_s);
+  /// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) of `comm`: the ranks on this node (blocking
+  /// in MPI: run under a Watchdog, as split); the caller frees it.
+  static MPI_Comm split_node(MPI_Comm comm, const std::string& name, double timeout_s);
 
  private:
   WaitSite site(const char* what, std::string detail = {});

@@ -1,5 +1,7 @@
 #include "mlp_cost.hpp"
 
+#include "bounded_comm.hpp"
+
 #include <cblas.h>
 #include <mpi.h>
 #include <sched.h>
@@ -180,20 +182,21 @@ double scheduler_slice_ms() {
   return 0.75 * (1 + log2);
 }
 
-double job_ranks_per_core() {
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int node_ranks = 1;
-  MPI_Comm_size(node, &node_ranks);
-  cpu_set_t mine, all;
-  CPU_ZERO(&mine);
+double job_ranks_per_core(double timeout_s) {
+  BoundedComm node(BoundedComm::split_node(MPI_COMM_WORLD, "ranks_per_core.node", timeout_s),
+                   "ranks_per_core.node", timeout_s);
+  cpu_set_t all;
   CPU_ZERO(&all);
-  if (sched_getaffinity(0, sizeof(mine), &mine) != 0) CPU_SET(0, &mine);
-  MPI_Allreduce(&mine, &all, static_cast<int>(sizeof(cpu_set_t)), MPI_BYTE, MPI_BOR, node);
-  MPI_Comm_free(&node);
-  const double here = double(node_ranks) / double(std::max(1, CPU_COUNT(&all)));
-  double most = here;
-  MPI_Allreduce(&here, &most, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (sched_getaffinity(0, sizeof(all), &all) != 0) CPU_SET(0, &all);
+  const int node_ranks = node.size();
+  // The union of the node's affinity masks: the CPUs its ranks may run on.
+  node.allreduce(&all, static_cast<int>(sizeof(cpu_set_t)), MPI_BYTE, MPI_BOR,
+                 "union of the affinity masks");
+  MPI_Comm node_comm = node.get();
+  MPI_Comm_free(&node_comm);
+  double most = double(node_ranks) / double(std::max(1, CPU_COUNT(&all)));
+  BoundedComm world(MPI_COMM_WORLD, "ranks_per_core.world", timeout_s);
+  world.allreduce(&most, 1, MPI_DOUBLE, MPI_MAX, "the most ranks per core of a node");
   return most;
 }
 
@@ -234,7 +237,7 @@ schedule::ComputeRates calibrate_compute(const comm::Communicator& comm_in,
   std::unique_ptr<comm::Communicator> c = comm_in.dup(comm_in.name() + ".compute");
   comm::Stream s = comm::Stream::caller("fullshard.calibrate.compute");
   const double ranks_per_core =
-      what.ranks_per_core > 0 ? what.ranks_per_core : job_ranks_per_core();
+      what.ranks_per_core > 0 ? what.ranks_per_core : job_ranks_per_core(comm_in.timeout_s());
   const bool solo = ranks_per_core > 1.0;
   // Every measurement is an op returning its work; each holds its own buffers.
   std::vector<std::function<double()>> ops;

@@ -60,8 +60,9 @@ CostSource declare_costs(ResidualMlp& model, const schedule::ComputeRates& rates
 
 /// The ranks per core of this job: over the nodes (MPI_COMM_TYPE_SHARED), the most ranks on a
 /// node divided by the CPUs they may run on (the union of their affinity masks). Collective
-/// over MPI_COMM_WORLD; the same value on every rank.
-double job_ranks_per_core();
+/// over MPI_COMM_WORLD, every call bounded by `timeout_s` (FULLSHARD_TIMEOUT; 0: unbounded);
+/// the same value on every rank.
+double job_ranks_per_core(double timeout_s);
 
 /// The time slice the kernel's scheduler gives a task before a core-mate runs (ms; for
 /// schedule::core_wait_ms): FULLSHARD_SCHED_SLICE_MS when set (a number > 0; else

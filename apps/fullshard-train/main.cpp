@@ -388,7 +388,7 @@ class Trainer {
     if (c.predict) {
       const std::int64_t rows = (c.batch + rt.world_size() - 1) / rt.world_size();
       const apps::CostSource source = apps::declare_costs(model_, rates_, rows);
-      ranks_per_core_ = apps::job_ranks_per_core();
+      ranks_per_core_ = apps::job_ranks_per_core(rt.settings().timeout_s);
       if (rank_ == 0)
         std::printf("compute: %s%s (rows %lld per rank, hidden %d, inputs %d, outputs %d)\n",
                     source == apps::CostSource::measured_modules

@@ -198,7 +198,7 @@ TEST_CASE("mlp_cost: the modules' own code, timed on their own parameters") {
 }
 
 TEST_CASE("mlp_cost: the job's ranks per core") {
-  const double rpc = apps::job_ranks_per_core();
+  const double rpc = apps::job_ranks_per_core(60.0);
   CHECK(rpc > 0);
   CHECK(same_everywhere(std::to_string(rpc)));
   int size = 1;
