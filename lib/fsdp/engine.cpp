@@ -149,7 +149,8 @@ void attach(Root& root, const std::vector<Group*>& groups) {
 
 void issue_unshard(Group& g, bool own) {
   if (g.state == ShardedState::unsharded || g.gather_in_flight) return;
-  if (!g.root) throw InvalidArgument("group " + g.info.name + ": not initialised (internal)");
+  if (!g.root)
+    throw InvalidArgument("group " + std::string(g.info.name) + ": not initialised (internal)");
   Backend& b = be(g);
   Root& r = *g.root;
   const GroupInfo& I = g.info;

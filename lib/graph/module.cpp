@@ -126,6 +126,8 @@ std::string quoted_name(const std::string& s, std::size_t max_bytes) {
 Parameter::Parameter(Module* module, std::string name, Shape shape, DType dtype, bool requires_grad)
     : module_(module),
       shape_(std::move(shape)),
+      numel_(fullshard::numel(shape_)),  // checked by add_param
+      first_extent_(shape_.empty() ? 1 : shape_.front()),
       dtype_(dtype),
       requires_grad_(requires_grad),
       name_(std::move(name)),

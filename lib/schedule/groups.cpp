@@ -55,7 +55,7 @@ std::string where_of(const graph::Module& m) {
 // requested module below took, which the walk collects on one stack as it returns.
 class GroupBuilder {
  public:
-  GroupBuilder(int W, const fsdp::FullyShardOptions& defaults, std::vector<PlannedGroup>& out)
+  GroupBuilder(int W, const fsdp::FullyShardOptions& defaults, PlannedGroups& out)
       : W_(W), defaults_(defaults), groups_(out) {}
 
   // Appends to stack_ the parameters of m's subtree no group below took (torch's
@@ -126,8 +126,9 @@ class GroupBuilder {
         continue;
       }
       const Placement pl = fsdp::shard_placement(g.options, g.name, *p);
-      const ShardExtent e =
-          shard_extent(p->shape(), pl, W_, [&] { return "parameter '" + p->fqn() + "'"; });
+      ShardExtent e;
+      if (pl.dim() != 0 || !detail::try_shard_extent_dim0(p->numel(), p->first_extent(), W_, e))
+        e = shard_extent(p->shape(), pl, W_, [&] { return "parameter '" + p->fqn() + "'"; });
       // The engine's ParamGroup checks, in its order.
       if (g.params.empty()) g.orig_dtype = p->dtype();
       if (p->dtype() != g.orig_dtype)
@@ -172,7 +173,7 @@ class GroupBuilder {
 
   const int W_;
   const fsdp::FullyShardOptions& defaults_;
-  std::vector<PlannedGroup>& groups_;
+  PlannedGroups& groups_;
   std::vector<const graph::Parameter*> stack_;
   int next_forward_ = 0;
   std::int64_t model_bytes_ = 0;
@@ -203,15 +204,29 @@ std::string PlannedGroup::where() const {
   return modules.empty() ? name : where_of(*modules.front());
 }
 
-std::vector<PlannedGroup> plan_groups(const graph::Module& root, int shard_size,
-                                      const fsdp::FullyShardOptions& defaults) {
-  if (shard_size < 1)
-    throw InvalidArgument("plan_groups: the shard group size must be >= 1, got " +
-                          std::to_string(shard_size));
-  std::vector<PlannedGroup> groups;
-  groups.reserve(count_requests(root));
-  GroupBuilder(shard_size, defaults, groups).visit(root, 0);
+PlannedGroups plan_groups(const graph::Module& root, int shard_size,
+                          const fsdp::FullyShardOptions& defaults) {
+  PlannedGroups groups;
+  detail::plan_groups_into(groups, root, shard_size, defaults, detail::count_group_requests(root));
   return groups;
 }
 
 }  // namespace fullshard::schedule
+
+namespace fullshard::detail {
+
+std::size_t count_group_requests(const graph::Module& root) {
+  return schedule::count_requests(root);
+}
+
+void plan_groups_into(schedule::PlannedGroups& out, const graph::Module& root, int shard_size,
+                      const fsdp::FullyShardOptions& defaults, std::size_t requests) {
+  if (shard_size < 1)
+    throw InvalidArgument("plan_groups: the shard group size must be >= 1, got " +
+                          std::to_string(shard_size));
+  out.clear();
+  out.reserve(requests);
+  schedule::GroupBuilder(shard_size, defaults, out).visit(root, 0);
+}
+
+}  // namespace fullshard::detail

@@ -5,6 +5,10 @@
 // runs.
 #include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/fsdp/engine.hpp"
@@ -15,6 +19,8 @@ namespace fullshard::schedule {
 namespace {
 
 namespace engine = fsdp::engine;
+
+constexpr std::size_t kReservePerGroup = 16;  // operations and buffer events
 
 // The planning backend: every operation becomes an Op of the plan with its cost.
 class PlanningBackend final : public engine::Backend {
@@ -170,52 +176,58 @@ class PlanningBackend final : public engine::Backend {
   double free_at_[engine::kNumStreams] = {0, 0, 0, 0};  // when each stream is next free
 };
 
-// Module -> its engine group: an open-addressing table (the traversal asks at every module).
+// Module -> its engine group, as the traversal asks: forward visits the modules in pre-order
+// and backward in reverse post-order, so the group modules come in forward order and then
+// in reverse formation order (plan_groups forms groups in post-order). Each lookup compares
+// the module with the next group's module: no table, and the groups are read in sequence.
+// A traversal that met a group out of that order leaves groups unvisited, which finish()
+// reports.
 class PlanLookup final : public engine::GroupLookup {
  public:
-  PlanLookup(engine::Backend& b, std::size_t n) : backend_(b) {
-    std::size_t cap = 16;
-    while (cap < 2 * n)
-      cap *= 2;
-    slots_.assign(cap, Slot{});
-    mask_ = cap - 1;
-  }
-  void insert(const graph::Module* m, engine::Group* g) {
-    std::size_t i = hash(m);
-    while (slots_[i].key && slots_[i].key != m)
-      i = (i + 1) & mask_;
-    slots_[i] = {m, g};
-  }
+  /// `order`: the group indices in the order met (nullptr: the reverse of index order).
+  PlanLookup(engine::Backend& b, engine::Group* groups, std::size_t n, const int* order)
+      : backend_(b), groups_(groups), n_(n), order_(order) {}
   engine::Group* group_at(const graph::Module& m) const override {
-    for (std::size_t i = hash(&m);; i = (i + 1) & mask_) {
-      const Slot& s = slots_[i];
-      if (s.key == &m) return s.group;
-      if (!s.key) return nullptr;
-    }
+    if (next_ == n_) return nullptr;
+    engine::Group* g = &groups_[order_ ? static_cast<std::size_t>(order_[next_]) : n_ - 1 - next_];
+    if (g->info.module != &m) return nullptr;
+    ++next_;
+    return g;
   }
   engine::Backend* default_backend() const override { return &backend_; }
+  void finish(const char* pass) const {
+    if (next_ != n_)
+      throw InvalidArgument(std::string("Scheduler::plan: the ") + pass + " traversal met " +
+                            std::to_string(next_) + " of " + std::to_string(n_) +
+                            " groups in the expected order (internal)");
+  }
 
  private:
-  struct Slot {
-    const graph::Module* key = nullptr;
-    engine::Group* group = nullptr;
-  };
-  std::size_t hash(const graph::Module* m) const noexcept {
-    return static_cast<std::size_t>(
-               (reinterpret_cast<std::uintptr_t>(m) >> 4) * 0x9E3779B97F4A7C15ull >> 20) &
-           mask_;
-  }
   engine::Backend& backend_;
-  std::vector<Slot, BulkAllocator<Slot>> slots_;
-  std::size_t mask_ = 0;
+  engine::Group* groups_;
+  std::size_t n_;
+  const int* order_;
+  mutable std::size_t next_ = 0;
 };
 
 // The engine groups of the plan's groups, as rank 0 of the mesh sees them, with the plan's
 // policies (what the executor applies to the FSDP modules).
-std::vector<engine::Group, BulkAllocator<engine::Group>> engine_groups(const Plan& p) {
-  std::vector<engine::Group, BulkAllocator<engine::Group>> out(p.groups.size());
-  for (std::size_t i = 0; i < p.groups.size(); ++i) {
+using EngineGroups = std::vector<engine::Group, ArenaAllocator<engine::Group>>;
+
+// One pass over the plan's groups: the persistent byte totals, the forward order, the roots,
+// and the engine groups as rank 0 of the mesh sees them, with the plan's policies (what the
+// executor applies to the FSDP modules).
+EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory) {
+  const std::size_t n = p.groups.size();
+  EngineGroups out(n, memory);
+  p.forward_order.assign(n, 0);
+  const bool no_unshard = !p.options.no_unshard_in_backward.empty();
+  for (std::size_t i = 0; i < n; ++i) {
     const PlannedGroup& pg = p.groups[i];
+    p.sharded_bytes += pg.shard_bytes();
+    p.grad_bytes += pg.shard_bytes();
+    p.forward_order[static_cast<std::size_t>(pg.forward_index)] = static_cast<int>(i);
+    if (pg.is_root) p.pool_roots.push_back(static_cast<int>(i));
     engine::Group& g = out[i];
     g.id = static_cast<int>(i);
     engine::GroupInfo& I = g.info;
@@ -234,12 +246,19 @@ std::vector<engine::Group, BulkAllocator<engine::Group>> engine_groups(const Pla
     g.reshard_after_backward = p.options.reshard_after_backward;
     g.reduce_grads = p.options.requires_gradient_sync;
     g.all_reduce_grads = p.options.requires_all_reduce;
-    g.unshard_in_backward = p.options.no_unshard_in_backward.count(pg.name) == 0;
+    g.unshard_in_backward = !no_unshard || p.options.no_unshard_in_backward.count(pg.name) == 0;
     if (p.options.backward_prefetch == BackwardPrefetch::none) g.explicit_backward_prefetch = true;
   }
-  for (std::size_t i = 0; i < p.groups.size(); ++i)
-    for (int t : p.forward_prefetch[i])
-      out[i].forward_prefetch.push_back(&out[static_cast<std::size_t>(t)]);
+  p.forward_prefetch.assign(n, {});
+  const auto depth = static_cast<std::size_t>(p.options.forward_prefetch_depth);
+  const auto& order = p.forward_order;
+  if (depth > 0)
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = i + 1; j < n && j <= i + depth; ++j) {
+        const auto from = static_cast<std::size_t>(order[i]);
+        p.forward_prefetch[from].push_back(order[j]);
+        out[from].forward_prefetch.push_back(&out[static_cast<std::size_t>(order[j])]);
+      }
   for (const auto& [name, targets] : p.options.backward_prefetch_targets) {
     engine::Group& g = out[static_cast<std::size_t>(p.group_index(name))];
     g.explicit_backward_prefetch = true;
@@ -247,14 +266,6 @@ std::vector<engine::Group, BulkAllocator<engine::Group>> engine_groups(const Pla
     for (const std::string& t : targets)
       g.backward_prefetch.push_back(&out[static_cast<std::size_t>(p.group_index(t))]);
   }
-  return out;
-}
-
-// Groups in the order of their first pre-forward (plan_groups numbered them).
-std::vector<int> forward_order(const std::vector<PlannedGroup>& groups) {
-  std::vector<int> out(groups.size());
-  for (std::size_t g = 0; g < groups.size(); ++g)
-    out[static_cast<std::size_t>(groups[g].forward_index)] = static_cast<int>(g);
   return out;
 }
 
@@ -275,7 +286,14 @@ Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOption
   p.mesh = mesh;
   p.options = options;
   if (!p.options.cost) p.options.cost = CostModel::defaults(mesh);
-  p.groups = plan_groups(root, mesh.shard, options.defaults);
+  // One arena for the plan's records and the engine's scratch, sized for the engine's
+  // 12-14 operations and buffer events per group (more take a further block).
+  const std::size_t requests = detail::count_group_requests(root);
+  const std::size_t per_group = sizeof(PlannedGroup) + sizeof(engine::Group) +
+                                kReservePerGroup * (sizeof(Op) + sizeof(BufferEvent));
+  const auto arena = std::make_shared<Arena>((requests + 1) * per_group + (64 << 10));
+  p.groups = PlannedGroups(ArenaAllocator<PlannedGroup>(arena));
+  detail::plan_groups_into(p.groups, root, mesh.shard, options.defaults, requests);
   auto require_group = [&p](const std::string& name, const char* option) {
     if (p.group_index(name) >= 0) return;
     std::string names;
@@ -291,23 +309,8 @@ Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOption
     for (const std::string& t : targets)
       require_group(t, "backward_prefetch_targets");
   }
-  for (const auto& g : p.groups) {
-    p.sharded_bytes += g.shard_bytes();
-    p.grad_bytes += g.shard_bytes();
-  }
-
-  p.forward_order = forward_order(p.groups);
-  p.forward_prefetch.assign(p.groups.size(), {});
-  const auto depth = static_cast<std::size_t>(options.forward_prefetch_depth);
-  const auto& order = p.forward_order;
-  for (std::size_t i = 0; i < order.size(); ++i)
-    for (std::size_t j = i + 1; j < order.size() && j <= i + depth; ++j)
-      p.forward_prefetch[static_cast<std::size_t>(order[i])].push_back(order[j]);
-  for (std::size_t g = 0; g < p.groups.size(); ++g)
-    if (p.groups[g].is_root) p.pool_roots.push_back(static_cast<int>(g));
-
   // The engine, on the planning backend: one root per root group (one pool each).
-  auto groups = engine_groups(p);
+  auto groups = engine_groups(p, ArenaAllocator<engine::Group>(arena));
   const CostModel cost = *p.options.cost;
   PlanningBackend backend(p, cost);
   std::vector<engine::Root> roots;
@@ -320,25 +323,33 @@ Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOption
     root_of[static_cast<std::size_t>(p.pool_roots[r])] = r;
   }
   std::vector<std::vector<engine::Group*>> members(roots.size());
-  for (int g : p.forward_order)
-    members[root_of[static_cast<std::size_t>(p.groups[static_cast<std::size_t>(g)].root_group)]]
-        .push_back(&groups[static_cast<std::size_t>(g)]);
+  for (int g : p.forward_order) {
+    const auto gi = static_cast<std::size_t>(g);
+    // One root (the usual graph) holds every group: no need to read which.
+    const std::size_t r =
+        roots.size() == 1 ? 0 : root_of[static_cast<std::size_t>(p.groups[gi].root_group)];
+    members[r].push_back(&groups[gi]);
+  }
   for (std::size_t r = 0; r < roots.size(); ++r)
     engine::attach(roots[r], members[r]);
 
-  PlanLookup lookup(backend, groups.size());
-  for (std::size_t g = 0; g < p.groups.size(); ++g)
-    for (const graph::Module* m : p.groups[g].modules)
-      lookup.insert(m, &groups[g]);
+  // plan_groups forms single-module groups, so a group is met at its module: in forward
+  // order by the forward pass, in reverse formation order by the backward pass.
+  PlanLookup forward_lookup(backend, groups.data(), groups.size(), p.forward_order.data());
+  PlanLookup backward_lookup(backend, groups.data(), groups.size(), nullptr);
   const std::size_t n = p.groups.size() + 1;
-  p.ops.reserve(16 * n);
-  p.events.reserve(16 * n);
+  p.events = decltype(p.events)(ArenaAllocator<BufferEvent>(arena));
+  p.events.reserve(kReservePerGroup * n);
+  p.ops = decltype(p.ops)(ArenaAllocator<Op>(arena));  // last: its reserve's unused tail
+  p.ops.reserve(kReservePerGroup * n);
 
   // The planning backend never calls a callback nor changes the graph.
   auto& graph = const_cast<graph::Module&>(root);
-  engine::forward(graph, lookup);
+  engine::forward(graph, forward_lookup);
+  forward_lookup.finish("forward");
   engine::begin_backward(backend);
-  engine::backward(graph, lookup);
+  engine::backward(graph, backward_lookup);
+  backward_lookup.finish("backward");
   p.end_bytes = backend.in_use;
   return p;
 }

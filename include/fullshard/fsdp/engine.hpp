@@ -20,6 +20,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fullshard/base/dtype.hpp"
@@ -246,7 +247,7 @@ struct GroupInfo {
   DType orig_dtype = DType::f32;
   DType param_dtype = DType::f32;
   DType reduce_dtype = DType::f32;
-  std::string name;  // "layers.0", "<root>", "a+b" (last: the engine's walks never read it)
+  std::string_view name;  // "layers.0", "<root>", "a+b" (owned by the group's maker)
 
   bool cast() const noexcept { return param_dtype != orig_dtype; }
   std::size_t gather_bytes() const noexcept;     // the all-gather buffer (0: none needed)

@@ -63,6 +63,9 @@ class Parameter {
   const std::string& fqn() const noexcept { return fqn_; }
   /// Global (unsharded) shape.
   const Shape& shape() const noexcept { return shape_; }
+  /// The number of elements, and the extent of dim 0 (what sharding on dim 0 needs).
+  std::int64_t numel() const noexcept { return numel_; }
+  std::int64_t first_extent() const noexcept { return first_extent_; }
   /// Original dtype.
   DType dtype() const noexcept { return dtype_; }
   bool requires_grad() const noexcept { return requires_grad_; }
@@ -93,6 +96,8 @@ class Parameter {
   // What planning reads first (one cache line), the names after.
   Module* module_;
   Shape shape_;
+  std::int64_t numel_;
+  std::int64_t first_extent_;
   DType dtype_;
   bool requires_grad_;
   std::string name_;

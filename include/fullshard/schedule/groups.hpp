@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fullshard/base/arena.hpp"
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/fsdp/options.hpp"
 #include "fullshard/graph/module.hpp"
@@ -81,7 +82,18 @@ struct PlannedGroup {
 /// fully_shard and of the request parsing: ConfigError naming the JSON path of a bad option,
 /// InvalidArgument naming the group for an unknown ignored parameter, mixed dtypes, a
 /// reshard_after_forward that does not divide `shard_size`, or a bad Shard(d) placement.
-std::vector<PlannedGroup> plan_groups(const graph::Module& root, int shard_size,
-                                      const fsdp::FullyShardOptions& defaults = {});
+using PlannedGroups = std::vector<PlannedGroup, ArenaAllocator<PlannedGroup>>;
+PlannedGroups plan_groups(const graph::Module& root, int shard_size,
+                          const fsdp::FullyShardOptions& defaults = {});
 
 }  // namespace fullshard::schedule
+
+// The scheduler's way in (kept out of the schedule namespace, whose files name
+// fullshard::detail's helpers as detail::...).
+namespace fullshard::detail {
+/// The number of modules with a fully_shard request (true or an object): plan_groups' size.
+std::size_t count_group_requests(const graph::Module& root);
+/// plan_groups into `out` (emptied; its allocator is kept), with room for `requests` groups.
+void plan_groups_into(schedule::PlannedGroups& out, const graph::Module& root, int shard_size,
+                      const fsdp::FullyShardOptions& defaults, std::size_t requests);
+}  // namespace fullshard::detail

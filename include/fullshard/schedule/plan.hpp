@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fullshard/base/bulk_allocator.hpp"
+#include "fullshard/base/arena.hpp"
 #include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/options.hpp"
 #include "fullshard/graph/module.hpp"
@@ -126,18 +126,20 @@ struct BufferEvent {
 };
 
 /// A plan refers to the graph it was made from (groups[i].modules): keep the graph alive.
+/// Scheduler::plan puts its groups, operations and events in one arena (ArenaAllocator);
+/// a copy of a plan lives on the heap.
 class Plan {
  public:
   MeshShape mesh;
   PlanOptions options;  // options.cost is set (resolved)
-  std::vector<PlannedGroup> groups;
+  PlannedGroups groups;
   /// Per group: the groups its pre-forward prefetches (the forward_prefetch_depth targets).
   std::vector<std::vector<int>> forward_prefetch;
   /// Group indices in forward order (order of their first pre-forward).
   std::vector<int> forward_order;
   /// Every op in issue (program) order; ids are indices.
-  std::vector<Op, BulkAllocator<Op>> ops;
-  std::vector<BufferEvent, BulkAllocator<BufferEvent>> events;
+  std::vector<Op, ArenaAllocator<Op>> ops;
+  std::vector<BufferEvent, ArenaAllocator<BufferEvent>> events;
 
   /// Predicted time of the iteration: the latest op end.
   double step_ms = 0.0;
