@@ -6,6 +6,8 @@
 //                            fully_shard'ed), MeshShape{4, 1}; the graph is built once, the
 //                            plan is destroyed outside the timed region. Counter
 //                            us_per_1000_modules = med_us * 1000 / N.
+//   plan/replan/<N>          the same, each iteration re-planning into one Plan
+//                            (Scheduler::replan, as auto_plan does: the plan's memory is reused).
 //   hooks/overhead/<N>       fsdp::forward + fsdp::backward of root -> N modules, each one
 //                            fully_shard'ed group of one (W*4,) f32 parameter (so every group
 //                            communicates on W > 1 ranks), empty callbacks. Counters
@@ -67,26 +69,30 @@ std::unique_ptr<Module> make_plan_graph(int n) {
   return root;
 }
 
-void bench_plan(benchmark::State& state, int n) {
+// replan: each iteration re-plans into the same Plan (Scheduler::replan, as auto_plan does).
+void bench_plan(benchmark::State& state, int n, bool replan) {
   try {
     const auto root = make_plan_graph(n);
     const fs::schedule::MeshShape mesh{4, 1};
     std::optional<fs::schedule::Plan> plan = fs::schedule::Scheduler::plan(*root, mesh);
     const std::size_t ops = plan->ops.size();
-    plan.reset();
+    if (!replan) plan.reset();
     // timed_loop's protocol (barrier, max over ranks), but the plan is destroyed untimed.
     std::vector<double> times;
     for (auto _ : state) {
       MPI_Barrier(fs::bench::control_comm());
       const double t0 = MPI_Wtime();
-      plan = fs::schedule::Scheduler::plan(*root, mesh);
+      if (replan)
+        fs::schedule::Scheduler::replan(*plan, *root, mesh);
+      else
+        plan = fs::schedule::Scheduler::plan(*root, mesh);
       const double local = MPI_Wtime() - t0;
       double slowest = 0.0;
       MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, fs::bench::control_comm());
       state.SetIterationTime(slowest);
       times.push_back(slowest);
       if (plan->ops.size() != ops) state.SkipWithError("plan changed between iterations");
-      plan.reset();
+      if (!replan) plan.reset();
     }
     if (times.empty()) return;
     const double med_us = median(times) * 1e6;
@@ -281,12 +287,14 @@ int main(int argc, char** argv) {
   int result = 0;
   {
     fs::DeviceMesh mesh(rt, {rt.world_size()}, {"dp"});
-    for (int n : {10, 1000, 100000}) {
-      auto* b = benchmark::RegisterBenchmark(("plan/modules/" + std::to_string(n)).c_str(),
-                                             bench_plan, n);
-      b->UseManualTime();
-      if (n >= 100000) b->Iterations(5);  // ~1 s each: a median of 5, not a single run
-    }
+    for (const bool replan : {false, true})
+      for (int n : {10, 1000, 100000}) {
+        auto* b = benchmark::RegisterBenchmark(
+            ((replan ? "plan/replan/" : "plan/modules/") + std::to_string(n)).c_str(), bench_plan,
+            n, replan);
+        b->UseManualTime();
+        if (n >= 100000) b->Iterations(9);  // a median of 9, not a single run
+      }
     for (int n : {100, 1000}) {
       benchmark::RegisterBenchmark(("hooks/overhead/" + std::to_string(n)).c_str(), bench_hooks,
                                    &mesh, n)

@@ -9,8 +9,10 @@ namespace fullshard {
 
 namespace {
 
-constexpr std::size_t kHuge = std::size_t(2) << 20;    // a transparent huge page
-constexpr std::size_t kMapMin = std::size_t(1) << 20;  // smaller blocks come from the heap
+constexpr std::size_t kHuge = std::size_t(2) << 20;  // a transparent huge page
+// Smaller blocks come from the heap, which keeps them for the next arena (glibc raises its
+// mmap threshold up to 32 MiB to the sizes freed); larger ones are mapped, as huge pages.
+constexpr std::size_t kMapMin = std::size_t(32) << 20;
 
 std::size_t round_up(std::size_t x, std::size_t to) {
   if (x > static_cast<std::size_t>(-1) - to) throw std::bad_alloc();
@@ -40,12 +42,43 @@ void* map_aligned(std::size_t bytes) {
 Arena::Arena(std::size_t expected_bytes)
     : next_bytes_(std::max<std::size_t>(expected_bytes, 4096)) {}
 
+namespace {
+
+void release(const void* base, std::size_t bytes, bool mapped) noexcept {
+  if (mapped)
+    (void)::munmap(const_cast<void*>(base), bytes);
+  else
+    ::operator delete(const_cast<void*>(base));
+}
+
+}  // namespace
+
 Arena::~Arena() {
   for (const Block& b : blocks_)
-    if (b.mapped)
-      (void)::munmap(b.base, b.bytes);
-    else
-      ::operator delete(b.base);
+    release(b.base, b.bytes, b.mapped);
+}
+
+std::size_t Arena::reusable_bytes() const noexcept {
+  std::size_t most = 0;
+  for (const Block& b : blocks_)
+    most = std::max(most, b.bytes);
+  return most;
+}
+
+void Arena::reset() noexcept {
+  if (blocks_.empty()) return;
+  std::size_t keep = 0;
+  for (std::size_t i = 1; i < blocks_.size(); ++i)
+    if (blocks_[i].bytes > blocks_[keep].bytes) keep = i;
+  for (std::size_t i = 0; i < blocks_.size(); ++i)
+    if (i != keep) {
+      release(blocks_[i].base, blocks_[i].bytes, blocks_[i].mapped);
+      reserved_ -= blocks_[i].bytes;
+    }
+  blocks_[0] = blocks_[keep];
+  blocks_.resize(1);
+  cur_ = static_cast<std::byte*>(blocks_[0].base);
+  end_ = cur_ + blocks_[0].bytes;
 }
 
 void Arena::add_block(std::size_t min_bytes) {

@@ -123,11 +123,25 @@ std::string quoted_name(const std::string& s, std::size_t max_bytes) {
 // ---------------------------------------------------------------------------------------------
 // Parameter
 
+namespace {
+
+// The element count of dims 1.. of a shape add_param accepted, -1 when it does not fit int64
+// (possible only when dim 0 is 0: (0, 2^62, 2^62) has no elements).
+std::int64_t inner_numel_of(const Shape& s) noexcept {
+  std::int64_t n = 1;
+  for (std::size_t i = 1; i < s.size(); ++i)
+    if (__builtin_mul_overflow(n, s[i], &n)) return -1;
+  return n;
+}
+
+}  // namespace
+
 Parameter::Parameter(Module* module, std::string name, Shape shape, DType dtype, bool requires_grad)
     : module_(module),
       shape_(std::move(shape)),
-      numel_(fullshard::numel(shape_)),  // checked by add_param
+      // add_param checked that the shape has a dim and its element count fits int64.
       first_extent_(shape_.empty() ? 1 : shape_.front()),
+      inner_numel_(inner_numel_of(shape_)),
       dtype_(dtype),
       requires_grad_(requires_grad),
       name_(std::move(name)),
@@ -231,6 +245,8 @@ Module& Module::add_module(const std::string& name) {
     throw;
   }
   slot->second = children_.back().get();
+  for (Module* a = this; a; a = a->parent_)  // at most kMaxModuleDepth levels
+    ++a->descendants_;
   return *children_.back();
 }
 

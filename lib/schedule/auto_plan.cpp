@@ -204,10 +204,12 @@ class Search {
     return p;
   }
 
-  Plan plan(const Config& c) {
+  // The plan of a candidate, in the searcher's one plan (each replan reuses its memory).
+  const Plan& plan(const Config& c) {
     apply(c);
     ++evaluations_;
-    return Scheduler::plan(root_, mesh_, options(c));
+    Scheduler::replan(scratch_, root_, mesh_, options(c));
+    return scratch_;
   }
 
   Score score(const Plan& p) const {
@@ -321,7 +323,7 @@ class Search {
       bool first = true;
       bool memory_pruned = false;
       for_each_policy(g, [&](const Config& c) {
-        const Plan p = plan(c);
+        const Plan& p = plan(c);
         const Score s = score(p);
         min_memory_ = std::min(min_memory_, s.memory);
         if (better(s, best_score_)) {
@@ -494,6 +496,7 @@ class Search {
   Score best_score_;
   std::size_t min_memory_ = kNoBound;
   std::size_t evaluations_ = 0;
+  Plan scratch_;
 };
 
 std::string cpp_module(const std::string& root_name, const std::string& fqn) {

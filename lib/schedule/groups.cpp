@@ -94,10 +94,14 @@ class GroupBuilder {
     if (!req.is_boolean() && !req.is_object())
       throw ConfigError(where_of(m) + ": expected true, false or an object of options");
     PlannedGroup& g = groups_.emplace_back();  // in place (a throw discards every group)
-    g.options =
-        req.is_boolean() ? defaults_ : fsdp::options_from_request(req, defaults_, where_of(m));
+    if (req.is_boolean())  // (not a conditional expression: that copies the defaults twice)
+      g.options = defaults_;
+    else
+      g.options = fsdp::options_from_request(req, defaults_, where_of(m));
     g.name = m.fqn().empty() ? "<root>" : m.fqn();
-    g.modules = {&m};
+    const ArenaAllocator<const graph::Module*> memory(groups_.get_allocator());
+    g.modules = decltype(g.modules)(1, &m, memory);
+    g.params = decltype(g.params)(memory);
     g.forward_index = position;
     g.layout.world = W_;
 
@@ -127,7 +131,8 @@ class GroupBuilder {
       }
       const Placement pl = fsdp::shard_placement(g.options, g.name, *p);
       ShardExtent e;
-      if (pl.dim() != 0 || !detail::try_shard_extent_dim0(p->numel(), p->first_extent(), W_, e))
+      if (pl.dim() != 0 ||
+          !detail::try_shard_extent_dim0(p->first_extent(), p->inner_numel(), W_, e))
         e = shard_extent(p->shape(), pl, W_, [&] { return "parameter '" + p->fqn() + "'"; });
       // The engine's ParamGroup checks, in its order.
       if (g.params.empty()) g.orig_dtype = p->dtype();

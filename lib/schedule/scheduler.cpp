@@ -119,13 +119,14 @@ class PlanningBackend final : public engine::Backend {
   // The op, list-scheduled as it is issued: it starts when its stream is free and the ops it
   // waits for (all issued before it) have ended.
   engine::Event emit(const engine::OpDesc& d, double ms) {
-    double start = free_at_[static_cast<int>(d.stream)];
+    const auto stream = static_cast<std::size_t>(d.stream);
+    double start = free_at_[stream];
+    const std::size_t issued = p_.ops.size();
     for (int dep : d.deps) {
-      if (dep < 0 || static_cast<std::size_t>(dep) >= p_.ops.size())
-        throw InvalidArgument("Scheduler::plan: op " + std::to_string(d.id) + " waits for op " +
-                              std::to_string(dep) + ", not issued before it (internal)");
+      if (static_cast<std::size_t>(dep) >= issued) bad_dep(d, dep);  // negative ones too
       start = std::max(start, p_.ops[static_cast<std::size_t>(dep)].end_ms);
     }
+    const double end = start + ms;
     Op& op = p_.ops.emplace_back();
     op.id = d.id;
     op.group = d.group;
@@ -138,10 +139,14 @@ class PlanningBackend final : public engine::Backend {
     op.source = d.module;
     op.deps = d.deps;
     op.start_ms = start;
-    op.end_ms = start + ms;
-    free_at_[static_cast<int>(d.stream)] = op.end_ms;
-    p_.step_ms = std::max(p_.step_ms, op.end_ms);
+    op.end_ms = end;
+    free_at_[stream] = end;
+    if (end > p_.step_ms) p_.step_ms = end;
     return {};
+  }
+  [[noreturn]] static void bad_dep(const engine::OpDesc& d, int dep) {
+    throw InvalidArgument("Scheduler::plan: op " + std::to_string(d.id) + " waits for op " +
+                          std::to_string(dep) + ", not issued before it (internal)");
   }
 
   void event(const engine::Group& g, const engine::Buf& b, BufferAction a) {
@@ -272,6 +277,15 @@ EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory)
 }  // namespace
 
 Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOptions& options) {
+  Plan p;
+  replan(p, root, mesh, options);
+  return p;
+}
+
+void Scheduler::replan(Plan& out, const graph::Module& root, MeshShape mesh,
+                       const PlanOptions& options) {
+  std::shared_ptr<Arena> arena = out.ops.get_allocator().arena();
+  out = Plan();  // its containers let go of the arena
   if (mesh.shard < 1 || mesh.replicate < 1)
     throw InvalidArgument("Scheduler::plan: mesh sizes must be >= 1, got shard " +
                           std::to_string(mesh.shard) + " x replicate " +
@@ -286,14 +300,19 @@ Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOption
   p.mesh = mesh;
   p.options = options;
   if (!p.options.cost) p.options.cost = CostModel::defaults(mesh);
-  // One arena for the plan's records and the engine's scratch, sized for the engine's
-  // 12-14 operations and buffer events per group (more take a further block).
-  const std::size_t requests = detail::count_group_requests(root);
+  // One arena for the plan's records and the engine's scratch, sized for at most one group
+  // per module and the engine's 12-14 operations and buffer events per group (more take a
+  // further block).
+  const std::size_t modules = root.num_descendants() + 1;
   const std::size_t per_group = sizeof(PlannedGroup) + sizeof(engine::Group) +
                                 kReservePerGroup * (sizeof(Op) + sizeof(BufferEvent));
-  const auto arena = std::make_shared<Arena>((requests + 1) * per_group + (64 << 10));
+  const std::size_t expected = modules * per_group + (64 << 10);
+  if (arena && arena.use_count() == 1 && arena->reusable_bytes() >= expected)
+    arena->reset();  // the previous plan's memory, nobody else's
+  else
+    arena = std::make_shared<Arena>(expected);
   p.groups = PlannedGroups(ArenaAllocator<PlannedGroup>(arena));
-  detail::plan_groups_into(p.groups, root, mesh.shard, options.defaults, requests);
+  detail::plan_groups_into(p.groups, root, mesh.shard, options.defaults, modules);
   auto require_group = [&p](const std::string& name, const char* option) {
     if (p.group_index(name) >= 0) return;
     std::string names;
@@ -337,7 +356,7 @@ Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOption
   // order by the forward pass, in reverse formation order by the backward pass.
   PlanLookup forward_lookup(backend, groups.data(), groups.size(), p.forward_order.data());
   PlanLookup backward_lookup(backend, groups.data(), groups.size(), nullptr);
-  const std::size_t n = p.groups.size() + 1;
+  const std::size_t n = modules;
   p.events = decltype(p.events)(ArenaAllocator<BufferEvent>(arena));
   p.events.reserve(kReservePerGroup * n);
   p.ops = decltype(p.ops)(ArenaAllocator<Op>(arena));  // last: its reserve's unused tail
@@ -351,7 +370,7 @@ Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOption
   engine::backward(graph, backward_lookup);
   backward_lookup.finish("backward");
   p.end_bytes = backend.in_use;
-  return p;
+  out = std::move(p);
 }
 
 }  // namespace fullshard::schedule

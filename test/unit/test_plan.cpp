@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -1403,4 +1404,81 @@ TEST_CASE("the executor applies the backward and accumulation policies") {
           op.stream == StreamKind::reduce_scatter && op.label.rfind("reduce_scatter on", 0) == 0;
     CHECK(collectives == static_cast<int>(plan.find(OpKind::reduce_scatter).size()));
   }
+}
+
+TEST_CASE("plan_groups' extents equal the full shard layouts (dim 0 fast path and the rest)") {
+  auto g = graph::Module::make_root("m");
+  const std::vector<Shape> shapes = {{13, 7}, {0, 5}, {1, 1}, {3}, {4, 4}, {5, 2, 3}, {8, 12}};
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    auto& m = g->add_module("l" + std::to_string(i));
+    m.add_param("w", shapes[i]);
+    CHECK(m.param(0).numel() == numel(shapes[i]));
+    CHECK(m.param(0).first_extent() == shapes[i][0]);
+    m.set_fully_shard_request(nlohmann::json(true));
+  }
+  // A zero dim 0 with other dims whose product does not fit int64: no elements.
+  auto& z = g->add_module("zero");
+  const auto& zp = z.add_param("w", {0, std::int64_t(1) << 62, std::int64_t(1) << 62});
+  CHECK(zp.numel() == 0);
+  CHECK(zp.inner_numel() == -1);
+  fsdp::FullyShardOptions d;  // Shard(1) for the (8, 12) parameter: not the dim-0 path
+  d.shard_placement_fn = [](const graph::Parameter& p) -> std::optional<Placement> {
+    if (p.fqn() == "l6.w") return Placement::Shard(1);
+    return std::nullopt;
+  };
+  for (int W : {1, 2, 3, 4}) {
+    const auto groups = plan_groups(*g, W, d);
+    REQUIRE(groups.size() == shapes.size());
+    for (const PlannedGroup& pg : groups) {
+      CAPTURE(pg.name);
+      CAPTURE(W);
+      const kernels::GroupLayout full = pg.group_layout(0);
+      CHECK(pg.layout.shard_numel == full.shard_numel);
+      CHECK(pg.layout.arena_numel == full.arena_numel);
+    }
+  }
+}
+
+TEST_CASE("replan reuses the plan's memory and plans what plan() plans; copies stand alone") {
+  auto g = load(kMixed);
+  PlanOptions o;
+  o.forward_prefetch_depth = 1;
+  const Plan fresh = Scheduler::plan(*g, {4, 1}, o);
+  const std::string text = fresh.to_text();
+
+  Plan p = Scheduler::plan(*g, {4, 1});
+  const Arena* arena = p.ops.get_allocator().arena().get();
+  REQUIRE(arena != nullptr);
+  CHECK(p.groups.get_allocator().arena().get() == arena);  // one arena for all records
+  CHECK(p.events.get_allocator().arena().get() == arena);
+  Scheduler::replan(p, *g, {4, 1}, o);
+  CHECK(p.ops.get_allocator().arena().get() == arena);  // nothing else held it: reused
+  CHECK(p.to_text() == text);
+  CHECK(p.fingerprint() == fresh.fingerprint());
+  CHECK(p.peak_bytes == fresh.peak_bytes);
+
+  // Something else holding the memory (the ops moved out): a new arena, the old one intact.
+  auto kept = std::move(p.ops);
+  const std::size_t kept_size = kept.size();
+  Scheduler::replan(p, *g, {4, 1}, o);
+  CHECK(p.ops.get_allocator().arena().get() != kept.get_allocator().arena().get());
+  CHECK(p.to_text() == text);
+  REQUIRE(kept.size() == kept_size);
+  CHECK(kept.back().end_ms == p.ops.back().end_ms);
+
+  // A copy lives on the heap and outlives the original.
+  std::optional<Plan> original = Scheduler::plan(*g, {4, 1}, o);
+  const Plan copy = *original;
+  CHECK(!copy.ops.get_allocator().arena());
+  CHECK(!copy.groups[0].params.get_allocator().arena());
+  original.reset();
+  CHECK(copy.to_text() == text);
+
+  // A bad option leaves the plan empty.
+  PlanOptions bad;
+  bad.forward_prefetch_depth = -1;
+  CHECK_THROWS_AS(Scheduler::replan(p, *g, {4, 1}, bad), InvalidArgument);
+  CHECK(p.ops.empty());
+  CHECK(p.groups.empty());
+  CHECK(p.events.empty());
 }

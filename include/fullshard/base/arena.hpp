@@ -15,8 +15,9 @@ namespace fullshard {
 
 class Arena {
  public:
-  /// `expected_bytes`: the size of the first block (later blocks double). Blocks of 1 MiB and
-  /// more are mapped directly, 2 MiB-aligned and advised as transparent huge pages.
+  /// `expected_bytes`: the size of the first block (later blocks double). Blocks under 32 MiB
+  /// come from the heap (which reuses them for the next arena of that size); larger ones are
+  /// mapped directly, 2 MiB-aligned and advised as transparent huge pages.
   explicit Arena(std::size_t expected_bytes);
   ~Arena();
   Arena(const Arena&) = delete;
@@ -27,6 +28,11 @@ class Arena {
   void* allocate(std::size_t bytes, std::size_t align);
   /// Bytes of the blocks taken from the system so far.
   std::size_t reserved_bytes() const noexcept { return reserved_; }
+  /// Bytes the arena can hand out before it needs another block, after reset().
+  std::size_t reusable_bytes() const noexcept;
+  /// Forgets every allocation and keeps the largest block for the next ones (its pages stay
+  /// resident: refilling them costs no page faults). Only when nothing uses the memory.
+  void reset() noexcept;
 
  private:
   struct Block {

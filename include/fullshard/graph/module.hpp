@@ -63,9 +63,14 @@ class Parameter {
   const std::string& fqn() const noexcept { return fqn_; }
   /// Global (unsharded) shape.
   const Shape& shape() const noexcept { return shape_; }
-  /// The number of elements, and the extent of dim 0 (what sharding on dim 0 needs).
-  std::int64_t numel() const noexcept { return numel_; }
+  /// The extent of dim 0 and the element count of the other dims (what sharding on dim 0
+  /// needs; -1 when that count does not fit int64, which needs a dim 0 of 0), and the
+  /// element count.
   std::int64_t first_extent() const noexcept { return first_extent_; }
+  std::int64_t inner_numel() const noexcept { return inner_numel_; }
+  std::int64_t numel() const noexcept {
+    return inner_numel_ < 0 ? 0 : first_extent_ * inner_numel_;
+  }
   /// Original dtype.
   DType dtype() const noexcept { return dtype_; }
   bool requires_grad() const noexcept { return requires_grad_; }
@@ -96,8 +101,8 @@ class Parameter {
   // What planning reads first (one cache line), the names after.
   Module* module_;
   Shape shape_;
-  std::int64_t numel_;
   std::int64_t first_extent_;
+  std::int64_t inner_numel_;
   DType dtype_;
   bool requires_grad_;
   std::string name_;
@@ -147,6 +152,8 @@ class Module {
   void reserve(std::size_t children, std::size_t params);
 
   std::size_t num_children() const noexcept { return children_.size(); }
+  /// Modules below this one (children, their children, ...).
+  std::size_t num_descendants() const noexcept { return descendants_; }
   /// Child i in execution order; InvalidArgument when out of range.
   Module& child(std::size_t i) const;
   std::size_t num_params() const noexcept { return params_.size(); }
@@ -231,6 +238,7 @@ class Module {
   Cost cost_;
   Module* parent_;
   std::size_t depth_ = 0;
+  std::size_t descendants_ = 0;
   Callback forward_callback_;
   Callback backward_callback_;
   std::string name_;

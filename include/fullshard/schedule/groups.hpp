@@ -29,14 +29,15 @@ struct GroupExtent {
   std::int64_t arena_numel = 0;
 };
 
-/// One communication group, as fully_shard would form it.
+/// One communication group, as fully_shard would form it. Its lists live where the group
+/// does (the plan's arena, see Plan).
 struct PlannedGroup {
   /// The module FQN, "<root>" for the graph's root module (fully_shard's group name).
   std::string name;
   /// The modules of the group (one: groups from graph requests are single-module groups).
-  std::vector<const graph::Module*> modules;
+  std::vector<const graph::Module*, ArenaAllocator<const graph::Module*>> modules;
   /// The group's parameters, in layout order (pointers into the graph).
-  std::vector<const graph::Parameter*> params;
+  std::vector<const graph::Parameter*, ArenaAllocator<const graph::Parameter*>> params;
   GroupExtent layout;
   DType orig_dtype = DType::f32;
   DType param_dtype = DType::f32;

@@ -183,6 +183,11 @@ class Scheduler {
   /// Plans one training iteration (forward then backward over the whole graph) of `root`
   /// on `mesh`. InvalidArgument for a bad mesh or option, plus the errors of plan_groups.
   static Plan plan(const graph::Module& root, MeshShape mesh, const PlanOptions& options = {});
+  /// plan() into `out`, reusing the memory of the plan `out` held when nothing else shares it
+  /// (its pages are resident: a search that plans many candidates pays the kernel's page
+  /// zeroing once). On an error `out` is left empty.
+  static void replan(Plan& out, const graph::Module& root, MeshShape mesh,
+                     const PlanOptions& options = {});
 };
 
 /// 64-bit FNV-1a.

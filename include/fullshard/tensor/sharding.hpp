@@ -56,18 +56,19 @@ namespace detail {
 /// false sends the caller to shard_layout, which reports what is wrong.
 bool try_shard_extent(const Shape& global_shape, Placement placement, int world,
                       ShardExtent& out) noexcept;
-/// try_shard_extent for Shard(0) of a shape known by its element count and dim-0 extent
-/// (both >= 0, the count fitting int64): no pass over the shape.
-inline bool try_shard_extent_dim0(std::int64_t numel, std::int64_t first_extent, int world,
+/// try_shard_extent for Shard(0) of a shape known by its dim-0 extent and the element count
+/// of the other dims (both >= 0, their product fitting int64; a negative count sends the
+/// caller to shard_extent): no pass over the shape.
+inline bool try_shard_extent_dim0(std::int64_t first_extent, std::int64_t inner_numel, int world,
                                   ShardExtent& out) noexcept {
-  if (world < 1) return false;
+  if (world < 1 || inner_numel < 0) return false;
   const std::int64_t D = first_extent;
-  const std::int64_t rest = D > 0 ? numel / D : 0;  // D == 0: no elements, padded 0
   const std::int64_t chunk = D / world + (D % world != 0 ? 1 : 0);
   std::int64_t padded = 0, all = 0;
-  if (__builtin_mul_overflow(chunk, rest, &padded) ||
+  if (__builtin_mul_overflow(chunk, inner_numel, &padded) ||
       __builtin_mul_overflow(padded, static_cast<std::int64_t>(world), &all))
     return false;
+  const std::int64_t numel = D * inner_numel;
   out.numel = numel;
   out.padded_numel = padded;
   return true;
