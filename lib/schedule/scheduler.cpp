@@ -306,7 +306,10 @@ void Scheduler::replan(Plan& out, const graph::Module& root, MeshShape mesh,
   const std::size_t modules = root.num_descendants() + 1;
   const std::size_t per_group = sizeof(PlannedGroup) + sizeof(engine::Group) +
                                 kReservePerGroup * (sizeof(Op) + sizeof(BufferEvent));
-  const std::size_t expected = modules * per_group + (64 << 10);
+  // (At most 1 GiB at first: the estimate counts a group per module, and the operations of
+  // larger graphs can take further blocks as they come.)
+  const std::size_t expected =
+      std::min(modules * per_group + (64 << 10), std::size_t(1) << 30);
   if (arena && arena.use_count() == 1 && arena->reusable_bytes() >= expected)
     arena->reset();  // the previous plan's memory, nobody else's
   else
