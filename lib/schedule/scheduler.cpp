@@ -215,8 +215,6 @@ class PlanLookup final : public engine::GroupLookup {
   mutable std::size_t next_ = 0;
 };
 
-// The engine groups of the plan's groups, as rank 0 of the mesh sees them, with the plan's
-// policies (what the executor applies to the FSDP modules).
 using EngineGroups = std::vector<engine::Group, ArenaAllocator<engine::Group>>;
 
 // One pass over the plan's groups: the persistent byte totals, the forward order, the roots,
