@@ -1474,6 +1474,28 @@ TEST_CASE("replan reuses the plan's memory and plans what plan() plans; copies s
   original.reset();
   CHECK(copy.to_text() == text);
 
+  // A larger graph than the arena was sized for: a new arena, the same plan as plan() makes.
+  auto wide = graph::Module::make_root("wide");
+  for (int i = 0; i < 3000; ++i) {
+    auto& m = wide->add_module("l" + std::to_string(i));
+    m.add_param("w", {8, 4});
+    m.cost() = graph::Cost{0.1, 0.2, true};
+    m.set_fully_shard_request(nlohmann::json(true));
+  }
+  wide->set_fully_shard_request(nlohmann::json(true));
+  CHECK(wide->num_descendants() == 3000);
+  const Arena* small = p.ops.get_allocator().arena().get();
+  Scheduler::replan(p, *wide, {4, 1});
+  CHECK(p.ops.get_allocator().arena().get() != small);
+  const Plan wide_fresh = Scheduler::plan(*wide, {4, 1});
+  CHECK(p.ops.size() == wide_fresh.ops.size());
+  CHECK(p.fingerprint() == wide_fresh.fingerprint());
+  // And back to the small graph: the large arena is reused.
+  const Arena* large = p.ops.get_allocator().arena().get();
+  Scheduler::replan(p, *g, {4, 1}, o);
+  CHECK(p.ops.get_allocator().arena().get() == large);
+  CHECK(p.to_text() == text);
+
   // A bad option leaves the plan empty.
   PlanOptions bad;
   bad.forward_prefetch_depth = -1;
