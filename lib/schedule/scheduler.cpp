@@ -306,8 +306,7 @@ void Scheduler::replan(Plan& out, const graph::Module& root, MeshShape mesh,
                                 kReservePerGroup * (sizeof(Op) + sizeof(BufferEvent));
   // (At most 1 GiB at first: the estimate counts a group per module, and the operations of
   // larger graphs can take further blocks as they come.)
-  const std::size_t expected =
-      std::min(modules * per_group + (64 << 10), std::size_t(1) << 30);
+  const std::size_t expected = std::min(modules * per_group + (64 << 10), std::size_t(1) << 30);
   if (arena && arena.use_count() == 1 && arena->reusable_bytes() >= expected)
     arena->reset();  // the previous plan's memory, nobody else's
   else
