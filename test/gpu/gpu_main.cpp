@@ -3,6 +3,7 @@
 // without one), else starts the Runtime (MPI, Kokkos, device binding) and runs doctest.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
+#include <mpi.h>
 
 #include <cstdio>
 #include <exception>
@@ -21,6 +22,18 @@ bool skipped = false;  // set by skip() in this process's tests
 void skip(const std::string& why) {
   skipped = true;
   std::printf("SKIPPED: %s\n", why.c_str());
+}
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int world_size() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
 }
 
 void check(cudaError_t e, const char* what) {

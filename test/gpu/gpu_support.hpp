@@ -11,6 +11,10 @@ namespace fullshard::gpu_test {
 /// Marks the program as skipped (exit code 77 unless a check failed) and prints `why`.
 void skip(const std::string& why);
 
+/// This process's rank and the number of ranks in MPI_COMM_WORLD.
+int world_rank();
+int world_size();
+
 /// Throws std::runtime_error naming `what` unless `e` is cudaSuccess.
 void check(cudaError_t e, const char* what);
 

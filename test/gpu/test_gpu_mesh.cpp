@@ -18,19 +18,10 @@
 
 using namespace fullshard;
 using gpu_test::check;
+using gpu_test::world_rank;
+using gpu_test::world_size;
 
 namespace {
-
-int world_size() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
 
 bool is_device_pointer(const void* p) {
   cudaPointerAttributes a{};

@@ -22,19 +22,11 @@ using comm::NcclGroup;
 using comm::ReduceOp;
 using comm::Stream;
 using gpu_test::check;
+using gpu_test::world_rank;
+using gpu_test::world_size;
 
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
 double value(int rank, std::size_t i) {
   return static_cast<double>(static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 5) % 13) -
                              6);

@@ -58,14 +58,6 @@ FullyShardOptions options_of(const Config& c) {
   return o;
 }
 
-std::vector<double> values(const Tensor& t) {
-  const Tensor h = test::host_copy(t);
-  std::vector<double> out(static_cast<std::size_t>(h.numel()));
-  for (std::int64_t e = 0; e < h.numel(); ++e)
-    out[static_cast<std::size_t>(e)] = h.at(e);
-  return out;
-}
-
 // Params (7,3) and (5,) in l0, (13,) in l1, (4,) in the root; l0, l1 and the root
 // fully_shard'ed (l0 and l1 reshard after forward, so backward gathers them again from the
 // shards). The backward adds a sample to each gradient and a quarter of the unsharded value
@@ -112,21 +104,6 @@ struct Model {
   std::vector<Parameter*> params() const { return root->parameters(); }
 };
 
-// Elements of `got` that differ from `want`: exactly on the host (and where `exact`), else
-// beyond 1e-6 relative.
-template <class D>
-int mismatches(const std::string& what, const std::vector<double>& got,
-               const std::vector<double>& want, bool exact = false) {
-  const double rel = D::space == MemorySpace::host || exact ? 0.0 : 1e-6;
-  int bad = got.size() == want.size() ? 0 : 1;
-  for (std::size_t e = 0; e < got.size() && e < want.size(); ++e)
-    if (!(std::fabs(got[e] - want[e]) <= rel * std::max(1.0, std::fabs(want[e])))) {
-      if (bad < 5) MESSAGE(what << "[" << e << "]: " << got[e] << ", expected " << want[e]);
-      ++bad;
-    }
-  return bad;
-}
-
 // Where the offloaded model's sharded tensors must live: host memory, page-locked on a CUDA
 // mesh exactly when pin_memory (on a CPU mesh the policy changes nothing: never pinned).
 template <class D>
@@ -170,8 +147,8 @@ TEST_CASE_TEMPLATE("CPUOffloadPolicy: SGD and AdamW steps on host shards equal t
             CHECK(misplaced<D>(b[i]->grad(), pin) == 0);
             // The first step's gradients come from equal parameters through the same
             // kernels: bit for bit; later ones from parameters equal to rounding.
-            CHECK(mismatches<D>(b[i]->fqn() + ".grad", values(b[i]->grad()), values(a[i]->grad()),
-                                step == 0) == 0);
+            CHECK(test::mismatches<D>(b[i]->fqn() + ".grad", test::host_values(b[i]->grad()),
+                                      test::host_values(a[i]->grad()), step == 0) == 0);
           }
           if (adamw) {
             const double na = optim::clip_grad_norm(a, 0.5, mesh);
@@ -181,13 +158,15 @@ TEST_CASE_TEMPLATE("CPUOffloadPolicy: SGD and AdamW steps on host shards equal t
           opt_ref->step();
           opt_off->step();
           for (std::size_t i = 0; i < a.size(); ++i)
-            CHECK(mismatches<D>(b[i]->fqn(), values(b[i]->data()), values(a[i]->data())) == 0);
+            CHECK(test::mismatches<D>(b[i]->fqn(), test::host_values(b[i]->data()),
+                                      test::host_values(a[i]->data())) == 0);
           const auto sa = opt_ref->state_views(), sb = opt_off->state_views();
           REQUIRE(sa.size() == sb.size());
           for (const auto& [key, t] : sb) {
             CHECK(t.space() == MemorySpace::host);  // the optimizer state follows the shard
             CHECK(sa.at(key).space() == D::space);
-            CHECK(mismatches<D>(key, values(t), values(sa.at(key))) == 0);
+            CHECK(test::mismatches<D>(key, test::host_values(t), test::host_values(sa.at(key))) ==
+                  0);
           }
         }
         // State dicts read the host shards: views of host memory, the same values.
@@ -195,12 +174,13 @@ TEST_CASE_TEMPLATE("CPUOffloadPolicy: SGD and AdamW steps on host shards equal t
         const auto sdb = fsdp::sharded_state_dict(*off.root);
         for (const auto& [key, st] : sdb) {
           CHECK(misplaced<D>(st.local, pin) == 0);
-          CHECK(mismatches<D>(key, values(st.local), values(sda.at(key).local)) == 0);
+          CHECK(test::mismatches<D>(key, test::host_values(st.local),
+                                    test::host_values(sda.at(key).local)) == 0);
         }
         const auto fa = fsdp::full_state_dict(*ref.root);
         const auto fb = fsdp::full_state_dict(*off.root);
         for (const auto& [key, t] : fb)
-          CHECK(mismatches<D>(key, values(t), values(fa.at(key))) == 0);
+          CHECK(test::mismatches<D>(key, test::host_values(t), test::host_values(fa.at(key))) == 0);
         // ... and load into host shards: a fresh offloaded model holds exactly those values
         // and trains on from them as the model they came from.
         Model again(mesh, {fsdp::CPUOffloadPolicy{pin}, mixed}, 0.5);
@@ -208,15 +188,16 @@ TEST_CASE_TEMPLATE("CPUOffloadPolicy: SGD and AdamW steps on host shards equal t
         const auto c = again.params();
         for (std::size_t i = 0; i < c.size(); ++i) {
           CHECK(misplaced<D>(c[i]->data(), pin) == 0);
-          CHECK(mismatches<D>(c[i]->fqn(), values(c[i]->data()), values(b[i]->data()), true) == 0);
+          CHECK(test::mismatches<D>(c[i]->fqn(), test::host_values(c[i]->data()),
+                                    test::host_values(b[i]->data()), true) == 0);
         }
         opt_off->zero_grad();
         off.gradients(3);
         again.gradients(3);
         const auto bb = off.params();
         for (std::size_t i = 0; i < c.size(); ++i)
-          CHECK(mismatches<D>(c[i]->fqn() + ".grad", values(c[i]->grad()), values(bb[i]->grad()),
-                              true) == 0);
+          CHECK(test::mismatches<D>(c[i]->fqn() + ".grad", test::host_values(c[i]->grad()),
+                                    test::host_values(bb[i]->grad()), true) == 0);
       }
 }
 
@@ -254,11 +235,11 @@ TEST_CASE_TEMPLATE("CPUOffloadPolicy: checkpoints of host shards load into eithe
           CHECK(misplaced<D>(b[i]->data(), pin) == 0);
         else
           CHECK(b[i]->data().space() == D::space);
-        CHECK(values(b[i]->data()) == values(a[i]->data()));
+        CHECK(test::host_values(b[i]->data()) == test::host_values(a[i]->data()));
         for (const char* s : {"exp_avg", "exp_avg_sq"}) {
           const std::string key = a[i]->fqn() + "." + s;
           CHECK(sb.at(key).space() == b[i]->data().space());
-          CHECK(values(sb.at(key)) == values(sa.at(key)));
+          CHECK(test::host_values(sb.at(key)) == test::host_values(sa.at(key)));
         }
       }
     }
