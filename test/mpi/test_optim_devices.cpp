@@ -71,28 +71,6 @@ struct Model {
   std::vector<Parameter*> params() const { return root->parameters(); }
 };
 
-std::vector<double> values(const Tensor& t) {
-  const Tensor h = test::host_copy(t);
-  std::vector<double> out(static_cast<std::size_t>(h.numel()));
-  for (std::int64_t e = 0; e < h.numel(); ++e)
-    out[static_cast<std::size_t>(e)] = h.at(e);
-  return out;
-}
-
-// Elements of `got` that differ from `want` (exactly on the host, 1e-6 relative on a device).
-template <class D>
-int mismatches(const std::string& what, const std::vector<double>& got,
-               const std::vector<double>& want) {
-  const double rel = D::space == MemorySpace::host ? 0.0 : 1e-6;
-  int bad = got.size() == want.size() ? 0 : 1;
-  for (std::size_t e = 0; e < got.size() && e < want.size(); ++e)
-    if (!(std::fabs(got[e] - want[e]) <= rel * std::max(1.0, std::fabs(want[e])))) {
-      if (bad < 5) MESSAGE(what << "[" << e << "]: " << got[e] << ", expected " << want[e]);
-      ++bad;
-    }
-  return bad;
-}
-
 }  // namespace
 
 TEST_CASE_TEMPLATE("SGD (momentum, nesterov, weight decay) on the device's shards", D,
@@ -109,8 +87,8 @@ TEST_CASE_TEMPLATE("SGD (momentum, nesterov, weight decay) on the device's shard
     for (Parameter* p : model.params()) {
       CHECK(p->data().space() == D::space);
       CHECK(p->grad().space() == D::space);
-      auto w = values(p->data());
-      const auto g = values(p->grad());
+      auto w = test::host_values(p->data());
+      const auto g = test::host_values(p->grad());
       auto& b = buf[p->fqn()];
       const bool fresh = b.empty();
       b.resize(w.size());
@@ -125,11 +103,12 @@ TEST_CASE_TEMPLATE("SGD (momentum, nesterov, weight decay) on the device's shard
     }
     opt.step();
     for (Parameter* p : model.params()) {
-      CHECK(mismatches<D>(p->fqn(), values(p->data()), want[p->fqn()]) == 0);
+      CHECK(test::mismatches<D>(p->fqn(), test::host_values(p->data()), want[p->fqn()]) == 0);
       const auto views = opt.state_views();
       const Tensor& st = views.at(p->fqn() + ".momentum_buffer");
       CHECK(st.space() == D::space);  // the state lives where the shard lives
-      CHECK(mismatches<D>(p->fqn() + ".momentum_buffer", values(st), buf[p->fqn()]) == 0);
+      CHECK(test::mismatches<D>(p->fqn() + ".momentum_buffer", test::host_values(st),
+                                buf[p->fqn()]) == 0);
     }
   }
 }
@@ -147,7 +126,7 @@ TEST_CASE_TEMPLATE("AdamW and clip_grad_norm on the device's shards; state dict 
     // The norm of the full gradient: local sums of squares, summed over the ranks here.
     double local = 0;
     for (Parameter* p : model.params())
-      for (double x : values(p->grad()))
+      for (double x : test::host_values(p->grad()))
         local += x * x;
     double total = 0;
     MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
@@ -157,8 +136,8 @@ TEST_CASE_TEMPLATE("AdamW and clip_grad_norm on the device's shards; state dict 
     const double t = k + 1;
     const double bc1 = 1 - std::pow(b1, t), bc2_sqrt = std::sqrt(1 - std::pow(b2, t));
     for (Parameter* p : model.params()) {
-      auto w = values(p->data());
-      auto g = values(p->grad());
+      auto w = test::host_values(p->data());
+      auto g = test::host_values(p->grad());
       for (double& x : g)
         x = static_cast<float>(x * coef);
       grads[p->fqn()] = g;
@@ -180,12 +159,14 @@ TEST_CASE_TEMPLATE("AdamW and clip_grad_norm on the device's shards; state dict 
     const double norm = optim::clip_grad_norm(model.params(), max_norm, mesh);
     CHECK(std::fabs(norm - std::sqrt(total)) <= 1e-12 * std::sqrt(total));
     for (Parameter* p : model.params())
-      CHECK(mismatches<D>(p->fqn() + ".grad", values(p->grad()), grads[p->fqn()]) == 0);
+      CHECK(test::mismatches<D>(p->fqn() + ".grad", test::host_values(p->grad()),
+                                grads[p->fqn()]) == 0);
     opt.step();
     for (Parameter* p : model.params()) {
-      CHECK(mismatches<D>(p->fqn(), values(p->data()), want[p->fqn()]) == 0);
-      CHECK(mismatches<D>(p->fqn() + ".exp_avg",
-                          values(opt.state_views().at(p->fqn() + ".exp_avg")), m[p->fqn()]) == 0);
+      CHECK(test::mismatches<D>(p->fqn(), test::host_values(p->data()), want[p->fqn()]) == 0);
+      CHECK(test::mismatches<D>(p->fqn() + ".exp_avg",
+                                test::host_values(opt.state_views().at(p->fqn() + ".exp_avg")),
+                                m[p->fqn()]) == 0);
     }
   }
 
@@ -203,7 +184,7 @@ TEST_CASE_TEMPLATE("AdamW and clip_grad_norm on the device's shards; state dict 
       const std::string key = p->fqn() + "." + s;
       const Tensor& st = views2.at(key);
       CHECK(st.space() == D::space);
-      CHECK(mismatches<D>(key, values(st), values(sd.at(key))) == 0);
+      CHECK(test::mismatches<D>(key, test::host_values(st), test::host_values(sd.at(key))) == 0);
     }
   // The model's shards: sharded (views of device storage) and full state dicts both load.
   fsdp::load_sharded_state_dict(*other.root, fsdp::sharded_state_dict(*model.root));
@@ -212,8 +193,8 @@ TEST_CASE_TEMPLATE("AdamW and clip_grad_norm on the device's shards; state dict 
   fsdp::load_full_state_dict(*third.root, full);
   const auto a = model.params(), b = other.params(), c = third.params();
   for (std::size_t i = 0; i < a.size(); ++i) {
-    CHECK(values(b[i]->data()) == values(a[i]->data()));
-    CHECK(values(c[i]->data()) == values(a[i]->data()));
+    CHECK(test::host_values(b[i]->data()) == test::host_values(a[i]->data()));
+    CHECK(test::host_values(c[i]->data()) == test::host_values(a[i]->data()));
   }
 }
 
@@ -246,11 +227,11 @@ TEST_CASE_TEMPLATE("checkpoints of the device's shards: the host path's files, l
       const auto sa = opt.state_views(), sb = opt2.state_views();
       REQUIRE(sa.size() == sb.size());
       for (std::size_t i = 0; i < a.size(); ++i) {
-        CHECK(values(b[i]->data()) == values(a[i]->data()));
+        CHECK(test::host_values(b[i]->data()) == test::host_values(a[i]->data()));
         for (const char* s : {"exp_avg", "exp_avg_sq"}) {
           const std::string key = a[i]->fqn() + "." + s;
           CHECK(sb.at(key).space() == b[i]->data().space());
-          CHECK(values(sb.at(key)) == values(sa.at(key)));
+          CHECK(test::host_values(sb.at(key)) == test::host_values(sa.at(key)));
         }
       }
     }

@@ -21,6 +21,9 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,6 +91,30 @@ inline Tensor host_copy(const Tensor& t) {
   Tensor h = Tensor::empty(t.shape(), t.dtype());
   copy_bytes(h, t);
   return h;
+}
+
+/// Every element of `t` (wherever it lives), as doubles.
+inline std::vector<double> host_values(const Tensor& t) {
+  const Tensor h = host_copy(t);
+  std::vector<double> out(static_cast<std::size_t>(h.numel()));
+  for (std::int64_t e = 0; e < h.numel(); ++e)
+    out[static_cast<std::size_t>(e)] = h.at(e);
+  return out;
+}
+
+/// Elements of `got` that differ from `want` (the first five reported): exactly on the host
+/// (and where `exact`), else beyond 1e-6 relative (device kernels may round differently).
+template <class D>
+int mismatches(const std::string& what, const std::vector<double>& got,
+               const std::vector<double>& want, bool exact = false) {
+  const double rel = D::space == MemorySpace::host || exact ? 0.0 : 1e-6;
+  int bad = got.size() == want.size() ? 0 : 1;
+  for (std::size_t e = 0; e < got.size() && e < want.size(); ++e)
+    if (!(std::fabs(got[e] - want[e]) <= rel * std::max(1.0, std::fabs(want[e])))) {
+      if (bad < 5) MESSAGE(what << "[" << e << "]: " << got[e] << ", expected " << want[e]);
+      ++bad;
+    }
+  return bad;
 }
 
 /// Writes `h`, a host_copy of `t` the test changed, back into `t` (nothing to do when they
