@@ -62,6 +62,23 @@ class Model(nn.Module):
         return self.out(h)
 
 
+def sharded_model(args, device):
+    """This rank's place, the fully_shard'ed model (every block, then the root; on "cuda" its
+    parameters move to the mesh's GPU), the teacher, AdamW and the rows per rank."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.batch % world:
+        raise SystemExit(f"--batch {args.batch} must be divisible by the {world} ranks")
+    mesh = init_device_mesh(device, (world,))
+    torch.manual_seed(1)
+    model = Model(args.inputs, args.hidden, args.layers, args.outputs)
+    teacher = nn.Sequential(nn.Linear(args.inputs, 64), nn.Tanh(), nn.Linear(64, args.outputs))
+    for b in model.blocks:
+        fully_shard(b, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    return rank, world, model, teacher, opt, args.batch // world
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=8)
@@ -79,18 +96,7 @@ def main():
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if args.batch % world:
-        raise SystemExit(f"--batch {args.batch} must be divisible by the {world} ranks")
-    mesh = init_device_mesh("cpu", (world,))
-    torch.manual_seed(1)
-    model = Model(args.inputs, args.hidden, args.layers, args.outputs)
-    teacher = nn.Sequential(nn.Linear(args.inputs, 64), nn.Tanh(), nn.Linear(64, args.outputs))
-    for b in model.blocks:
-        fully_shard(b, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-    rows = args.batch // world
+    rank, world, model, teacher, opt, rows = sharded_model(args, "cpu")
     times = []
     for step in range(args.steps):
         g = torch.Generator().manual_seed(1000 + step)
@@ -135,18 +141,7 @@ def main_cuda(args):
         dist.init_process_group("nccl", device_id=dev)
     except TypeError:
         dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if args.batch % world:
-        raise SystemExit(f"--batch {args.batch} must be divisible by the {world} ranks")
-    mesh = init_device_mesh("cuda", (world,))
-    torch.manual_seed(1)
-    model = Model(args.inputs, args.hidden, args.layers, args.outputs)
-    teacher = nn.Sequential(nn.Linear(args.inputs, 64), nn.Tanh(), nn.Linear(64, args.outputs))
-    for b in model.blocks:
-        fully_shard(b, mesh=mesh)
-    fully_shard(model, mesh=mesh)  # moves the parameters to the mesh's GPU
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-    rows = args.batch // world
+    rank, world, model, teacher, opt, rows = sharded_model(args, "cuda")
     xs, ts = [], []
     for step in range(args.steps):  # every batch on the host, copied once
         g = torch.Generator().manual_seed(1000 + step)
