@@ -37,6 +37,7 @@ void abort_job(const std::string& message, int code) noexcept {
 
 Error::Error(const std::string& what)
     : std::runtime_error(detail::prefixed(detail::world_rank_or_minus_one(), what)),
-      rank_(detail::world_rank_or_minus_one()) {}
+      rank_(detail::world_rank_or_minus_one()),
+      prefix_(detail::prefixed(rank_, std::string()).size()) {}
 
 }  // namespace fullshard

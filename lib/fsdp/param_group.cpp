@@ -155,7 +155,7 @@ Tensor ParamGroup::new_shard_tensor(const std::string& label) const {
     throw ConfigError("fully_shard(" + name() +
                       "): CPUOffloadPolicy(pin_memory=true) could not allocate " +
                       std::to_string(bytes) + " bytes of page-locked host memory for '" + label +
-                      "' (" + e.what() +
+                      "' (" + ::fullshard::detail::message_of(e) +
                       "); give the offload policy pin_memory=false (pageable memory, copies "
                       "that block the host) or raise the locked-memory limit");
   }

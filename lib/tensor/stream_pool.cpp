@@ -24,17 +24,6 @@ struct Block {
   std::vector<std::pair<std::uint64_t, comm::Event>> released;
 };
 
-// The message of an exception without fullshard's "fullshard[rank R]: " prefix (it is wrapped
-// into another error, which adds its own).
-std::string bare_message(const std::exception& e) {
-  std::string m = e.what();
-  if (m.rfind("fullshard[", 0) == 0) {
-    const auto end = m.find("]: ");
-    if (end != std::string::npos) m.erase(0, end + 3);
-  }
-  return m;
-}
-
 }  // namespace
 
 struct StreamOrderedPool::State {
@@ -79,7 +68,7 @@ struct StreamOrderedPool::State {
           if (failure.empty())
             failure = "pool '" + name + "': releasing a block of " + std::to_string(b->bytes) +
                       " bytes could not record its release event on stream '" + s.name() +
-                      "' (the block is not reused): " + bare_message(e);
+                      "' (the block is not reused): " + detail::message_of(e);
         }
       }
       std::lock_guard<std::mutex> lock(m);

@@ -98,3 +98,14 @@ TEST_CASE("an unknown FULLSHARD_ variable is reported, FULLSHARD_ROOT is not") {
   CHECK(s.warnings[0].find("FULLSHARD_TIMOUT") != std::string::npos);
   CHECK(s.timeout_s == 600.0);
 }
+
+TEST_CASE("Error: the rank prefix once, and the message without it for wrapping") {
+  const fullshard::InvalidArgument e("module 'm': bad shape");
+  const std::string what = e.what();
+  CHECK(what.rfind("fullshard[rank ", 0) == 0);
+  CHECK(what.size() > std::string(e.message()).size());
+  CHECK(std::string(e.message()) == "module 'm': bad shape");
+  CHECK(fullshard::detail::message_of(e) == "module 'm': bad shape");
+  const std::runtime_error other("plain");
+  CHECK(fullshard::detail::message_of(other) == "plain");
+}

@@ -2,6 +2,8 @@
 // what was wrong (variable, mesh dim, communicator, operation, module, parameter).
 #pragma once
 
+#include <cstddef>
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -14,10 +16,21 @@ class Error : public std::runtime_error {
   /// MPI is initialised) so that a message from any rank of a job says where it came from.
   explicit Error(const std::string& what);
   int rank() const noexcept { return rank_; }
+  /// `what` as given, without the prefix (for a message that wraps this one).
+  const char* message() const noexcept { return this->what() + prefix_; }
 
  private:
   int rank_;
+  std::size_t prefix_;
 };
+
+namespace detail {
+/// e.what(), without the "fullshard[rank R]: " prefix when `e` is an Error.
+inline std::string message_of(const std::exception& e) {
+  const auto* f = dynamic_cast<const Error*>(&e);
+  return f ? f->message() : e.what();
+}
+}  // namespace detail
 
 /// A bad setting: environment variable, option or argument value.
 class ConfigError : public Error {
