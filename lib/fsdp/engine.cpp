@@ -140,6 +140,7 @@ std::size_t slice_numel(const Group& g) {
 }  // namespace
 
 void attach(Root& root, const std::vector<Group*>& groups) {
+  root.groups.reserve(root.groups.size() + groups.size());
   for (Group* g : groups) {
     g->root = &root;
     if (g->reshard_after_forward == 0) g->reshard_after_forward = g == groups.front() ? 1 : -1;
@@ -453,6 +454,7 @@ void discard_iteration(Root& r) {
     g->forward_calls = g->forward_done = g->backward_calls = g->backward_done = 0;
     g->post_forward_indices.clear();
   }
+  r.groups_touched = false;
 }
 
 void zero_grad(Group& g) {
@@ -469,13 +471,18 @@ void zero_grad(Group& g) {
 
 namespace {
 
+void clear_counters(Group& g) noexcept {
+  g.forward_calls = g.forward_done = g.backward_calls = g.backward_done = 0;
+  g.post_forward_indices.clear();
+}
+
 void clear_iteration(Root& r) {
   r.post_forward_order.clear();
   r.in_backward = false;
-  for (Group* g : r.groups) {
-    g->forward_calls = g->forward_done = g->backward_calls = g->backward_done = 0;
-    g->post_forward_indices.clear();
-  }
+  if (!r.groups_touched) return;
+  for (Group* g : r.groups)
+    clear_counters(*g);
+  r.groups_touched = false;
 }
 
 bool is_root_group(const Group& g) {
@@ -492,6 +499,7 @@ void pre_forward(Group& g) {
     return;
   }
   if (is_root_group(g) && g.forward_calls == 0) clear_iteration(r);
+  r.groups_touched = true;
   if (g.forward_calls++ == 0) wait_unshard(g);
   for (Group* t : g.forward_prefetch)
     issue_unshard(*t);
@@ -511,6 +519,7 @@ void pre_backward(Group& g) {
   Root& r = *g.root;
   Backend& b = *r.backend;
   r.in_backward = true;
+  r.groups_touched = true;
   begin_backward(b);
   if (g.backward_calls++ > 0) return;
   if (g.unshard_in_backward) wait_unshard(g);
@@ -539,11 +548,15 @@ void post_backward(Group& g) {
   }
   if (!is_root_group(g)) return;
   // End of the iteration's backward. Groups prefetched but never used in backward: finish
-  // their gather and reshard.
-  for (Group* other : r.groups)
+  // their gather and reshard. The same pass clears the hook counters (clear_iteration's
+  // work: one pass over the groups, not two).
+  for (Group* other : r.groups) {
     if (other != &g && ((other->reshard_after_backward && other->state != ShardedState::sharded) ||
                         other->gather_in_flight))
       reshard(*other);
+    clear_counters(*other);
+  }
+  r.groups_touched = false;
   if (r.is_last_backward) {  // wait for every reduction
     std::vector<Event> events;
     events.reserve(r.pending.size());

@@ -304,6 +304,9 @@ class Root {
   bool in_backward = false;
   int max_reduce_buffers = 1;
   bool is_last_backward = true;
+  /// Some group's hook counters or post-forward indices may be set (a clean root's groups
+  /// need no pass to clear them).
+  bool groups_touched = false;
   Event last_copy_out;  // FSDP2's all_gather_state: the next all-gather waits for it
 
   struct Pending {
