@@ -56,7 +56,7 @@ std::string where_of(const graph::Module& m) {
 class GroupBuilder {
  public:
   GroupBuilder(int W, const fsdp::FullyShardOptions& defaults, PlannedGroups& out)
-      : W_(W), defaults_(defaults), groups_(out) {}
+      : W_(W), defaults_(defaults), groups_(out), memory_(out.get_allocator()) {}
 
   // Appends to stack_ the parameters of m's subtree no group below took (torch's
   // named_parameters order: own parameters, then each child's), forming the groups on the way.
@@ -93,15 +93,17 @@ class GroupBuilder {
     const nlohmann::json& req = m.fully_shard_request();
     if (!req.is_boolean() && !req.is_object())
       throw ConfigError(where_of(m) + ": expected true, false or an object of options");
-    PlannedGroup& g = groups_.emplace_back();  // in place (a throw discards every group)
+    // In place (a throw discards every group), its lists in the groups' arena.
+    PlannedGroup& g = groups_.emplace_back(memory_);
     if (req.is_boolean())  // (not a conditional expression: that copies the defaults twice)
       g.options = defaults_;
     else
       g.options = fsdp::options_from_request(req, defaults_, where_of(m));
-    g.name = m.fqn().empty() ? "<root>" : m.fqn();
-    const ArenaAllocator<const graph::Module*> memory(groups_.get_allocator());
-    g.modules = decltype(g.modules)(1, &m, memory);
-    g.params = decltype(g.params)(memory);
+    if (m.fqn().empty())  // (likewise: a conditional expression copies the name twice)
+      g.name = "<root>";
+    else
+      g.name = m.fqn();
+    g.modules.push_back(&m);
     g.forward_index = position;
     g.layout.world = W_;
 
@@ -179,6 +181,7 @@ class GroupBuilder {
   const int W_;
   const fsdp::FullyShardOptions& defaults_;
   PlannedGroups& groups_;
+  const ArenaAllocator<const graph::Module*> memory_;  // the groups' allocator
   std::vector<const graph::Parameter*> stack_;
   int next_forward_ = 0;
   std::int64_t model_bytes_ = 0;

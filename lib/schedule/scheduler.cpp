@@ -121,25 +121,16 @@ class PlanningBackend final : public engine::Backend {
   engine::Event emit(const engine::OpDesc& d, double ms) {
     const auto stream = static_cast<std::size_t>(d.stream);
     double start = free_at_[stream];
-    const std::size_t issued = p_.ops.size();
+    const Op* ops = p_.ops.data();
+    const auto issued = static_cast<unsigned>(p_.ops.size());
     for (int dep : d.deps) {
-      if (static_cast<std::size_t>(dep) >= issued) bad_dep(d, dep);  // negative ones too
-      start = std::max(start, p_.ops[static_cast<std::size_t>(dep)].end_ms);
+      if (static_cast<unsigned>(dep) >= issued) bad_dep(d, dep);  // negative ones too
+      const double e = ops[dep].end_ms;
+      start = e > start ? e : start;
     }
     const double end = start + ms;
-    Op& op = p_.ops.emplace_back();
-    op.id = d.id;
-    op.group = d.group;
-    op.stream = d.stream;
-    op.kind = d.kind;
-    op.phase = d.phase;
-    op.variant = d.variant;
-    op.k = d.k;
-    op.bytes = d.bytes;
-    op.source = d.module;
-    op.deps = d.deps;
-    op.start_ms = start;
-    op.end_ms = end;
+    p_.ops.push_back(Op{d.id, d.group, d.stream, d.kind, d.phase, d.variant, d.k, d.bytes, d.module,
+                        d.deps, start, end});
     free_at_[stream] = end;
     if (end > p_.step_ms) p_.step_ms = end;
     return {};
@@ -151,28 +142,22 @@ class PlanningBackend final : public engine::Backend {
 
   void event(const engine::Group& g, const engine::Buf& b, BufferAction a) {
     if (b.bytes == 0) return;  // no pool block (an empty group)
-    const auto pool = static_cast<std::size_t>(g.root->pool);
-    auto& pin = pool_in_use_[pool];
+    const int pool = g.root->pool;
+    std::size_t& pin = pool_in_use_[static_cast<std::size_t>(pool)];
     if (a == BufferAction::alloc) {
       pin += b.bytes;
       in_use += b.bytes;
-      p_.pool_peak_bytes[pool] = std::max(p_.pool_peak_bytes[pool], pin);
+      std::size_t& pool_peak = p_.pool_peak_bytes[static_cast<std::size_t>(pool)];
+      if (pin > pool_peak) pool_peak = pin;
       // An acquisition belongs to the op just begun, of the phase being issued.
-      p_.peak_bytes = std::max(p_.peak_bytes, in_use);
+      if (in_use > p_.peak_bytes) p_.peak_bytes = in_use;
       auto& phase_peak = phase == Phase::forward ? p_.forward_peak_bytes : p_.backward_peak_bytes;
-      phase_peak = std::max(phase_peak, in_use);
+      if (in_use > phase_peak) phase_peak = in_use;
     } else {
       pin -= b.bytes;
       in_use -= b.bytes;
     }
-    BufferEvent& e = p_.events.emplace_back();
-    e.op = ops_issued() - 1;
-    e.group = g.id;
-    e.pool = g.root->pool;
-    e.kind = b.kind;
-    e.action = a;
-    e.bytes = b.bytes;
-    e.in_use = in_use;
+    p_.events.push_back(BufferEvent{ops_issued() - 1, g.id, pool, b.kind, a, b.bytes, in_use});
   }
 
   Plan& p_;
@@ -222,7 +207,8 @@ using EngineGroups = std::vector<engine::Group, ArenaAllocator<engine::Group>>;
 // executor applies to the FSDP modules).
 EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory) {
   const std::size_t n = p.groups.size();
-  EngineGroups out(n, memory);
+  EngineGroups out(memory);
+  out.reserve(n);  // each group constructed and filled in one pass
   p.forward_order.assign(n, 0);
   const bool no_unshard = !p.options.no_unshard_in_backward.empty();
   for (std::size_t i = 0; i < n; ++i) {
@@ -231,7 +217,7 @@ EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory)
     p.grad_bytes += pg.shard_bytes();
     p.forward_order[static_cast<std::size_t>(pg.forward_index)] = static_cast<int>(i);
     if (pg.is_root) p.pool_roots.push_back(static_cast<int>(i));
-    engine::Group& g = out[i];
+    engine::Group& g = out.emplace_back();
     g.id = static_cast<int>(i);
     engine::GroupInfo& I = g.info;
     I.name = pg.name;

@@ -32,6 +32,11 @@ struct GroupExtent {
 /// One communication group, as fully_shard would form it. Its lists live where the group
 /// does (the plan's arena, see Plan).
 struct PlannedGroup {
+  PlannedGroup() = default;
+  /// A group whose lists take their memory from `memory`.
+  explicit PlannedGroup(const ArenaAllocator<const graph::Module*>& memory)
+      : modules(memory), params(memory) {}
+
   /// The module FQN, "<root>" for the graph's root module (fully_shard's group name).
   std::string name;
   /// The modules of the group (one: groups from graph requests are single-module groups).
