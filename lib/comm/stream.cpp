@@ -37,8 +37,8 @@ std::string LazyLabel::str() const {
 namespace detail {
 
 struct Completion {
-  // The label: given as text (host operations), or built from `lazy` on first use (device
-  // operations: only errors, timeouts and Work::label() need it).
+  // The label: given as text, or built from `lazy` on first use (only errors, timeouts,
+  // recorders and Work::label() need it).
   std::string label;
   LazyLabel lazy;
   bool label_is_lazy = false;
@@ -191,7 +191,7 @@ struct StreamImpl {
     }
     if (t.recorder) {
       try {
-        (*t.recorder)(t.done->label, start, std::chrono::steady_clock::now());
+        (*t.recorder)(t.done->text(), start, std::chrono::steady_clock::now());
       } catch (...) {  // a failing recorder must not fail the operation
       }
     }
@@ -219,6 +219,18 @@ struct StreamImpl {
                                       double timeout_s) {
     auto c = std::make_shared<Completion>();
     c->label = std::move(label);
+    return enqueue(std::move(c), std::move(op), timeout_s);
+  }
+  // The label becomes text only when a message, a recorder or Work::label() needs it.
+  std::shared_ptr<Completion> enqueue(const LazyLabel& label, std::function<void()> op,
+                                      double timeout_s) {
+    auto c = std::make_shared<Completion>();
+    c->lazy = label;
+    c->label_is_lazy = true;
+    return enqueue(std::move(c), std::move(op), timeout_s);
+  }
+  std::shared_ptr<Completion> enqueue(std::shared_ptr<Completion> c, std::function<void()> op,
+                                      double timeout_s) {
     c->timeout_s = timeout_s;
     Task t{std::move(op), c, nullptr};
     {
@@ -228,7 +240,7 @@ struct StreamImpl {
     if (inline_) {
       if (timeout_s > 0) {
         if (!watchdog) watchdog = std::make_unique<Watchdog>();
-        watchdog->arm(c->label, timeout_s);
+        watchdog->arm(c->text(), timeout_s);
         execute(t);
         watchdog->disarm();
       } else {
@@ -370,7 +382,7 @@ Work Stream::submit(std::string label, std::function<void()> op, double timeout_
 
 Work Stream::submit(const LazyLabel& label, std::function<void()> op, double timeout_s) {
   if (impl_->device) return detail::StreamAccess::submit_device(*this, label, op, timeout_s, {});
-  return Work(impl_->enqueue(label.str(), std::move(op), timeout_s));
+  return Work(impl_->enqueue(label, std::move(op), timeout_s));
 }
 
 Event Stream::record() {
@@ -383,7 +395,7 @@ Event Stream::record() {
   }
   if (impl_->inline_) return Event();
   return Event(impl_->enqueue(
-      "record on stream '" + impl_->name + "'", [] {}, 0.0));
+      LazyLabel("record on stream '", impl_->shared_name, "'"), [] {}, 0.0));
 }
 
 void Stream::wait(const Event& e) {
@@ -398,7 +410,7 @@ void Stream::wait(const Event& e) {
     return;
   }
   impl_->enqueue(
-      "wait on stream '" + impl_->name + "'", [e] { e.synchronize(); }, 0.0);
+      LazyLabel("wait on stream '", impl_->shared_name, "'"), [e] { e.synchronize(); }, 0.0);
 }
 
 void Stream::synchronize() {

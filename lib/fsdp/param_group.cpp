@@ -33,12 +33,12 @@ void copy_shard_in(const Tensor& full, const ShardLayout& l, void* slot) {
 ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
                        std::vector<graph::Parameter*> params, std::vector<ShardLayout> layouts,
                        const DeviceMesh& mesh, const FullyShardOptions& options)
-    : name_(std::move(name)),
+    : name_(std::make_shared<const std::string>(std::move(name))),
       modules_(std::move(modules)),
       params_(std::move(params)),
       mesh_(mesh) {
   engine::GroupInfo& I = engine_.info;
-  I.name = name_;
+  I.name = *name_;
   I.module = modules_.front();
   I.num_modules = static_cast<int>(modules_.size());
   const std::string shard_dim = mesh.names().back();
@@ -59,7 +59,7 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
   shard_space_ = options.offload_policy ? MemorySpace::host : space;
   shm_ = on_device ? nullptr : mesh.shm(shard_dim);
   if (!on_device && !shm_ && I.world > 1 && mesh.host_collectives() == HostCollectives::shm)
-    throw ConfigError("fully_shard(" + name_ +
+    throw ConfigError("fully_shard(" + *name_ +
                       "): FULLSHARD_HOST_COLLECTIVES=shm, but the shard dim '" + shard_dim +
                       "' of mesh " + mesh.describe() +
                       " spans more than one node, so its ranks cannot share memory; use "
@@ -69,8 +69,8 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
   if (!params_.empty()) I.orig_dtype = params_[0]->dtype();
   for (auto* p : params_)
     if (p->dtype() != I.orig_dtype)
-      throw InvalidArgument("fully_shard(" + name_ + "): parameters '" + params_[0]->fqn() + "' (" +
-                            dtype_name(I.orig_dtype) + ") and '" + p->fqn() + "' (" +
+      throw InvalidArgument("fully_shard(" + *name_ + "): parameters '" + params_[0]->fqn() +
+                            "' (" + dtype_name(I.orig_dtype) + ") and '" + p->fqn() + "' (" +
                             dtype_name(p->dtype()) +
                             ") have different dtypes; one communication group holds one dtype, "
                             "so give them separate fully_shard calls");
@@ -94,14 +94,14 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
   // Under CPUOffloadPolicy the shards are host memory (pinned with pin_memory on a CUDA mesh)
   // and take the initial values directly.
   if (shard_space_ == MemorySpace::host) {
-    sharded_ = new_shard_tensor("fsdp.sharded:" + name_);
+    sharded_ = new_shard_tensor("fsdp.sharded:" + *name_);
     std::memset(sharded_.data(), 0, sharded_.nbytes());
   } else {
-    sharded_ = Tensor::zeros({layout_.shard_numel}, I.orig_dtype, space, "fsdp.sharded:" + name_);
+    sharded_ = Tensor::zeros({layout_.shard_numel}, I.orig_dtype, space, "fsdp.sharded:" + *name_);
   }
   const bool stage = sharded_.space() != MemorySpace::host;
   Tensor staging = stage ? Tensor::zeros({layout_.shard_numel}, I.orig_dtype, MemorySpace::host,
-                                         "fsdp.staging:" + name_)
+                                         "fsdp.staging:" + *name_)
                          : sharded_;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto* p = params_[i];
@@ -109,12 +109,12 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
     const Tensor& full = p->data();
     if (full.data() && full.numel() > 0) {
       if (full.shape() != p->shape() || full.dtype() != p->dtype())
-        throw InvalidArgument("fully_shard(" + name_ + "): parameter '" + p->fqn() + "' holds a " +
+        throw InvalidArgument("fully_shard(" + *name_ + "): parameter '" + p->fqn() + "' holds a " +
                               dtype_name(full.dtype()) + " tensor of shape " +
                               shape_string(full.shape()) + " but is declared " +
                               dtype_name(p->dtype()) + " " + shape_string(p->shape()));
       if (full.space() != MemorySpace::host && full.space() != space)
-        throw InvalidArgument("fully_shard(" + name_ + "): parameter '" + p->fqn() + "' is in " +
+        throw InvalidArgument("fully_shard(" + *name_ + "): parameter '" + p->fqn() + "' is in " +
                               memory_space_name(full.space()) + " memory (cuda) but the mesh " +
                               mesh.describe() + " is a " + device_type_name(mesh.device_type()) +
                               " mesh (" + memory_space_name(space) +
@@ -166,8 +166,8 @@ void ParamGroup::ensure_shm_gather() {
   const engine::GroupInfo& I = engine_.info;
   const auto gsn = static_cast<std::size_t>(I.shard_numel);
   if (!st.ag.valid()) {
-    st.ag = shm_->allocate(gsn * dtype_size(I.param_dtype), "fsdp.all_gather:" + name_);
-    st.ag_detail = std::to_string(gsn) + " x " + dtype_name(I.param_dtype) + ", group " + name_;
+    st.ag = shm_->allocate(gsn * dtype_size(I.param_dtype), "fsdp.all_gather:" + name());
+    st.ag_detail = std::to_string(gsn) + " x " + dtype_name(I.param_dtype) + ", group " + name();
     st.ag_label = "all_gather on shared memory of '" + shm_->name() + "' (" + st.ag_detail + ")";
     // The copy-out runs by the slot they read, rebased to it (a run that crosses a slot
     // boundary is split there).
@@ -217,9 +217,9 @@ void ParamGroup::ensure_shm_grads() {
   if (st.grads.valid()) return;
   const engine::GroupInfo& I = engine_.info;
   st.grads = shm_->allocate(static_cast<std::size_t>(I.arena_numel) * dtype_size(I.param_dtype),
-                            "fsdp.grads:" + name_);
+                            "fsdp.grads:" + name());
   st.rs_detail =
-      std::to_string(I.shard_numel) + " x " + dtype_name(I.reduce_dtype) + ", group " + name_;
+      std::to_string(I.shard_numel) + " x " + dtype_name(I.reduce_dtype) + ", group " + name();
   st.rs_label = "reduce_scatter on shared memory of '" + shm_->name() + "' (" + st.rs_detail + ")";
   // This rank's block of every member and outer index (the copy-in runs of its slot): where
   // it lies in the arena, where in the shard, its valid and padded elements.
@@ -341,7 +341,7 @@ void ParamGroup::ensure_sharded_grads() {
     return;
   }
   spare_grads_ = Tensor();
-  sharded_grads_ = new_shard_tensor("fsdp.grads:" + name_);
+  sharded_grads_ = new_shard_tensor("fsdp.grads:" + name());
 }
 
 std::string ParamGroup::adopt_problem(const Tensor& storage) const {

@@ -66,7 +66,9 @@ class ParamGroup {
   ParamGroup(const ParamGroup&) = delete;
   ParamGroup& operator=(const ParamGroup&) = delete;
 
-  const std::string& name() const noexcept { return name_; }
+  const std::string& name() const noexcept { return *name_; }
+  /// The name, shared (for the lazy labels of the group's operations).
+  const std::shared_ptr<const std::string>& shared_name() const noexcept { return name_; }
   const std::vector<graph::Module*>& modules() const noexcept { return modules_; }
   const std::vector<graph::Parameter*>& params() const noexcept { return params_; }
   const kernels::GroupLayout& layout() const noexcept { return layout_; }
@@ -145,7 +147,7 @@ class ParamGroup {
   void show_unsharded_grads(const Tensor& grads);
 
  private:
-  std::string name_;  // engine_.info.name views it
+  std::shared_ptr<const std::string> name_;  // never null; engine_.info.name views it
   std::vector<graph::Module*> modules_;
   std::vector<graph::Parameter*> params_;
   kernels::GroupLayout layout_;

@@ -1,6 +1,7 @@
 #include "lib/fsdp/running_backend.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 
@@ -52,6 +53,30 @@ StreamKind first_user(engine::BufKind k) {
       break;
   }
   return StreamKind::reduce_scatter;
+}
+
+// "<op kind> of group <name>": an operation's label, built only when a message needs it.
+std::string op_label(const char* kind, const void* name, std::uint64_t, std::uint64_t) {
+  return std::string(kind) + " of group " + *static_cast<const std::string*>(name);
+}
+
+comm::LazyLabel op_label(const OpDesc& d, const ParamGroup& p) {
+  return comm::LazyLabel(&op_label, engine::op_kind_name(d.kind), p.shared_name());
+}
+
+// "record on <stream>": static text, so recording builds no string.
+const char* record_label(StreamKind s) noexcept {
+  switch (s) {
+    case StreamKind::compute:
+      return "record on compute";
+    case StreamKind::all_gather:
+      return "record on all_gather";
+    case StreamKind::reduce_scatter:
+      return "record on reduce_scatter";
+    case StreamKind::all_reduce:
+      return "record on all_reduce";
+  }
+  return "record";
 }
 
 }  // namespace
@@ -106,9 +131,7 @@ Event RunningBackend::device_op(const OpDesc& d, const engine::Group& g,
                                 const std::function<void()>& enqueue) {
   // The previous operation of the stream must not have failed (known errors only: no wait).
   last_[static_cast<int>(d.stream)].test();
-  return done(
-      d, dstream(d.stream).submit(
-             engine::op_kind_name(d.kind) + std::string(" of group ") + pg(g).name(), enqueue));
+  return done(d, dstream(d.stream).submit(op_label(d, pg(g)), enqueue));
 }
 
 void RunningBackend::gather_stream_after_compute() {
@@ -162,11 +185,10 @@ Event RunningBackend::on_stream(const OpDesc& d, const engine::Group& g,
     kernel();
     return done(d, comm::Work());
   }
-  return done(d, s.submit(engine::op_kind_name(d.kind) + std::string(" of group ") + pg(g).name(),
-                          [before, k = std::move(kernel)] {
-                            before.test();
-                            k();
-                          }));
+  return done(d, s.submit(op_label(d, pg(g)), [before, k = std::move(kernel)] {
+    before.test();
+    k();
+  }));
 }
 
 Event RunningBackend::collective(const OpDesc& d, const engine::Group& g, const std::string& label,
@@ -196,7 +218,7 @@ void RunningBackend::stream_record(StreamKind s, Event& e) {
   if (device_mesh_) {
     // An event after everything enqueued on the CUDA stream so far (operations that enqueue
     // nothing, such as a reshard, have no event of their own).
-    e.work = dstream(s).submit(std::string("record on ") + engine::stream_name(s), [] {});
+    e.work = dstream(s).submit(comm::LazyLabel(record_label(s)), [] {});
     return;
   }
   // Operations of one stream finish in order: the last one's completion is the stream's.

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -244,10 +245,39 @@ TEST_CASE("a lazy label is built only when a message needs it, once") {
   CHECK(contains(m,
                  "reduce_scatter on 'dp' (seq 8, 16 x f32) did not finish within "
                  "FULLSHARD_TIMEOUT"));
-  // On a host stream the label is built at submit (host operations keep a text label).
+  // Host streams too: no text at submit or wait; once for Work::label() or a recorder.
   Stream host = Stream::caller("host");
   label_builds = 0;
   Work h = host.submit(LazyLabel(&build_label, "copy", name, 1, 2), [] {});
-  CHECK(label_builds == 1);
+  h.wait();
+  CHECK(label_builds == 0);
   CHECK(h.label() == "copy on 'dp' (seq 1, 2 x f32)");
+  CHECK(label_builds == 1);
+  Stream worker = Stream::worker("worker");
+  std::vector<std::string> recorded;
+  worker.set_recorder([&recorded](const std::string& label, std::chrono::steady_clock::time_point,
+                                  std::chrono::steady_clock::time_point) {
+    recorded.push_back(label);  // the worker thread (waited for below)
+  });
+  label_builds = 0;
+  worker.submit(LazyLabel(&build_label, "rs", name, 2, 3), [] {}).wait();
+  CHECK(label_builds == 1);  // for the recorder
+  REQUIRE(recorded.size() == 1);
+  CHECK(recorded[0] == "rs on 'dp' (seq 2, 3 x f32)");
+  worker.set_recorder(nullptr);
+  label_builds = 0;
+  Work failed = worker.submit(LazyLabel(&build_label, "ag", name, 4, 5),
+                              [] { throw std::runtime_error("boom"); });
+  std::string why;  // polled, not waited for: a wait that blocks names its site (the text)
+  for (;;) {
+    try {
+      if (failed.test()) break;
+    } catch (const std::exception& e) {
+      why = e.what();
+      break;
+    }
+    std::this_thread::yield();
+  }
+  CHECK(why == "boom");      // a host operation's own error, re-thrown as it is
+  CHECK(label_builds == 0);  // so no text was needed
 }

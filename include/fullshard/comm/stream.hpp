@@ -29,7 +29,8 @@ struct StreamAccess;
 class Stream;
 
 /// The label of an operation that is built only when its text is needed (an error, a
-/// timeout, Work::label()), so that a device operation builds no string when it is submitted.
+/// timeout, a stream recorder, Work::label()), so that an operation builds no string when it
+/// is submitted.
 /// Copying one copies two pointers, two numbers and a shared_ptr (no allocation).
 class LazyLabel {
  public:
@@ -158,8 +159,8 @@ class Stream {
   /// of Work::wait. On a device stream `op` runs now and must only enqueue device work on
   /// native_handle(); the Work completes when that work has run on the device.
   Work submit(std::string label, std::function<void()> op, double timeout_s = 0.0);
-  /// The same with a label built only if needed (device streams; a host stream builds it
-  /// now).
+  /// The same with a label built only if needed: for an error, a timeout, a recorder or
+  /// Work::label() (any stream).
   Work submit(const LazyLabel& label, std::function<void()> op, double timeout_s = 0.0);
   /// An event that completes when everything submitted so far has run.
   Event record();
