@@ -121,16 +121,25 @@ class PlanningBackend final : public engine::Backend {
   engine::Event emit(const engine::OpDesc& d, double ms) {
     const auto stream = static_cast<std::size_t>(d.stream);
     double start = free_at_[stream];
-    const Op* ops = p_.ops.data();
-    const auto issued = static_cast<unsigned>(p_.ops.size());
+    const std::size_t issued = p_.ops.size();
     for (int dep : d.deps) {
-      if (static_cast<unsigned>(dep) >= issued) bad_dep(d, dep);  // negative ones too
-      const double e = ops[dep].end_ms;
-      start = e > start ? e : start;
+      if (static_cast<std::size_t>(dep) >= issued) bad_dep(d, dep);  // negative ones too
+      start = std::max(start, p_.ops[static_cast<std::size_t>(dep)].end_ms);
     }
     const double end = start + ms;
-    p_.ops.push_back(Op{d.id, d.group, d.stream, d.kind, d.phase, d.variant, d.k, d.bytes, d.module,
-                        d.deps, start, end});
+    Op& op = p_.ops.emplace_back();
+    op.id = d.id;
+    op.group = d.group;
+    op.stream = d.stream;
+    op.kind = d.kind;
+    op.phase = d.phase;
+    op.variant = d.variant;
+    op.k = d.k;
+    op.bytes = d.bytes;
+    op.source = d.module;
+    op.deps = d.deps;
+    op.start_ms = start;
+    op.end_ms = end;
     free_at_[stream] = end;
     if (end > p_.step_ms) p_.step_ms = end;
     return {};
@@ -142,22 +151,28 @@ class PlanningBackend final : public engine::Backend {
 
   void event(const engine::Group& g, const engine::Buf& b, BufferAction a) {
     if (b.bytes == 0) return;  // no pool block (an empty group)
-    const int pool = g.root->pool;
-    std::size_t& pin = pool_in_use_[static_cast<std::size_t>(pool)];
+    const auto pool = static_cast<std::size_t>(g.root->pool);
+    auto& pin = pool_in_use_[pool];
     if (a == BufferAction::alloc) {
       pin += b.bytes;
       in_use += b.bytes;
-      std::size_t& pool_peak = p_.pool_peak_bytes[static_cast<std::size_t>(pool)];
-      if (pin > pool_peak) pool_peak = pin;
+      p_.pool_peak_bytes[pool] = std::max(p_.pool_peak_bytes[pool], pin);
       // An acquisition belongs to the op just begun, of the phase being issued.
-      if (in_use > p_.peak_bytes) p_.peak_bytes = in_use;
+      p_.peak_bytes = std::max(p_.peak_bytes, in_use);
       auto& phase_peak = phase == Phase::forward ? p_.forward_peak_bytes : p_.backward_peak_bytes;
-      if (in_use > phase_peak) phase_peak = in_use;
+      phase_peak = std::max(phase_peak, in_use);
     } else {
       pin -= b.bytes;
       in_use -= b.bytes;
     }
-    p_.events.push_back(BufferEvent{ops_issued() - 1, g.id, pool, b.kind, a, b.bytes, in_use});
+    BufferEvent& e = p_.events.emplace_back();
+    e.op = ops_issued() - 1;
+    e.group = g.id;
+    e.pool = g.root->pool;
+    e.kind = b.kind;
+    e.action = a;
+    e.bytes = b.bytes;
+    e.in_use = in_use;
   }
 
   Plan& p_;
