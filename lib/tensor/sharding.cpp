@@ -78,14 +78,7 @@ bool try_shard_extent(const Shape& global_shape, Placement placement, int world,
     if (x < 0 || __builtin_mul_overflow(n, x, &n)) return false;
     if (i != d && __builtin_mul_overflow(rest, x, &rest)) return false;
   }
-  const std::int64_t chunk = D / world + (D % world != 0 ? 1 : 0);
-  std::int64_t padded = 0, all = 0;
-  if (__builtin_mul_overflow(chunk, rest, &padded) ||
-      __builtin_mul_overflow(padded, static_cast<std::int64_t>(world), &all))
-    return false;
-  out.numel = n;
-  out.padded_numel = padded;
-  return true;
+  return padded_shard_extent(D, rest, n, world, out);
 }
 
 }  // namespace detail

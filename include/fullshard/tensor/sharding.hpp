@@ -56,22 +56,27 @@ namespace detail {
 /// false sends the caller to shard_layout, which reports what is wrong.
 bool try_shard_extent(const Shape& global_shape, Placement placement, int world,
                       ShardExtent& out) noexcept;
+/// The extent of a shard of `numel` elements, `D` slices of `rest` elements along the shard
+/// dim, over `world` >= 1 ranks: chunks of ceil(D / world) slices; false when the padded
+/// group shard (world chunks) does not fit int64.
+inline bool padded_shard_extent(std::int64_t D, std::int64_t rest, std::int64_t numel, int world,
+                                ShardExtent& out) noexcept {
+  const std::int64_t chunk = D / world + (D % world != 0 ? 1 : 0);
+  std::int64_t padded = 0, all = 0;
+  if (__builtin_mul_overflow(chunk, rest, &padded) ||
+      __builtin_mul_overflow(padded, static_cast<std::int64_t>(world), &all))
+    return false;
+  out.numel = numel;
+  out.padded_numel = padded;
+  return true;
+}
 /// try_shard_extent for Shard(0) of a shape known by its dim-0 extent and the element count
 /// of the other dims (both >= 0, their product fitting int64; a negative count sends the
 /// caller to shard_extent): no pass over the shape.
 inline bool try_shard_extent_dim0(std::int64_t first_extent, std::int64_t inner_numel, int world,
                                   ShardExtent& out) noexcept {
   if (world < 1 || inner_numel < 0) return false;
-  const std::int64_t D = first_extent;
-  const std::int64_t chunk = D / world + (D % world != 0 ? 1 : 0);
-  std::int64_t padded = 0, all = 0;
-  if (__builtin_mul_overflow(chunk, inner_numel, &padded) ||
-      __builtin_mul_overflow(padded, static_cast<std::int64_t>(world), &all))
-    return false;
-  const std::int64_t numel = D * inner_numel;
-  out.numel = numel;
-  out.padded_numel = padded;
-  return true;
+  return padded_shard_extent(first_extent, inner_numel, first_extent * inner_numel, world, out);
 }
 }  // namespace detail
 
