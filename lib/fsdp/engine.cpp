@@ -132,6 +132,12 @@ std::size_t shard_bytes_param(const Group& g) {
   return static_cast<std::size_t>(g.info.shard_numel) * dtype_size(g.info.param_dtype);
 }
 
+// The hook counters and post-forward positions of one iteration.
+void clear_counters(Group& g) noexcept {
+  g.forward_calls = g.forward_done = g.backward_calls = g.backward_done = 0;
+  g.post_forward_indices.clear();
+}
+
 std::size_t slice_numel(const Group& g) {
   return static_cast<std::size_t>(g.info.world / g.reshard_after_forward) *
          static_cast<std::size_t>(g.info.shard_numel);
@@ -451,8 +457,7 @@ void discard_iteration(Root& r) {
     release(*g, g->grads);
     release(*g, g->post_forward);
     release(*g, g->partial);
-    g->forward_calls = g->forward_done = g->backward_calls = g->backward_done = 0;
-    g->post_forward_indices.clear();
+    clear_counters(*g);
   }
   r.groups_touched = false;
 }
@@ -470,11 +475,6 @@ void zero_grad(Group& g) {
 // ---- hooks -------------------------------------------------------------------------------
 
 namespace {
-
-void clear_counters(Group& g) noexcept {
-  g.forward_calls = g.forward_done = g.backward_calls = g.backward_done = 0;
-  g.post_forward_indices.clear();
-}
 
 void clear_iteration(Root& r) {
   r.post_forward_order.clear();
