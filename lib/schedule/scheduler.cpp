@@ -225,7 +225,6 @@ EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory)
   EngineGroups out(memory);
   out.reserve(n);  // each group constructed and filled in one pass
   p.forward_order.assign(n, 0);
-  const bool no_unshard = !p.options.no_unshard_in_backward.empty();
   for (std::size_t i = 0; i < n; ++i) {
     const PlannedGroup& pg = p.groups[i];
     p.sharded_bytes += pg.shard_bytes();
@@ -250,7 +249,7 @@ EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory)
     g.reshard_after_backward = p.options.reshard_after_backward;
     g.reduce_grads = p.options.requires_gradient_sync;
     g.all_reduce_grads = p.options.requires_all_reduce;
-    g.unshard_in_backward = !no_unshard || p.options.no_unshard_in_backward.count(pg.name) == 0;
+    g.unshard_in_backward = p.options.no_unshard_in_backward.count(pg.name) == 0;
     if (p.options.backward_prefetch == BackwardPrefetch::none) g.explicit_backward_prefetch = true;
   }
   p.forward_prefetch.assign(n, {});
