@@ -84,13 +84,24 @@ std::size_t GroupInfo::unsharded_bytes() const noexcept {
 
 // ---- Backend bookkeeping ------------------------------------------------------------------
 
-void Backend::begin(OpDesc& d) {
+OpDesc& Backend::begin(StreamKind s, OpKind k, int group, const graph::Module* source,
+                       std::size_t bytes) {
+  OpDesc& d = op_record();
+  const auto si = static_cast<int>(s);
   d.id = next_op_++;
+  d.group = group;
+  d.stream = s;
+  d.kind = k;
   d.phase = phase;
+  d.variant = 0;
+  d.k = 0;
+  d.bytes = bytes;
+  d.source = source;
   // The waits recorded for the stream (events of earlier ops), sorted and unique.
-  d.deps = std::move(waits_[static_cast<int>(d.stream)]);
+  d.deps = std::move(waits_[si]);
   d.deps.sort_unique();
-  last_[static_cast<int>(d.stream)] = d.id;
+  last_[si] = d.id;
+  return d;
 }
 
 Event Backend::record(StreamKind s) {
@@ -109,18 +120,13 @@ void Backend::wait(StreamKind waiter, const Event& e) {
 
 namespace {
 
-OpDesc op(StreamKind s, OpKind k, const Group& g, std::size_t bytes) {
-  OpDesc d;
-  d.stream = s;
-  d.kind = k;
-  d.group = g.id;
-  d.module = g.info.module;
-  d.bytes = bytes;
-  return d;
-}
-
 Backend& be(const Group& g) {
   return *g.root->backend;
+}
+
+// Starts an operation of group g.
+OpDesc& begin(StreamKind s, OpKind k, const Group& g, std::size_t bytes) {
+  return be(g).begin(s, k, g.id, g.info.module, bytes);
 }
 
 void release(Group& g, Buf& b) {
@@ -173,8 +179,7 @@ void issue_unshard(Group& g, bool own) {
   }
   if (I.world == 1) {
     if (I.cast()) {
-      OpDesc d = op(StreamKind::all_gather, OpKind::copy_in, g, shard);
-      b.begin(d);
+      OpDesc& d = begin(StreamKind::all_gather, OpKind::copy_in, g, shard);
       g.gather = b.acquire(g, BufKind::ag_buffer, I.shard_numel, I.param_dtype);
       g.gather_done = b.gather_copy_in(d, g, g.gather);
       g.gather_done.op = d.id;
@@ -186,10 +191,9 @@ void issue_unshard(Group& g, bool own) {
   const std::int64_t total = static_cast<std::int64_t>(I.world) * I.shard_numel;
   if (g.state == ShardedState::sharded_post_forward) {
     // Gather inside the k-rank group from the kept slices: (W/k)*gsn per rank.
-    OpDesc d = op(StreamKind::all_gather, OpKind::all_gather, g,
-                  slice_numel(g) * dtype_size(I.param_dtype));
+    OpDesc& d = begin(StreamKind::all_gather, OpKind::all_gather, g,
+                      slice_numel(g) * dtype_size(I.param_dtype));
     d.k = g.reshard_after_forward;
-    b.begin(d);
     g.gather = b.acquire(g, BufKind::ag_buffer, total, I.param_dtype);
     g.gather_done = b.all_gather(d, g, g.gather, false, &g.post_forward);
     g.gather_done.op = d.id;
@@ -197,14 +201,12 @@ void issue_unshard(Group& g, bool own) {
   }
   bool in_place = false;
   if (I.cast()) {
-    OpDesc d = op(StreamKind::all_gather, OpKind::copy_in, g, shard);
-    b.begin(d);
+    OpDesc& d = begin(StreamKind::all_gather, OpKind::copy_in, g, shard);
     g.gather = b.acquire(g, BufKind::ag_buffer, total, I.param_dtype);
     b.gather_copy_in(d, g, g.gather);
     in_place = true;
   }
-  OpDesc d = op(StreamKind::all_gather, OpKind::all_gather, g, shard);
-  b.begin(d);
+  OpDesc& d = begin(StreamKind::all_gather, OpKind::all_gather, g, shard);
   if (!in_place) g.gather = b.acquire(g, BufKind::ag_buffer, total, I.param_dtype);
   g.gather_done = b.all_gather(d, g, g.gather, in_place, nullptr);
   g.gather_done.op = d.id;
@@ -231,8 +233,7 @@ void wait_unshard(Group& g) {
   await_gather(g);
   const GroupInfo& I = g.info;
   b.wait(StreamKind::compute, g.gather_done);
-  OpDesc d = op(StreamKind::compute, OpKind::copy_out, g, I.unsharded_bytes());
-  b.begin(d);
+  OpDesc& d = begin(StreamKind::compute, OpKind::copy_out, g, I.unsharded_bytes());
   g.arena = b.acquire(g, BufKind::unsharded, I.arena_numel, I.param_dtype);
   const bool keep =
       !g.root->in_backward && g.post_forward_slicing() && g.state == ShardedState::sharded;
@@ -252,8 +253,7 @@ void wait_unshard(Group& g) {
 void reshard(Group& g) {
   Backend& b = be(g);
   if (g.gather_in_flight) b.wait(StreamKind::compute, g.gather_done);
-  OpDesc d = op(StreamKind::compute, OpKind::reshard, g, 0);
-  b.begin(d);
+  OpDesc& d = begin(StreamKind::compute, OpKind::reshard, g, 0);
   if (g.gather_in_flight) {
     try {
       await_gather(g);
@@ -277,9 +277,8 @@ void post_forward_reshard(Group& g) {
   if (k == 1) return;  // keep the unsharded parameters for backward
   if (g.post_forward_slicing() && g.post_forward.held) {
     Backend& b = be(g);
-    OpDesc d = op(StreamKind::compute, OpKind::reshard, g, 0);
+    OpDesc& d = begin(StreamKind::compute, OpKind::reshard, g, 0);
     d.k = k;
-    b.begin(d);
     b.reshard(d, g);
     g.state = ShardedState::sharded_post_forward;
     b.show_sharded(g);
@@ -292,8 +291,7 @@ void post_forward_reshard(Group& g) {
 void prepare_gradients(Group& g) {
   if (!g.grads.held) {
     Backend& b = be(g);
-    OpDesc d = op(StreamKind::compute, OpKind::grad_init, g, g.info.unsharded_bytes());
-    b.begin(d);
+    OpDesc& d = begin(StreamKind::compute, OpKind::grad_init, g, g.info.unsharded_bytes());
     g.grads = b.acquire(g, BufKind::grads, g.info.arena_numel, g.info.param_dtype);
     b.grad_init(d, g, g.grads);
   }
@@ -350,9 +348,8 @@ Buf reduce_copy_in(Group& g) {
     b.wait(StreamKind::reduce_scatter, r.pending[i].done);
   const GroupInfo& I = g.info;
   const std::int64_t n = static_cast<std::int64_t>(I.world) * I.shard_numel;
-  OpDesc d = op(StreamKind::reduce_scatter, OpKind::copy_in, g,
-                static_cast<std::size_t>(n) * dtype_size(I.reduce_dtype));
-  b.begin(d);
+  OpDesc& d = begin(StreamKind::reduce_scatter, OpKind::copy_in, g,
+                    static_cast<std::size_t>(n) * dtype_size(I.reduce_dtype));
   finish_oldest(r, waited);
   Buf input = b.acquire(g, BufKind::rs_input, n, I.reduce_dtype);
   b.reduce_copy_in(d, g, g.grads, input);
@@ -366,9 +363,8 @@ Buf reduce_copy_in(Group& g) {
 Event reduce_scatter(Group& g, Buf& input, Buf& output) {
   Backend& b = be(g);
   if (g.info.world == 1) return b.record(StreamKind::reduce_scatter);
-  OpDesc d = op(StreamKind::reduce_scatter, OpKind::reduce_scatter, g,
-                static_cast<std::size_t>(g.info.shard_numel) * dtype_size(g.info.reduce_dtype));
-  b.begin(d);
+  OpDesc& d = begin(StreamKind::reduce_scatter, OpKind::reduce_scatter, g,
+                    static_cast<std::size_t>(g.info.shard_numel) * dtype_size(g.info.reduce_dtype));
   output = b.acquire(g, BufKind::rs_output, g.info.shard_numel, g.info.reduce_dtype);
   Event e = b.reduce_scatter(d, g, input, output);
   e.op = d.id;
@@ -395,9 +391,8 @@ void reduce_gradients(Group& g) {
   if (I.replicate > 1) {
     if (!g.all_reduce_grads) {
       // Defer the replicate all-reduce: accumulate the reduce-scattered shard.
-      OpDesc d = op(StreamKind::reduce_scatter, OpKind::reduce_copy_out, g, reduced_bytes(g));
+      OpDesc& d = begin(StreamKind::reduce_scatter, OpKind::reduce_copy_out, g, reduced_bytes(g));
       d.variant = 1;
-      b.begin(d);
       const bool first = !g.partial.held;
       if (first) g.partial = b.acquire(g, BufKind::partial_reduce, I.shard_numel, I.reduce_dtype);
       Event e = b.accumulate(d, g, reduced, g.partial, !first);
@@ -406,15 +401,13 @@ void reduce_gradients(Group& g) {
       return;  // the sharded gradients change only with the all-reduce
     }
     if (g.partial.held) {
-      OpDesc d = op(StreamKind::reduce_scatter, OpKind::reduce_copy_out, g, reduced_bytes(g));
+      OpDesc& d = begin(StreamKind::reduce_scatter, OpKind::reduce_copy_out, g, reduced_bytes(g));
       d.variant = 2;
-      b.begin(d);
       b.accumulate(d, g, g.partial, reduced, true);
       release(g, g.partial);
     }
     b.wait(StreamKind::all_reduce, b.record(StreamKind::reduce_scatter));
-    OpDesc d = op(StreamKind::all_reduce, OpKind::all_reduce, g, reduced_bytes(g));
-    b.begin(d);
+    OpDesc& d = begin(StreamKind::all_reduce, OpKind::all_reduce, g, reduced_bytes(g));
     last = b.all_reduce(d, g, reduced);
     last.op = d.id;
     last_stream = StreamKind::all_reduce;
@@ -422,9 +415,8 @@ void reduce_gradients(Group& g) {
   // Copy-out: divide, cast, accumulate into the sharded gradients, after the collectives.
   const double divisor =
       g.divide_factor > 0 ? g.divide_factor : static_cast<double>(I.world) * I.replicate;
-  OpDesc d = op(last_stream, OpKind::reduce_copy_out, g,
-                static_cast<std::size_t>(I.shard_numel) * dtype_size(I.orig_dtype));
-  b.begin(d);
+  OpDesc& d = begin(last_stream, OpKind::reduce_copy_out, g,
+                    static_cast<std::size_t>(I.shard_numel) * dtype_size(I.orig_dtype));
   const bool accumulate = g.has_sharded_grads;
   Event e = b.reduce_copy_out(d, g, reduced, divisor, accumulate);
   e.op = d.id;
@@ -564,8 +556,7 @@ void post_backward(Group& g) {
       events.push_back(p.done);
       b.wait(StreamKind::compute, p.done);
     }
-    OpDesc d = op(StreamKind::compute, OpKind::wait, g, 0);
-    b.begin(d);
+    OpDesc& d = begin(StreamKind::compute, OpKind::wait, g, 0);
     try {
       b.host_wait(d, events);
     } catch (...) {
@@ -598,12 +589,9 @@ void compute(graph::Module& m, const GroupLookup& lookup, Group* owner, Phase ph
     if (callback()) (ph == Phase::forward ? m.forward_callback() : m.backward_callback())(m);
     return;
   }
-  OpDesc d;
-  d.stream = StreamKind::compute;
-  d.kind = ph == Phase::forward ? OpKind::forward : OpKind::backward;
-  d.group = owner ? owner->id : -1;
-  d.module = &m;
-  b->begin(d);
+  const OpDesc& d =
+      b->begin(StreamKind::compute, ph == Phase::forward ? OpKind::forward : OpKind::backward,
+               owner ? owner->id : -1, &m, 0);
   b->compute(d, m, ph);
 }
 

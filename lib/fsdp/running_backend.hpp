@@ -101,6 +101,7 @@ class RunningBackend final : public engine::Backend {
   bool on_device() const noexcept { return device_mesh_.has_value(); }
 
  protected:
+  engine::OpDesc& op_record() override { return op_; }
   void stream_wait(engine::StreamKind waiter, const engine::Event& e) override;
   void stream_record(engine::StreamKind s, engine::Event& e) override;
 
@@ -112,6 +113,7 @@ class RunningBackend final : public engine::Backend {
     comm::Work used;
   };
   Memory& mem(const engine::Buf& b);
+  engine::OpDesc op_;          // the operation being issued
   std::deque<Memory> memory_;  // by Buf::slot (references stay valid as it grows)
   std::vector<int> free_slots_;
 

@@ -116,28 +116,20 @@ class PlanningBackend final : public engine::Backend {
     return g.info.world > 1 && cost_.transport(MeshDim::shard) == Transport::shm;
   }
 
-  // The op, list-scheduled as it is issued: it starts when its stream is free and the ops it
-  // waits for (all issued before it) have ended.
+  // The record begin() fills in: the plan's next op.
+  engine::OpDesc& op_record() override { return p_.ops.emplace_back(); }
+
+  // The op just begun, list-scheduled as it is issued: it starts when its stream is free and
+  // the ops it waits for (all issued before it) have ended.
   engine::Event emit(const engine::OpDesc& d, double ms) {
+    Op& op = p_.ops.back();  // d itself
     const auto stream = static_cast<std::size_t>(d.stream);
     double start = free_at_[stream];
-    const std::size_t issued = p_.ops.size();
-    for (int dep : d.deps) {
-      if (static_cast<std::size_t>(dep) >= issued) bad_dep(d, dep);  // negative ones too
+    for (int dep : op.deps) {
+      if (dep < 0 || dep >= op.id) bad_dep(d, dep);
       start = std::max(start, p_.ops[static_cast<std::size_t>(dep)].end_ms);
     }
     const double end = start + ms;
-    Op& op = p_.ops.emplace_back();
-    op.id = d.id;
-    op.group = d.group;
-    op.stream = d.stream;
-    op.kind = d.kind;
-    op.phase = d.phase;
-    op.variant = d.variant;
-    op.k = d.k;
-    op.bytes = d.bytes;
-    op.source = d.module;
-    op.deps = d.deps;
     op.start_ms = start;
     op.end_ms = end;
     free_at_[stream] = end;

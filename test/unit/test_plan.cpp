@@ -1021,7 +1021,7 @@ void check_operations_match(const Plan& plan,
             describe_op(op.stream, op.kind, op.module(), op.bytes, op.phase, op.deps, one));
     }
     for (const fsdp::engine::OpDesc& d : logs[r]) {
-      const std::string module = d.module->fqn().empty() ? "<root>" : d.module->fqn();
+      const std::string module = d.source->fqn().empty() ? "<root>" : d.source->fqn();
       ran.push_back(describe_op(d.stream, d.kind, module, d.bytes, d.phase, d.deps, one));
     }
     REQUIRE(planned.size() == ran.size());

@@ -221,7 +221,9 @@ class DepList {
 };
 
 /// One operation as the engine issues it: both backends see the same descriptions, so the
-/// plan and a recorded run agree by construction on everything but time.
+/// plan and a recorded run agree by construction on everything but time. The engine writes
+/// it where the backend keeps it (Backend::op_record): the planning backend's is the plan's
+/// record itself, so nothing is copied.
 struct OpDesc {
   int id = 0;
   int group = -1;  // Group::id, -1 for compute outside every group
@@ -231,7 +233,7 @@ struct OpDesc {
   std::uint8_t variant = 0;  // reduce_copy_out: 0 copy-out, 1 deferred accumulate, 2 add-back
   int k = 0;                 // post-forward group size of a k-rank all-gather, else 0
   std::size_t bytes = 0;     // per rank for collectives (the shard), written bytes for copies
-  const graph::Module* module = nullptr;  // the module the op belongs to
+  const graph::Module* source = nullptr;  // the module the op belongs to
   DepList deps;  // ops that must finish first, besides the stream's previous op
 };
 
@@ -324,8 +326,9 @@ class Backend {
   virtual ~Backend() = default;
 
   // ---- order (the engine's bookkeeping; both backends share it) ----
-  /// Numbers an operation on its stream and attaches the dependencies waited for.
-  void begin(OpDesc& d);
+  /// Starts an operation in op_record(): numbered on its stream, in the current phase, with
+  /// the dependencies waited for (variant and k 0). Valid until the next begin().
+  OpDesc& begin(StreamKind s, OpKind k, int group, const graph::Module* source, std::size_t bytes);
   /// The event after the last operation issued on `s`.
   Event record(StreamKind s);
   /// Operations issued on `waiter` from now on run after `e` (stream_wait orders the
@@ -382,6 +385,8 @@ class Backend {
   virtual void show_sharded_grads(Group& g) = 0;
 
  protected:
+  /// Where begin() writes the next operation.
+  virtual OpDesc& op_record() = 0;
   /// Orders a real stream after an event (worker and device streams).
   virtual void stream_wait(StreamKind /*waiter*/, const Event& /*e*/) {}
   /// Fills in the real completion of the last operation issued on `s`.

@@ -81,23 +81,11 @@ using Phase = fsdp::engine::Phase;
 using fsdp::engine::op_kind_name;
 using fsdp::engine::stream_name;
 
-struct Op {
-  int id = 0;
-  /// Index into Plan::groups, or -1 (compute of a module outside every group).
-  int group = -1;
-  StreamKind stream = StreamKind::compute;
-  OpKind kind = OpKind::forward;
-  Phase phase = Phase::forward;
-  /// reduce_copy_out: 0 the copy-out, 1 HSDP's deferred accumulation, 2 its add-back.
-  std::uint8_t variant = 0;
-  /// All-gather and reshard of a reshard_after_forward=k group: k; else 0.
-  int k = 0;
-  /// Bytes: per rank for collectives (the shard), written bytes for copies.
-  std::size_t bytes = 0;
-  /// The module the op belongs to (in the graph the plan was made from: keep it alive).
-  const graph::Module* source = nullptr;
-  /// Ops that must finish before this one starts (besides the previous op of its stream).
-  fsdp::engine::DepList deps;
+/// One operation: the engine's description of it (id, the index into Plan::groups or -1 for
+/// compute of a module outside every group, stream, kind, phase, variant, k, bytes, the
+/// module it belongs to as `source` — in the graph the plan was made from: keep it alive —
+/// and the ops it waits for besides the previous op of its stream), and when it runs.
+struct Op : fsdp::engine::OpDesc {
   double start_ms = 0.0;
   double end_ms = 0.0;
 
