@@ -175,11 +175,14 @@ std::string Plan::to_text() const {
   }
 
   line("buffers (pool bytes in use after each event):");
-  for (const BufferEvent& e : events)
+  std::size_t in_use = 0;
+  for (const BufferEvent& e : events) {
+    in_use = e.action == BufferAction::alloc ? in_use + e.bytes : in_use - e.bytes;
     line("    " + rpad("#" + std::to_string(e.op), 5) + " " +
          pad(e.action == BufferAction::alloc ? "alloc" : "free", 5) + " " +
          pad(buffer_name(e), 28) + " " + rpad(std::to_string(e.bytes), 10) + " B  in use " +
-         std::to_string(e.in_use) + " B");
+         std::to_string(in_use) + " B");
+  }
 
   line("step time: " + fmt("%.3f", step_ms) + " ms");
   line("peak memory per rank: pool=" + std::to_string(peak_bytes) + " B (forward=" +
@@ -240,13 +243,15 @@ nlohmann::json Plan::to_chrome_trace() const {
                 {"pid", 0},
                 {"ts", 0.0},
                 {"args", {{"bytes", 0}}}});
+  std::size_t in_use = 0;
   for (const BufferEvent& e : events) {
+    in_use = e.action == BufferAction::alloc ? in_use + e.bytes : in_use - e.bytes;
     ts = std::max(ts, ops[static_cast<std::size_t>(e.op)].start_ms * 1000.0);
     ev.push_back({{"name", "pool bytes in use"},
                   {"ph", "C"},
                   {"pid", 0},
                   {"ts", ts},
-                  {"args", {{"bytes", e.in_use}}}});
+                  {"args", {{"bytes", in_use}}}});
   }
   char fp[32];
   std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(fingerprint()));

@@ -160,11 +160,9 @@ class PlanningBackend final : public engine::Backend {
     BufferEvent& e = p_.events.emplace_back();
     e.op = ops_issued() - 1;
     e.group = g.id;
-    e.pool = g.root->pool;
     e.kind = b.kind;
     e.action = a;
     e.bytes = b.bytes;
-    e.in_use = in_use;
   }
 
   Plan& p_;

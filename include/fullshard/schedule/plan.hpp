@@ -98,19 +98,16 @@ struct Op : fsdp::engine::OpDesc {
 
 enum class BufferAction : std::uint8_t { alloc, free };
 
-/// One acquisition from / release to the buffer pool, in the engine's order.
+/// One acquisition from / release to the buffer pool, in the engine's order (the bytes in use
+/// after each are the running sum of these; the pool is that of the group's root group).
 struct BufferEvent {
   /// The op at which the engine does it (the op being issued or just issued).
   int op = 0;
   /// Index into Plan::groups.
   int group = 0;
-  /// Index of the root group whose pool it is (one pool per FSDP root).
-  int pool = 0;
   fsdp::engine::BufKind kind = fsdp::engine::BufKind::ag_buffer;
   BufferAction action = BufferAction::alloc;
   std::size_t bytes = 0;
-  /// Bytes in use in every pool together right after the event.
-  std::size_t in_use = 0;
 };
 
 /// A plan refers to the graph it was made from (groups[i].modules): keep the graph alive.
