@@ -1,12 +1,8 @@
-// The FSDP state machine (FSDP2's FSDPParamGroup and its hooks), written once for every
-// backend. Buffers are acquired and released at fixed points, so the planning backend's pool
-// accounting is the running backend's, byte for byte.
+// The engine's vocabulary, and its state machine (fullshard/fsdp/detail/state_machine.hpp)
+// on the abstract Backend: what fully_shard and the hooks call.
 #include "fullshard/fsdp/engine.hpp"
 
-#include <algorithm>
-#include <exception>
-
-#include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/detail/state_machine.hpp"
 
 namespace fullshard::fsdp::engine {
 
@@ -82,74 +78,9 @@ std::size_t GroupInfo::unsharded_bytes() const noexcept {
   return static_cast<std::size_t>(arena_numel) * dtype_size(param_dtype);
 }
 
-// ---- Backend bookkeeping ------------------------------------------------------------------
+// ---- the state machine, on the abstract backend (the running backend's calls) -------------
 
-OpDesc& Backend::begin(StreamKind s, OpKind k, int group, const graph::Module* source,
-                       std::size_t bytes) {
-  OpDesc& d = op_record();
-  const auto si = static_cast<int>(s);
-  d.id = next_op_++;
-  d.group = group;
-  d.stream = s;
-  d.kind = k;
-  d.phase = phase;
-  d.variant = 0;
-  d.k = 0;
-  d.bytes = bytes;
-  d.source = source;
-  // The waits recorded for the stream (events of earlier ops), sorted and unique.
-  d.deps = std::move(waits_[si]);
-  d.deps.sort_unique();
-  last_[si] = d.id;
-  return d;
-}
-
-Event Backend::record(StreamKind s) {
-  Event e;
-  e.op = last_[static_cast<int>(s)];
-  stream_record(s, e);
-  return e;
-}
-
-void Backend::wait(StreamKind waiter, const Event& e) {
-  if (e.op >= 0) waits_[static_cast<int>(waiter)].push_back(e.op);
-  stream_wait(waiter, e);
-}
-
-// ---- groups ------------------------------------------------------------------------------
-
-namespace {
-
-Backend& be(const Group& g) {
-  return *g.root->backend;
-}
-
-// Starts an operation of group g.
-OpDesc& begin(StreamKind s, OpKind k, const Group& g, std::size_t bytes) {
-  return be(g).begin(s, k, g.id, g.info.module, bytes);
-}
-
-void release(Group& g, Buf& b) {
-  if (b.held) be(g).release(g, b);
-  b = Buf();
-}
-
-std::size_t shard_bytes_param(const Group& g) {
-  return static_cast<std::size_t>(g.info.shard_numel) * dtype_size(g.info.param_dtype);
-}
-
-// The hook counters and post-forward positions of one iteration.
-void clear_counters(Group& g) noexcept {
-  g.forward_calls = g.forward_done = g.backward_calls = g.backward_done = 0;
-  g.post_forward_indices.clear();
-}
-
-std::size_t slice_numel(const Group& g) {
-  return static_cast<std::size_t>(g.info.world / g.reshard_after_forward) *
-         static_cast<std::size_t>(g.info.shard_numel);
-}
-
-}  // namespace
+using Machine = detail::StateMachine<Backend>;
 
 void attach(Root& root, const std::vector<Group*>& groups) {
   root.groups.reserve(root.groups.size() + groups.size());
@@ -161,464 +92,52 @@ void attach(Root& root, const std::vector<Group*>& groups) {
 }
 
 void issue_unshard(Group& g, bool own) {
-  if (g.state == ShardedState::unsharded || g.gather_in_flight) return;
-  if (!g.root)
-    throw InvalidArgument("group " + std::string(g.info.name) + ": not initialised (internal)");
-  Backend& b = be(g);
-  Root& r = *g.root;
-  const GroupInfo& I = g.info;
-  const std::size_t shard = shard_bytes_param(g);
-  g.gather_in_flight = true;
-  if (I.world > 1 || I.cast()) {
-    // FSDP2's all_gather_state: an all-gather waits for the last copy-out. In backward a
-    // group's own all-gather is issued when autograd reaches it (after the compute before
-    // it); a prefetch only after forward's compute.
-    b.wait(StreamKind::all_gather, r.last_copy_out);
-    if (b.phase == Phase::backward)
-      b.wait(StreamKind::all_gather, own ? b.record(StreamKind::compute) : b.forward_end);
-  }
-  if (I.world == 1) {
-    if (I.cast()) {
-      OpDesc& d = begin(StreamKind::all_gather, OpKind::copy_in, g, shard);
-      g.gather = b.acquire(g, BufKind::ag_buffer, I.shard_numel, I.param_dtype);
-      g.gather_done = b.gather_copy_in(d, g, g.gather);
-      g.gather_done.op = d.id;
-    } else {
-      g.gather_done = Event();  // the copy-out reads the shards themselves
-    }
-    return;
-  }
-  const std::int64_t total = static_cast<std::int64_t>(I.world) * I.shard_numel;
-  if (g.state == ShardedState::sharded_post_forward) {
-    // Gather inside the k-rank group from the kept slices: (W/k)*gsn per rank.
-    OpDesc& d = begin(StreamKind::all_gather, OpKind::all_gather, g,
-                      slice_numel(g) * dtype_size(I.param_dtype));
-    d.k = g.reshard_after_forward;
-    g.gather = b.acquire(g, BufKind::ag_buffer, total, I.param_dtype);
-    g.gather_done = b.all_gather(d, g, g.gather, false, &g.post_forward);
-    g.gather_done.op = d.id;
-    return;
-  }
-  bool in_place = false;
-  if (I.cast()) {
-    OpDesc& d = begin(StreamKind::all_gather, OpKind::copy_in, g, shard);
-    g.gather = b.acquire(g, BufKind::ag_buffer, total, I.param_dtype);
-    b.gather_copy_in(d, g, g.gather);
-    in_place = true;
-  }
-  OpDesc& d = begin(StreamKind::all_gather, OpKind::all_gather, g, shard);
-  if (!in_place) g.gather = b.acquire(g, BufKind::ag_buffer, total, I.param_dtype);
-  g.gather_done = b.all_gather(d, g, g.gather, in_place, nullptr);
-  g.gather_done.op = d.id;
+  Machine::issue_unshard(g, own);
 }
-
-namespace {
-// Waits for the all-gather in flight; on error drops its buffer and rethrows.
-void await_gather(Group& g) {
-  try {
-    be(g).host_wait(g.gather_done);
-  } catch (...) {
-    release(g, g.gather);
-    g.gather_in_flight = false;
-    g.gather_done = Event();
-    throw;
-  }
-}
-}  // namespace
-
 void wait_unshard(Group& g) {
-  if (g.state == ShardedState::unsharded) return;
-  issue_unshard(g, true);
-  Backend& b = be(g);
-  await_gather(g);
-  const GroupInfo& I = g.info;
-  b.wait(StreamKind::compute, g.gather_done);
-  OpDesc& d = begin(StreamKind::compute, OpKind::copy_out, g, I.unsharded_bytes());
-  g.arena = b.acquire(g, BufKind::unsharded, I.arena_numel, I.param_dtype);
-  const bool keep =
-      !g.root->in_backward && g.post_forward_slicing() && g.state == ShardedState::sharded;
-  if (keep)
-    g.post_forward = b.acquire(g, BufKind::post_forward, static_cast<std::int64_t>(slice_numel(g)),
-                               I.param_dtype);
-  const Buf* src = g.gather.held ? &g.gather : nullptr;
-  b.gather_copy_out(d, g, src, g.arena, keep ? &g.post_forward : nullptr);
-  release(g, g.gather);
-  g.gather_in_flight = false;
-  g.gather_done = Event();
-  g.state = ShardedState::unsharded;
-  g.root->last_copy_out = b.record(StreamKind::compute);
-  b.show_unsharded(g);
+  Machine::wait_unshard(g);
 }
-
 void reshard(Group& g) {
-  Backend& b = be(g);
-  if (g.gather_in_flight) b.wait(StreamKind::compute, g.gather_done);
-  OpDesc& d = begin(StreamKind::compute, OpKind::reshard, g, 0);
-  if (g.gather_in_flight) {
-    try {
-      await_gather(g);
-    } catch (...) {
-      g.state = ShardedState::sharded;
-      throw;
-    }
-    release(g, g.gather);
-    g.gather_in_flight = false;
-    g.gather_done = Event();
-  }
-  b.reshard(d, g);
-  g.state = ShardedState::sharded;
-  b.show_sharded(g);
-  release(g, g.post_forward);
-  release(g, g.arena);
+  Machine::reshard(g);
 }
-
 void post_forward_reshard(Group& g) {
-  const int k = g.reshard_after_forward;
-  if (k == 1) return;  // keep the unsharded parameters for backward
-  if (g.post_forward_slicing() && g.post_forward.held) {
-    Backend& b = be(g);
-    OpDesc& d = begin(StreamKind::compute, OpKind::reshard, g, 0);
-    d.k = k;
-    b.reshard(d, g);
-    g.state = ShardedState::sharded_post_forward;
-    b.show_sharded(g);
-    release(g, g.arena);
-    return;
-  }
-  reshard(g);
+  Machine::post_forward_reshard(g);
 }
-
 void prepare_gradients(Group& g) {
-  if (!g.grads.held) {
-    Backend& b = be(g);
-    OpDesc& d = begin(StreamKind::compute, OpKind::grad_init, g, g.info.unsharded_bytes());
-    g.grads = b.acquire(g, BufKind::grads, g.info.arena_numel, g.info.param_dtype);
-    b.grad_init(d, g, g.grads);
-  }
-  be(g).show_unsharded_grads(g);
+  Machine::prepare_gradients(g);
 }
-
-void wait_reductions(Root& r, std::size_t keep) {
-  std::exception_ptr first;
-  while (r.pending.size() > keep) {
-    Root::Pending p = std::move(r.pending.front());
-    r.pending.pop_front();
-    try {
-      r.backend->host_wait(p.done);
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-    release(*p.group, p.output);
-    release(*p.group, p.input);
-  }
-  if (first) std::rethrow_exception(first);
-}
-
-namespace {
-
-// The host waits for the oldest `n` reductions and returns their buffers (first error
-// re-thrown after all of them), as part of the operation being issued.
-void finish_oldest(Root& r, std::size_t n) {
-  std::exception_ptr first;
-  for (std::size_t i = 0; i < n; ++i) {
-    try {
-      r.backend->host_wait(r.pending[i].done);
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    Root::Pending& p = r.pending.front();
-    release(*p.group, p.output);
-    release(*p.group, p.input);
-    r.pending.pop_front();
-  }
-  if (first) std::rethrow_exception(first);
-}
-
-// Copy-in: chunk every gradient along its shard dim into the rank-major input, after the
-// backward compute and at most max_reduce_buffers - 1 older reductions.
-Buf reduce_copy_in(Group& g) {
-  Backend& b = be(g);
-  Root& r = *g.root;
-  const auto keep = static_cast<std::size_t>(std::max(r.max_reduce_buffers, 1) - 1);
-  const std::size_t waited = r.pending.size() > keep ? r.pending.size() - keep : 0;
-  b.wait(StreamKind::reduce_scatter, b.record(StreamKind::compute));
-  for (std::size_t i = 0; i < waited; ++i)
-    b.wait(StreamKind::reduce_scatter, r.pending[i].done);
-  const GroupInfo& I = g.info;
-  const std::int64_t n = static_cast<std::int64_t>(I.world) * I.shard_numel;
-  OpDesc& d = begin(StreamKind::reduce_scatter, OpKind::copy_in, g,
-                    static_cast<std::size_t>(n) * dtype_size(I.reduce_dtype));
-  finish_oldest(r, waited);
-  Buf input = b.acquire(g, BufKind::rs_input, n, I.reduce_dtype);
-  b.reduce_copy_in(d, g, g.grads, input);
-  // The parameters' grad() no longer views the unsharded gradients: they go back.
-  b.show_sharded_grads(g);
-  release(g, g.grads);
-  return input;
-}
-
-// Reduce-scatter over the shard group (one rank: the input is the reduced shard).
-Event reduce_scatter(Group& g, Buf& input, Buf& output) {
-  Backend& b = be(g);
-  if (g.info.world == 1) return b.record(StreamKind::reduce_scatter);
-  OpDesc& d = begin(StreamKind::reduce_scatter, OpKind::reduce_scatter, g,
-                    static_cast<std::size_t>(g.info.shard_numel) * dtype_size(g.info.reduce_dtype));
-  output = b.acquire(g, BufKind::rs_output, g.info.shard_numel, g.info.reduce_dtype);
-  Event e = b.reduce_scatter(d, g, input, output);
-  e.op = d.id;
-  return e;
-}
-
-std::size_t reduced_bytes(const Group& g) {
-  return static_cast<std::size_t>(g.info.shard_numel) * dtype_size(g.info.reduce_dtype);
-}
-
-}  // namespace
-
 void reduce_gradients(Group& g) {
-  if (!g.grads.held) return;    // this group's backward did not run
-  if (!g.reduce_grads) return;  // no_sync: the unsharded gradients keep accumulating
-  Backend& b = be(g);
-  Root& r = *g.root;
-  const GroupInfo& I = g.info;
-  Buf input = reduce_copy_in(g);
-  Buf output;
-  Event last = reduce_scatter(g, input, output);
-  Buf& reduced = output.held ? output : input;
-  StreamKind last_stream = StreamKind::reduce_scatter;
-  if (I.replicate > 1) {
-    if (!g.all_reduce_grads) {
-      // Defer the replicate all-reduce: accumulate the reduce-scattered shard.
-      OpDesc& d = begin(StreamKind::reduce_scatter, OpKind::reduce_copy_out, g, reduced_bytes(g));
-      d.variant = 1;
-      const bool first = !g.partial.held;
-      if (first) g.partial = b.acquire(g, BufKind::partial_reduce, I.shard_numel, I.reduce_dtype);
-      Event e = b.accumulate(d, g, reduced, g.partial, !first);
-      e.op = d.id;
-      r.pending.push_back({&g, e, std::move(input), std::move(output)});
-      return;  // the sharded gradients change only with the all-reduce
-    }
-    if (g.partial.held) {
-      OpDesc& d = begin(StreamKind::reduce_scatter, OpKind::reduce_copy_out, g, reduced_bytes(g));
-      d.variant = 2;
-      b.accumulate(d, g, g.partial, reduced, true);
-      release(g, g.partial);
-    }
-    b.wait(StreamKind::all_reduce, b.record(StreamKind::reduce_scatter));
-    OpDesc& d = begin(StreamKind::all_reduce, OpKind::all_reduce, g, reduced_bytes(g));
-    last = b.all_reduce(d, g, reduced);
-    last.op = d.id;
-    last_stream = StreamKind::all_reduce;
-  }
-  // Copy-out: divide, cast, accumulate into the sharded gradients, after the collectives.
-  const double divisor =
-      g.divide_factor > 0 ? g.divide_factor : static_cast<double>(I.world) * I.replicate;
-  OpDesc& d = begin(last_stream, OpKind::reduce_copy_out, g,
-                    static_cast<std::size_t>(I.shard_numel) * dtype_size(I.orig_dtype));
-  const bool accumulate = g.has_sharded_grads;
-  Event e = b.reduce_copy_out(d, g, reduced, divisor, accumulate);
-  e.op = d.id;
-  g.has_sharded_grads = true;
-  b.show_sharded_grads(g);
-  r.pending.push_back({&g, e, std::move(input), std::move(output)});
+  Machine::reduce_gradients(g);
 }
-
-void discard_iteration(Root& r) {
-  try {
-    wait_reductions(r, 0);
-  } catch (...) {  // the failed iteration's reductions are discarded
-  }
-  r.post_forward_order.clear();
-  r.in_backward = false;
-  r.backend->phase = Phase::forward;
-  for (Group* g : r.groups) {
-    if (g->gather_in_flight) {
-      try {
-        r.backend->host_wait(g->gather_done);
-      } catch (...) {  // discarded with the iteration
-      }
-    }
-    g->gather_in_flight = false;
-    g->gather_done = Event();
-    g->state = ShardedState::sharded;
-    r.backend->show_sharded(*g);
-    release(*g, g->gather);
-    release(*g, g->arena);
-    release(*g, g->grads);
-    release(*g, g->post_forward);
-    release(*g, g->partial);
-    clear_counters(*g);
-  }
-  r.groups_touched = false;
+void wait_reductions(Root& root, std::size_t keep) {
+  Machine::wait_reductions(root, keep);
 }
-
+void discard_iteration(Root& root) {
+  Machine::discard_iteration(root);
+}
 void zero_grad(Group& g) {
-  g.has_sharded_grads = false;
-  if (!g.root) return;
-  Backend& b = be(g);
-  b.drop_sharded_grads(g);
-  b.show_sharded_grads(g);
-  release(g, g.grads);
-  release(g, g.partial);
+  Machine::zero_grad(g);
 }
-
-// ---- hooks -------------------------------------------------------------------------------
-
-namespace {
-
-void clear_iteration(Root& r) {
-  r.post_forward_order.clear();
-  r.in_backward = false;
-  if (!r.groups_touched) return;
-  for (Group* g : r.groups)
-    clear_counters(*g);
-  r.groups_touched = false;
-}
-
-bool is_root_group(const Group& g) {
-  return !g.root->groups.empty() && g.root->groups.front() == &g;
-}
-
-}  // namespace
-
 void pre_forward(Group& g) {
-  Root& r = *g.root;
-  if (!r.in_backward && r.backend->phase == Phase::backward) r.backend->phase = Phase::forward;
-  if (r.in_backward) {  // recomputation inside backward: only make sure it is unsharded
-    wait_unshard(g);
-    return;
-  }
-  if (is_root_group(g) && g.forward_calls == 0) clear_iteration(r);
-  r.groups_touched = true;
-  if (g.forward_calls++ == 0) wait_unshard(g);
-  for (Group* t : g.forward_prefetch)
-    issue_unshard(*t);
+  Machine::pre_forward(g);
 }
-
 void post_forward(Group& g) {
-  Root& r = *g.root;
-  if (r.in_backward) return;
-  if (++g.forward_done < g.info.num_modules) return;  // a list: wait for the last module
-  g.post_forward_indices.push_back(static_cast<int>(r.post_forward_order.size()));
-  r.post_forward_order.push_back(&g);
-  g.forward_calls = g.forward_done = 0;
-  post_forward_reshard(g);
+  Machine::post_forward(g);
 }
-
 void pre_backward(Group& g) {
-  Root& r = *g.root;
-  Backend& b = *r.backend;
-  r.in_backward = true;
-  r.groups_touched = true;
-  begin_backward(b);
-  if (g.backward_calls++ > 0) return;
-  if (g.unshard_in_backward) wait_unshard(g);
-  prepare_gradients(g);
-  if (g.explicit_backward_prefetch) {
-    for (Group* t : g.backward_prefetch)
-      if (t->unshard_in_backward) issue_unshard(*t);
-  } else if (!g.post_forward_indices.empty()) {
-    // Reverse post-forward order: prefetch the group that ran forward just before this one.
-    const auto i = static_cast<std::size_t>(g.post_forward_indices.back());
-    g.post_forward_indices.pop_back();
-    if (i > 0) {
-      Group* next = r.post_forward_order[i - 1];
-      if (next->unshard_in_backward) issue_unshard(*next);
-    }
-  }
+  Machine::pre_backward(g);
 }
-
 void post_backward(Group& g) {
-  Root& r = *g.root;
-  Backend& b = *r.backend;
-  if (++g.backward_done >= g.info.num_modules) {
-    g.backward_calls = g.backward_done = 0;
-    reduce_gradients(g);
-    if (g.reshard_after_backward) reshard(g);
-  }
-  if (!is_root_group(g)) return;
-  // End of the iteration's backward. Groups prefetched but never used in backward: finish
-  // their gather and reshard. The same pass clears the hook counters (clear_iteration's
-  // work: one pass over the groups, not two).
-  for (Group* other : r.groups) {
-    if (other != &g && ((other->reshard_after_backward && other->state != ShardedState::sharded) ||
-                        other->gather_in_flight))
-      reshard(*other);
-    clear_counters(*other);
-  }
-  r.groups_touched = false;
-  if (r.is_last_backward) {  // wait for every reduction
-    std::vector<Event> events;
-    events.reserve(r.pending.size());
-    for (const auto& p : r.pending) {
-      events.push_back(p.done);
-      b.wait(StreamKind::compute, p.done);
-    }
-    OpDesc& d = begin(StreamKind::compute, OpKind::wait, g, 0);
-    try {
-      b.host_wait(d, events);
-    } catch (...) {
-      finish_oldest(r, r.pending.size());  // errors known; the buffers go back
-      throw;
-    }
-    finish_oldest(r, r.pending.size());
-  }  // else the pending reductions keep their buffers (a later cap or root waits)
-  clear_iteration(r);
+  Machine::post_backward(g);
 }
-
-// ---- traversal ---------------------------------------------------------------------------
-
 void begin_backward(Backend& b) {
-  if (b.phase == Phase::backward) return;
-  b.phase = Phase::backward;
-  b.forward_end = b.record(StreamKind::compute);
+  Machine::begin_backward(b);
 }
-
-namespace {
-
-void compute(graph::Module& m, const GroupLookup& lookup, Group* owner, Phase ph) {
-  const auto callback = [&m, ph] {
-    return ph == Phase::forward ? bool(m.forward_callback()) : bool(m.backward_callback());
-  };
-  // The declared cost first: planning never reads the callbacks.
-  if (!m.cost().declared && !callback()) return;
-  Backend* b = owner ? owner->root->backend : lookup.default_backend();
-  if (!b) {  // outside every FSDP root: nothing to order it with
-    if (callback()) (ph == Phase::forward ? m.forward_callback() : m.backward_callback())(m);
-    return;
-  }
-  const OpDesc& d =
-      b->begin(StreamKind::compute, ph == Phase::forward ? OpKind::forward : OpKind::backward,
-               owner ? owner->id : -1, &m, 0);
-  b->compute(d, m, ph);
-}
-
-}  // namespace
-
 void forward(graph::Module& m, const GroupLookup& lookup, Group* owner) {
-  Group* g = lookup.group_at(m);
-  if (g) {
-    owner = g;
-    pre_forward(*g);
-  }
-  compute(m, lookup, owner, Phase::forward);
-  for (std::size_t i = 0; i < m.num_children(); ++i)
-    forward(m.child(i), lookup, owner);
-  if (g) post_forward(*g);
+  Machine::forward(m, lookup, owner);
 }
-
 void backward(graph::Module& m, const GroupLookup& lookup, Group* owner) {
-  Group* g = lookup.group_at(m);
-  if (g) {
-    owner = g;
-    pre_backward(*g);
-  }
-  for (std::size_t i = m.num_children(); i-- > 0;)
-    backward(m.child(i), lookup, owner);
-  compute(m, lookup, owner, Phase::backward);
-  if (g) post_backward(*g);
+  Machine::backward(m, lookup, owner);
 }
 
 }  // namespace fullshard::fsdp::engine

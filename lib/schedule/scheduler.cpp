@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/detail/state_machine.hpp"
 #include "fullshard/fsdp/engine.hpp"
 #include "fullshard/schedule/plan.hpp"
 
@@ -31,6 +32,9 @@ class PlanningBackend final : public engine::Backend {
   }
 
   std::size_t in_use = 0;
+
+  // The record the engine fills in: the plan's next op.
+  engine::OpDesc& op_record() override { return p_.ops.emplace_back(); }
 
   engine::Buf acquire(const engine::Group& g, engine::BufKind kind, std::int64_t numel,
                       DType dtype) override {
@@ -115,9 +119,6 @@ class PlanningBackend final : public engine::Backend {
   bool shm(const engine::Group& g) const noexcept {
     return g.info.world > 1 && cost_.transport(MeshDim::shard) == Transport::shm;
   }
-
-  // The record begin() fills in: the plan's next op.
-  engine::OpDesc& op_record() override { return p_.ops.emplace_back(); }
 
   // The op just begun, list-scheduled as it is issued: it starts when its stream is free and
   // the ops it waits for (all issued before it) have ended.
@@ -354,10 +355,11 @@ void Scheduler::replan(Plan& out, const graph::Module& root, MeshShape mesh,
 
   // The planning backend never calls a callback nor changes the graph.
   auto& graph = const_cast<graph::Module&>(root);
-  engine::forward(graph, forward_lookup);
+  using Engine = engine::detail::StateMachine<PlanningBackend>;  // no virtual call per op
+  Engine::forward(graph, forward_lookup);
   forward_lookup.finish("forward");
-  engine::begin_backward(backend);
-  engine::backward(graph, backward_lookup);
+  Engine::begin_backward(backend);
+  Engine::backward(graph, backward_lookup);
   backward_lookup.finish("backward");
   p.end_bytes = backend.in_use;
   out = std::move(p);

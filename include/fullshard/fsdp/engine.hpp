@@ -326,14 +326,37 @@ class Backend {
   virtual ~Backend() = default;
 
   // ---- order (the engine's bookkeeping; both backends share it) ----
-  /// Starts an operation in op_record(): numbered on its stream, in the current phase, with
-  /// the dependencies waited for (variant and k 0). Valid until the next begin().
-  OpDesc& begin(StreamKind s, OpKind k, int group, const graph::Module* source, std::size_t bytes);
-  /// The event after the last operation issued on `s`.
-  Event record(StreamKind s);
-  /// Operations issued on `waiter` from now on run after `e` (stream_wait orders the
-  /// backend's real streams).
-  void wait(StreamKind waiter, const Event& e);
+  /// Where the engine writes the next operation (then numbers it with begin()): the planning
+  /// backend's next plan record, the running backend's description of the current operation.
+  virtual OpDesc& op_record() = 0;
+  /// Numbers `d` on its stream, in the current phase, with the dependencies waited for
+  /// (variant and k 0). Valid until the next operation.
+  OpDesc& begin(OpDesc& d, StreamKind s, OpKind k, int group, const graph::Module* source,
+                std::size_t bytes) {
+    const auto si = static_cast<int>(s);
+    d.id = next_op_++;
+    d.group = group;
+    d.stream = s;
+    d.kind = k;
+    d.phase = phase;
+    d.variant = 0;
+    d.k = 0;
+    d.bytes = bytes;
+    d.source = source;
+    // The waits recorded for the stream (events of earlier ops), sorted and unique.
+    d.deps = std::move(waits_[si]);
+    d.deps.sort_unique();
+    last_[si] = d.id;
+    return d;
+  }
+  /// The last operation issued on `s` (-1: none).
+  int last_op(StreamKind s) const noexcept { return last_[static_cast<int>(s)]; }
+  /// The next operation issued on `waiter` waits for operation `op`.
+  void add_wait(StreamKind waiter, int op) { waits_[static_cast<int>(waiter)].push_back(op); }
+  /// Orders a real stream after an event (worker and device streams).
+  virtual void stream_wait(StreamKind /*waiter*/, const Event& /*e*/) {}
+  /// Fills in the real completion of the last operation issued on `s`.
+  virtual void stream_record(StreamKind /*s*/, Event& /*e*/) {}
   int ops_issued() const noexcept { return next_op_; }
   /// The phase of the operations being issued, and the end of forward's compute (backward
   /// all-gathers start after it).
@@ -383,14 +406,6 @@ class Backend {
   virtual void show_unsharded_grads(Group& g) = 0;
   /// grad() the sharded gradients (or none).
   virtual void show_sharded_grads(Group& g) = 0;
-
- protected:
-  /// Where begin() writes the next operation.
-  virtual OpDesc& op_record() = 0;
-  /// Orders a real stream after an event (worker and device streams).
-  virtual void stream_wait(StreamKind /*waiter*/, const Event& /*e*/) {}
-  /// Fills in the real completion of the last operation issued on `s`.
-  virtual void stream_record(StreamKind /*s*/, Event& /*e*/) {}
 
  private:
   int next_op_ = 0;
