@@ -156,6 +156,23 @@ class Module {
   std::size_t num_descendants() const noexcept { return descendants_; }
   /// Child i in execution order; InvalidArgument when out of range.
   Module& child(std::size_t i) const;
+  /// Asks the cache for what a walk reads of child i: its lists, request and cost (stage 0),
+  /// the array of its parameters (1, once stage 0 arrived) or the parameters themselves (2,
+  /// once stage 1 arrived). A walk over a large graph calls it a few children ahead, one
+  /// child further per stage. Nothing when out of range.
+  void prefetch_child(std::size_t i, int stage = 0) const noexcept {
+    if (i >= children_.size()) return;
+    const Module& c = *children_[i];
+    if (stage == 0) {
+      __builtin_prefetch(&c);
+      __builtin_prefetch(reinterpret_cast<const char*>(&c) + 64);
+    } else if (stage == 1) {
+      __builtin_prefetch(c.params_.data());
+    } else {
+      for (const auto& p : c.params_)
+        __builtin_prefetch(p.get());
+    }
+  }
   std::size_t num_params() const noexcept { return params_.size(); }
   /// Parameter i in declaration order; InvalidArgument when out of range.
   Parameter& param(std::size_t i) const;

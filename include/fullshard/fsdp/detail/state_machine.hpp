@@ -20,6 +20,10 @@ namespace fullshard::fsdp::engine::detail {
 
 template <class B>
 struct StateMachine {
+  // The traversal asks the cache for the module this many children ahead (a large graph's
+  // modules are not in cache when the walk reaches them).
+  static constexpr std::size_t kPrefetchAhead = 2;
+
   // ---- groups ------------------------------------------------------------------------------
 
   static B& be(const Group& g) { return static_cast<B&>(*g.root->backend); }
@@ -501,8 +505,10 @@ struct StateMachine {
       pre_forward(*g);
     }
     compute(m, lookup, owner, Phase::forward);
-    for (std::size_t i = 0; i < m.num_children(); ++i)
+    for (std::size_t i = 0; i < m.num_children(); ++i) {
+      m.prefetch_child(i + kPrefetchAhead);
       forward(m.child(i), lookup, owner);
+    }
     if (g) post_forward(*g);
   }
 
@@ -513,8 +519,10 @@ struct StateMachine {
       owner = g;
       pre_backward(*g);
     }
-    for (std::size_t i = m.num_children(); i-- > 0;)
+    for (std::size_t i = m.num_children(); i-- > 0;) {
+      if (i >= kPrefetchAhead) m.prefetch_child(i - kPrefetchAhead);
       backward(m.child(i), lookup, owner);
+    }
     compute(m, lookup, owner, Phase::backward);
     if (g) post_backward(*g);
   }
