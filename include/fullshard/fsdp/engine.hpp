@@ -8,6 +8,8 @@
 //     records the Plan.
 // The engine also numbers every operation and derives its dependencies from the events it
 // records and waits for, so a plan and a recorded run can be compared operation by operation.
+// The state machine itself is detail::StateMachine<B> (detail/state_machine.hpp); the
+// functions below run it on the abstract Backend.
 //
 // This header is for backends (and the planner); applications use fully_shard.hpp / hooks.hpp.
 #pragma once
@@ -263,29 +265,31 @@ class Root;
 /// The engine state of one communication group.
 class Group {
  public:
-  GroupInfo info;
+  // What the end of backward checks of every group comes first, in one cache line (a plan
+  // holds 100,000 groups, and that pass is the only one that reads all of them at once).
+  ShardedState state = ShardedState::sharded;
+  bool gather_in_flight = false;
+  bool reshard_after_backward = true;
+  int forward_calls = 0, forward_done = 0, backward_calls = 0, backward_done = 0;
+  DepList post_forward_indices;  // positions in the root's post-forward order
   int id = 0;  // index among the groups of its backend (plan group index when planning)
   Root* root = nullptr;
+  // The rest of the state (written by the hooks), then what they only read.
+  bool has_sharded_grads = false;
+  Event gather_done;
+  Buf gather, arena, post_forward, grads, partial;
+
+  GroupInfo info;
 
   // Policies (FSDPModule setters / plan options).
   int reshard_after_forward = 0;  // 0 automatic (resolved at attach), -1 true, k >= 1
-  bool reshard_after_backward = true;
   bool reduce_grads = true;
   bool all_reduce_grads = true;
   bool unshard_in_backward = true;
+  bool explicit_backward_prefetch = false;
   double divide_factor = 0.0;  // 0: the data-parallel size
   std::vector<Group*> forward_prefetch;
   std::vector<Group*> backward_prefetch;
-  bool explicit_backward_prefetch = false;
-
-  // State.
-  ShardedState state = ShardedState::sharded;
-  bool gather_in_flight = false;
-  Event gather_done;
-  Buf gather, arena, post_forward, grads, partial;
-  bool has_sharded_grads = false;
-  int forward_calls = 0, forward_done = 0, backward_calls = 0, backward_done = 0;
-  DepList post_forward_indices;  // positions in the root's post-forward order
 
   bool post_forward_slicing() const noexcept {
     return reshard_after_forward > 1 && reshard_after_forward < info.world;

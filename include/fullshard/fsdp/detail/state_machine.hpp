@@ -62,8 +62,10 @@ struct StateMachine {
 
   // The hook counters and post-forward positions of one iteration.
   static void clear_counters(Group& g) noexcept {
-    g.forward_calls = g.forward_done = g.backward_calls = g.backward_done = 0;
-    g.post_forward_indices.clear();
+    // Read before writing: the end of backward clears every group, most of them clean.
+    if (g.forward_calls | g.forward_done | g.backward_calls | g.backward_done)
+      g.forward_calls = g.forward_done = g.backward_calls = g.backward_done = 0;
+    if (!g.post_forward_indices.empty()) g.post_forward_indices.clear();
   }
 
   static std::size_t slice_numel(const Group& g) {
