@@ -177,7 +177,7 @@ std::string Plan::to_text() const {
   line("buffers (pool bytes in use after each event):");
   std::size_t in_use = 0;
   for (const BufferEvent& e : events) {
-    in_use = e.action == BufferAction::alloc ? in_use + e.bytes : in_use - e.bytes;
+    in_use = e.in_use_after(in_use);
     line("    " + rpad("#" + std::to_string(e.op), 5) + " " +
          pad(e.action == BufferAction::alloc ? "alloc" : "free", 5) + " " +
          pad(buffer_name(e), 28) + " " + rpad(std::to_string(e.bytes), 10) + " B  in use " +
@@ -245,7 +245,7 @@ nlohmann::json Plan::to_chrome_trace() const {
                 {"args", {{"bytes", 0}}}});
   std::size_t in_use = 0;
   for (const BufferEvent& e : events) {
-    in_use = e.action == BufferAction::alloc ? in_use + e.bytes : in_use - e.bytes;
+    in_use = e.in_use_after(in_use);
     ts = std::max(ts, ops[static_cast<std::size_t>(e.op)].start_ms * 1000.0);
     ev.push_back({{"name", "pool bytes in use"},
                   {"ph", "C"},

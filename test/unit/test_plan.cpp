@@ -348,7 +348,7 @@ TEST_CASE("seed m1..m4 with the root resharded after forward (the seed's picture
   // The root's parameters are freed after forward: the forward ends with nothing in the pool.
   std::size_t in_use = 0, at_forward_end = 0;
   for (const BufferEvent& e : p.events) {
-    in_use = e.action == BufferAction::alloc ? in_use + e.bytes : in_use - e.bytes;
+    in_use = e.in_use_after(in_use);
     if (p.ops[static_cast<std::size_t>(e.op)].phase == Phase::forward) at_forward_end = in_use;
   }
   CHECK(at_forward_end == 0);

@@ -108,6 +108,11 @@ struct BufferEvent {
   fsdp::engine::BufKind kind = fsdp::engine::BufKind::ag_buffer;
   BufferAction action = BufferAction::alloc;
   std::size_t bytes = 0;
+
+  /// The pool bytes in use after this event, `before` it.
+  std::size_t in_use_after(std::size_t before) const noexcept {
+    return action == BufferAction::alloc ? before + bytes : before - bytes;
+  }
 };
 
 /// A plan refers to the graph it was made from (groups[i].modules): keep the graph alive.
