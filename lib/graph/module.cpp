@@ -162,9 +162,9 @@ Parameter& Parameter::init(const std::function<double(std::int64_t)>& fn) {
 Module::Module(std::string name, Module* parent)
     : parent_(parent),
       depth_(parent == nullptr ? 0 : parent->depth_ + 1),
-      name_(std::move(name)),
       fqn_(parent == nullptr ? std::string()
-                             : (parent->is_root() ? name_ : parent->fqn() + "." + name_)) {}
+                             : (parent->is_root() ? name : parent->fqn() + "." + name)),
+      name_(std::move(name)) {}
 
 Module::~Module() = default;
 

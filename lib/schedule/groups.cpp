@@ -73,9 +73,9 @@ class GroupBuilder {
       stack_.push_back(&m.param(i));
     for (std::size_t i = 0; i < m.num_children(); ++i) {
       // A large graph's modules and parameters are not in cache when the walk reaches them.
-      m.prefetch_child(i + 3, 0);
-      m.prefetch_child(i + 2, 1);
-      m.prefetch_child(i + 1, 2);
+      m.prefetch_child(i + 6, 0);
+      m.prefetch_child(i + 4, 1);
+      m.prefetch_child(i + 2, 2);
       visit(m.child(i), requesting_ancestors);
     }
     if (!req) return;
