@@ -288,7 +288,7 @@ int main(int argc, char** argv) {
   {
     fs::DeviceMesh mesh(rt, {rt.world_size()}, {"dp"});
     for (const bool replan : {false, true})
-      for (int n : {10, 1000, 100000}) {
+      for (int n : {10, 1000, 10000, 100000}) {
         auto* b = benchmark::RegisterBenchmark(
             ((replan ? "plan/replan/" : "plan/modules/") + std::to_string(n)).c_str(), bench_plan,
             n, replan);
