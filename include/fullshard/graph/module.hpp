@@ -156,9 +156,9 @@ class Module {
   std::size_t num_descendants() const noexcept { return descendants_; }
   /// Child i in execution order; InvalidArgument when out of range.
   Module& child(std::size_t i) const;
-  /// Asks the cache for what a walk reads of child i: its lists, request, cost, FQN and
-  /// callbacks (stage 0), the array of its parameters (1, once stage 0 arrived) or the
-  /// parameters' shapes and dtypes (2, once stage 1 arrived). A walk over a large graph calls
+  /// Asks the cache for what a walk reads of child i: its lists, request, cost and FQN
+  /// (stage 0), the array of its parameters (1, once stage 0 arrived) or the
+  /// parameters' extents and dtypes (2, once stage 1 arrived). A walk over a large graph calls
   /// it a few children ahead, one child further per stage. Nothing when out of range.
   void prefetch_child(std::size_t i, int stage = 0) const noexcept {
     if (i >= children_.size()) return;
@@ -167,6 +167,7 @@ class Module {
       const auto* b = reinterpret_cast<const char*>(&c);
       for (std::size_t off = 0; off < kWalkedBytes; off += 64)
         __builtin_prefetch(b + off);
+      __builtin_prefetch(b + kWalkedBytes - 1);
     } else if (stage == 1) {
       __builtin_prefetch(c.params_.data());
     } else {
@@ -250,10 +251,10 @@ class Module {
   void collect_postorder(std::vector<Module*>& out);
   void collect_parameters(std::vector<Parameter*>& out);
 
-  // What every walk over the graph reads (planning: up to the FQN, which names a group;
-  // hooks: up to the callbacks, 208 bytes with libstdc++) comes first; the local name and
-  // the lookups follow. prefetch_child asks for the first kWalkedBytes.
-  static constexpr std::size_t kWalkedBytes = 256;
+  // What every walk over the graph reads (up to the FQN, which names a planned group: 144
+  // bytes with libstdc++, prefetch_child's kWalkedBytes) comes first, then the callbacks
+  // (read by the running hooks only); the local name and the lookups follow.
+  static constexpr std::size_t kWalkedBytes = 144;
   std::vector<std::unique_ptr<Module>> children_;
   std::vector<std::unique_ptr<Parameter>> params_;
   nlohmann::json fully_shard_request_;
