@@ -100,10 +100,15 @@ class GroupBuilder {
       throw ConfigError(where_of(m) + ": expected true, false or an object of options");
     // In place (a throw discards every group), its lists in the groups' arena.
     PlannedGroup& g = groups_.emplace_back(memory_);
-    if (req.is_boolean())  // (not a conditional expression: that copies the defaults twice)
-      g.options = defaults_;
-    else
-      g.options = fsdp::options_from_request(req, defaults_, where_of(m));
+    if (req.is_boolean()) {
+      if (!shared_defaults_)
+        shared_defaults_ = std::make_shared<const fsdp::FullyShardOptions>(defaults_);
+      g.options = shared_defaults_;
+    } else {
+      g.options = std::make_shared<const fsdp::FullyShardOptions>(
+          fsdp::options_from_request(req, defaults_, where_of(m)));
+    }
+    const fsdp::FullyShardOptions& options = *g.options;
     if (m.fqn().empty())  // (likewise: a conditional expression copies the name twice)
       g.name = "<root>";
     else
@@ -113,7 +118,7 @@ class GroupBuilder {
     g.layout.world = W_;
 
     std::vector<const graph::Parameter*> ignored;
-    for (const auto& fqn : g.options.ignored_params) {
+    for (const auto& fqn : options.ignored_params) {
       const graph::Parameter* p = m.try_find_param(fqn);
       if (!p)
         throw InvalidArgument("fully_shard(" + g.name + "): ignored parameter '" + fqn +
@@ -136,7 +141,7 @@ class GroupBuilder {
         stack_[kept++] = p;
         continue;
       }
-      const Placement pl = fsdp::shard_placement(g.options, g.name, *p);
+      const Placement pl = fsdp::shard_placement(options, g.name, *p);
       ShardExtent e;
       if (pl.dim() != 0 ||
           !detail::try_shard_extent_dim0(p->first_extent(), p->inner_numel(), W_, e))
@@ -154,8 +159,8 @@ class GroupBuilder {
       g.params.push_back(p);
     }
     stack_.resize(kept);
-    g.param_dtype = g.options.mp_policy.param_dtype.value_or(g.orig_dtype);
-    g.reduce_dtype = g.options.mp_policy.reduce_dtype.value_or(g.param_dtype);
+    g.param_dtype = options.mp_policy.param_dtype.value_or(g.orig_dtype);
+    g.reduce_dtype = options.mp_policy.reduce_dtype.value_or(g.param_dtype);
     // Byte counts from user shapes, checked here so that shard_bytes(), unsharded_bytes(),
     // gather_bytes() and the scheduler's sums of them over groups cannot wrap: every buffer a
     // group can hold at once (all-gather and reduce-scatter buffers, unsharded parameters and
@@ -174,7 +179,7 @@ class GroupBuilder {
                                  [&] { return ctx() + ": the buffers of all groups together"; });
     }
 
-    const int k = g.options.reshard_after_forward.value();
+    const int k = options.reshard_after_forward.value();
     if (k >= 1 && W_ % k != 0)
       throw InvalidArgument("fully_shard(" + g.name +
                             "): reshard_after_forward=" + std::to_string(k) +
@@ -186,7 +191,8 @@ class GroupBuilder {
   const int W_;
   const fsdp::FullyShardOptions& defaults_;
   PlannedGroups& groups_;
-  const ArenaAllocator<const graph::Module*> memory_;  // the groups' allocator
+  const ArenaAllocator<const graph::Module*> memory_;               // the groups' allocator
+  std::shared_ptr<const fsdp::FullyShardOptions> shared_defaults_;  // of the `true` requests
   std::vector<const graph::Parameter*> stack_;
   int next_forward_ = 0;
   std::int64_t model_bytes_ = 0;
@@ -205,8 +211,10 @@ std::vector<std::string> PlannedGroup::param_fqns() const {
 kernels::GroupLayout PlannedGroup::group_layout(int rank) const {
   std::vector<ShardLayout> layouts;
   layouts.reserve(params.size());
+  const fsdp::FullyShardOptions none;  // a group made by hand: the defaults
   for (const graph::Parameter* p : params)
-    layouts.push_back(shard_layout(p->shape(), fsdp::shard_placement(options, name, *p),
+    layouts.push_back(shard_layout(p->shape(),
+                                   fsdp::shard_placement(options ? *options : none, name, *p),
                                    layout.world, rank, "parameter '" + p->fqn() + "'"));
   kernels::GroupLayout l = kernels::make_group_layout(layouts);
   l.world = layout.world;  // also for a group without parameters

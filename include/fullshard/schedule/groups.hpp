@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,8 @@ struct PlannedGroup {
   /// pre-order of their modules.
   int forward_index = 0;
   /// The options fully_shard was called with (defaults overridden by the request object).
-  fsdp::FullyShardOptions options;
+  /// The groups of a `true` request share one copy of the defaults.
+  std::shared_ptr<const fsdp::FullyShardOptions> options;
 
   /// Shard group size the layout was computed for.
   int shard_size() const noexcept { return layout.world; }
