@@ -109,7 +109,7 @@ class GroupBuilder {
           fsdp::options_from_request(req, defaults_, where_of(m)));
     }
     const fsdp::FullyShardOptions& options = *g.options;
-    if (m.fqn().empty())  // (likewise: a conditional expression copies the name twice)
+    if (m.fqn().empty())  // (not a conditional expression: that copies the name twice)
       g.name = "<root>";
     else
       g.name = m.fqn();
