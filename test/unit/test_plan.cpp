@@ -231,6 +231,18 @@ TEST_CASE("plan_groups forms the groups apply_fully_shard_requests forms") {
   CHECK(dg[0].reshard_after_forward == 1);   // its request says false
   CHECK(dg[4].param_dtype == DType::bf16);
   CHECK(dg[4].reduce_dtype == DType::f32);
+  // The `true` requests (blocks.0, head) share one copy of the defaults; each object request
+  // has its own options: the defaults with its keys.
+  REQUIRE(dg[1].options);
+  CHECK(dg[1].options == dg[3].options);
+  CHECK(dg[1].options->mp_policy.param_dtype == DType::bf16);
+  CHECK(dg[1].options->ignored_params.empty());
+  for (std::size_t i : {0, 2, 4})
+    CHECK(dg[i].options != dg[1].options);
+  CHECK(dg[0].options->reshard_after_forward.value() == fsdp::ReshardAfterForward(false).value());
+  CHECK(dg[0].options->mp_policy.param_dtype == DType::bf16);  // from the defaults
+  CHECK(dg[4].options->ignored_params == std::vector<std::string>{"bias"});
+  CHECK(dg[4].options->mp_policy.reduce_dtype == DType::f32);
 }
 
 TEST_CASE("plan_groups reports bad requests like fully_shard") {
