@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/base/prefetch.hpp"
 #include "fullshard/fsdp/detail/state_machine.hpp"
 #include "fullshard/fsdp/engine.hpp"
 #include "fullshard/schedule/plan.hpp"
@@ -175,7 +176,7 @@ class PlanningBackend final : public engine::Backend {
   template <class V>
   static void write_ahead(const V& v) noexcept {
     const auto end = reinterpret_cast<std::uintptr_t>(v.data()) + v.size() * sizeof(v[0]);
-    __builtin_prefetch(reinterpret_cast<const void*>(end + 256), 1);
+    prefetch_lines<1, true>(reinterpret_cast<const void*>(end + 256));
   }
 
   Plan& p_;
@@ -201,11 +202,8 @@ class PlanLookup final : public engine::GroupLookup {
     if (g->info.module != &m) return nullptr;
     ++next_;
     // The engine writes the groups it meets: ask the cache for one a few groups ahead.
-    if (next_ + kAhead < n_) {
-      const auto* q = reinterpret_cast<const char*>(&groups_[at(next_ + kAhead)]);
-      for (std::size_t b = 0; b < sizeof(engine::Group); b += 64)
-        __builtin_prefetch(q + b, 1);
-    }
+    if (next_ + kAhead < n_)
+      prefetch_lines<sizeof(engine::Group), true>(&groups_[at(next_ + kAhead)]);
     return g;
   }
   engine::Backend* default_backend() const override { return &backend_; }

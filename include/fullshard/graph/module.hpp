@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fullshard/base/dtype.hpp"
+#include "fullshard/base/prefetch.hpp"
 #include "fullshard/tensor/shape.hpp"
 #include "fullshard/tensor/tensor.hpp"
 
@@ -98,7 +99,9 @@ class Parameter {
   friend class Module;
   Parameter(Module* module, std::string name, Shape shape, DType dtype, bool requires_grad);
 
-  // What planning reads first (one cache line), the names after.
+  // What planning reads first (the kWalkedBytes Module::prefetch_child asks for: up to
+  // requires_grad_, 50 bytes with libstdc++), the names after.
+  static constexpr std::size_t kWalkedBytes = 50;
   Module* module_;
   Shape shape_;
   std::int64_t first_extent_;
@@ -164,17 +167,12 @@ class Module {
     if (i >= children_.size()) return;
     const Module& c = *children_[i];
     if (stage == 0) {
-      const auto* b = reinterpret_cast<const char*>(&c);
-      for (std::size_t off = 0; off < kWalkedBytes; off += 64)
-        __builtin_prefetch(b + off);
-      __builtin_prefetch(b + kWalkedBytes - 1);
+      prefetch_lines<kWalkedBytes>(&c);
     } else if (stage == 1) {
-      __builtin_prefetch(c.params_.data());
+      prefetch_lines<1>(c.params_.data());
     } else {
-      for (const auto& p : c.params_) {  // the first 50 bytes, which may span two lines
-        __builtin_prefetch(p.get());
-        __builtin_prefetch(reinterpret_cast<const char*>(p.get()) + 49);
-      }
+      for (const auto& p : c.params_)
+        prefetch_lines<Parameter::kWalkedBytes>(p.get());
     }
   }
   std::size_t num_params() const noexcept { return params_.size(); }
