@@ -4,6 +4,7 @@
 #include <set>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/front_end.hpp"
 #include "lib/fsdp/fingerprint.hpp"
 #include "lib/fsdp/param_group.hpp"
 #include "lib/fsdp/running_backend.hpp"
@@ -456,6 +457,18 @@ int apply_fully_shard_requests(graph::Module& root, const DeviceMesh& mesh,
     ++calls;
   }
   return calls;
+}
+
+}  // namespace fullshard::fsdp
+
+namespace fullshard::fsdp {
+
+void use_external_gradients(FSDPModule& st) {
+  engine::Group& g = detail::group_of(st).engine();
+  if (g.grads.held)
+    throw InvalidArgument("use_external_gradients('" + st.group_name() +
+                          "'): the group's backward has already begun");
+  g.external_grads = true;
 }
 
 }  // namespace fullshard::fsdp

@@ -371,10 +371,12 @@ void ParamGroup::adopt_sharded_storage(Tensor storage) {
   show_sharded();
 }
 
+// Each show tells a parameter's binding (a front end's tensor) right after the change.
 void ParamGroup::show_sharded() {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& m = layout_.members[i];
     params_[i]->set_data(sharded_.flat_view(m.slot_offset, m.layout.local_shape));
+    if (auto* b = params_[i]->binding()) b->data_shown(*params_[i], true);
   }
   show_sharded_grads();
 }
@@ -385,17 +387,50 @@ void ParamGroup::show_sharded_grads() {
     params_[i]->set_grad(sharded_grads_.data()
                              ? sharded_grads_.flat_view(m.slot_offset, m.layout.local_shape)
                              : Tensor());
+    if (auto* b = params_[i]->binding()) b->grad_shown(*params_[i], true);
   }
 }
 
 void ParamGroup::show_unsharded(const Tensor& arena) {
-  for (std::size_t i = 0; i < params_.size(); ++i)
+  for (std::size_t i = 0; i < params_.size(); ++i) {
     params_[i]->set_data(arena.flat_view(layout_.members[i].arena_offset, params_[i]->shape()));
+    if (auto* b = params_[i]->binding()) b->data_shown(*params_[i], false);
+  }
 }
 
 void ParamGroup::show_unsharded_grads(const Tensor& grads) {
-  for (std::size_t i = 0; i < params_.size(); ++i)
+  for (std::size_t i = 0; i < params_.size(); ++i) {
     params_[i]->set_grad(grads.flat_view(layout_.members[i].arena_offset, params_[i]->shape()));
+    if (auto* b = params_[i]->binding()) b->grad_shown(*params_[i], false);
+  }
+}
+
+void ParamGroup::show_external_grads(bool kept) {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    params_[i]->set_grad(kept && i < kept_grads_.size() ? kept_grads_[i] : Tensor());
+    if (auto* b = params_[i]->binding()) b->grad_shown(*params_[i], false);
+  }
+}
+
+void ParamGroup::keep_external_grads(bool keep) {
+  kept_grads_.clear();
+  if (!keep) return;
+  kept_grads_.reserve(params_.size());
+  for (const graph::Parameter* p : params_)
+    kept_grads_.push_back(p->grad());
+}
+
+const kernels::CopyPlan& ParamGroup::member_copy_in_plan(std::size_t member, bool zeros) {
+  if (member_copy_in_.empty()) {
+    const auto target =
+        space_ == MemorySpace::host ? kernels::ExecTarget::host : kernels::ExecTarget::device;
+    member_copy_in_.reserve(2 * params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      for (bool z : {false, true})
+        member_copy_in_.emplace_back(target,
+                                     kernels::reduce_scatter_copy_in_member_runs(layout_, i, z));
+  }
+  return member_copy_in_.at(2 * member + (zeros ? 1 : 0));
 }
 
 }  // namespace fullshard::fsdp::detail

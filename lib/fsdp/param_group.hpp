@@ -145,6 +145,15 @@ class ParamGroup {
   void show_sharded_grads();
   void show_unsharded(const Tensor& arena);
   void show_unsharded_grads(const Tensor& grads);
+  /// External gradients at pre-backward: grad() shows the ones a no_sync backward kept
+  /// (`kept`), else none (the front end's autograd allocates them).
+  void show_external_grads(bool kept);
+  /// A no_sync backward: keeps the external gradients the parameters show (`keep`), or drops
+  /// the kept ones.
+  void keep_external_grads(bool keep);
+  /// Per member, the copy-in runs from its own gradient and the runs of zeros for a member
+  /// without one (external gradients; built on first use).
+  const kernels::CopyPlan& member_copy_in_plan(std::size_t member, bool zeros);
 
  private:
   std::shared_ptr<const std::string> name_;  // never null; engine_.info.name views it
@@ -159,6 +168,8 @@ class ParamGroup {
   int post_forward_k_ = 0;  // k of the existing post-forward communicator
   kernels::CopyPlan copy_out_;
   kernels::CopyPlan copy_in_;
+  std::vector<kernels::CopyPlan> member_copy_in_;  // [2 * member + zeros], external grads
+  std::vector<Tensor> kept_grads_;  // external gradients a no_sync backward kept, per param
   DeviceMesh mesh_;
   MemorySpace space_ = MemorySpace::host;
   MemorySpace shard_space_ = MemorySpace::host;

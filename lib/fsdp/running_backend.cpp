@@ -492,6 +492,7 @@ Event RunningBackend::grad_init(const OpDesc& d, engine::Group& g, Buf& grads) {
 }
 
 Event RunningBackend::reduce_copy_in(const OpDesc& d, engine::Group& g, Buf& grads, Buf& input) {
+  if (!grads.held) return external_copy_in(d, g, input);
   ParamGroup& p = pg(g);
   const auto& I = g.info;
   const void* from = mem(grads).tensor.data();
@@ -519,6 +520,69 @@ Event RunningBackend::reduce_copy_in(const OpDesc& d, engine::Group& g, Buf& gra
     kernels::run_copies(*plan, from, I.param_dtype, to, I.reduce_dtype, on);
   });
   mem(grads).used = mem(input).used = e.work;
+  return e;
+}
+
+// External gradients (a front end's autograd allocated them): each parameter's grad() is
+// read where it is, the one copy of the reduction's input. With shared memory they go into
+// the group's gradient window (where peers read their chunks), else straight into the
+// rank-major input; a parameter without a gradient contributes zeros.
+Event RunningBackend::external_copy_in(const OpDesc& d, engine::Group& g, Buf& input) {
+  ParamGroup& p = pg(g);
+  const auto& I = g.info;
+  std::vector<Tensor> grads;  // held until the copies ran (worker streams run them later)
+  grads.reserve(p.params().size());
+  for (const graph::Parameter* param : p.params()) {
+    const Tensor& t = param->grad();
+    if (t.data() && (t.dtype() != I.param_dtype || t.numel() != param->numel()))
+      throw InvalidArgument("fsdp group " + p.name() + ": the gradient of '" + param->fqn() +
+                            "' is a " + dtype_name(t.dtype()) + " tensor of shape " +
+                            shape_string(t.shape()) + ", expected " + dtype_name(I.param_dtype) +
+                            " " + shape_string(param->shape()) + " (the unsharded parameter)");
+    grads.push_back(t.data() ? t : Tensor());
+  }
+  if (p.shm() && I.world > 1) {
+    p.ensure_shm_grads();
+    ShmGroupState& st = p.shm_state();
+    st.grads.wait_all(ShmGroupState::kRead, st.rs_round, "reduce_scatter (peers still reading)",
+                      st.rs_detail, true);
+    auto* window = static_cast<std::byte*>(st.grads.local());
+    const std::size_t es = dtype_size(I.param_dtype);
+    std::vector<kernels::GroupMember> members = p.layout().members;
+    return on_stream(d, g, [grads, window, es, members] {
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        std::byte* to = window + static_cast<std::size_t>(members[i].arena_offset) * es;
+        const std::size_t bytes =
+            static_cast<std::size_t>(numel(members[i].layout.global_shape)) * es;
+        if (grads[i].data())
+          std::memcpy(to, grads[i].data(), bytes);
+        else
+          std::memset(to, 0, bytes);
+      }
+    });
+  }
+  void* to = mem(input).tensor.data();
+  std::vector<const kernels::CopyPlan*> plans;
+  plans.reserve(grads.size());
+  for (std::size_t i = 0; i < grads.size(); ++i)
+    plans.push_back(&p.member_copy_in_plan(i, !grads[i].data()));
+  const kernels::ExecStream& on = exec(d.stream);
+  const DType from_t = I.param_dtype, to_t = I.reduce_dtype;
+  auto run = [grads, plans, to, from_t, to_t, &on] {
+    for (std::size_t i = 0; i < grads.size(); ++i)
+      kernels::run_copies(*plans[i], grads[i].data() ? grads[i].data() : to, from_t, to, to_t, on);
+  };
+  if (device_mesh_) {
+    Event e = device_op(d, g, run);
+    use(input, d.stream);
+    return e;
+  }
+  Tensor keep_to = mem(input).tensor;
+  Event e = on_stream(d, g, [run, keep_to] {
+    (void)keep_to;
+    run();
+  });
+  mem(input).used = e.work;
   return e;
 }
 
@@ -789,6 +853,10 @@ void RunningBackend::drop_sharded_grads(engine::Group& g) {
   pg(g).drop_sharded_grads();
 }
 
+void RunningBackend::keep_external_grads(engine::Group& g, bool keep) {
+  pg(g).keep_external_grads(keep);
+}
+
 // ---- registration -------------------------------------------------------------------------
 
 void RunningBackend::show_sharded(engine::Group& g) {
@@ -815,6 +883,10 @@ void RunningBackend::show_unsharded(engine::Group& g) {
   pg(g).show_unsharded(mem(g.arena).tensor);
 }
 void RunningBackend::show_unsharded_grads(engine::Group& g) {
+  if (g.external_grads) {
+    pg(g).show_external_grads(g.external_grads_kept);
+    return;
+  }
   if (!device_mesh_) exec(StreamKind::compute).fence();
   pg(g).show_unsharded_grads(mem(g.grads).tensor);
 }

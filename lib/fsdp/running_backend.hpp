@@ -76,6 +76,8 @@ class RunningBackend final : public engine::Backend {
   engine::Event grad_init(const engine::OpDesc& d, engine::Group& g, engine::Buf& grads) override;
   engine::Event reduce_copy_in(const engine::OpDesc& d, engine::Group& g, engine::Buf& grads,
                                engine::Buf& input) override;
+  // reduce_copy_in of external gradients (the parameters' grad(), grads not held).
+  engine::Event external_copy_in(const engine::OpDesc& d, engine::Group& g, engine::Buf& input);
   engine::Event reduce_scatter(const engine::OpDesc& d, engine::Group& g, engine::Buf& input,
                                engine::Buf& output) override;
   engine::Event all_reduce(const engine::OpDesc& d, engine::Group& g, engine::Buf& data) override;
@@ -89,6 +91,7 @@ class RunningBackend final : public engine::Backend {
   void host_wait(const engine::Event& e) override;
   void drop_sharded_grads(engine::Group& g) override;
 
+  void keep_external_grads(engine::Group& g, bool keep) override;
   void show_sharded(engine::Group& g) override;
   void show_unsharded(engine::Group& g) override;
   void show_unsharded_grads(engine::Group& g) override;

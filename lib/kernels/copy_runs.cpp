@@ -78,21 +78,26 @@ GroupLayout make_group_layout(const std::vector<ShardLayout>& layouts) {
 
 namespace {
 
-// Calls f(slot, arena, rows, chunk_elems) for every (member, outer index, rank) block, in
+// Calls f(slot, arena, rows, chunk_elems) for every (outer index, rank) block of member m, in
 // layout order: `slot` is the block's offset in the rank-major buffer, `arena` its offset in
 // the unsharded arena (clamped to the member's end for ranks with no rows), `rows * inner`
 // its valid elements and `chunk * inner` its padded size.
 template <class F>
+void for_each_member_block(const GroupLayout& g, const GroupMember& m, F&& f) {
+  const ShardLayout& l = m.layout;
+  const std::int64_t d = dim_size(l);
+  for (std::int64_t o = 0; o < l.outer; ++o)
+    for (int q = 0; q < g.world; ++q)
+      f(q * g.shard_numel + m.slot_offset + o * l.chunk * l.inner,
+        m.arena_offset + (o * d + std::min(q * l.chunk, d)) * l.inner, l.rows_of(q) * l.inner,
+        l.chunk * l.inner);
+}
+
+// The same for every member, in layout order.
+template <class F>
 void for_each_block(const GroupLayout& g, F&& f) {
-  for (const GroupMember& m : g.members) {
-    const ShardLayout& l = m.layout;
-    const std::int64_t d = dim_size(l);
-    for (std::int64_t o = 0; o < l.outer; ++o)
-      for (int q = 0; q < g.world; ++q)
-        f(q * g.shard_numel + m.slot_offset + o * l.chunk * l.inner,
-          m.arena_offset + (o * d + std::min(q * l.chunk, d)) * l.inner, l.rows_of(q) * l.inner,
-          l.chunk * l.inner);
-  }
+  for (const GroupMember& m : g.members)
+    for_each_member_block(g, m, f);
 }
 
 }  // namespace
@@ -111,6 +116,23 @@ std::vector<CopyRun> reduce_scatter_copy_in_runs(const GroupLayout& g) {
   for_each_block(
       g, [&](std::int64_t slot, std::int64_t arena, std::int64_t valid, std::int64_t padded) {
         append(runs, CopyRun{arena, slot, valid, padded - valid});
+      });
+  return runs;
+}
+
+std::vector<CopyRun> reduce_scatter_copy_in_member_runs(const GroupLayout& g, std::size_t member,
+                                                        bool zeros) {
+  if (member >= g.members.size())
+    throw InvalidArgument("reduce_scatter_copy_in_member_runs: member " + std::to_string(member) +
+                          " of a group of " + std::to_string(g.members.size()));
+  const GroupMember& m = g.members[member];
+  std::vector<CopyRun> runs;
+  for_each_member_block(
+      g, m, [&](std::int64_t slot, std::int64_t arena, std::int64_t valid, std::int64_t padded) {
+        if (zeros)
+          append(runs, CopyRun{0, slot, 0, padded});
+        else
+          append(runs, CopyRun{arena - m.arena_offset, slot, valid, padded - valid});
       });
   return runs;
 }

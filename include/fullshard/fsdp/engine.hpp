@@ -50,7 +50,8 @@ enum class OpKind : std::uint8_t {
   reduce_copy_out,  // divide/cast/accumulate into the sharded gradients, or HSDP's deferred
                     // accumulation and its add-back (stream of the last collective)
   reshard,          // frees unsharded parameters after forward / backward (compute, 0 ms)
-  grad_init,        // zeroes the unsharded gradient arena at pre-backward (compute)
+  grad_init,        // zeroes the unsharded gradient arena at pre-backward (compute; not with
+                    // external gradients)
   wait,             // the host waits for pending reductions (compute)
 };
 const char* op_kind_name(OpKind k) noexcept;
@@ -276,6 +277,10 @@ class Group {
   Root* root = nullptr;
   // The rest of the state (written by the hooks), then what they only read.
   bool has_sharded_grads = false;
+  // External gradients (policy below): pre-backward ran, so post-backward reduces what the
+  // parameters' grad() shows; a no_sync backward kept them registered on the parameters.
+  bool external_grads_pending = false;
+  bool external_grads_kept = false;
   Event gather_done;
   Buf gather, arena, post_forward, grads, partial;
 
@@ -287,6 +292,10 @@ class Group {
   bool all_reduce_grads = true;
   bool unshard_in_backward = true;
   bool explicit_backward_prefetch = false;
+  /// A front end's autograd allocates the unsharded gradients and registers them on the
+  /// parameters (Parameter::set_grad) before post-backward: no gradient buffer, no zeroing;
+  /// the reduce-scatter copy-in reads them where they are (an undefined grad() reads as zeros).
+  bool external_grads = false;
   double divide_factor = 0.0;  // 0: the data-parallel size
   std::vector<Group*> forward_prefetch;
   std::vector<Group*> backward_prefetch;
@@ -400,6 +409,9 @@ class Backend {
   virtual void host_wait(const Event& e) = 0;
   /// zero_grad: the sharded gradients go.
   virtual void drop_sharded_grads(Group& g) = 0;
+  /// External gradients: a no_sync backward keeps the ones the parameters show (`keep`) for
+  /// the next backward (show_unsharded_grads shows them again), or they go (`!keep`).
+  virtual void keep_external_grads(Group& /*g*/, bool /*keep*/) {}
 
   // ---- what the parameters show (running backend only) ----
   /// data() the shards, grad() the sharded gradients (or none).

@@ -48,6 +48,22 @@ std::string name_problem(const std::string& name);
 std::string quoted_name(const std::string& s, std::size_t max_bytes = 80);
 
 class Module;
+class Parameter;
+
+/// What a front end (a tensor library's parameters) attaches to a Parameter to follow what
+/// the fsdp layer shows on it, without a copy: each show calls one of these right after the
+/// Parameter's data() or grad() changed. Called from the thread that runs the hooks.
+class ParameterBinding {
+ public:
+  virtual ~ParameterBinding() = default;
+  /// data() is now the local shard (sharded == true) or the unsharded parameter.
+  virtual void data_shown(const Parameter& p, bool sharded) = 0;
+  /// grad() is now the sharded gradient (or none; sharded == true), or, at pre-backward, the
+  /// unsharded gradient the front end registered earlier and the engine kept (no_sync), or
+  /// none (sharded == false).
+  virtual void grad_shown(const Parameter& p, bool sharded) = 0;
+};
+
 /// A user callback run with the module it is attached to.
 using Callback = std::function<void(Module&)>;
 
@@ -95,6 +111,11 @@ class Parameter {
   /// element i (flat, row-major) to fn(i), rounded to the dtype. Returns *this.
   Parameter& init(const std::function<double(std::int64_t)>& fn);
 
+  /// The front end's binding (nullptr: none). Set by front ends only; the binding must
+  /// outlive the parameter's sharding (or be unset first).
+  ParameterBinding* binding() const noexcept { return binding_; }
+  void set_binding(ParameterBinding* b) noexcept { binding_ = b; }
+
  private:
   friend class Module;
   Parameter(Module* module, std::string name, Shape shape, DType dtype, bool requires_grad);
@@ -112,6 +133,7 @@ class Parameter {
   std::string fqn_;
   Tensor data_;
   Tensor grad_;
+  ParameterBinding* binding_ = nullptr;
 };
 
 /// A node of the model graph. Modules are created by make_root (or load_graph_json) and

@@ -53,6 +53,11 @@ std::vector<CopyRun> all_gather_copy_out_runs(const GroupLayout& g);
 /// Runs that pack the unsharded gradient arena into the reduce-scatter input (chunks along
 /// the shard dim, rank-major, padding written as zeros).
 std::vector<CopyRun> reduce_scatter_copy_in_runs(const GroupLayout& g);
+/// The runs of reduce_scatter_copy_in_runs that belong to one member, reading from that
+/// member's own gradient (src offsets from its start: gradients that are separate tensors);
+/// with `zeros`, the same destination written as zeros (a member without a gradient).
+std::vector<CopyRun> reduce_scatter_copy_in_member_runs(const GroupLayout& g, std::size_t member,
+                                                        bool zeros);
 
 /// Where a kernel runs: on the host, or on the default (device) execution space.
 enum class ExecTarget { host, device };

@@ -200,6 +200,11 @@ struct StateMachine {
   }
 
   static void prepare_gradients(Group& g) {
+    if (g.external_grads) {  // the front end's autograd allocates them
+      g.external_grads_pending = true;
+      be(g).show_unsharded_grads(g);
+      return;
+    }
     if (!g.grads.held) {
       B& b = be(g);
       OpDesc& d = begin(StreamKind::compute, OpKind::grad_init, g, g.info.unsharded_bytes());
@@ -261,7 +266,9 @@ struct StateMachine {
                       static_cast<std::size_t>(n) * dtype_size(I.reduce_dtype));
     finish_oldest(r, waited);
     Buf input = b.acquire(g, BufKind::rs_input, n, I.reduce_dtype);
-    b.reduce_copy_in(d, g, g.grads, input);
+    b.reduce_copy_in(d, g, g.grads, input);  // external gradients: g.grads is not held
+    if (g.external_grads_kept) b.keep_external_grads(g, false);
+    g.external_grads_pending = g.external_grads_kept = false;
     // The parameters' grad() no longer views the unsharded gradients: they go back.
     b.show_sharded_grads(g);
     release(g, g.grads);
@@ -286,8 +293,15 @@ struct StateMachine {
   }
 
   static void reduce_gradients(Group& g) {
-    if (!g.grads.held) return;    // this group's backward did not run
-    if (!g.reduce_grads) return;  // no_sync: the unsharded gradients keep accumulating
+    if (!g.grads.held && !g.external_grads_pending) return;  // its backward did not run
+    if (!g.reduce_grads) {  // no_sync: the unsharded gradients keep accumulating
+      if (g.external_grads_pending) {
+        g.external_grads_kept = true;
+        g.external_grads_pending = false;
+        be(g).keep_external_grads(g, true);
+      }
+      return;
+    }
     B& b = be(g);
     Root& r = *g.root;
     const GroupInfo& I = g.info;
@@ -351,6 +365,8 @@ struct StateMachine {
       g->gather_in_flight = false;
       g->gather_done = Event();
       g->state = ShardedState::sharded;
+      if (g->external_grads_kept) be(r).keep_external_grads(*g, false);
+      g->external_grads_pending = g->external_grads_kept = false;
       be(r).show_sharded(*g);
       release(*g, g->gather);
       release(*g, g->arena);
@@ -366,6 +382,8 @@ struct StateMachine {
     g.has_sharded_grads = false;
     if (!g.root) return;
     B& b = be(g);
+    if (g.external_grads_kept) b.keep_external_grads(g, false);
+    g.external_grads_pending = g.external_grads_kept = false;
     b.drop_sharded_grads(g);
     b.show_sharded_grads(g);
     release(g, g.grads);

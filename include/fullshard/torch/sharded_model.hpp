@@ -1,0 +1,207 @@
+// fullshard::torch — FSDP2's fully_shard for LibTorch (PyTorch C++) models, with LibTorch's
+// autograd driving the hooks. CMake target fullshard::torch (built when CMake finds Torch).
+//
+//   namespace fst = fullshard::torch;
+//   auto model = std::make_shared<Net>();                  // any torch::nn::Module
+//   fst::ShardedModel sharded(model);                      // mirrors its module tree
+//   for (auto& block : model->blocks) sharded.fully_shard(*block, mesh);
+//   sharded.fully_shard(*model, mesh);                     // the root last (bottom-up)
+//   torch::optim::AdamW opt(model->parameters(), ...);     // steps on the local shards
+//   auto loss = fst::call(model, x).pow(2).mean();         // forward through the hooks
+//   loss.backward();                                       // reduce-scatters the gradients
+//   opt.step();
+//
+// What a model's code changes: every call of a sharded module goes through fst::call
+// (`x = block(x)` becomes `x = fst::call(block, x)`), the root's included. LibTorch modules
+// have no forward hooks, so a parent that calls `child->forward(x)` directly runs the child
+// on whatever its parameters show (the shards): an error in shapes, or wrong numbers.
+//
+// After fully_shard, model->parameters() are this rank's dim-0 shards (torch.chunk rule,
+// FQNs unchanged); during a sharded module's forward and backward they are the unsharded
+// parameters, over fullshard's buffers (no copy; their storage is dropped at reshard while
+// autograd's saved tensors keep the storage object); after backward each param.grad() is
+// this rank's shard of the full-batch gradient (the mean over the data-parallel ranks).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fullshard/fsdp/fully_shard.hpp"
+#include "fullshard/graph/module.hpp"
+#include "fullshard/mesh/device_mesh.hpp"
+
+namespace fullshard::torch {
+
+namespace detail {
+struct ModelState;
+struct ModuleState;
+}  // namespace detail
+
+/// fullshard's side of one LibTorch model: its module tree mirrored as fullshard's module
+/// graph (names, parameter shapes and dtypes), the FSDP states fully_shard gives its modules,
+/// and the bindings of its parameters. Keep it alive while the model trains; not copyable.
+class ShardedModel {
+ public:
+  /// Mirrors `root`'s module tree (registration order, torch FQNs; the root's name is not part
+  /// of any FQN). Parameters must be contiguous f32, f64, f16 or bf16 tensors, each registered
+  /// once (InvalidArgument naming the FQN otherwise).
+  explicit ShardedModel(std::shared_ptr<::torch::nn::Module> root,
+                        const std::string& root_name = "model");
+  template <class Impl>
+  explicit ShardedModel(const ::torch::nn::ModuleHolder<Impl>& root,
+                        const std::string& root_name = "model")
+      : ShardedModel(std::static_pointer_cast<::torch::nn::Module>(root.ptr()), root_name) {}
+  ~ShardedModel();
+  ShardedModel(const ShardedModel&) = delete;
+  ShardedModel& operator=(const ShardedModel&) = delete;
+
+  /// fully_shard on a module of the model (collective over `mesh`; bottom-up: blocks first,
+  /// the root last). Its parameters not grouped by an earlier call become one communication
+  /// group; the torch parameters become this rank's shards at once. Returns the FSDP controls
+  /// (unshard, reshard, set_requires_gradient_sync, prefetch lists, ...).
+  fsdp::FSDPModule& fully_shard(::torch::nn::Module& module, const DeviceMesh& mesh,
+                                const fsdp::FullyShardOptions& options = {});
+  template <class Impl>
+  fsdp::FSDPModule& fully_shard(const ::torch::nn::ModuleHolder<Impl>& module,
+                                const DeviceMesh& mesh,
+                                const fsdp::FullyShardOptions& options = {}) {
+    return fully_shard(*module.ptr(), mesh, options);
+  }
+
+  /// The FSDP state of a module fully_shard was applied to (InvalidArgument otherwise).
+  fsdp::FSDPModule& state(const ::torch::nn::Module& module) const;
+  /// The model's module graph (Scheduler::plan plans it; its parameters show what the torch
+  /// parameters show).
+  graph::Module& graph() const;
+  /// The FQN of a module of the model ("" for the root).
+  const std::string& fqn(const ::torch::nn::Module& module) const;
+
+ private:
+  std::unique_ptr<detail::ModelState> state_;
+};
+
+namespace detail {
+
+/// The state of a module fully_shard was applied to, or nullptr (then call() is a plain
+/// forward call).
+ModuleState* module_state(const ::torch::nn::Module* module);
+
+/// One forward call of a sharded module: the pre-forward hook at construction; the
+/// post-backward boundary on the inputs (inputs()), the post-forward hook and the
+/// pre-backward boundary on the outputs (outputs()).
+class ForwardCall {
+ public:
+  explicit ForwardCall(ModuleState& state);
+  /// A forward left by an exception: the root's call count goes back (no post-forward: call
+  /// reset_iter_state() on the root's FSDP state, as with the native hooks).
+  ~ForwardCall();
+  ForwardCall(const ForwardCall&) = delete;
+  ForwardCall& operator=(const ForwardCall&) = delete;
+  /// The inputs, routed through the post-backward boundary where they require grad.
+  std::vector<at::Tensor> inputs(std::vector<at::Tensor> tensors);
+  /// Post-forward, then the outputs routed through the pre-backward boundary.
+  std::vector<at::Tensor> outputs(std::vector<at::Tensor> tensors);
+
+ private:
+  ModuleState* state_;
+  bool finished_ = false;
+};
+
+template <class T>
+struct IsTensorTuple : std::false_type {};
+template <class... T>
+struct IsTensorTuple<std::tuple<T...>>
+    : std::bool_constant<(std::is_same_v<std::decay_t<T>, at::Tensor> && ...)> {};
+
+// Arguments and results that cross the autograd boundaries.
+template <class T>
+inline constexpr bool kCrosses =
+    std::is_same_v<T, at::Tensor> || std::is_same_v<T, std::vector<at::Tensor>> ||
+    IsTensorTuple<T>::value;
+
+// Tensors of one argument or result, in order.
+inline void collect(std::vector<at::Tensor>& out, const at::Tensor& t) {
+  out.push_back(t);
+}
+inline void collect(std::vector<at::Tensor>& out, const std::vector<at::Tensor>& ts) {
+  out.insert(out.end(), ts.begin(), ts.end());
+}
+template <class... T, std::enable_if_t<IsTensorTuple<std::tuple<T...>>::value, int> = 0>
+void collect(std::vector<at::Tensor>& out, const std::tuple<T...>& t) {
+  std::apply([&](const auto&... x) { (out.push_back(x), ...); }, t);
+}
+template <class T, std::enable_if_t<!kCrosses<std::decay_t<T>>, int> = 0>
+void collect(std::vector<at::Tensor>&, const T&) {}
+
+// The same argument or result with its tensors taken from `from`, in order.
+inline at::Tensor replace(const at::Tensor&, const std::vector<at::Tensor>& from, std::size_t& i) {
+  return from[i++];
+}
+inline std::vector<at::Tensor> replace(const std::vector<at::Tensor>& ts,
+                                       const std::vector<at::Tensor>& from, std::size_t& i) {
+  std::vector<at::Tensor> r(from.begin() + static_cast<std::ptrdiff_t>(i),
+                            from.begin() + static_cast<std::ptrdiff_t>(i + ts.size()));
+  i += ts.size();
+  return r;
+}
+template <class... T, std::enable_if_t<IsTensorTuple<std::tuple<T...>>::value, int> = 0>
+std::tuple<T...> replace(const std::tuple<T...>& t, const std::vector<at::Tensor>& from,
+                         std::size_t& i) {
+  std::tuple<T...> r = t;
+  std::apply([&](auto&... x) { ((x = from[i++]), ...); }, r);
+  return r;
+}
+template <class T, std::enable_if_t<!kCrosses<std::decay_t<T>>, int> = 0>
+T&& replace(T&& x, const std::vector<at::Tensor>&, std::size_t&) {
+  return std::forward<T>(x);
+}
+
+// The module object behind a ModuleHolder, a shared_ptr or a reference.
+template <class M>
+auto* module_ptr(M& m) {
+  if constexpr (std::is_base_of_v<::torch::nn::Module, std::decay_t<M>>)
+    return &m;
+  else
+    return m.get();
+}
+
+}  // namespace detail
+
+/// Calls `module->forward(args...)` (module: a ModuleHolder, a shared_ptr or the module) with
+/// the FSDP hooks when fully_shard was applied to it: all-gather before, reshard after (by
+/// reshard_after_forward), the pre-backward all-gather and the post-backward reduce-scatter
+/// triggered by autograd. Tensor arguments, and results that are a tensor, a tuple of
+/// tensors or a vector of tensors, cross the autograd boundaries; other arguments pass as
+/// they are. Under torch::NoGradGuard (inference) no backward is expected: the root's call
+/// reshards every group at its end. A module without FSDP state is called directly.
+template <class M, class... Args>
+auto call(M&& module, Args&&... args) {
+  auto* impl = detail::module_ptr(module);
+  detail::ModuleState* st = detail::module_state(impl);
+  if (!st) return impl->forward(std::forward<Args>(args)...);
+  detail::ForwardCall fc(*st);
+  std::vector<at::Tensor> in;
+  (detail::collect(in, args), ...);
+  in = fc.inputs(std::move(in));
+  std::size_t i = 0;
+  // Braced initialisation: the arguments are mapped left to right.
+  std::tuple<decltype(detail::replace(std::forward<Args>(args), in, i))...> mapped{
+      detail::replace(std::forward<Args>(args), in, i)...};
+  auto out = std::apply([&](auto&&... a) { return impl->forward(std::forward<decltype(a)>(a)...); },
+                        std::move(mapped));
+  std::vector<at::Tensor> res;
+  detail::collect(res, out);
+  res = fc.outputs(std::move(res));
+  std::size_t j = 0;
+  return detail::replace(std::move(out), res, j);
+}
+
+}  // namespace fullshard::torch

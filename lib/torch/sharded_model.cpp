@@ -1,0 +1,327 @@
+// fullshard::torch: the mirror of a LibTorch module tree, fully_shard on its modules, and the
+// hooks around a sharded module's forward that LibTorch's autograd drives:
+//   - pre-forward / post-forward around the forward call (ForwardCall);
+//   - pre-backward: an identity autograd Function on the outputs, whose backward runs before
+//     the module's backward (the all-gather, the implicit prefetch);
+//   - post-backward: an identity Function on the inputs that require grad, whose backward runs
+//     after the module's whole backward (autograd's gradients registered, the reduce-scatter);
+//   - the root's end of backward: a callback queued on autograd's engine by the root's
+//     pre-backward; it first finishes the modules whose post-backward never ran (no input
+//     required grad, or unused outputs), as FSDP2's final callback does.
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/engine.h>
+
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/front_end.hpp"
+#include "fullshard/fsdp/hooks.hpp"
+#include "fullshard/torch/sharded_model.hpp"
+#include "lib/torch/parameter_binding.hpp"
+
+namespace fullshard::torch {
+namespace detail {
+
+struct ModuleState {
+  ModelState* model = nullptr;
+  ::torch::nn::Module* module = nullptr;
+  graph::Module* mirror = nullptr;
+  fsdp::FSDPModule* fsdp = nullptr;
+  bool is_root = false;
+  bool backward_pending = false;  // pre-backward ran, post-backward not yet
+  std::vector<std::pair<graph::Parameter*, ParameterBinding*>> group;  // its group's params
+};
+
+struct ModelState {
+  std::shared_ptr<::torch::nn::Module> root;
+  std::unique_ptr<graph::Module> graph;
+  std::unordered_map<const ::torch::nn::Module*, graph::Module*> mirror_of;
+  std::unordered_map<std::string, at::Tensor> param_of;  // by FQN
+  std::unordered_map<const ::torch::nn::Module*, std::unique_ptr<ModuleState>> states;
+  std::vector<std::unique_ptr<ParameterBinding>> bindings;
+  ModuleState* root_state = nullptr;
+  int root_depth = 0;                 // the root's forward calls in progress
+  bool inference = false;             // the root's forward runs without grad
+  bool end_queued = false;            // the end-of-backward callback is queued
+  std::vector<ModuleState*> pending;  // pre-backward order
+};
+
+namespace {
+
+std::mutex registry_mutex;
+std::unordered_map<const ::torch::nn::Module*, ModuleState*>& registry() {
+  static std::unordered_map<const ::torch::nn::Module*, ModuleState*> r;
+  return r;
+}
+
+std::string describe(const ModuleState& s) {
+  return s.is_root ? "the root module" : "module '" + s.mirror->fqn() + "'";
+}
+
+// ---- the hooks ---------------------------------------------------------------------------
+
+void post_backward(ModuleState& s) {
+  if (!s.backward_pending) return;
+  s.backward_pending = false;
+  for (auto& [param, binding] : s.group)
+    binding->register_gradient(*param);
+  fsdp::post_backward(*s.mirror);
+}
+
+void end_backward(ModelState& m) {
+  m.end_queued = false;
+  std::vector<ModuleState*> pending;
+  pending.swap(m.pending);
+  for (ModuleState* s : pending)
+    if (s != m.root_state) post_backward(*s);
+  post_backward(*m.root_state);
+}
+
+void pre_backward(ModuleState& s) {
+  ModelState& m = *s.model;
+  if (s.is_root && !m.end_queued) {
+    m.end_queued = true;
+    ::torch::autograd::Engine::get_default_engine().queue_callback([&m] { end_backward(m); });
+  }
+  if (s.backward_pending) return;
+  // torch's zero_grad(set_to_none) dropped the sharded gradients: so does fullshard.
+  bool dropped = false;
+  for (auto& [param, binding] : s.group)
+    dropped = dropped || binding->gradient_dropped(*param);
+  if (dropped) {
+    for (auto& [param, binding] : s.group)
+      if (!binding->gradient_dropped(*param) && param->grad().defined())
+        throw InvalidArgument("fullshard::torch: " + describe(s) +
+                              ": some gradients of its group were set to "
+                              "none and others were not (" +
+                              param->fqn() +
+                              "); zero all of a group's gradients "
+                              "the same way (optimizer.zero_grad())");
+    s.fsdp->zero_grad();
+  }
+  s.backward_pending = true;
+  m.pending.push_back(&s);
+  fsdp::pre_backward(*s.mirror);
+}
+
+using ::torch::autograd::AutogradContext;
+using ::torch::autograd::variable_list;
+
+ModuleState* state_in(AutogradContext* ctx) {
+  return reinterpret_cast<ModuleState*>(ctx->saved_data["state"].toInt());
+}
+
+// Identity on a module's outputs: its backward runs before the module's backward.
+struct PreBackward : ::torch::autograd::Function<PreBackward> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList xs, int64_t state) {
+    ctx->saved_data["state"] = state;
+    ctx->set_materialize_grads(false);
+    return xs.vec();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    pre_backward(*state_in(ctx));
+    grads.emplace_back();  // the state argument
+    return grads;
+  }
+};
+
+// Identity on a module's inputs: its backward runs after the module's whole backward.
+struct PostBackward : ::torch::autograd::Function<PostBackward> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList xs, int64_t state) {
+    ctx->saved_data["state"] = state;
+    ctx->set_materialize_grads(false);
+    return xs.vec();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    post_backward(*state_in(ctx));
+    grads.emplace_back();
+    return grads;
+  }
+};
+
+// Routes the tensors that require grad through Fn (one autograd node for all of them).
+template <class Fn>
+std::vector<at::Tensor> through(std::vector<at::Tensor> ts, ModuleState& s) {
+  if (!::torch::GradMode::is_enabled()) return ts;
+  std::vector<at::Tensor> diff;
+  for (const at::Tensor& t : ts)
+    if (t.defined() && t.requires_grad()) diff.push_back(t);
+  if (diff.empty()) return ts;
+  std::vector<at::Tensor> out = Fn::apply(at::TensorList(diff), reinterpret_cast<int64_t>(&s));
+  std::size_t k = 0;
+  for (at::Tensor& t : ts)
+    if (t.defined() && t.requires_grad()) t = out[k++];
+  return ts;
+}
+
+// ---- the mirror ----------------------------------------------------------------------------
+
+void mirror(ModelState& m, ::torch::nn::Module& tm, graph::Module& gm,
+            std::unordered_map<const c10::TensorImpl*, std::string>& seen) {
+  m.mirror_of[&tm] = &gm;
+  for (const auto& item : tm.named_parameters(/*recurse=*/false)) {
+    const at::Tensor& t = item.value();
+    const std::string fqn = gm.fqn().empty() ? item.key() : gm.fqn() + "." + item.key();
+    if (!t.defined()) continue;
+    auto [it, fresh] = seen.emplace(t.unsafeGetTensorImpl(), fqn);
+    if (!fresh)
+      throw InvalidArgument("fullshard::torch: parameter '" + fqn + "' is the same tensor as '" +
+                            it->second + "' (tied parameters are not supported yet)");
+    if (!t.is_contiguous())
+      throw InvalidArgument("fullshard::torch: parameter '" + fqn +
+                            "' is not contiguous; make it contiguous before sharding");
+    const DType dt = dtype_of(t.scalar_type(), "parameter '" + fqn + "'");
+    Shape shape(t.sizes().begin(), t.sizes().end());
+    if (shape.empty()) shape = {1};
+    graph::Parameter& p = gm.add_param(item.key(), shape, dt, t.requires_grad());
+    auto keep = std::make_shared<at::Tensor>(t.detach());
+    p.set_data(Tensor::from_owner(keep, t.data_ptr(), shape, dt,
+                                  t.is_cuda() ? MemorySpace::device : MemorySpace::host));
+    m.param_of[p.fqn()] = t;
+  }
+  for (const auto& child : tm.named_children())
+    mirror(m, *child.value(), gm.add_module(child.key()), seen);
+}
+
+}  // namespace
+
+ModuleState* module_state(const ::torch::nn::Module* module) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = registry().find(module);
+  return it == registry().end() ? nullptr : it->second;
+}
+
+ForwardCall::ForwardCall(ModuleState& s) : state_(&s) {
+  ModelState& m = *s.model;
+  if (!m.root_state)
+    throw InvalidArgument("fullshard::torch: " + describe(s) +
+                          " was called before fully_shard was applied to the root module; "
+                          "call fully_shard on the model's root last, then call the root");
+  const bool recompute = m.root_depth == 0 && !m.pending.empty();
+  if (s.is_root) {
+    if (m.root_depth++ == 0) m.inference = !::torch::GradMode::is_enabled();
+  } else if (m.root_depth == 0 && !recompute) {
+    throw InvalidArgument("fullshard::torch: " + describe(s) +
+                          " was called outside its FSDP root's forward; call the root "
+                          "(fullshard::torch::call(model, ...)) and let it call its children");
+  }
+  fsdp::pre_forward(*s.mirror);
+}
+
+ForwardCall::~ForwardCall() {
+  if (!finished_ && state_->is_root) --state_->model->root_depth;
+}
+
+namespace {
+// Mixed precision: floating-point tensors in `dtype` (FSDP2's cast_forward_inputs and
+// output_dtype).
+void cast_floating(std::vector<at::Tensor>& ts, DType dtype) {
+  const c10::ScalarType to = scalar_type(dtype);
+  for (at::Tensor& t : ts)
+    if (t.defined() && t.is_floating_point() && t.scalar_type() != to) t = t.to(to);
+}
+}  // namespace
+
+std::vector<at::Tensor> ForwardCall::inputs(std::vector<at::Tensor> tensors) {
+  const fsdp::MixedPrecisionPolicy& mp = state_->fsdp->options().mp_policy;
+  if (mp.cast_forward_inputs && mp.param_dtype) cast_floating(tensors, *mp.param_dtype);
+  return through<PostBackward>(std::move(tensors), *state_);
+}
+
+std::vector<at::Tensor> ForwardCall::outputs(std::vector<at::Tensor> tensors) {
+  ModuleState& s = *state_;
+  ModelState& m = *s.model;
+  fsdp::post_forward(*s.mirror);
+  finished_ = true;
+  if (s.is_root && --m.root_depth == 0 && m.inference) {
+    // No backward follows: every group reshards, the root's too.
+    for (fsdp::FSDPModule* st : s.fsdp->subtree_states())
+      if (!st->is_sharded()) st->reshard();
+  }
+  if (const auto& out = s.fsdp->options().mp_policy.output_dtype) cast_floating(tensors, *out);
+  return through<PreBackward>(std::move(tensors), s);
+}
+
+}  // namespace detail
+
+// ---- ShardedModel ----------------------------------------------------------------------------
+
+ShardedModel::ShardedModel(std::shared_ptr<::torch::nn::Module> root, const std::string& root_name)
+    : state_(std::make_unique<detail::ModelState>()) {
+  if (!root) throw InvalidArgument("fullshard::torch::ShardedModel: the root module is null");
+  state_->root = std::move(root);
+  state_->graph = graph::Module::make_root(root_name);
+  std::unordered_map<const c10::TensorImpl*, std::string> seen;
+  detail::mirror(*state_, *state_->root, *state_->graph, seen);
+}
+
+ShardedModel::~ShardedModel() {
+  std::lock_guard<std::mutex> lock(detail::registry_mutex);
+  for (auto& [module, st] : state_->states)
+    detail::registry().erase(module);
+  // The parameters keep the views they show (shards and sharded gradients stay valid).
+  for (graph::Module* gm : state_->graph->modules_preorder())
+    for (std::size_t i = 0; i < gm->num_params(); ++i)
+      gm->param(i).set_binding(nullptr);
+}
+
+fsdp::FSDPModule& ShardedModel::fully_shard(::torch::nn::Module& module, const DeviceMesh& mesh,
+                                            const fsdp::FullyShardOptions& options) {
+  detail::ModelState& m = *state_;
+  auto it = m.mirror_of.find(&module);
+  if (it == m.mirror_of.end())
+    throw InvalidArgument("fullshard::torch::fully_shard: the module (" + module.name() +
+                          ") is not part of this model");
+  graph::Module& gm = *it->second;
+  if (m.root_state)
+    throw InvalidArgument("fullshard::torch::fully_shard(" +
+                          (gm.is_root() ? std::string("root module") : "'" + gm.fqn() + "'") +
+                          "): the root module is already sharded; apply fully_shard bottom-up, "
+                          "the root last");
+  fsdp::FSDPModule& st = fsdp::fully_shard(gm, mesh, options);
+  fsdp::use_external_gradients(st);
+  auto s = std::make_unique<detail::ModuleState>();
+  s->model = &m;
+  s->module = &module;
+  s->mirror = &gm;
+  s->fsdp = &st;
+  s->is_root = gm.is_root();
+  for (graph::Parameter* p : st.group_params()) {
+    m.bindings.push_back(std::make_unique<detail::ParameterBinding>(m.param_of.at(p->fqn())));
+    detail::ParameterBinding* b = m.bindings.back().get();
+    p->set_binding(b);
+    b->data_shown(*p, true);
+    b->grad_shown(*p, true);
+    s->group.emplace_back(p, b);
+  }
+  if (s->is_root) m.root_state = s.get();
+  detail::ModuleState* raw = s.get();
+  m.states[&module] = std::move(s);
+  std::lock_guard<std::mutex> lock(detail::registry_mutex);
+  detail::registry()[&module] = raw;
+  return st;
+}
+
+fsdp::FSDPModule& ShardedModel::state(const ::torch::nn::Module& module) const {
+  auto it = state_->states.find(&module);
+  if (it == state_->states.end())
+    throw InvalidArgument("fullshard::torch: fully_shard was not applied to module '" +
+                          fqn(module) + "'");
+  return *it->second->fsdp;
+}
+
+graph::Module& ShardedModel::graph() const {
+  return *state_->graph;
+}
+
+const std::string& ShardedModel::fqn(const ::torch::nn::Module& module) const {
+  auto it = state_->mirror_of.find(&module);
+  if (it == state_->mirror_of.end())
+    throw InvalidArgument("fullshard::torch: the module (" + module.name() +
+                          ") is not part of this model");
+  return it->second->fqn();
+}
+
+}  // namespace fullshard::torch

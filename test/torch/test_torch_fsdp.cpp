@@ -1,0 +1,373 @@
+// fullshard::torch against unsharded LibTorch: the same model, weights and global batch
+// trained with AdamW, sharded over the ranks (uneven dims) and unsharded on every rank.
+#include <doctest/doctest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "fullshard/torch.hpp"
+#include "test_support.hpp"
+
+namespace fs = fullshard;
+namespace fst = fullshard::torch;
+using fs::test::world_rank;
+using fs::test::world_size;
+
+namespace {
+
+struct BlockImpl : torch::nn::Module {
+  BlockImpl(int64_t d, int64_t h)
+      : ln(register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
+        fc1(register_module("fc1", torch::nn::Linear(d, h))),
+        fc2(register_module("fc2", torch::nn::Linear(h, d))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return x + fc2(torch::tanh(fc1(ln(x)))); }
+  torch::nn::LayerNorm ln;
+  torch::nn::Linear fc1, fc2;
+};
+
+// Dims not divisible by 2, 3 or 4 ranks: uneven shards, and ranks with fewer rows.
+struct NetImpl : torch::nn::Module {
+  NetImpl(int64_t in, int64_t d, int64_t h, int64_t out, int n)
+      : inp(register_module("inp", torch::nn::Linear(in, d))),
+        blocks(register_module("blocks", torch::nn::ModuleList())),
+        head(register_module("head", torch::nn::Linear(d, out))) {
+    for (int i = 0; i < n; ++i) {
+      auto b = std::make_shared<BlockImpl>(d, h);
+      blocks->push_back(b);
+      block_list.push_back(b);
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor y = inp(x);
+    for (auto& b : block_list)
+      y = fst::call(b, y);  // the one line a sharded child changes
+    return head(y);
+  }
+  torch::nn::Linear inp;
+  torch::nn::ModuleList blocks;
+  torch::nn::Linear head;
+  std::vector<std::shared_ptr<BlockImpl>> block_list;
+};
+
+constexpr int64_t kIn = 7, kD = 10, kH = 13, kOut = 5, kBatch = 3;
+
+std::shared_ptr<NetImpl> make_net() {
+  torch::manual_seed(0);  // the same weights on every rank
+  return std::make_shared<NetImpl>(kIn, kD, kH, kOut, 3);
+}
+
+// The global batch of step `step` (the same on every rank).
+std::pair<torch::Tensor, torch::Tensor> global_batch(int step) {
+  torch::manual_seed(1000 + step);
+  const int64_t n = kBatch * world_size();
+  return {torch::randn({n, kIn}), torch::randn({n, kOut})};
+}
+
+// This rank's rows [r*chunk, min(D, (r+1)*chunk)) of a full tensor (torch.chunk on dim 0).
+torch::Tensor shard_rows(const torch::Tensor& full, int rank, int world) {
+  const int64_t d = full.size(0);
+  const int64_t chunk = (d + world - 1) / world;
+  const int64_t start = std::min(d, rank * chunk);
+  const int64_t end = std::min(d, (rank + 1) * chunk);
+  return full.narrow(0, start, end - start);
+}
+
+double rel_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  if (b.numel() == 0) return a.numel() == 0 ? 0.0 : 1.0;
+  const double scale = b.abs().max().item<double>();
+  return (a - b).abs().max().item<double>() / std::max(scale, 1e-30);
+}
+
+void train(const std::shared_ptr<NetImpl>& net, int steps, bool sharded) {
+  torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = global_batch(s);
+    if (sharded) {  // this rank's micro-batch; FSDP averages the gradients over the ranks
+      x = x.narrow(0, world_rank() * kBatch, kBatch);
+      y = y.narrow(0, world_rank() * kBatch, kBatch);
+    }
+    opt.zero_grad();
+    torch::Tensor loss = torch::mse_loss(fst::call(net, x), y);
+    loss.backward();
+    opt.step();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("torch: fully_shard gives dim-0 shards with the FQNs, and shard-shaped gradients") {
+  fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
+  auto net = make_net();
+  std::vector<std::pair<std::string, torch::Tensor>> full;
+  for (const auto& p : net->named_parameters())
+    full.emplace_back(p.key(), p.value().clone());
+
+  fst::ShardedModel sharded(net);
+  for (auto& b : net->block_list)
+    sharded.fully_shard(*b, mesh);
+  sharded.fully_shard(*net, mesh);
+  CHECK(sharded.fqn(*net->block_list[1]->fc1) == "blocks.1.fc1");
+
+  auto params = net->named_parameters();
+  REQUIRE(params.size() == full.size());
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    CAPTURE(full[i].first);
+    CHECK(params[i].key() == full[i].first);
+    const torch::Tensor want = shard_rows(full[i].second, world_rank(), world_size());
+    CHECK(params[i].value().sizes() == want.sizes());
+    CHECK(torch::equal(params[i].value(), want));
+  }
+
+  auto [x, y] = global_batch(0);
+  torch::mse_loss(fst::call(net, x.narrow(0, world_rank() * kBatch, kBatch)),
+                  y.narrow(0, world_rank() * kBatch, kBatch))
+      .backward();
+  for (const auto& p : net->named_parameters()) {
+    CAPTURE(p.key());
+    REQUIRE(p.value().grad().defined());
+    CHECK(p.value().grad().sizes() == p.value().sizes());
+  }
+  for (auto& b : net->block_list)
+    CHECK(sharded.state(*b).is_sharded());
+}
+
+TEST_CASE("torch: 10 AdamW steps sharded equal unsharded LibTorch on the global batch") {
+  fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
+  auto ref = make_net();
+  train(ref, 10, false);
+
+  auto net = make_net();
+  fst::ShardedModel sharded(net);
+  for (auto& b : net->block_list)
+    sharded.fully_shard(*b, mesh);
+  sharded.fully_shard(*net, mesh);
+  train(net, 10, true);
+
+  auto want = ref->named_parameters();
+  auto got = net->named_parameters();
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(got[i].key());
+    const torch::Tensor w = shard_rows(want[i].value(), world_rank(), world_size());
+    REQUIRE(got[i].value().sizes() == w.sizes());
+    const double d = rel_diff(got[i].value(), w);
+    worst = std::max(worst, d);
+    CHECK(d <= 1e-5);
+  }
+  MESSAGE("worst relative difference over the parameters: " << worst);
+  // Training moved the weights (the comparison is not of two untouched models).
+  CHECK(rel_diff(ref->head->weight, make_net()->head->weight) > 1e-3);
+}
+
+namespace {
+
+// One configuration of the conformance runs: sharded training against its unsharded
+// reference, both fed the same global batches.
+struct Setup {
+  bool hsdp = false;  // a (replicate=2, shard=W/2) mesh
+  fs::HostCollectives collectives = fs::HostCollectives::auto_;
+  fs::fsdp::FullyShardOptions options;
+  int micro_batches = 1;  // gradient accumulation: no_sync on all but the last
+  bool bf16 = false;      // MixedPrecisionPolicy(param_dtype bf16, reduce_dtype f32)
+};
+
+constexpr int kSteps = 10;
+
+// The batch of (step, rank, micro-batch): rows of the step's global batch.
+std::pair<torch::Tensor, torch::Tensor> micro_batch(int step, int rank, int mb, int mbs) {
+  torch::manual_seed(1000 + step);
+  const int64_t rows = kBatch * mbs;
+  torch::Tensor x = torch::randn({rows * world_size(), kIn});
+  torch::Tensor y = torch::randn({rows * world_size(), kOut});
+  const int64_t at = rank * rows + mb * kBatch;
+  return {x.narrow(0, at, kBatch), y.narrow(0, at, kBatch)};
+}
+
+torch::Tensor loss_of(const torch::Tensor& out, const torch::Tensor& y) {
+  return torch::mse_loss(out.to(torch::kFloat), y);
+}
+
+// The reference: f32 master weights, every rank's micro-batches run in the compute dtype on
+// one unsharded copy, each rank's gradient accumulated in that dtype, then (f32) summed in
+// rank order and divided by the data-parallel size, as FSDP reduces them.
+std::shared_ptr<NetImpl> train_reference(const Setup& su) {
+  auto master = make_net();
+  auto work = make_net();
+  const auto dt = su.bf16 ? torch::kBFloat16 : torch::kFloat;
+  work->to(dt);
+  torch::optim::AdamW opt(master->parameters(),
+                          torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  auto mp = master->parameters();
+  auto wp = work->parameters();
+  for (int s = 0; s < kSteps; ++s) {
+    std::vector<torch::Tensor> sum(mp.size());
+    for (int r = 0; r < world_size(); ++r) {
+      {
+        torch::NoGradGuard ng;
+        for (std::size_t i = 0; i < mp.size(); ++i)
+          wp[i].copy_(mp[i]);
+      }
+      for (auto& p : wp)
+        p.mutable_grad() = torch::Tensor();
+      for (int mb = 0; mb < su.micro_batches; ++mb) {
+        auto [x, y] = micro_batch(s, r, mb, su.micro_batches);
+        loss_of(work->forward(x.to(dt)), y).backward();
+      }
+      for (std::size_t i = 0; i < mp.size(); ++i) {
+        torch::Tensor g = wp[i].grad().to(torch::kFloat);
+        sum[i] = r == 0 ? g : sum[i] + g;
+      }
+    }
+    for (std::size_t i = 0; i < mp.size(); ++i)
+      mp[i].mutable_grad() = sum[i] / static_cast<float>(world_size());
+    opt.step();
+  }
+  return master;
+}
+
+struct ShardedRun {
+  std::shared_ptr<NetImpl> net;
+  std::unique_ptr<fs::DeviceMesh> mesh;
+  int shard_rank = 0, shard_size = 1;
+};
+
+ShardedRun train_sharded(const Setup& su) {
+  ShardedRun run;
+  const double timeout = 60;
+  if (su.hsdp)
+    run.mesh =
+        std::make_unique<fs::DeviceMesh>(MPI_COMM_WORLD, std::vector<int>{2, world_size() / 2},
+                                         std::vector<std::string>{"replicate", "shard"}, timeout,
+                                         fs::HostProgress::inline_, su.collectives);
+  else
+    run.mesh = std::make_unique<fs::DeviceMesh>(MPI_COMM_WORLD, std::vector<int>{world_size()},
+                                                std::vector<std::string>{"dp"}, timeout,
+                                                fs::HostProgress::inline_, su.collectives);
+  const std::string shard_dim = su.hsdp ? "shard" : "dp";
+  run.shard_rank = run.mesh->coordinate(shard_dim);
+  run.shard_size = run.mesh->size(shard_dim);
+  run.net = make_net();
+  fs::fsdp::FullyShardOptions o = su.options;
+  if (su.bf16) {
+    o.mp_policy.param_dtype = fs::DType::bf16;
+    o.mp_policy.reduce_dtype = fs::DType::f32;
+  }
+  fst::ShardedModel sharded(run.net);
+  for (auto& b : run.net->block_list)
+    sharded.fully_shard(*b, *run.mesh, o);
+  fs::fsdp::FSDPModule& root = sharded.fully_shard(*run.net, *run.mesh, o);
+  torch::optim::AdamW opt(run.net->parameters(),
+                          torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  for (int s = 0; s < kSteps; ++s) {
+    opt.zero_grad();
+    for (int mb = 0; mb < su.micro_batches; ++mb) {
+      root.set_requires_gradient_sync(mb == su.micro_batches - 1);
+      auto [x, y] = micro_batch(s, fs::test::world_rank(), mb, su.micro_batches);
+      loss_of(fst::call(run.net, x), y).backward();
+    }
+    opt.step();
+  }
+  return run;
+}
+
+void check_conformance(const Setup& su) {
+  auto want = train_reference(su)->named_parameters();
+  ShardedRun run = train_sharded(su);
+  auto got = run.net->named_parameters();
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(got[i].key());
+    const torch::Tensor w = shard_rows(want[i].value(), run.shard_rank, run.shard_size);
+    REQUIRE(got[i].value().sizes() == w.sizes());
+    const double d = rel_diff(got[i].value(), w);
+    worst = std::max(worst, d);
+    CHECK(d <= 1e-5);
+  }
+  MESSAGE("worst relative difference: " << worst);
+}
+
+}  // namespace
+
+TEST_CASE("torch: sharded training equals its reference in every configuration") {
+  SUBCASE("MPI collectives (no shared memory)") {
+    Setup su;
+    su.collectives = fs::HostCollectives::mpi;
+    check_conformance(su);
+  }
+  SUBCASE("mixed precision: bf16 compute, f32 reduction") {
+    Setup su;
+    su.bf16 = true;
+    check_conformance(su);
+    // The policy matters: bf16 compute trains other weights than f32 compute.
+    CHECK(rel_diff(train_reference(su)->head->weight, train_reference(Setup())->head->weight) >
+          1e-4);
+  }
+  SUBCASE("reshard_after_forward false") {
+    Setup su;
+    su.options.reshard_after_forward = false;
+    check_conformance(su);
+  }
+  SUBCASE("reshard_after_forward 2") {
+    if (world_size() % 2 == 0) {
+      Setup su;
+      su.options.reshard_after_forward = fs::fsdp::ReshardAfterForward::group_size(2);
+      check_conformance(su);
+    }
+  }
+  SUBCASE("gradient accumulation over 3 micro-batches") {
+    Setup su;
+    su.micro_batches = 3;
+    check_conformance(su);
+  }
+  SUBCASE("HSDP 2x2") {
+    if (world_size() == 4) {
+      Setup su;
+      su.hsdp = true;
+      check_conformance(su);
+    }
+  }
+}
+
+TEST_CASE("torch: an inference forward equals the unsharded one and reshards every group") {
+  fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
+  auto ref = make_net();
+  auto net = make_net();
+  fst::ShardedModel sharded(net);
+  for (auto& b : net->block_list)
+    sharded.fully_shard(*b, mesh);
+  auto& root = sharded.fully_shard(*net, mesh);
+  auto [x, y] = global_batch(3);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor got = fst::call(net, x);
+  CHECK(rel_diff(got, ref->forward(x)) <= 1e-6);
+  for (fs::fsdp::FSDPModule* st : root.subtree_states())
+    CHECK(st->is_sharded());
+  for (const auto& p : net->parameters())
+    CHECK_FALSE(p.grad().defined());
+}
+
+TEST_CASE("torch: errors name the module") {
+  fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
+  auto net = make_net();
+  fst::ShardedModel sharded(net);
+  sharded.fully_shard(*net->block_list[0], mesh);
+  // Called before the root is sharded.
+  CHECK_THROWS_WITH_AS(fst::call(net->block_list[0], torch::randn({2, kD})),
+                       doctest::Contains("module 'blocks.0'"), fs::InvalidArgument);
+  CHECK_THROWS_WITH_AS(sharded.fully_shard(*net->block_list[0], mesh),
+                       doctest::Contains("blocks.0"), fs::Error);
+  for (std::size_t i = 1; i < net->block_list.size(); ++i)
+    sharded.fully_shard(*net->block_list[i], mesh);
+  sharded.fully_shard(*net, mesh);
+  // A sharded child called on its own, outside its root's forward.
+  CHECK_THROWS_WITH_AS(fst::call(net->block_list[1], torch::randn({2, kD})),
+                       doctest::Contains("module 'blocks.1' was called outside"),
+                       fs::InvalidArgument);
+  CHECK_THROWS_WITH_AS(sharded.fully_shard(*net->block_list[2], mesh),
+                       doctest::Contains("blocks.2"), fs::InvalidArgument);
+  CHECK_THROWS_WITH_AS(sharded.state(*net->inp), doctest::Contains("'inp'"), fs::InvalidArgument);
+}
