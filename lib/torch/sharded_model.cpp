@@ -38,7 +38,8 @@ struct ModelState {
   std::shared_ptr<::torch::nn::Module> root;
   std::unique_ptr<graph::Module> graph;
   std::unordered_map<const ::torch::nn::Module*, graph::Module*> mirror_of;
-  std::unordered_map<std::string, at::Tensor> param_of;  // by FQN
+  std::unordered_map<std::string, at::Tensor> param_of;      // by FQN
+  std::vector<std::pair<std::string, std::string>> aliases;  // tied: (FQN, first FQN)
   std::unordered_map<const ::torch::nn::Module*, std::unique_ptr<ModuleState>> states;
   std::vector<std::unique_ptr<ParameterBinding>> bindings;
   ModuleState* root_state = nullptr;
@@ -166,9 +167,13 @@ void mirror(ModelState& m, ::torch::nn::Module& tm, graph::Module& gm,
     const std::string fqn = gm.fqn().empty() ? item.key() : gm.fqn() + "." + item.key();
     if (!t.defined()) continue;
     auto [it, fresh] = seen.emplace(t.unsafeGetTensorImpl(), fqn);
-    if (!fresh)
-      throw InvalidArgument("fullshard::torch: parameter '" + fqn + "' is the same tensor as '" +
-                            it->second + "' (tied parameters are not supported yet)");
+    if (!fresh) {
+      // A tied parameter (an embedding and an output head): one graph parameter, at its first
+      // FQN; its binding updates the one tensor both modules hold. Its group must cover
+      // every module that uses it (FSDP2's rule): the root's, unless a common ancestor's.
+      m.aliases.emplace_back(fqn, it->second);
+      continue;
+    }
     if (!t.is_contiguous())
       throw InvalidArgument("fullshard::torch: parameter '" + fqn +
                             "' is not contiguous; make it contiguous before sharding");

@@ -1,9 +1,9 @@
 // fullshard::torch against unsharded LibTorch: the same model, weights and global batch
 // trained with AdamW, sharded over the ranks (uneven dims) and unsharded on every rank.
-#include <doctest/doctest.h>
-#include <torch/torch.h>
+#include "torch_doctest.hpp"  // first: LibTorch, then doctest's CHECK macros
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -18,33 +18,40 @@ using fs::test::world_size;
 namespace {
 
 struct BlockImpl : torch::nn::Module {
-  BlockImpl(int64_t d, int64_t h)
+  BlockImpl(int64_t d, int64_t h, double dropout = 0)
       : ln(register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
         fc1(register_module("fc1", torch::nn::Linear(d, h))),
-        fc2(register_module("fc2", torch::nn::Linear(h, d))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return x + fc2(torch::tanh(fc1(ln(x)))); }
+        fc2(register_module("fc2", torch::nn::Linear(h, d))),
+        dropout(dropout) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = torch::tanh(fc1(ln(x)));
+    if (dropout > 0) h = torch::dropout(h, dropout, is_training());
+    return x + fc2(h);
+  }
   torch::nn::LayerNorm ln;
   torch::nn::Linear fc1, fc2;
+  double dropout;
 };
 
 // Dims not divisible by 2, 3 or 4 ranks: uneven shards, and ranks with fewer rows.
 struct NetImpl : torch::nn::Module {
-  NetImpl(int64_t in, int64_t d, int64_t h, int64_t out, int n)
+  NetImpl(int64_t in, int64_t d, int64_t h, int64_t out, int n, double dropout = 0)
       : inp(register_module("inp", torch::nn::Linear(in, d))),
         blocks(register_module("blocks", torch::nn::ModuleList())),
         head(register_module("head", torch::nn::Linear(d, out))) {
     for (int i = 0; i < n; ++i) {
-      auto b = std::make_shared<BlockImpl>(d, h);
+      auto b = std::make_shared<BlockImpl>(d, h, dropout);
       blocks->push_back(b);
       block_list.push_back(b);
     }
   }
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor y = inp(x);
-    for (auto& b : block_list)
-      y = fst::call(b, y);  // the one line a sharded child changes
+    for (auto& b : block_list)  // the one line a sharded child changes
+      y = checkpointing ? fst::checkpoint(b, y) : fst::call(b, y);
     return head(y);
   }
+  bool checkpointing = false;
   torch::nn::Linear inp;
   torch::nn::ModuleList blocks;
   torch::nn::Linear head;
@@ -53,9 +60,9 @@ struct NetImpl : torch::nn::Module {
 
 constexpr int64_t kIn = 7, kD = 10, kH = 13, kOut = 5, kBatch = 3;
 
-std::shared_ptr<NetImpl> make_net() {
+std::shared_ptr<NetImpl> make_net(double dropout = 0) {
   torch::manual_seed(0);  // the same weights on every rank
-  return std::make_shared<NetImpl>(kIn, kD, kH, kOut, 3);
+  return std::make_shared<NetImpl>(kIn, kD, kH, kOut, 3, dropout);
 }
 
 // The global batch of step `step` (the same on every rank).
@@ -170,8 +177,10 @@ struct Setup {
   bool hsdp = false;  // a (replicate=2, shard=W/2) mesh
   fs::HostCollectives collectives = fs::HostCollectives::auto_;
   fs::fsdp::FullyShardOptions options;
-  int micro_batches = 1;  // gradient accumulation: no_sync on all but the last
-  bool bf16 = false;      // MixedPrecisionPolicy(param_dtype bf16, reduce_dtype f32)
+  int micro_batches = 1;       // gradient accumulation: no_sync on all but the last
+  bool bf16 = false;           // MixedPrecisionPolicy(param_dtype bf16, reduce_dtype f32)
+  double dropout = 0;          // in every block
+  bool checkpointing = false;  // of every block (the sharded run only)
 };
 
 constexpr int kSteps = 10;
@@ -194,8 +203,8 @@ torch::Tensor loss_of(const torch::Tensor& out, const torch::Tensor& y) {
 // one unsharded copy, each rank's gradient accumulated in that dtype, then (f32) summed in
 // rank order and divided by the data-parallel size, as FSDP reduces them.
 std::shared_ptr<NetImpl> train_reference(const Setup& su) {
-  auto master = make_net();
-  auto work = make_net();
+  auto master = make_net(su.dropout);
+  auto work = make_net(su.dropout);
   const auto dt = su.bf16 ? torch::kBFloat16 : torch::kFloat;
   work->to(dt);
   torch::optim::AdamW opt(master->parameters(),
@@ -232,6 +241,7 @@ struct ShardedRun {
   std::shared_ptr<NetImpl> net;
   std::unique_ptr<fs::DeviceMesh> mesh;
   int shard_rank = 0, shard_size = 1;
+  std::vector<fs::fsdp::engine::OpDesc> last_step;  // the engine's operations of the last step
 };
 
 ShardedRun train_sharded(const Setup& su) {
@@ -249,7 +259,8 @@ ShardedRun train_sharded(const Setup& su) {
   const std::string shard_dim = su.hsdp ? "shard" : "dp";
   run.shard_rank = run.mesh->coordinate(shard_dim);
   run.shard_size = run.mesh->size(shard_dim);
-  run.net = make_net();
+  run.net = make_net(su.dropout);
+  run.net->checkpointing = su.checkpointing;
   fs::fsdp::FullyShardOptions o = su.options;
   if (su.bf16) {
     o.mp_policy.param_dtype = fs::DType::bf16;
@@ -263,6 +274,7 @@ ShardedRun train_sharded(const Setup& su) {
                           torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
   for (int s = 0; s < kSteps; ++s) {
     opt.zero_grad();
+    if (s == kSteps - 1) root.record_operations(&run.last_step);
     for (int mb = 0; mb < su.micro_batches; ++mb) {
       root.set_requires_gradient_sync(mb == su.micro_batches - 1);
       auto [x, y] = micro_batch(s, fs::test::world_rank(), mb, su.micro_batches);
@@ -270,10 +282,11 @@ ShardedRun train_sharded(const Setup& su) {
     }
     opt.step();
   }
+  root.record_operations(nullptr);
   return run;
 }
 
-void check_conformance(const Setup& su) {
+ShardedRun check_conformance(const Setup& su) {
   auto want = train_reference(su)->named_parameters();
   ShardedRun run = train_sharded(su);
   auto got = run.net->named_parameters();
@@ -288,6 +301,16 @@ void check_conformance(const Setup& su) {
     CHECK(d <= 1e-5);
   }
   MESSAGE("worst relative difference: " << worst);
+  return run;
+}
+
+// Unshards (copy-outs into the unsharded parameters) of each group in a phase.
+std::map<int, int> unshards(const std::vector<fs::fsdp::engine::OpDesc>& ops,
+                            fs::fsdp::engine::Phase phase) {
+  std::map<int, int> n;
+  for (const auto& op : ops)
+    if (op.kind == fs::fsdp::engine::OpKind::copy_out && op.phase == phase) ++n[op.group];
+  return n;
 }
 
 }  // namespace
@@ -322,6 +345,21 @@ TEST_CASE("torch: sharded training equals its reference in every configuration")
     Setup su;
     su.micro_batches = 3;
     check_conformance(su);
+  }
+  SUBCASE("activation checkpointing with dropout: one all-gather per group in backward") {
+    Setup su;
+    su.dropout = 0.25;
+    su.checkpointing = true;
+    ShardedRun run = check_conformance(su);
+    const auto bwd = unshards(run.last_step, fs::fsdp::engine::Phase::backward);
+    CHECK(bwd.size() == 3);  // the blocks' groups (the root's stays unsharded)
+    for (const auto& [group, n] : bwd) {
+      CAPTURE(group);
+      CHECK(n == 1);
+    }
+    // Dropout matters: without its masks restored the recomputation would differ.
+    Setup plain;
+    CHECK(rel_diff(train_reference(su)->head->weight, train_reference(plain)->head->weight) > 1e-4);
   }
   SUBCASE("HSDP 2x2") {
     if (world_size() == 4) {
@@ -370,4 +408,80 @@ TEST_CASE("torch: errors name the module") {
   CHECK_THROWS_WITH_AS(sharded.fully_shard(*net->block_list[2], mesh),
                        doctest::Contains("blocks.2"), fs::InvalidArgument);
   CHECK_THROWS_WITH_AS(sharded.state(*net->inp), doctest::Contains("'inp'"), fs::InvalidArgument);
+}
+
+namespace {
+
+// A tied embedding and output head (one tensor registered in two modules).
+struct TiedHeadImpl : torch::nn::Module {
+  explicit TiedHeadImpl(const torch::Tensor& w) : weight(register_parameter("weight", w)) {}
+  torch::Tensor forward(const torch::Tensor& x) { return torch::matmul(x, weight.t()); }
+  torch::Tensor weight;
+};
+
+struct TiedNetImpl : torch::nn::Module {
+  TiedNetImpl()
+      : emb(register_module("emb", torch::nn::Embedding(11, kD))),
+        block(register_module("block", std::make_shared<BlockImpl>(kD, kH))),
+        head(register_module("head", std::make_shared<TiedHeadImpl>(emb->weight))) {}
+  torch::Tensor forward(const torch::Tensor& ids) {
+    return fst::call(head, fst::call(block, emb(ids)));
+  }
+  torch::nn::Embedding emb;
+  std::shared_ptr<BlockImpl> block;
+  std::shared_ptr<TiedHeadImpl> head;
+};
+
+// Each tensor once (LibTorch's parameters() lists a tied one under both names).
+std::vector<torch::Tensor> unique_params(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters())
+    if (std::none_of(out.begin(), out.end(), [&](const torch::Tensor& q) { return q.is_same(p); }))
+      out.push_back(p);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("torch: a tied embedding and output head train as one parameter of the root group") {
+  fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
+  auto make = [] {
+    torch::manual_seed(0);
+    return std::make_shared<TiedNetImpl>();
+  };
+  auto batch = [](int step) {
+    torch::manual_seed(500 + step);
+    return std::pair{torch::randint(11, {kBatch * world_size()}, torch::kLong),
+                     torch::randint(11, {kBatch * world_size()}, torch::kLong)};
+  };
+  auto ref = make();
+  {
+    torch::optim::AdamW opt(unique_params(*ref), torch::optim::AdamWOptions(1e-2));
+    for (int s = 0; s < kSteps; ++s) {
+      auto [x, y] = batch(s);
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(ref->forward(x), y).backward();
+      opt.step();
+    }
+  }
+  auto net = make();
+  fst::ShardedModel sharded(net);
+  sharded.fully_shard(*net->block, mesh);
+  sharded.fully_shard(*net, mesh);
+  CHECK(net->head->weight.is_same(net->emb->weight));
+  torch::optim::AdamW opt(unique_params(*net), torch::optim::AdamWOptions(1e-2));
+  for (int s = 0; s < kSteps; ++s) {
+    auto [x, y] = batch(s);
+    opt.zero_grad();
+    const int64_t at = world_rank() * kBatch;
+    torch::nn::functional::cross_entropy(fst::call(net, x.narrow(0, at, kBatch)),
+                                         y.narrow(0, at, kBatch))
+        .backward();
+    opt.step();
+  }
+  const torch::Tensor want = shard_rows(ref->emb->weight, world_rank(), world_size());
+  CHECK(rel_diff(net->emb->weight, want) <= 1e-5);
+  CHECK(rel_diff(net->head->weight, want) <= 1e-5);
+  CHECK(rel_diff(net->block->fc1->weight,
+                 shard_rows(ref->block->fc1->weight, world_rank(), world_size())) <= 1e-5);
 }

@@ -27,6 +27,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -51,8 +52,10 @@ struct ModuleState;
 class ShardedModel {
  public:
   /// Mirrors `root`'s module tree (registration order, torch FQNs; the root's name is not part
-  /// of any FQN). Parameters must be contiguous f32, f64, f16 or bf16 tensors, each registered
-  /// once (InvalidArgument naming the FQN otherwise).
+  /// of any FQN). Parameters must be contiguous f32, f64, f16 or bf16 tensors (InvalidArgument
+  /// naming the FQN otherwise). A parameter registered in two modules (tied embedding and
+  /// output head) is one graph parameter at its first FQN; put both modules in one group
+  /// (FSDP2's rule: shard neither of them on its own, so the root's group holds it).
   explicit ShardedModel(std::shared_ptr<::torch::nn::Module> root,
                         const std::string& root_name = "model");
   template <class Impl>
@@ -202,6 +205,37 @@ auto call(M&& module, Args&&... args) {
   res = fc.outputs(std::move(res));
   std::size_t j = 0;
   return detail::replace(std::move(out), res, j);
+}
+
+namespace detail {
+/// A forward over tensors, kept by the checkpoint's autograd node until its backward ran.
+using Recompute = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
+/// Runs `fn` under activation checkpointing: without autograd's saved activations in forward,
+/// and again inside backward (the CPU RNG state of the forward restored, so dropout gives
+/// the same mask) before the module's backward runs on the recomputed graph.
+at::Tensor checkpointed(Recompute fn, std::vector<at::Tensor> inputs);
+template <class M, std::size_t... I>
+at::Tensor call_unpacked(M& module, const std::vector<at::Tensor>& xs, std::index_sequence<I...>) {
+  return call(module, xs[I]...);
+}
+}  // namespace detail
+
+/// Activation checkpointing of one module (LibTorch's C++ API has none): `call(module,
+/// inputs...)` whose activations are not kept; the forward runs again inside backward. With
+/// fully_shard on the module the recomputation uses the group's backward all-gather (no second
+/// all-gather of the same group). Tensor inputs, one tensor result. Without grad (inference)
+/// it is a plain call().
+template <class M, class... T>
+at::Tensor checkpoint(M module, const T&... inputs) {
+  static_assert(!std::is_base_of_v<::torch::nn::Module, M>,
+                "checkpoint takes the module's ModuleHolder or shared_ptr (it keeps it until "
+                "backward)");
+  static_assert((std::is_same_v<T, at::Tensor> && ...), "checkpoint takes tensor inputs");
+  if (!::torch::GradMode::is_enabled()) return call(module, inputs...);
+  detail::Recompute fn = [module](const std::vector<at::Tensor>& xs) mutable {
+    return detail::call_unpacked(module, xs, std::index_sequence_for<T...>{});
+  };
+  return detail::checkpointed(std::move(fn), {inputs...});
 }
 
 }  // namespace fullshard::torch
