@@ -1,5 +1,9 @@
 // fullshard::torch, the LibTorch front end: link the CMake target fullshard::torch
-// (find_package(fullshard COMPONENTS torch)). See fullshard/torch/sharded_model.hpp.
+// (find_package(fullshard COMPONENTS torch)). ShardedModel, call and checkpoint
+// (fullshard/torch/sharded_model.hpp), the intra-op threads of a rank (threads.hpp), and a
+// GPT-style decoder ready for fully_shard (gpt.hpp).
 #pragma once
 
+#include "fullshard/torch/gpt.hpp"
 #include "fullshard/torch/sharded_model.hpp"
+#include "fullshard/torch/threads.hpp"

@@ -357,8 +357,12 @@ void FSDPModule::reset_iter_state() {
   engine::discard_iteration(group_->context()->root);
 }
 
-void FSDPModule::zero_grad() {
+void FSDPModule::zero_grad(bool recurse) {
   if (group_->attached()) engine::wait_reductions(group_->context()->root, 0);
+  if (!recurse) {
+    group_->zero_grad();
+    return;
+  }
   for (FSDPModule* s : subtree_states())
     detail::group_of(*s).zero_grad();
 }

@@ -43,11 +43,10 @@ struct Checkpoint : ::torch::autograd::Function<Checkpoint> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list saved = ctx->get_saved_variables();
-    const c10::List<bool>
-    requires = ctx->saved_data["requires_grad"].toBoolList();
+    const c10::List<bool> wanted = ctx->saved_data["requires_grad"].toBoolList();
     std::vector<at::Tensor> inputs;
     for (std::size_t i = 0; i < saved.size(); ++i)
-      inputs.push_back(saved[i].detach().requires_grad_(requires.get(i)));
+      inputs.push_back(saved[i].detach().requires_grad_(wanted.get(i)));
     at::Tensor out;
     {
       // The forward's RNG state for the recomputation, then the current one again.

@@ -80,6 +80,27 @@ void end_backward(ModelState& m) {
   post_backward(*m.root_state);
 }
 
+// torch's zero_grad(set_to_none) dropped the sharded gradients of `s`'s group: so does
+// fullshard (else the next reduction would accumulate into them). Checked where no show
+// since the user's last chance to drop them can have put them back: at the root's
+// pre-forward (for every group) and at each group's pre-backward (a zero_grad between
+// forward and backward).
+void sync_dropped_gradients(ModuleState& s) {
+  bool dropped = false;
+  for (auto& [param, binding] : s.group)
+    dropped = dropped || binding->gradient_dropped(*param);
+  if (!dropped) return;
+  for (auto& [param, binding] : s.group)
+    if (!binding->gradient_dropped(*param) && param->grad().defined())
+      throw InvalidArgument("fullshard::torch: " + describe(s) +
+                            ": some gradients of its group were set to none and others were "
+                            "not (" +
+                            param->fqn() +
+                            "); zero all of a group's gradients the "
+                            "same way (optimizer.zero_grad())");
+  s.fsdp->zero_grad(/*recurse=*/false);
+}
+
 void pre_backward(ModuleState& s) {
   ModelState& m = *s.model;
   if (s.is_root && !m.end_queued) {
@@ -87,21 +108,7 @@ void pre_backward(ModuleState& s) {
     ::torch::autograd::Engine::get_default_engine().queue_callback([&m] { end_backward(m); });
   }
   if (s.backward_pending) return;
-  // torch's zero_grad(set_to_none) dropped the sharded gradients: so does fullshard.
-  bool dropped = false;
-  for (auto& [param, binding] : s.group)
-    dropped = dropped || binding->gradient_dropped(*param);
-  if (dropped) {
-    for (auto& [param, binding] : s.group)
-      if (!binding->gradient_dropped(*param) && param->grad().defined())
-        throw InvalidArgument("fullshard::torch: " + describe(s) +
-                              ": some gradients of its group were set to "
-                              "none and others were not (" +
-                              param->fqn() +
-                              "); zero all of a group's gradients "
-                              "the same way (optimizer.zero_grad())");
-    s.fsdp->zero_grad();
-  }
+  sync_dropped_gradients(s);
   s.backward_pending = true;
   m.pending.push_back(&s);
   fsdp::pre_backward(*s.mirror);
@@ -206,7 +213,11 @@ ForwardCall::ForwardCall(ModuleState& s) : state_(&s) {
                           "call fully_shard on the model's root last, then call the root");
   const bool recompute = m.root_depth == 0 && !m.pending.empty();
   if (s.is_root) {
-    if (m.root_depth++ == 0) m.inference = !::torch::GradMode::is_enabled();
+    if (m.root_depth++ == 0) {
+      m.inference = !::torch::GradMode::is_enabled();
+      for (auto& [module, st] : m.states)
+        sync_dropped_gradients(*st);
+    }
   } else if (m.root_depth == 0 && !recompute) {
     throw InvalidArgument("fullshard::torch: " + describe(s) +
                           " was called outside its FSDP root's forward; call the root "

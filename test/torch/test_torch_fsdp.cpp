@@ -179,6 +179,7 @@ struct Setup {
   fs::fsdp::FullyShardOptions options;
   int micro_batches = 1;       // gradient accumulation: no_sync on all but the last
   bool bf16 = false;           // MixedPrecisionPolicy(param_dtype bf16, reduce_dtype f32)
+  bool set_to_none = false;    // zero_grad sets the gradients to none (LibTorch 2.x's default)
   double dropout = 0;          // in every block
   bool checkpointing = false;  // of every block (the sharded run only)
 };
@@ -273,7 +274,11 @@ ShardedRun train_sharded(const Setup& su) {
   torch::optim::AdamW opt(run.net->parameters(),
                           torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
   for (int s = 0; s < kSteps; ++s) {
-    opt.zero_grad();
+    if (su.set_to_none)
+      for (auto& p : run.net->parameters())
+        p.mutable_grad() = torch::Tensor();
+    else
+      opt.zero_grad();
     if (s == kSteps - 1) root.record_operations(&run.last_step);
     for (int mb = 0; mb < su.micro_batches; ++mb) {
       root.set_requires_gradient_sync(mb == su.micro_batches - 1);
@@ -331,6 +336,13 @@ TEST_CASE("torch: sharded training equals its reference in every configuration")
   }
   SUBCASE("reshard_after_forward false") {
     Setup su;
+    su.options.reshard_after_forward = false;
+    check_conformance(su);
+  }
+  SUBCASE("gradients set to none between steps, reshard_after_forward true and false") {
+    Setup su;
+    su.set_to_none = true;
+    check_conformance(su);
     su.options.reshard_after_forward = false;
     check_conformance(su);
   }

@@ -72,8 +72,9 @@ class FSDPModule {
   /// group and clears the iteration's state; the iteration's gradients are discarded.
   /// Root only.
   void reset_iter_state();
-  /// Drops the sharded gradients of this module's subtree (the optimizer's zero_grad).
-  void zero_grad();
+  /// Drops the sharded gradients of this module's subtree (the optimizer's zero_grad), or of
+  /// this module's group only (`recurse` false).
+  void zero_grad(bool recurse = true);
 
   bool is_root() const;
   std::optional<DType> output_dtype() const noexcept { return options_.mp_policy.output_dtype; }
