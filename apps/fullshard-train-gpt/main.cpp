@@ -19,6 +19,8 @@
 
 #include "cli.hpp"
 #include "fullshard/base/error.hpp"
+#include "fullshard/checkpoint/checkpoint.hpp"
+#include "fullshard/checkpoint/safetensors.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/optim/optimizer.hpp"
 #include "fullshard/runtime/runtime.hpp"
@@ -72,7 +74,12 @@ const char* kUsage =
     "  --eval-every N        (default 50; 0: only after the last step)\n"
     "  --eval-windows N      validation windows per evaluation (default 64)\n"
     "  --threads N           LibTorch intra-op threads per rank (default: the cores the\n"
-    "                        launcher gave the rank, see README)\n";
+    "                        launcher gave the rank, see README)\n"
+    "weights and batches from files (side-by-side runs, bench/torch/):\n"
+    "  --init-from FILE      initial weights from a safetensors file (FQNs as names)\n"
+    "  --save-to FILE        the final weights as one safetensors file\n"
+    "  --batches FILE        the global batches: little-endian int64 tokens, shape\n"
+    "                        [steps][batch][context + 1], instead of random windows\n";
 
 struct Config {
   fst::GptConfig model;
@@ -84,6 +91,7 @@ struct Config {
   fs::fsdp::ReshardAfterForward reshard = fs::fsdp::ReshardAfterForward::automatic();
   std::string data = "/usr/share/common-licenses";
   std::set<std::string> val{"MPL", "Apache"};
+  std::string init_from, save_to, batches;
 };
 
 Config parse(int argc, char** argv) {
@@ -136,6 +144,12 @@ Config parse(int argc, char** argv) {
       c.eval_windows = a.int_value(1);
     else if (f == "--threads")
       c.threads = a.int_value(1, 4096);
+    else if (f == "--init-from")
+      c.init_from = a.value();
+    else if (f == "--save-to")
+      c.save_to = a.value();
+    else if (f == "--batches")
+      c.batches = a.value();
     else
       a.unknown();
   }
@@ -212,6 +226,38 @@ at::Tensor windows(const std::vector<std::uint8_t>& text, std::int64_t count, st
   return all.index({idx}).to(at::kLong);
 }
 
+// The global batches of a --batches file: [steps][batch][context + 1] int64 tokens.
+at::Tensor read_batches(const Config& c) {
+  std::ifstream in(c.batches, std::ios::binary);
+  if (!in) throw fs::ConfigError("--batches " + c.batches + ": cannot open the file");
+  const std::int64_t len = c.model.context + 1;
+  const std::int64_t n = std::int64_t{c.steps} * c.batch * len;
+  at::Tensor t = at::empty({c.steps, c.batch, len}, at::kLong);
+  in.read(reinterpret_cast<char*>(t.data_ptr<std::int64_t>()), n * 8);
+  if (in.gcount() != n * 8 || in.peek() != std::char_traits<char>::eof())
+    throw fs::ConfigError("--batches " + c.batches + ": expected exactly " + std::to_string(n * 8) +
+                          " bytes (" + std::to_string(c.steps) + " steps x " +
+                          std::to_string(c.batch) + " sequences x " + std::to_string(len) +
+                          " int64 tokens)");
+  if (t.min().item<std::int64_t>() < 0 || t.max().item<std::int64_t>() >= c.model.vocab)
+    throw fs::ConfigError("--batches " + c.batches + ": tokens outside [0, " +
+                          std::to_string(c.model.vocab) + ")");
+  return t;
+}
+
+// The model's weights as one safetensors file: a full checkpoint beside it, converted.
+void save_safetensors(const std::string& path, fs::graph::Module& graph, int rank) {
+  const std::string dir = path + ".ckpt";
+  fs::checkpoint::SaveOptions so;
+  so.kind = fs::checkpoint::Kind::full;
+  const std::string step_dir = fs::checkpoint::save(dir, graph, nullptr, 0, {}, {}, so);
+  if (rank == 0) {
+    fs::checkpoint::checkpoint_to_safetensors(step_dir, path);
+    std::filesystem::remove_all(dir);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 double peak_rss_mib() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -249,6 +295,9 @@ int run(const Config& c, fs::Runtime& rt) {
   fs::fsdp::FullyShardOptions root_opts = opts;
   root_opts.reshard_after_forward = fs::fsdp::ReshardAfterForward::automatic();
   fs::fsdp::FSDPModule& root = sharded.fully_shard(*model, mesh, root_opts);
+
+  if (!c.init_from.empty()) fs::checkpoint::load_safetensors(c.init_from, sharded.graph());
+  const at::Tensor file_batches = c.batches.empty() ? at::Tensor() : read_batches(c);
 
   std::vector<at::Tensor> params;  // each tensor once (the shards)
   for (const at::Tensor& p : model->parameters())
@@ -326,7 +375,9 @@ int run(const Config& c, fs::Runtime& rt) {
     const double lr = schedule.lr(step - 1);
     for (auto& group : opt.param_groups())
       static_cast<::torch::optim::AdamWOptions&>(group.options()).lr(lr);
-    const at::Tensor batch = windows(corpus.train, c.batch, len, data_gen);  // every rank
+    const at::Tensor batch = file_batches.defined()
+                                 ? file_batches[step - 1]
+                                 : windows(corpus.train, c.batch, len, data_gen);  // every rank
     opt.zero_grad();
     const at::Tensor loss = model->loss(batch.narrow(0, rank * local, local));
     // fst::call(model, ...) for the root: Gpt::loss calls forward, which calls the blocks;
@@ -343,13 +394,14 @@ int run(const Config& c, fs::Runtime& rt) {
     if (step == 1) first_loss = mean;
     last_loss = mean;
     if (rank == 0)
-      std::printf("step %d loss %.6f step_ms %.3f peak_mib %.2f\n", step, mean, ms,
+      std::printf("step %d loss %.9f step_ms %.3f peak_mib %.2f\n", step, mean, ms,
                   double(root.pool_peak_bytes()) / (1 << 20));
     std::fflush(stdout);
     if ((c.eval_every > 0 && step % c.eval_every == 0) || step == c.steps)
       last_val = evaluate(step);
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!c.save_to.empty()) save_safetensors(c.save_to, sharded.graph(), rank);
   std::sort(times.begin(), times.end());
   if (rank == 0)
     std::printf(

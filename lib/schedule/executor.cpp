@@ -91,17 +91,17 @@ std::vector<fsdp::FSDPModule*> roots_of(graph::Module& root) {
 
 }  // namespace
 
-Executor::Executor(graph::Module& root, const DeviceMesh& mesh, const Plan& plan)
-    : root_(&root), mesh_(mesh) {
+std::vector<fsdp::FSDPModule*> apply_plan_policies(graph::Module& root, const Plan& plan) {
   // Plan group i -> the FSDP module of its first module.
   std::vector<fsdp::FSDPModule*> states;
   for (const PlannedGroup& g : plan.groups) {
     graph::Module& m = root.module(g.modules.front()->fqn());
     fsdp::FSDPModule* st = fsdp::fsdp_state(m);
     if (!st || st->group_fqns() != g.param_fqns())
-      throw InvalidArgument("Executor: module '" + g.name +
+      throw InvalidArgument("running a plan: module '" + g.name +
                             "' is not fully_shard'ed as the plan says; apply the plan's "
-                            "fully_shard calls (fsdp::apply_fully_shard_requests) first");
+                            "fully_shard calls (fsdp::apply_fully_shard_requests, or "
+                            "ShardedModel::apply_plan) first");
     states.push_back(st);
   }
   for (std::size_t i = 0; i < states.size(); ++i) {
@@ -128,6 +128,12 @@ Executor::Executor(graph::Module& root, const DeviceMesh& mesh, const Plan& plan
     r->set_requires_gradient_sync(plan.options.requires_gradient_sync);
     r->set_is_last_backward(plan.options.is_last_backward);
   }
+  return states;
+}
+
+Executor::Executor(graph::Module& root, const DeviceMesh& mesh, const Plan& plan)
+    : root_(&root), mesh_(mesh) {
+  apply_plan_policies(root, plan);
   for (const auto& [channel, kind] : kChannels) {
     const StreamKind k = kind;
     mesh_.stream(channel).set_recorder([this, k](const std::string& label,

@@ -263,6 +263,7 @@ EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory)
     g.reduce_grads = p.options.requires_gradient_sync;
     g.all_reduce_grads = p.options.requires_all_reduce;
     g.unshard_in_backward = p.options.no_unshard_in_backward.count(pg.name) == 0;
+    g.external_grads = p.options.external_gradients;
     if (p.options.backward_prefetch == BackwardPrefetch::none) g.explicit_backward_prefetch = true;
   }
   p.forward_prefetch.assign(n, {});

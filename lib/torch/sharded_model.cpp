@@ -11,6 +11,7 @@
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/engine.h>
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -18,6 +19,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/fsdp/front_end.hpp"
 #include "fullshard/fsdp/hooks.hpp"
+#include "fullshard/schedule/executor.hpp"
 #include "fullshard/torch/sharded_model.hpp"
 #include "lib/torch/parameter_binding.hpp"
 
@@ -338,6 +340,65 @@ const std::string& ShardedModel::fqn(const ::torch::nn::Module& module) const {
     throw InvalidArgument("fullshard::torch: the module (" + module.name() +
                           ") is not part of this model");
   return it->second->fqn();
+}
+
+::torch::nn::Module& ShardedModel::module(const std::string& fqn) const {
+  const graph::Module* gm = state_->graph->find_module(fqn);
+  if (gm)
+    for (const auto& [tm, mirror] : state_->mirror_of)
+      if (mirror == gm) return *const_cast<::torch::nn::Module*>(tm);
+  throw InvalidArgument("fullshard::torch: the model has no module '" + fqn + "'");
+}
+
+void ShardedModel::apply_plan(const schedule::Plan& plan, const DeviceMesh& mesh) {
+  if (!plan.options.external_gradients)
+    throw InvalidArgument(
+        "fullshard::torch::apply_plan: the plan was made without "
+        "PlanOptions::external_gradients; a LibTorch model's gradients come from autograd "
+        "(plan it with external_gradients = true)");
+  std::vector<const schedule::PlannedGroup*> groups;
+  for (const schedule::PlannedGroup& g : plan.groups) {
+    if (g.modules.size() != 1)
+      throw InvalidArgument("fullshard::torch::apply_plan: group '" + g.name +
+                            "' holds several modules; ShardedModel shards one module a call");
+    groups.push_back(&g);
+  }
+  // Bottom-up: deeper modules first (stable: the plan's order among equals).
+  std::stable_sort(groups.begin(), groups.end(), [](const auto* a, const auto* b) {
+    return a->modules.front()->depth() > b->modules.front()->depth();
+  });
+  for (const schedule::PlannedGroup* g : groups)
+    fully_shard(module(g->modules.front()->fqn()), mesh, *g->options);
+  schedule::apply_plan_policies(*state_->graph, plan);
+}
+
+schedule::AutoPlan ShardedModel::auto_shard(
+    const DeviceMesh& mesh, schedule::AutoPlanOptions options,
+    const std::vector<const ::torch::nn::Module*>& candidates) {
+  if (!state_->states.empty())
+    throw InvalidArgument(
+        "fullshard::torch::auto_shard: fully_shard was already applied to "
+        "this model; auto_shard makes every call itself");
+  // Only the candidates are searched (no request); every other module never is a group.
+  std::unordered_set<const graph::Module*> free;
+  for (const ::torch::nn::Module* c : candidates) {
+    auto it = c ? state_->mirror_of.find(c) : state_->mirror_of.end();
+    if (it == state_->mirror_of.end())
+      throw InvalidArgument("fullshard::torch::auto_shard: a candidate module (" +
+                            (c ? c->name() : std::string("null")) + ") is not part of this model");
+    free.insert(it->second);
+  }
+  for (graph::Module* gm : state_->graph->modules_preorder())
+    if (!gm->is_root() && !free.count(gm)) gm->set_fully_shard_request(false);
+  options.keep_requests = true;
+  options.base.external_gradients = true;
+  schedule::MeshShape shape;
+  shape.shard = mesh.size(mesh.names().back());
+  shape.replicate = mesh.ndim() > 1 ? mesh.size(mesh.names().front()) : 1;
+  schedule::AutoPlan ap = schedule::auto_plan(*state_->graph, shape, options);
+  schedule::apply_auto_plan(*state_->graph, ap.choice);
+  apply_plan(ap.plan, mesh);
+  return ap;
 }
 
 }  // namespace fullshard::torch

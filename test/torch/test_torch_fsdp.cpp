@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "fullshard/schedule/auto_plan.hpp"
+#include "fullshard/schedule/plan.hpp"
 #include "fullshard/torch.hpp"
 #include "test_support.hpp"
 
@@ -496,4 +498,93 @@ TEST_CASE("torch: a tied embedding and output head train as one parameter of the
   CHECK(rel_diff(net->head->weight, want) <= 1e-5);
   CHECK(rel_diff(net->block->fc1->weight,
                  shard_rows(ref->block->fc1->weight, world_rank(), world_size())) <= 1e-5);
+}
+
+TEST_CASE("torch: the plan of a LibTorch model is its run: the same operations, the same peak") {
+  namespace sch = fs::schedule;
+  for (const bool reshard : {true, false}) {
+    CAPTURE(reshard);
+    fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
+    auto net = make_net();
+    fst::ShardedModel sharded(net);
+    for (auto& b : net->block_list)
+      sharded.graph().module(sharded.fqn(*b)).set_fully_shard_request(true);
+    sharded.graph().set_fully_shard_request(true);
+    sch::PlanOptions o;
+    o.external_gradients = true;
+    if (!reshard) o.defaults.reshard_after_forward = false;
+    const sch::Plan plan =
+        sch::Scheduler::plan(sharded.graph(), sch::MeshShape{world_size(), 1}, o);
+    REQUIRE(plan.groups.size() == 4);
+    sharded.apply_plan(plan, mesh);
+    fs::fsdp::FSDPModule& root = sharded.state(*net);
+
+    std::vector<fs::fsdp::engine::OpDesc> ran;  // the first step (op numbers from 0, as planned)
+    root.record_operations(&ran);
+    {
+      auto [x, y] = micro_batch(0, world_rank(), 0, 1);
+      loss_of(fst::call(net, x), y).backward();
+    }
+    root.record_operations(nullptr);
+    REQUIRE(ran.size() == plan.ops.size());
+    for (std::size_t i = 0; i < ran.size(); ++i) {
+      const auto& p = plan.ops[i];
+      const auto& r = ran[i];
+      CAPTURE(i);
+      CAPTURE(fs::fsdp::engine::op_kind_name(p.kind));
+      CHECK(r.kind == p.kind);
+      CHECK(r.stream == p.stream);
+      CHECK(r.phase == p.phase);
+      CHECK(r.bytes == p.bytes);
+      CHECK((r.source->fqn().empty() ? std::string("<root>") : r.source->fqn()) == p.module());
+      CHECK(r.deps.to_vector() == p.deps.to_vector());
+    }
+    CHECK(root.pool_peak_bytes() == plan.pool_peak_bytes[0]);
+    // No gradient buffer of fullshard's: autograd allocates the gradients.
+    for (const auto& op : plan.ops)
+      CHECK(op.kind != fs::fsdp::engine::OpKind::grad_init);
+  }
+}
+
+TEST_CASE("torch: auto_shard chooses and applies the fully_shard calls under a budget") {
+  fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
+  Setup su;
+  auto want = train_reference(su)->named_parameters();
+  auto net = make_net();
+  fst::ShardedModel sharded(net);
+  fs::schedule::AutoPlanOptions ao;
+  ao.memory_budget_bytes = std::size_t{1} << 30;
+  ao.state_bytes_per_param_byte = 2;
+  std::vector<const torch::nn::Module*> blocks;
+  for (auto& b : net->block_list)
+    blocks.push_back(b.get());
+  const fs::schedule::AutoPlan ap = sharded.auto_shard(mesh, ao, blocks);
+  for (const auto& call : ap.choice.calls)  // only blocks and the root can be groups
+    CHECK((call.fqn.empty() || call.fqn.rfind("blocks.", 0) == 0));
+  CHECK(ap.memory_bytes <= ao.memory_budget_bytes);
+  REQUIRE_FALSE(ap.plan.groups.empty());
+  fs::fsdp::FSDPModule& root = sharded.state(*net);
+  CHECK(root.is_root());
+  torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  for (int s = 0; s < kSteps; ++s) {
+    opt.zero_grad();
+    auto [x, y] = micro_batch(s, world_rank(), 0, 1);
+    loss_of(fst::call(net, x), y).backward();
+    opt.step();
+  }
+  CHECK(root.pool_peak_bytes() == ap.plan.pool_peak_bytes[0]);
+  MESSAGE(ap.choice.to_json().dump()
+          << " groups " << ap.plan.groups.size() << " roots " << ap.plan.pool_roots.size()
+          << " peak " << ap.plan.peak_bytes);
+  auto got = net->named_parameters();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(got[i].key());
+    CHECK(rel_diff(got[i].value(), shard_rows(want[i].value(), world_rank(), world_size())) <=
+          1e-5);
+  }
+  // An impossible budget is refused before anything is sharded.
+  auto other = make_net();
+  fst::ShardedModel sharded2(other);
+  ao.memory_budget_bytes = 16;
+  CHECK_THROWS_AS(sharded2.auto_shard(mesh, ao, {}), fs::schedule::AutoPlanInfeasible);
 }

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
@@ -49,6 +50,14 @@ class Timeline {
   std::chrono::steady_clock::time_point origin_;
   std::vector<MeasuredOp> ops_;
 };
+
+/// Applies the plan's policies to the FSDP modules of `root` (fully_shard'ed as the plan
+/// describes: InvalidArgument naming the first group that is not): forward and backward
+/// prefetch, unshard in backward, and on the roots the reduce-scatter buffer cap, HSDP
+/// all-reduce, reshard after backward, gradient sync and last backward. Returns the FSDP
+/// module of each plan group, in the plan's order. The Executor and front ends that run a
+/// plan (fullshard::torch::ShardedModel::apply_plan) call it.
+std::vector<fsdp::FSDPModule*> apply_plan_policies(graph::Module& root, const Plan& plan);
 
 class Executor {
  public:

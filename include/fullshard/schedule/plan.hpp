@@ -69,6 +69,9 @@ struct PlanOptions {
   /// set_is_last_backward on the roots: false skips the root's final wait for the pending
   /// reduce-scatters (more micro-batches follow): their buffers are in use at the end.
   bool is_last_backward = true;
+  /// The gradients come from a front end's autograd (fsdp::use_external_gradients, as
+  /// fullshard::torch does): no unsharded gradient buffer and no zeroing at pre-backward.
+  bool external_gradients = false;
   /// The cost model; unset: CostModel::defaults(mesh).
   std::optional<CostModel> cost;
 };

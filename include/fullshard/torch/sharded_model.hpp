@@ -38,6 +38,8 @@
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
+#include "fullshard/schedule/auto_plan.hpp"
+#include "fullshard/schedule/plan.hpp"
 
 namespace fullshard::torch {
 
@@ -86,6 +88,24 @@ class ShardedModel {
   graph::Module& graph() const;
   /// The FQN of a module of the model ("" for the root).
   const std::string& fqn(const ::torch::nn::Module& module) const;
+  /// The module at `fqn` ("" for the root); InvalidArgument naming it when there is none.
+  ::torch::nn::Module& module(const std::string& fqn) const;
+
+  /// Shards the model as `plan` says (Scheduler::plan of graph() with fully_shard requests on
+  /// its modules and PlanOptions::external_gradients, the way fullshard::torch runs): the
+  /// plan's fully_shard calls, bottom-up, with each group's options, then the plan's policies
+  /// (prefetch, reduce-scatter buffers, ...). A LibTorch run then issues the plan's operations
+  /// and its pool peak is the plan's. Collective over `mesh`.
+  void apply_plan(const schedule::Plan& plan, const DeviceMesh& mesh);
+  /// The auto-planner on this model (schedule::auto_plan with external gradients): chooses
+  /// which of `candidates` (the modules the model calls through fullshard::torch::call, as an
+  /// FSDP2 auto-wrap policy names them; no other module can be a group: LibTorch's modules
+  /// call their children directly) become groups besides the root, and the policies, under
+  /// options.memory_budget_bytes; applies them (apply_plan) and returns what it chose. Call
+  /// before any fully_shard. Collective. InvalidArgument for a candidate outside the model;
+  /// schedule::AutoPlanInfeasible when nothing fits.
+  schedule::AutoPlan auto_shard(const DeviceMesh& mesh, schedule::AutoPlanOptions options,
+                                const std::vector<const ::torch::nn::Module*>& candidates);
 
  private:
   std::unique_ptr<detail::ModelState> state_;
