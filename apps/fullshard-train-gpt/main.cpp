@@ -28,6 +28,7 @@
 #include "fullshard/torch/gpt.hpp"
 #include "fullshard/torch/threads.hpp"
 
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
 namespace fs = fullshard;
@@ -73,13 +74,15 @@ const char* kUsage =
     "  --val F1,F2           held-out families (default MPL,Apache)\n"
     "  --eval-every N        (default 50; 0: only after the last step)\n"
     "  --eval-windows N      validation windows per evaluation (default 64)\n"
-    "  --threads N           LibTorch intra-op threads per rank (default: the cores the\n"
+    "  --torch-threads N     LibTorch intra-op threads per rank (default: the cores the\n"
     "                        launcher gave the rank, see README)\n"
     "weights and batches from files (side-by-side runs, bench/torch/):\n"
     "  --init-from FILE      initial weights from a safetensors file (FQNs as names)\n"
     "  --save-to FILE        the final weights as one safetensors file\n"
     "  --batches FILE        the global batches: little-endian int64 tokens, shape\n"
-    "                        [steps][batch][context + 1], instead of random windows\n";
+    "                        [steps][batch][context + 1], instead of random windows\n"
+    "  --no-shard            plain LibTorch on one rank (no fully_shard; the reference of\n"
+    "                        the cost of sharding; the same batches and optimizer)\n";
 
 struct Config {
   fst::GptConfig model;
@@ -92,6 +95,7 @@ struct Config {
   std::string data = "/usr/share/common-licenses";
   std::set<std::string> val{"MPL", "Apache"};
   std::string init_from, save_to, batches;
+  bool no_shard = false;
 };
 
 Config parse(int argc, char** argv) {
@@ -142,7 +146,7 @@ Config parse(int argc, char** argv) {
       c.eval_every = a.int_value(0);
     else if (f == "--eval-windows")
       c.eval_windows = a.int_value(1);
-    else if (f == "--threads")
+    else if (f == "--torch-threads")
       c.threads = a.int_value(1, 4096);
     else if (f == "--init-from")
       c.init_from = a.value();
@@ -150,10 +154,14 @@ Config parse(int argc, char** argv) {
       c.save_to = a.value();
     else if (f == "--batches")
       c.batches = a.value();
+    else if (f == "--no-shard")
+      a.no_value(), c.no_shard = true;
     else
       a.unknown();
   }
   if (c.warmup < 0) c.warmup = c.steps / 10;
+  if (c.no_shard && !c.save_to.empty())
+    throw fs::apps::UsageError{"--save-to needs a sharded run (not --no-shard)"};
   if (c.warmup >= c.steps)
     throw fs::apps::UsageError{"--warmup (" + std::to_string(c.warmup) +
                                ") must be below --steps (" + std::to_string(c.steps) + ")"};
@@ -273,6 +281,8 @@ int run(const Config& c, fs::Runtime& rt) {
     throw fs::apps::UsageError{"--mesh " + std::to_string(reps) + "x" + std::to_string(shard) +
                                " needs " + std::to_string(reps * shard) + " ranks, not " +
                                std::to_string(world)};
+  if (c.no_shard && world != 1)
+    throw fs::apps::UsageError{"--no-shard runs on one rank, not " + std::to_string(world)};
   if (c.batch % world != 0)
     throw fs::apps::UsageError{"--batch " + std::to_string(c.batch) + " must be divisible by the " +
                                std::to_string(world) + " ranks"};
@@ -283,18 +293,22 @@ int run(const Config& c, fs::Runtime& rt) {
                                  : fs::DeviceMesh(rt, {world}, {"dp"});
   ::torch::manual_seed(c.seed);  // the same initial weights on every rank
   fst::Gpt model(c.model);
-  fst::ShardedModel sharded(model);
-  fs::fsdp::FullyShardOptions opts;
-  opts.reshard_after_forward = c.reshard;
-  if (c.param_dtype) {
-    opts.mp_policy.param_dtype = c.param_dtype;
-    opts.mp_policy.reduce_dtype = fs::DType::f32;
+  fst::ShardedModel sharded(model);  // with --no-shard only the mirror (safetensors)
+  fs::fsdp::FSDPModule* root = nullptr;
+  if (!c.no_shard) {
+    fs::fsdp::FullyShardOptions opts;
+    opts.reshard_after_forward = c.reshard;
+    if (c.param_dtype) {
+      opts.mp_policy.param_dtype = c.param_dtype;
+      opts.mp_policy.reduce_dtype = fs::DType::f32;
+    }
+    for (fst::GptBlock& b : model->block_list)
+      sharded.fully_shard(b, mesh, opts);
+    fs::fsdp::FullyShardOptions root_opts = opts;
+    root_opts.reshard_after_forward = fs::fsdp::ReshardAfterForward::automatic();
+    root = &sharded.fully_shard(*model, mesh, root_opts);
   }
-  for (fst::GptBlock& b : model->block_list)
-    sharded.fully_shard(b, mesh, opts);
-  fs::fsdp::FullyShardOptions root_opts = opts;
-  root_opts.reshard_after_forward = fs::fsdp::ReshardAfterForward::automatic();
-  fs::fsdp::FSDPModule& root = sharded.fully_shard(*model, mesh, root_opts);
+  auto pool_peak_mib = [&] { return root ? double(root->pool_peak_bytes()) / (1 << 20) : 0.0; };
 
   if (!c.init_from.empty()) fs::checkpoint::load_safetensors(c.init_from, sharded.graph());
   const at::Tensor file_batches = c.batches.empty() ? at::Tensor() : read_batches(c);
@@ -383,7 +397,8 @@ int run(const Config& c, fs::Runtime& rt) {
     // fst::call(model, ...) for the root: Gpt::loss calls forward, which calls the blocks;
     // the root's hooks run around it here.
     loss.backward();
-    if (c.clip > 0) fs::optim::clip_grad_norm(graph_params, c.clip, mesh);
+    if (c.clip > 0 && root) fs::optim::clip_grad_norm(graph_params, c.clip, mesh);
+    if (c.clip > 0 && !root) ::torch::nn::utils::clip_grad_norm_(params, c.clip);
     opt.step();
     double l = loss.item<double>(), mean = 0;
     MPI_Allreduce(&l, &mean, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
@@ -395,7 +410,7 @@ int run(const Config& c, fs::Runtime& rt) {
     last_loss = mean;
     if (rank == 0)
       std::printf("step %d loss %.9f step_ms %.3f peak_mib %.2f\n", step, mean, ms,
-                  double(root.pool_peak_bytes()) / (1 << 20));
+                  pool_peak_mib());
     std::fflush(stdout);
     if ((c.eval_every > 0 && step % c.eval_every == 0) || step == c.steps)
       last_val = evaluate(step);
@@ -408,7 +423,7 @@ int run(const Config& c, fs::Runtime& rt) {
         "summary: %d steps in %.1f s, loss %.4f -> %.4f, val_loss %.4f = %.3f x the "
         "unigram entropy, median step %.2f ms, pool peak %.2f MiB, max RSS %.1f MiB\n",
         c.steps, secs, first_loss, last_loss, last_val, last_val / unigram, times[times.size() / 2],
-        double(root.pool_peak_bytes()) / (1 << 20), peak_rss_mib());
+        pool_peak_mib(), peak_rss_mib());
   return 0;
 }
 

@@ -79,7 +79,21 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+
+
+def load_file(path):
+    """safetensors.torch.load_file, imported on use (the model class needs only torch)."""
+    from safetensors.torch import load_file as load
+
+    return load(path)
+
+
+def save_file(tensors, path):
+    """safetensors.torch.save_file, imported on use."""
+    from safetensors.torch import save_file as save
+
+    save(tensors, path)
+
 
 VOCAB = 256  # byte-level, as fst::GptConfig's default
 

@@ -4,6 +4,7 @@
 // GPT-style decoder ready for fully_shard (gpt.hpp).
 #pragma once
 
+#include "fullshard/torch/checkpoint.hpp"
 #include "fullshard/torch/gpt.hpp"
 #include "fullshard/torch/sharded_model.hpp"
 #include "fullshard/torch/threads.hpp"

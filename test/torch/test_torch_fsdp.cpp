@@ -588,3 +588,73 @@ TEST_CASE("torch: auto_shard chooses and applies the fully_shard calls under a b
   ao.memory_budget_bytes = 16;
   CHECK_THROWS_AS(sharded2.auto_shard(mesh, ao, {}), fs::schedule::AutoPlanInfeasible);
 }
+
+TEST_CASE("torch: a checkpoint with the AdamW state saved on N ranks resumes on N - 1") {
+  // The global batch (12 rows) splits evenly over 1 to 4 ranks.
+  constexpr int64_t kRows = 12;
+  auto batch = [](int step, int rank, int ranks) {
+    torch::manual_seed(2000 + step);
+    torch::Tensor x = torch::randn({kRows, kIn}), y = torch::randn({kRows, kOut});
+    const int64_t n = kRows / ranks;
+    return std::pair{x.narrow(0, rank * n, n), y.narrow(0, rank * n, n)};
+  };
+  auto opts = torch::optim::AdamWOptions(1e-2).weight_decay(0.01);
+  auto train = [&](const std::shared_ptr<NetImpl>& net, torch::optim::AdamW& opt, int from, int to,
+                   int rank, int ranks) {
+    for (int s = from; s < to; ++s) {
+      auto [x, y] = batch(s, rank, ranks);
+      opt.zero_grad();
+      loss_of(fst::call(net, x), y).backward();
+      opt.step();
+    }
+  };
+  auto ref = make_net();  // unsharded, the global batch
+  {
+    torch::optim::AdamW opt(ref->parameters(), opts);
+    train(ref, opt, 0, 10, 0, 1);
+  }
+  auto check = [&](const std::shared_ptr<NetImpl>& net, int rank, int ranks) {
+    auto want = ref->named_parameters();
+    auto got = net->named_parameters();
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(got[i].key());
+      CHECK(rel_diff(got[i].value(), shard_rows(want[i].value(), rank, ranks)) <= 1e-5);
+    }
+  };
+  fs::test::SharedTempDir dir("fullshard-torch-ckpt");
+  {  // 5 steps on every rank, a checkpoint, 5 more
+    fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
+    auto net = make_net();
+    fst::ShardedModel sharded(net);
+    for (auto& b : net->block_list)
+      sharded.fully_shard(*b, mesh);
+    sharded.fully_shard(*net, mesh);
+    torch::optim::AdamW opt(net->parameters(), opts);
+    train(net, opt, 0, 5, world_rank(), world_size());
+    fst::save_checkpoint(dir.path, sharded, &opt, 5);
+    train(net, opt, 5, 10, world_rank(), world_size());
+    check(net, world_rank(), world_size());
+  }
+  // Resumed on N - 1 ranks (N on one rank) from fresh weights and a fresh optimizer.
+  const int m = std::max(1, world_size() - 1);
+  MPI_Comm sub = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < m ? 0 : MPI_UNDEFINED, world_rank(), &sub);
+  if (sub != MPI_COMM_NULL) {
+    {
+      fs::DeviceMesh mesh(sub, {m}, {"dp"}, 60.0);
+      torch::manual_seed(99);  // other initial weights: the checkpoint must replace them
+      auto net = std::make_shared<NetImpl>(kIn, kD, kH, kOut, 3);
+      fst::ShardedModel sharded(net);
+      for (auto& b : net->block_list)
+        sharded.fully_shard(*b, mesh);
+      sharded.fully_shard(*net, mesh);
+      torch::optim::AdamW opt(net->parameters(), opts);
+      const fs::checkpoint::Loaded loaded = fst::load_checkpoint(dir.path, sharded, &opt);
+      CHECK(loaded.step == 5);
+      train(net, opt, 5, 10, world_rank(), m);
+      check(net, world_rank(), m);
+    }
+    MPI_Comm_free(&sub);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}

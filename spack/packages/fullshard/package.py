@@ -24,6 +24,11 @@ class Fullshard(CMakePackage, CudaPackage):
     variant("benchmarks", default=False, description="Build the benchmarks")
     variant("apps", default=True, description="Build the example applications")
     variant("shared", default=True, description="Build shared libraries")
+    variant(
+        "torch",
+        default=False,
+        description="Build the LibTorch front end (fullshard::torch: fully_shard on torch models)",
+    )
 
     depends_on("cxx", type="build")
     depends_on("cmake@3.20:", type="build")
@@ -47,6 +52,11 @@ class Fullshard(CMakePackage, CudaPackage):
     for arch in CudaPackage.cuda_arch_values:
         depends_on(f"nccl cuda_arch={arch}", when=f"+nccl +cuda cuda_arch={arch}")
 
+    # The LibTorch front end: py-torch's LibTorch (its cmake_prefix_paths reach CMake);
+    # fullshard uses the C++ API common to LibTorch 1.13 and 2.x.
+    depends_on("py-torch", when="+torch")
+    depends_on("py-torch+cuda", when="+torch+cuda")
+
     depends_on("doctest", type=("build", "test"), when="+tests")
     depends_on("benchmark", when="+benchmarks")
     # fullshard-train and heat-surrogate compute with CBLAS (found as OpenBLAS).
@@ -68,6 +78,7 @@ class Fullshard(CMakePackage, CudaPackage):
             self.define_from_variant("FULLSHARD_BUILD_BENCHMARKS", "benchmarks"),
             self.define_from_variant("FULLSHARD_BUILD_APPS", "apps"),
             self.define_from_variant("BUILD_SHARED_LIBS", "shared"),
+            self.define_from_variant("FULLSHARD_ENABLE_TORCH", "torch"),
         ]
         if self.spec.satisfies("+cuda"):
             cuda_arch = self.spec.variants["cuda_arch"].value

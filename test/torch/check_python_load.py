@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Loads a safetensors file written by fullshard-train-gpt (a sharded LibTorch GPT, saved with
+--save-to) into the same model in Python and checks it: the Python twin of fullshard::torch::Gpt
+(bench/torch/gpt_fsdp2.py), `model.load_state_dict(state, strict=True)`, every parameter equal
+to the file's tensor, and a finite loss on a batch.
+
+Usage: check_python_load.py FILE D_MODEL LAYERS HEADS CONTEXT
+
+Reads the file with safetensors.torch when that package is importable (the wheel venv of
+bench/torch), else with the format's own definition (an 8-byte little-endian header size, a
+JSON header of name -> dtype, shape, data_offsets, then the bytes), so that Debian's
+python3-torch alone runs it in CI.
+"""
+
+import json
+import os
+import struct
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "torch"))
+from gpt_fsdp2 import GPT  # noqa: E402
+
+DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def read_safetensors(path):
+    try:
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    except ImportError:
+        pass
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    start = 8 + n
+    header = json.loads(data[8:start])
+    body = data[start:]
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = t["data_offsets"]
+        dtype = DTYPES[t["dtype"]]
+        out[name] = torch.frombuffer(bytearray(body[lo:hi]), dtype=dtype).reshape(t["shape"])
+    return out
+
+
+def main():
+    path, d, layers, heads, context = sys.argv[1], *map(int, sys.argv[2:6])
+    state = read_safetensors(path)
+    model = GPT(d_model=d, layers=layers, heads=heads, context=context)
+    model.load_state_dict(state, strict=True)
+    for name, p in model.state_dict().items():
+        if not torch.equal(p, state[name]):
+            sys.exit(f"FAIL: {name} differs after load_state_dict")
+    torch.manual_seed(0)
+    ids = torch.randint(256, (2, context + 1))
+    with torch.no_grad():
+        loss = model.loss(ids).item()
+    if not loss == loss or loss <= 0:
+        sys.exit(f"FAIL: loss {loss}")
+    print(f"python load: {len(state)} tensors equal, loss {loss:.4f} (torch {torch.__version__})")
+
+
+if __name__ == "__main__":
+    main()
