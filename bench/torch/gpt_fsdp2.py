@@ -396,6 +396,9 @@ def cmd_train(args):
             flush=True,
         )
     if distributed:
+        # Every rank past its last use of the group before any tears it down (gloo aborts a
+        # process whose peer closed the connection under it).
+        dist.barrier()
         dist.destroy_process_group()
 
 
