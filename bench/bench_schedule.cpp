@@ -151,15 +151,7 @@ void bench_hooks(benchmark::State& state, const fs::DeviceMesh* mesh, int n) {
     timed_loop(state, op);
     // The baseline, on the same graph in the same process state: median of 101 loops, the
     // slowest rank's.
-    std::vector<double> t;
-    for (int k = 0; k < 101; ++k) {
-      const double t0 = MPI_Wtime();
-      run_callbacks(g);
-      t.push_back(MPI_Wtime() - t0);
-    }
-    const double local = median(t);
-    double base = 0.0;
-    MPI_Allreduce(&local, &base, 1, MPI_DOUBLE, MPI_MAX, fs::bench::control_comm());
+    const double base = fs::bench::slowest_median_s([&] { run_callbacks(g); }, 101);
     if (state.counters.count("med_us")) {
       const double med_us = state.counters["med_us"];
       state.counters["baseline_us"] = base * 1e6;

@@ -50,12 +50,6 @@ struct ChainImpl : torch::nn::Module {
   std::vector<std::shared_ptr<BlockImpl>> blocks;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 void bench_hooks(benchmark::State& state, const fs::DeviceMesh* mesh, int n) {
   try {
     const int64_t d = 4 * mesh->size();
@@ -74,15 +68,7 @@ void bench_hooks(benchmark::State& state, const fs::DeviceMesh* mesh, int n) {
     };
     step(net);  // warm-up: lazy initialisation, pool buffers
     timed_loop(state, [&] { step(net); });
-    std::vector<double> t;
-    for (int k = 0; k < 51; ++k) {
-      const double t0 = MPI_Wtime();
-      step(plain);
-      t.push_back(MPI_Wtime() - t0);
-    }
-    const double local = median(t);
-    double base = 0.0;
-    MPI_Allreduce(&local, &base, 1, MPI_DOUBLE, MPI_MAX, fs::bench::control_comm());
+    const double base = fs::bench::slowest_median_s([&] { step(plain); }, 51);
     if (state.counters.count("med_us")) {
       const double med_us = state.counters["med_us"];
       state.counters["baseline_us"] = base * 1e6;

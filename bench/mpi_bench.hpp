@@ -79,6 +79,25 @@ void timed_loop(benchmark::State& state, Op&& op) {
   state.counters["min_us"] = times.front() * 1e6;
 }
 
+/// A baseline beside a timed_loop: the median of `runs` timed calls of `op` on each rank, the
+/// slowest rank's, in seconds (a plain loop, no barrier per call).
+template <class Op>
+double slowest_median_s(Op&& op, int runs) {
+  std::vector<double> t;
+  t.reserve(static_cast<std::size_t>(runs));
+  for (int k = 0; k < runs; ++k) {
+    const double t0 = MPI_Wtime();
+    op();
+    t.push_back(MPI_Wtime() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  const std::size_t n = t.size();
+  const double local = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  double slowest = 0.0;
+  MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, control_comm());
+  return slowest;
+}
+
 /// Removes --benchmark_out=... and --benchmark_out_format=... (ranks != 0: only rank 0 writes
 /// the file; another rank opening it would truncate what rank 0 wrote).
 inline void drop_output_flags(int& argc, char** argv) {

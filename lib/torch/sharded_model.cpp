@@ -119,37 +119,24 @@ void pre_backward(ModuleState& s) {
 using ::torch::autograd::AutogradContext;
 using ::torch::autograd::variable_list;
 
-ModuleState* state_in(AutogradContext* ctx) {
-  return reinterpret_cast<ModuleState*>(ctx->saved_data["state"].toInt());
-}
-
-// Identity on a module's outputs: its backward runs before the module's backward.
-struct PreBackward : ::torch::autograd::Function<PreBackward> {
+// An identity autograd node over a module's tensors whose backward calls `Hook` (once, when
+// the gradients of all of them are there): on the outputs, pre_backward runs before the
+// module's backward; on the inputs, post_backward after the module's whole backward.
+template <void (*Hook)(ModuleState&)>
+struct Boundary : ::torch::autograd::Function<Boundary<Hook>> {
   static variable_list forward(AutogradContext* ctx, at::TensorList xs, int64_t state) {
     ctx->saved_data["state"] = state;
     ctx->set_materialize_grads(false);
     return xs.vec();
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    pre_backward(*state_in(ctx));
+    Hook(*reinterpret_cast<ModuleState*>(ctx->saved_data["state"].toInt()));
     grads.emplace_back();  // the state argument
     return grads;
   }
 };
-
-// Identity on a module's inputs: its backward runs after the module's whole backward.
-struct PostBackward : ::torch::autograd::Function<PostBackward> {
-  static variable_list forward(AutogradContext* ctx, at::TensorList xs, int64_t state) {
-    ctx->saved_data["state"] = state;
-    ctx->set_materialize_grads(false);
-    return xs.vec();
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    post_backward(*state_in(ctx));
-    grads.emplace_back();
-    return grads;
-  }
-};
+using PreBackward = Boundary<pre_backward>;
+using PostBackward = Boundary<post_backward>;
 
 // Routes the tensors that require grad through Fn (one autograd node for all of them).
 template <class Fn>
