@@ -285,6 +285,19 @@ fsdp::FSDPModule& ShardedModel::fully_shard(::torch::nn::Module& module, const D
                           (gm.is_root() ? std::string("root module") : "'" + gm.fqn() + "'") +
                           "): the root module is already sharded; apply fully_shard bottom-up, "
                           "the root last");
+  // Every parameter this call may group lives on the mesh's device (a meta or foreign-device
+  // tensor has no values fully_shard could shard).
+  const bool cuda = mesh.device_type() == DeviceType::cuda;
+  for (graph::Parameter* p : gm.parameters()) {
+    const at::Tensor& t = m.param_of.at(p->fqn());
+    const bool on_mesh = cuda ? t.device().is_cuda() : t.device().is_cpu();
+    if (p->binding() || on_mesh) continue;  // grouped already, or where it belongs
+    throw InvalidArgument("fullshard::torch::fully_shard(" +
+                          (gm.is_root() ? std::string("root module") : "'" + gm.fqn() + "'") +
+                          "): parameter '" + p->fqn() + "' is on " + t.device().str() +
+                          ", but the mesh is a " + device_type_name(mesh.device_type()) +
+                          " mesh; move the model to the mesh's device first");
+  }
   fsdp::FSDPModule& st = fsdp::fully_shard(gm, mesh, options);
   fsdp::use_external_gradients(st);
   auto s = std::make_unique<detail::ModuleState>();

@@ -422,6 +422,15 @@ TEST_CASE("torch: errors name the module") {
   CHECK_THROWS_WITH_AS(sharded.fully_shard(*net->block_list[2], mesh),
                        doctest::Contains("blocks.2"), fs::InvalidArgument);
   CHECK_THROWS_WITH_AS(sharded.state(*net->inp), doctest::Contains("'inp'"), fs::InvalidArgument);
+
+  // A parameter on another device than the mesh's (here the meta device: no values).
+  auto meta = make_net();
+  meta->block_list[0]->fc2->register_parameter("extra",
+                                               torch::empty({4}, torch::Device(torch::kMeta)));
+  fst::ShardedModel on_meta(meta);
+  CHECK_THROWS_WITH_AS(on_meta.fully_shard(*meta->block_list[0], mesh),
+                       doctest::Contains("parameter 'blocks.0.fc2.extra' is on meta"),
+                       fs::InvalidArgument);
 }
 
 namespace {
