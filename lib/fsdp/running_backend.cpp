@@ -227,6 +227,16 @@ void RunningBackend::stream_record(StreamKind s, Event& e) {
 
 // ---- memory -------------------------------------------------------------------------------
 
+void* RunningBackend::writable_grads_window(ParamGroup& p) {
+  // Every rank (this one's reduction too, on a worker stream) must have read the last round
+  // before the window is written again.
+  p.ensure_shm_grads();
+  ShmGroupState& st = p.shm_state();
+  st.grads.wait_all(ShmGroupState::kRead, st.rs_round, "reduce_scatter (peers still reading)",
+                    st.rs_detail, true);
+  return st.grads.local();
+}
+
 Buf RunningBackend::acquire(const engine::Group& g, engine::BufKind kind, std::int64_t numel,
                             DType dtype) {
   Buf b;
@@ -252,12 +262,9 @@ Buf RunningBackend::acquire(const engine::Group& g, engine::BufKind kind, std::i
   ParamGroup& p = pg(g);
   if (kind == engine::BufKind::grads && p.shm() && g.info.world > 1) {
     // Shared memory: the unsharded gradients live in the group's window, where peers read
-    // their chunks; the pool buffer only keeps the pool's accounting. Every rank (this one's
-    // reduction too, on a worker stream) must have read the last round before it is zeroed.
-    p.ensure_shm_grads();
+    // their chunks; the pool buffer only keeps the pool's accounting.
+    writable_grads_window(p);
     ShmGroupState& st = p.shm_state();
-    st.grads.wait_all(ShmGroupState::kRead, st.rs_round, "reduce_scatter (peers still reading)",
-                      st.rs_detail, true);
     st.grads_pool = std::move(mem(b).tensor);
     mem(b).tensor =
         Tensor::from_owner(st.grads.owner(), st.grads.local(), {numel}, dtype, MemorySpace::host);
@@ -542,11 +549,7 @@ Event RunningBackend::external_copy_in(const OpDesc& d, engine::Group& g, Buf& i
     grads.push_back(t.data() ? t : Tensor());
   }
   if (p.shm() && I.world > 1) {
-    p.ensure_shm_grads();
-    ShmGroupState& st = p.shm_state();
-    st.grads.wait_all(ShmGroupState::kRead, st.rs_round, "reduce_scatter (peers still reading)",
-                      st.rs_detail, true);
-    auto* window = static_cast<std::byte*>(st.grads.local());
+    auto* window = static_cast<std::byte*>(writable_grads_window(p));
     const std::size_t es = dtype_size(I.param_dtype);
     std::vector<kernels::GroupMember> members = p.layout().members;
     return on_stream(d, g, [grads, window, es, members] {

@@ -76,6 +76,9 @@ class RunningBackend final : public engine::Backend {
   engine::Event grad_init(const engine::OpDesc& d, engine::Group& g, engine::Buf& grads) override;
   engine::Event reduce_copy_in(const engine::OpDesc& d, engine::Group& g, engine::Buf& grads,
                                engine::Buf& input) override;
+  // The group's shared-memory gradient window, once every rank has read its last round
+  // (allocated on first use): where this rank's unsharded gradients are written next.
+  void* writable_grads_window(ParamGroup& p);
   // reduce_copy_in of external gradients (the parameters' grad(), grads not held).
   engine::Event external_copy_in(const engine::OpDesc& d, engine::Group& g, engine::Buf& input);
   engine::Event reduce_scatter(const engine::OpDesc& d, engine::Group& g, engine::Buf& input,
