@@ -73,8 +73,10 @@ struct MeshState {
   DeviceType device = DeviceType::cpu;
   std::array<std::unique_ptr<comm::Stream>, kChannels> device_streams;
   std::unique_ptr<comm::Stream> compute;
-  // compute_stream_cache(): the compute stream's Kokkos instance, destroyed before the stream.
-  mutable std::once_flag compute_cache_once;
+  // compute_stream_cache(): the compute stream's Kokkos instance (made for the stream
+  // compute_cache_of), destroyed before the stream.
+  mutable std::mutex compute_mutex;
+  mutable void* compute_cache_of = nullptr;
   mutable std::shared_ptr<void> compute_cache;
   // device_bootstrap[d]: an MPI communicator of dim d's ranks used only to broadcast the
   // NCCL unique ids of its device communicators (never in use by another layer when a device
@@ -480,9 +482,26 @@ comm::Stream& DeviceMesh::compute_stream() const {
 
 void* DeviceMesh::compute_stream_cache(std::shared_ptr<void> (*make)(void* native_stream)) const {
   const detail::MeshState& st = *s_;
-  comm::Stream& compute = compute_stream();
-  std::call_once(st.compute_cache_once, [&] { st.compute_cache = make(compute.native_handle()); });
+  void* native = compute_stream().native_handle();
+  std::lock_guard<std::mutex> lock(st.compute_mutex);
+  if (!st.compute_cache || st.compute_cache_of != native) {
+    st.compute_cache = make(native);
+    st.compute_cache_of = native;
+  }
   return st.compute_cache.get();
+}
+
+void DeviceMesh::set_compute_stream(void* cuda_stream) const {
+  const detail::MeshState& st = *s_;
+  if (st.device != DeviceType::cuda)
+    throw InvalidArgument("DeviceMesh " + describe() +
+                          ": set_compute_stream needs a CUDA mesh (a CPU mesh computes on the "
+                          "calling thread)");
+  comm::Stream& current = *st.compute;
+  if (current.native_handle() == cuda_stream) return;
+  comm::Stream next = comm::Stream::wrap_device(cuda_stream, "mesh.compute(caller's)");
+  next.wait(current.record());  // what the old compute stream had enqueued comes first
+  current = std::move(next);
 }
 
 const comm::ShmComm* DeviceMesh::shm(const std::string& dim) const {

@@ -152,6 +152,39 @@ TEST_CASE("the compute stream as a Kokkos execution-space instance") {
   CHECK(bad == 0);
 }
 
+TEST_CASE("the caller's stream as the compute stream, ordered after the old one") {
+  if (no_cuda_kokkos()) return;
+  cudaStream_t mine = nullptr;  // outlives the mesh (fullshard does not destroy it)
+  check(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  {
+    DeviceMesh mesh(DeviceType::cuda, MPI_COMM_WORLD, {world_size()}, {"dp"}, 60.0);
+    const int n = 1 << 20;
+    Kokkos::View<float*, Kokkos::DefaultExecutionSpace::memory_space> v("v", n);
+    Kokkos::parallel_for(
+        "fill", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(compute_space(mesh), 0, n),
+        KOKKOS_LAMBDA(int i) { v(i) = static_cast<float>(i); });
+    const DeviceMesh copy = mesh;
+    copy.set_compute_stream(mine);  // the mesh and its copies: one compute stream
+    CHECK(mesh.compute_stream().native_handle() == static_cast<void*>(mine));
+#if defined(KOKKOS_ENABLE_CUDA)
+    CHECK(compute_cuda_stream(mesh) == mine);
+#endif
+    // On the new stream, after the old one's fill.
+    Kokkos::parallel_for(
+        "double", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(compute_space(mesh), 0, n),
+        KOKKOS_LAMBDA(int i) { v(i) *= 2; });
+    check(cudaStreamSynchronize(mine), "cudaStreamSynchronize");
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+    int bad = 0;
+    for (int i = 0; i < n; ++i)
+      bad += h(i) != static_cast<float>(2 * i);
+    CHECK(bad == 0);
+    mesh.set_compute_stream(mine);  // the stream in use: nothing changes
+    CHECK(mesh.compute_stream().native_handle() == static_cast<void*>(mine));
+  }
+  check(cudaStreamDestroy(mine), "cudaStreamDestroy");
+}
+
 TEST_CASE("init_device_mesh takes torch's device type strings") {
   CHECK(parse_device_type("cuda") == DeviceType::cuda);
   CHECK(parse_device_type("cpu") == DeviceType::cpu);

@@ -121,10 +121,17 @@ class DeviceMesh {
   /// cudaStream_t; fullshard/mesh/compute_space.hpp gives the Kokkos execution-space instance);
   /// on a CPU mesh a caller stream (the host thread itself).
   comm::Stream& compute_stream() const;
+  /// Makes `cuda_stream` (a cudaStream_t as void*: the application's or LibTorch's current
+  /// stream; nullptr is the legacy default stream) the compute stream of this mesh and its
+  /// copies; fullshard does not destroy it. The new stream first waits for what the old one
+  /// had enqueued. Call between iterations (fullshard::torch does at each root forward: the
+  /// stream LibTorch computes on). InvalidArgument on a CPU mesh. A no-op for the stream in use.
+  void set_compute_stream(void* cuda_stream) const;
   /// For fullshard/mesh/compute_space.hpp: an object kept with the mesh's compute stream
   /// (one per mesh, shared by its copies, destroyed before the stream), made by
-  /// `make(compute_stream().native_handle())` on the first call; every call returns it. One
-  /// slot: the compute stream's Kokkos execution-space instance.
+  /// `make(compute_stream().native_handle())` on the first call (and again after
+  /// set_compute_stream); every call returns it. One slot: the compute stream's Kokkos
+  /// execution-space instance.
   void* compute_stream_cache(std::shared_ptr<void> (*make)(void* native_stream)) const;
   /// The stream that the collectives of `channel` run on: one per channel per mesh (copies of
   /// a mesh share it), created on first use as a worker or caller stream (host_progress()).
