@@ -82,7 +82,9 @@ const char* kUsage =
     "  --batches FILE        the global batches: little-endian int64 tokens, shape\n"
     "                        [steps][batch][context + 1], instead of random windows\n"
     "  --no-shard            plain LibTorch on one rank (no fully_shard; the reference of\n"
-    "                        the cost of sharding; the same batches and optimizer)\n";
+    "                        the cost of sharding; the same batches and optimizer)\n"
+    "  --deferred-init       build the model on the meta device, block by block, and draw\n"
+    "                        only each rank's shards (other values than the default's)\n";
 
 struct Config {
   fst::GptConfig model;
@@ -95,7 +97,7 @@ struct Config {
   std::string data = "/usr/share/common-licenses";
   std::set<std::string> val{"MPL", "Apache"};
   std::string init_from, save_to, batches;
-  bool no_shard = false;
+  bool no_shard = false, deferred = false;
 };
 
 Config parse(int argc, char** argv) {
@@ -156,10 +158,15 @@ Config parse(int argc, char** argv) {
       c.batches = a.value();
     else if (f == "--no-shard")
       a.no_value(), c.no_shard = true;
+    else if (f == "--deferred-init")
+      a.no_value(), c.deferred = true;
     else
       a.unknown();
   }
   if (c.warmup < 0) c.warmup = c.steps / 10;
+  if (c.no_shard && c.deferred)
+    throw fs::apps::UsageError{"--deferred-init needs a sharded run (not --no-shard)"};
+  c.model.deferred = c.deferred;
   if (c.no_shard && !c.save_to.empty())
     throw fs::apps::UsageError{"--save-to needs a sharded run (not --no-shard)"};
   if (c.warmup >= c.steps)
@@ -310,7 +317,12 @@ int run(const Config& c, fs::Runtime& rt) {
   }
   auto pool_peak_mib = [&] { return root ? double(root->pool_peak_bytes()) / (1 << 20) : 0.0; };
 
-  if (!c.init_from.empty()) fs::checkpoint::load_safetensors(c.init_from, sharded.graph());
+  if (!c.init_from.empty()) {
+    fs::checkpoint::load_safetensors(c.init_from, sharded.graph());
+  } else if (c.deferred) {  // each rank draws its rows; HSDP's replicas the same ones
+    ::torch::manual_seed(c.seed * 1000003 + std::uint64_t(mesh.coordinate(mesh.names().back())));
+    sharded.initialize([&](const fst::LocalShard& s) { model->init_weights(s); });
+  }
   const at::Tensor file_batches = c.batches.empty() ? at::Tensor() : read_batches(c);
 
   std::vector<at::Tensor> params;  // each tensor once (the shards)

@@ -49,30 +49,40 @@ std::vector<int64_t> sizes_of(const Shape& s) {
 
 }  // namespace
 
-ParameterBinding::ParameterBinding(at::Tensor param)
+ParameterBinding::ParameterBinding(at::Tensor param, c10::Device device)
     : param_(std::move(param)),
-      unsharded_(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, param_.device()),
-                 nullptr, false) {}
+      device_(device),
+      unsharded_(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, device), nullptr,
+                 false) {}
 
 // A torch tensor over t's bytes that keeps t (and so fullshard's buffer) alive.
-at::Tensor ParameterBinding::view(const Tensor& t, const c10::Device& device) const {
+at::Tensor ParameterBinding::view(const Tensor& t) const {
   auto* keep = new Tensor(t);
   return ::torch::from_blob(
       t.data(), sizes_of(t.shape()), [keep](void*) { delete keep; },
-      at::TensorOptions().dtype(scalar_type(t.dtype())).device(device));
+      at::TensorOptions().dtype(scalar_type(t.dtype())).device(device_));
+}
+
+void ParameterBinding::show(const at::Tensor& t) {
+  // Deferred initialisation: set_data refuses a meta tensor a device tensor's data; what it
+  // does after that check is this metadata copy (the TensorImpl and its autograd state stay).
+  if (param_.is_meta())
+    param_.unsafeGetTensorImpl()->shallow_copy_from(t.getIntrusivePtr());
+  else
+    param_.set_data(t);
 }
 
 void ParameterBinding::data_shown(const graph::Parameter& p, bool sharded) {
   const Tensor& t = p.data();
   c10::StorageImpl* storage = unsharded_.unsafeGetStorageImpl();
-  const c10::Device device = param_.device();
+  const c10::Device device = device_;
   if (sharded) {
     if (!shard_view_.defined() || shard_of_ != t.data() ||
         shard_view_.sizes() != c10::IntArrayRef(sizes_of(t.shape()))) {
-      shard_view_ = view(t, device);
+      shard_view_ = view(t);
       shard_of_ = t.data();
     }
-    param_.set_data(shard_view_);
+    show(shard_view_);
     storage->set_data_ptr_noswap(c10::DataPtr(nullptr, device));  // resize to zero
     storage->set_nbytes(0);
     return;
@@ -84,7 +94,7 @@ void ParameterBinding::data_shown(const graph::Parameter& p, bool sharded) {
     unsharded_view_ =
         at::empty({0}, at::TensorOptions().dtype(scalar_type(t.dtype())).device(device))
             .set_(unsharded_, 0, sizes_of(t.shape()));
-  param_.set_data(unsharded_view_);
+  show(unsharded_view_);
 }
 
 void ParameterBinding::grad_shown(const graph::Parameter& p, bool sharded) {
@@ -95,7 +105,7 @@ void ParameterBinding::grad_shown(const graph::Parameter& p, bool sharded) {
     if (!t.defined())
       external_grad_ = at::Tensor();
     else if (!external_grad_.defined() || t.data() != external_grad_.data_ptr())
-      external_grad_ = view(t, param_.device());
+      external_grad_ = view(t);
     param_.mutable_grad() = external_grad_;
     return;
   }
@@ -106,7 +116,7 @@ void ParameterBinding::grad_shown(const graph::Parameter& p, bool sharded) {
   }
   if (!grad_view_.defined() || grad_of_ != t.data() ||
       grad_view_.sizes() != c10::IntArrayRef(sizes_of(t.shape()))) {
-    grad_view_ = view(t, param_.device());
+    grad_view_ = view(t);
     grad_of_ = t.data();
   }
   param_.mutable_grad() = grad_view_;

@@ -19,8 +19,9 @@ DType dtype_of(c10::ScalarType t, const std::string& what);
 
 class ParameterBinding final : public graph::ParameterBinding {
  public:
-  /// `param` is the model's parameter (the TensorImpl its module and parameters() hold).
-  explicit ParameterBinding(at::Tensor param);
+  /// `param` is the model's parameter (the TensorImpl its module and parameters() hold);
+  /// `device` the mesh's (a meta parameter, deferred initialisation, becomes a tensor there).
+  ParameterBinding(at::Tensor param, c10::Device device);
   ParameterBinding(const ParameterBinding&) = delete;
   ParameterBinding& operator=(const ParameterBinding&) = delete;
 
@@ -37,8 +38,10 @@ class ParameterBinding final : public graph::ParameterBinding {
   const at::Tensor& param() const noexcept { return param_; }
 
  private:
-  at::Tensor view(const Tensor& t, const c10::Device& device) const;
+  at::Tensor view(const Tensor& t) const;
+  void show(const at::Tensor& t);  // param_ shows t (its storage, shape and device)
   at::Tensor param_;
+  c10::Device device_;
   c10::Storage unsharded_;     // the unsharded parameter's storage object, kept for autograd
   at::Tensor unsharded_view_;  // the full shape over unsharded_ (made at the first unshard)
   at::Tensor shard_view_;      // cached views, by the fullshard data they show

@@ -8,6 +8,10 @@
 //   - the root's end of backward: a callback queued on autograd's engine by the root's
 //     pre-backward; it first finishes the modules whose post-backward never ran (no input
 //     required grad, or unused outputs), as FSDP2's final callback does.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#if FULLSHARD_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/engine.h>
 
@@ -41,6 +45,8 @@ struct ModelState {
   std::unique_ptr<graph::Module> graph;
   std::unordered_map<const ::torch::nn::Module*, graph::Module*> mirror_of;
   std::unordered_map<std::string, at::Tensor> param_of;      // by FQN
+  std::unordered_set<std::string> deferred;                  // meta parameters' FQNs
+  std::vector<std::pair<std::string, at::Tensor>> whole;     // meta buffers, ignored params
   std::vector<std::pair<std::string, std::string>> aliases;  // tied: (FQN, first FQN)
   std::unordered_map<const ::torch::nn::Module*, std::unique_ptr<ModuleState>> states;
   std::vector<std::unique_ptr<ParameterBinding>> bindings;
@@ -177,13 +183,55 @@ void mirror(ModelState& m, ::torch::nn::Module& tm, graph::Module& gm,
     Shape shape(t.sizes().begin(), t.sizes().end());
     if (shape.empty()) shape = {1};
     graph::Parameter& p = gm.add_param(item.key(), shape, dt, t.requires_grad());
+    m.param_of[p.fqn()] = t;
+    if (t.is_meta()) {  // deferred initialisation: no values (fully_shard's shards are zeros)
+      m.deferred.insert(p.fqn());
+      continue;
+    }
     auto keep = std::make_shared<at::Tensor>(t.detach());
     p.set_data(Tensor::from_owner(keep, t.data_ptr(), shape, dt,
                                   t.is_cuda() ? MemorySpace::device : MemorySpace::host));
-    m.param_of[p.fqn()] = t;
   }
   for (const auto& child : tm.named_children())
     mirror(m, *child.value(), gm.add_module(child.key()), seen);
+}
+
+// Deferred initialisation, at the root's fully_shard: what fully_shard does not shard (buffers,
+// ignored parameters) and is still on the meta device becomes a zero tensor on `device`.
+void materialize_whole(ModelState& m, const c10::Device& device) {
+  auto materialize = [&](const std::string& fqn, at::Tensor t) {
+    if (!t.defined() || !t.is_meta()) return;
+    const at::Tensor real = at::zeros(t.sizes(), t.options().device(device));
+    t.unsafeGetTensorImpl()->shallow_copy_from(real.getIntrusivePtr());
+    m.whole.emplace_back(fqn, t);
+  };
+  for (graph::Parameter* p : m.graph->parameters()) {
+    at::Tensor t = m.param_of.at(p->fqn());
+    if (p->binding() || !t.is_meta()) continue;
+    materialize(p->fqn(), t);
+    auto keep = std::make_shared<at::Tensor>(t.detach());
+    p->set_data(Tensor::from_owner(keep, t.data_ptr(), p->shape(), p->dtype(),
+                                   t.is_cuda() ? MemorySpace::device : MemorySpace::host));
+  }
+  for (const auto& item : m.root->named_buffers(/*recurse=*/true))
+    materialize(item.key(), item.value());
+}
+
+// On a CUDA mesh the compute stream is the one LibTorch computes on (its current stream at the
+// root's forward): the copy-outs into the unsharded parameters and the engine's waits are
+// ordered with the model's kernels on it, and backward runs on the forward's streams.
+void use_torch_stream(ModelState& m) {
+#if FULLSHARD_TORCH_CUDA
+  const DeviceMesh* last = nullptr;
+  for (auto& [module, st] : m.states) {
+    const DeviceMesh& mesh = st->fsdp->mesh();
+    if (mesh.device_type() != DeviceType::cuda || &mesh == last) continue;
+    mesh.set_compute_stream(c10::cuda::getCurrentCUDAStream().stream());
+    last = &mesh;
+  }
+#else
+  (void)m;
+#endif
 }
 
 }  // namespace
@@ -203,6 +251,7 @@ ForwardCall::ForwardCall(ModuleState& s) : state_(&s) {
   const bool recompute = m.root_depth == 0 && !m.pending.empty();
   if (s.is_root) {
     if (m.root_depth++ == 0) {
+      use_torch_stream(m);
       m.inference = !::torch::GradMode::is_enabled();
       for (auto& [module, st] : m.states)
         sync_dropped_gradients(*st);
@@ -285,12 +334,12 @@ fsdp::FSDPModule& ShardedModel::fully_shard(::torch::nn::Module& module, const D
                           (gm.is_root() ? std::string("root module") : "'" + gm.fqn() + "'") +
                           "): the root module is already sharded; apply fully_shard bottom-up, "
                           "the root last");
-  // Every parameter this call may group lives on the mesh's device (a meta or foreign-device
-  // tensor has no values fully_shard could shard).
+  // Every parameter this call may group lives on the mesh's device, or on the meta device
+  // (deferred initialisation); a foreign-device tensor has no values fully_shard could shard.
   const bool cuda = mesh.device_type() == DeviceType::cuda;
   for (graph::Parameter* p : gm.parameters()) {
     const at::Tensor& t = m.param_of.at(p->fqn());
-    const bool on_mesh = cuda ? t.device().is_cuda() : t.device().is_cpu();
+    const bool on_mesh = t.is_meta() || (cuda ? t.device().is_cuda() : t.device().is_cpu());
     if (p->binding() || on_mesh) continue;  // grouped already, or where it belongs
     throw InvalidArgument("fullshard::torch::fully_shard(" +
                           (gm.is_root() ? std::string("root module") : "'" + gm.fqn() + "'") +
@@ -306,15 +355,21 @@ fsdp::FSDPModule& ShardedModel::fully_shard(::torch::nn::Module& module, const D
   s->mirror = &gm;
   s->fsdp = &st;
   s->is_root = gm.is_root();
+  const c10::Device device =
+      cuda ? c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice() : c10::kCPU;
   for (graph::Parameter* p : st.group_params()) {
-    m.bindings.push_back(std::make_unique<detail::ParameterBinding>(m.param_of.at(p->fqn())));
+    m.bindings.push_back(
+        std::make_unique<detail::ParameterBinding>(m.param_of.at(p->fqn()), device));
     detail::ParameterBinding* b = m.bindings.back().get();
     p->set_binding(b);
     b->data_shown(*p, true);
     b->grad_shown(*p, true);
     s->group.emplace_back(p, b);
   }
-  if (s->is_root) m.root_state = s.get();
+  if (s->is_root) {
+    m.root_state = s.get();
+    detail::materialize_whole(m, device);
+  }
   detail::ModuleState* raw = s.get();
   m.states[&module] = std::move(s);
   std::lock_guard<std::mutex> lock(detail::registry_mutex);
@@ -348,6 +403,49 @@ const std::string& ShardedModel::fqn(const ::torch::nn::Module& module) const {
     for (const auto& [tm, mirror] : state_->mirror_of)
       if (mirror == gm) return *const_cast<::torch::nn::Module*>(tm);
   throw InvalidArgument("fullshard::torch: the model has no module '" + fqn + "'");
+}
+
+void ShardedModel::initialize(const std::function<void(const LocalShard&)>& init) {
+  detail::ModelState& m = *state_;
+  if (!m.root_state)
+    throw InvalidArgument(
+        "fullshard::torch::ShardedModel::initialize: fully_shard was not applied to the root "
+        "module yet; the shards exist once every fully_shard call ran (the root last)");
+  ::torch::NoGradGuard no_grad;
+  for (graph::Module* gm : m.graph->modules_preorder()) {
+    auto it = m.states.end();
+    for (auto s = m.states.begin(); s != m.states.end(); ++s)
+      if (s->second->mirror == gm) it = s;
+    if (it == m.states.end()) continue;
+    detail::ModuleState& s = *it->second;
+    const DeviceMesh& mesh = s.fsdp->mesh();
+    const std::string& dim = mesh.names().back();
+    const std::int64_t world = mesh.size(dim), rank = mesh.coordinate(dim);
+    for (auto& [param, binding] : s.group) {
+      if (!m.deferred.count(param->fqn())) continue;
+      if (!s.fsdp->is_sharded())
+        throw InvalidArgument("fullshard::torch::ShardedModel::initialize: " + detail::describe(s) +
+                              " is unsharded; initialize outside forward and backward (or "
+                              "reshard() it first)");
+      LocalShard shard;
+      shard.fqn = param->fqn();
+      shard.tensor = binding->param();
+      shard.full_shape.assign(param->shape().begin(), param->shape().end());
+      const std::int64_t rows = shard.full_shape.front();
+      const std::int64_t chunk = (rows + world - 1) / world;
+      shard.row_offset = std::min(rows, rank * chunk);
+      shard.sharded = true;
+      if (shard.tensor.dim() == 0) shard.tensor = shard.tensor.view({1});
+      init(shard);
+    }
+  }
+  for (const auto& [fqn, t] : m.whole) {
+    LocalShard whole;
+    whole.fqn = fqn;
+    whole.tensor = t;
+    whole.full_shape.assign(t.sizes().begin(), t.sizes().end());
+    init(whole);
+  }
 }
 
 void ShardedModel::apply_plan(const schedule::Plan& plan, const DeviceMesh& mesh) {

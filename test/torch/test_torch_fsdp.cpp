@@ -3,6 +3,7 @@
 #include "torch_doctest.hpp"  // first: LibTorch, then doctest's CHECK macros
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -169,6 +170,127 @@ TEST_CASE("torch: 10 AdamW steps sharded equal unsharded LibTorch on the global 
   MESSAGE("worst relative difference over the parameters: " << worst);
   // Training moved the weights (the comparison is not of two untouched models).
   CHECK(rel_diff(ref->head->weight, make_net()->head->weight) > 1e-3);
+}
+
+TEST_CASE("torch: deferred initialisation: meta parameters, each rank fills only its shards") {
+  fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
+  auto ref = make_net();  // the values the initialisation computes (rows of these tensors)
+  std::map<std::string, torch::Tensor> full;
+  for (const auto& p : ref->named_parameters())
+    full[p.key()] = p.value().detach().clone();
+  train(ref, 10, false);
+
+  auto net = make_net();
+  fst::to_meta(*net);
+  for (const auto& p : net->named_parameters()) {
+    CAPTURE(p.key());
+    CHECK(p.value().is_meta());
+    CHECK(p.value().requires_grad());
+  }
+  CHECK(net->block_list[0]->fc1->weight.is_meta());  // the module's own handle follows
+  fst::ShardedModel sharded(net);
+  for (auto& b : net->block_list)
+    sharded.fully_shard(*b, mesh);
+  sharded.fully_shard(*net, mesh);
+  for (const auto& p : net->named_parameters()) {  // this rank's shards, zeros until filled
+    CAPTURE(p.key());
+    CHECK(p.value().device().is_cpu());
+    CHECK(p.value().sizes() == shard_rows(full[p.key()], world_rank(), world_size()).sizes());
+    CHECK(p.value().abs().sum().item<double>() == 0.0);
+  }
+  std::map<std::string, int> visits;
+  sharded.initialize([&](const fst::LocalShard& s) {
+    CAPTURE(s.fqn);
+    REQUIRE(full.count(s.fqn));
+    const torch::Tensor& f = full[s.fqn];
+    const torch::Tensor want = shard_rows(f, world_rank(), world_size());
+    CHECK(s.sharded);
+    CHECK(s.full_shape == f.sizes().vec());
+    CHECK(s.tensor.sizes() == want.sizes());
+    const int64_t chunk = (f.size(0) + world_size() - 1) / world_size();
+    CHECK(s.row_offset == std::min<int64_t>(f.size(0), world_rank() * chunk));
+    s.tensor.copy_(f.narrow(0, s.row_offset, s.tensor.size(0)));
+    ++visits[s.fqn];
+  });
+  CHECK(visits.size() == full.size());
+  train(net, 10, true);
+  auto want = ref->named_parameters();
+  auto got = net->named_parameters();
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(got[i].key());
+    const double d =
+        rel_diff(got[i].value(), shard_rows(want[i].value(), world_rank(), world_size()));
+    worst = std::max(worst, d);
+    CHECK(d <= 1e-5);
+  }
+  MESSAGE("deferred initialisation, worst relative difference: " << worst);
+
+  // Buffers and ignored parameters are materialised whole (zeros), and initialised whole.
+  auto other = make_net();
+  other->register_buffer("counts", torch::arange(5.0));
+  fst::to_meta(*other);
+  fst::ShardedModel sharded2(other);
+  CHECK_THROWS_WITH_AS(sharded2.initialize([](const fst::LocalShard&) {}),
+                       doctest::Contains("fully_shard was not applied to the root"),
+                       fs::InvalidArgument);
+  fs::fsdp::FullyShardOptions o;
+  o.ignored_params = {"head.bias"};
+  sharded2.fully_shard(*other, mesh, o);
+  std::map<std::string, std::vector<int64_t>> whole;
+  sharded2.initialize([&](const fst::LocalShard& s) {
+    if (s.sharded) return;
+    whole[s.fqn] = s.tensor.sizes().vec();
+    CHECK(s.row_offset == 0);
+    CHECK(s.full_shape == s.tensor.sizes().vec());
+    s.tensor.fill_(3.0);
+  });
+  CHECK(whole ==
+        std::map<std::string, std::vector<int64_t>>{{"counts", {5}}, {"head.bias", {kOut}}});
+  CHECK(torch::equal(other->named_buffers()["counts"], torch::full({5}, 3.0)));
+  CHECK(torch::equal(other->head->bias, torch::full({kOut}, 3.0f)));
+}
+
+TEST_CASE("torch: a deferred GPT: the full model never exists, its shards get GPT-2's init") {
+  fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
+  fst::GptConfig c;
+  c.vocab = 16;
+  c.context = 8;
+  c.d_model = 32;
+  c.heads = 2;
+  c.layers = 2;
+  c.deferred = true;
+  fst::Gpt gpt(c);
+  for (const auto& p : gpt->named_parameters())
+    CHECK(p.value().is_meta());
+  fst::ShardedModel sharded(gpt);
+  for (auto& b : gpt->block_list)
+    sharded.fully_shard(b, mesh);
+  sharded.fully_shard(gpt, mesh);
+  torch::manual_seed(17 + world_rank());  // each rank draws its own rows
+  sharded.initialize([&](const fst::LocalShard& s) { gpt->init_weights(s); });
+  for (const auto& p : gpt->named_parameters()) {
+    CAPTURE(p.key());
+    const torch::Tensor& t = p.value();
+    const std::string& name = p.key();
+    if (t.numel() == 0) continue;
+    if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
+      CHECK(t.abs().max().item<double>() == 0.0);
+    } else if (t.dim() == 1) {
+      CHECK(torch::equal(t, torch::ones_like(t)));  // LayerNorm gains
+    } else if (t.numel() >= 500) {
+      const bool residual =
+          name.find(".proj.") != std::string::npos || name.find(".out.") != std::string::npos;
+      const double want = residual ? 0.02 / std::sqrt(2.0 * c.layers) : 0.02;
+      CHECK(std::abs(t.std().item<double>() - want) <= 0.15 * want);
+    }
+  }
+  // Near-uniform logits at the start: the loss is about ln(vocab).
+  torch::manual_seed(5);
+  const torch::Tensor ids = torch::randint(0, c.vocab, {2, c.context}, torch::kLong);
+  const torch::Tensor loss = gpt->loss(ids);
+  loss.backward();
+  CHECK(std::abs(loss.item<double>() - std::log(double(c.vocab))) <= 0.1);
 }
 
 namespace {
@@ -423,13 +545,20 @@ TEST_CASE("torch: errors name the module") {
                        doctest::Contains("blocks.2"), fs::InvalidArgument);
   CHECK_THROWS_WITH_AS(sharded.state(*net->inp), doctest::Contains("'inp'"), fs::InvalidArgument);
 
-  // A parameter on another device than the mesh's (here the meta device: no values).
-  auto meta = make_net();
-  meta->block_list[0]->fc2->register_parameter("extra",
-                                               torch::empty({4}, torch::Device(torch::kMeta)));
-  fst::ShardedModel on_meta(meta);
-  CHECK_THROWS_WITH_AS(on_meta.fully_shard(*meta->block_list[0], mesh),
-                       doctest::Contains("parameter 'blocks.0.fc2.extra' is on meta"),
+  // A parameter on another device than the mesh's: a CUDA tensor (made without a CUDA call, as
+  // this LibTorch may have no CUDA: storage and dispatch keys of the device, no memory).
+  auto foreign = make_net();
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0,
+                       c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CUDA, 0)), nullptr,
+                       false);
+  at::Tensor on_gpu = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CUDA),
+      caffe2::TypeMeta::Make<float>());
+  foreign->block_list[0]->fc2->register_parameter("extra", on_gpu);
+  fst::ShardedModel with_gpu_param(foreign);
+  CHECK_THROWS_WITH_AS(with_gpu_param.fully_shard(*foreign->block_list[0], mesh),
+                       doctest::Contains("parameter 'blocks.0.fc2.extra' is on cuda:0, but "
+                                         "the mesh is a cpu mesh"),
                        fs::InvalidArgument);
 }
 
@@ -598,7 +727,7 @@ TEST_CASE("torch: auto_shard chooses and applies the fully_shard calls under a b
   CHECK_THROWS_AS(sharded2.auto_shard(mesh, ao, {}), fs::schedule::AutoPlanInfeasible);
 }
 
-TEST_CASE("torch: a checkpoint with the AdamW state saved on N ranks resumes on N - 1") {
+TEST_CASE("torch: a checkpoint with the AdamW state saved on N ranks resumes on N - 1, deferred") {
   // The global batch (12 rows) splits evenly over 1 to 4 ranks.
   constexpr int64_t kRows = 12;
   auto batch = [](int step, int rank, int ranks) {
@@ -651,8 +780,9 @@ TEST_CASE("torch: a checkpoint with the AdamW state saved on N ranks resumes on 
   if (sub != MPI_COMM_NULL) {
     {
       fs::DeviceMesh mesh(sub, {m}, {"dp"}, 60.0);
-      torch::manual_seed(99);  // other initial weights: the checkpoint must replace them
+      // Deferred initialisation: the checkpoint gives the values (each rank reads its rows).
       auto net = std::make_shared<NetImpl>(kIn, kD, kH, kOut, 3);
+      fst::to_meta(*net);
       fst::ShardedModel sharded(net);
       for (auto& b : net->block_list)
         sharded.fully_shard(*b, mesh);

@@ -16,6 +16,8 @@
 #include <memory>
 #include <vector>
 
+#include "fullshard/torch/deferred_init.hpp"
+
 namespace fullshard::torch {
 
 struct GptConfig {
@@ -27,6 +29,10 @@ struct GptConfig {
   std::int64_t mlp_ratio = 4;      // MLP hidden = mlp_ratio * d_model
   double dropout = 0.0;            // after attention and MLP (training mode only)
   bool checkpoint_blocks = false;  // activation checkpointing of every block
+  /// Deferred initialisation: every piece (embeddings, each block, the final LayerNorm) is
+  /// released to the meta device as soon as it is built, so the full model never exists;
+  /// after fully_shard, ShardedModel::initialize with init_weights fills the shards.
+  bool deferred = false;
 };
 
 /// One decoder block: x + attn(ln1(x)), then + mlp(ln2(x)).
@@ -60,6 +66,11 @@ class GptImpl : public ::torch::nn::Module {
   /// Mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1] (nats per token); runs the
   /// forward through fullshard::torch::call (the root's hooks when it is sharded).
   at::Tensor loss(const at::Tensor& ids);
+
+  /// GPT-2's initialisation of one parameter (the whole tensor, or a rank's shard: the
+  /// function ShardedModel::initialize takes after a deferred construction). Draws from
+  /// LibTorch's default generator: seed it by the shard coordinate before initialize.
+  void init_weights(const LocalShard& s) const;
 
   const GptConfig& config() const noexcept { return config_; }
   ::torch::nn::Embedding tok{nullptr}, pos{nullptr};

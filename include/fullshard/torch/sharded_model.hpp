@@ -40,6 +40,7 @@
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
 #include "fullshard/schedule/plan.hpp"
+#include "fullshard/torch/deferred_init.hpp"
 
 namespace fullshard::torch {
 
@@ -90,6 +91,16 @@ class ShardedModel {
   const std::string& fqn(const ::torch::nn::Module& module) const;
   /// The module at `fqn` ("" for the root); InvalidArgument naming it when there is none.
   ::torch::nn::Module& module(const std::string& fqn) const;
+
+  /// Deferred initialisation (fullshard/torch/deferred_init.hpp): calls `init` once for each
+  /// tensor that was on the meta device when the model was mirrored, in FQN order: every
+  /// sharded parameter with this rank's shard, then the buffers and ignored parameters whole.
+  /// `init` writes the values in place (NoGradGuard is on). Ranks that hold the same rows
+  /// (HSDP's replicas) must write the same values: draw them from a generator seeded by the
+  /// shard coordinate, or compute them from the FQN and the row. Call after the root's
+  /// fully_shard, outside forward and backward (InvalidArgument otherwise); again to
+  /// re-initialise. Not collective.
+  void initialize(const std::function<void(const LocalShard&)>& init);
 
   /// Shards the model as `plan` says (Scheduler::plan of graph() with fully_shard requests on
   /// its modules and PlanOptions::external_gradients, the way fullshard::torch runs): the

@@ -67,27 +67,41 @@ at::Tensor GptBlockImpl::forward(const at::Tensor& x) {
 GptImpl::GptImpl(const GptConfig& c) : config_(c) {
   namespace nn = ::torch::nn;
   check(c);
-  tok = register_module("tok", nn::Embedding(c.vocab, c.d_model));
-  pos = register_module("pos", nn::Embedding(c.context, c.d_model));
+  // Deferred: each piece released to the meta device as soon as it is built (the full model
+  // never exists; initialize() fills the shards after fully_shard).
+  auto made = [&](auto holder) {
+    if (c.deferred) to_meta(*holder);
+    return holder;
+  };
+  tok = register_module("tok", made(nn::Embedding(c.vocab, c.d_model)));
+  pos = register_module("pos", made(nn::Embedding(c.context, c.d_model)));
   blocks = register_module("blocks", nn::ModuleList());
   for (std::int64_t i = 0; i < c.layers; ++i) {
-    block_list.emplace_back(c);
+    block_list.push_back(made(GptBlock(c)));
     blocks->push_back(block_list.back());
   }
-  ln_f = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({c.d_model})));
-  // GPT-2's initialisation: N(0, 0.02) for embeddings and weights, zero biases, the residual
-  // projections scaled by 1/sqrt(2 * layers).
+  ln_f = register_module("ln_f", made(nn::LayerNorm(nn::LayerNormOptions({c.d_model}))));
+  if (c.deferred) return;
   ::torch::NoGradGuard no_grad;
-  for (auto& p : named_parameters()) {
-    const std::string& name = p.key();
-    at::Tensor& w = p.value();
-    if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
-      w.zero_();
-    } else if (w.dim() >= 2) {
-      const bool residual =
-          name.find(".proj.") != std::string::npos || name.find(".out.") != std::string::npos;
-      w.normal_(0.0, residual ? 0.02 / std::sqrt(2.0 * double(c.layers)) : 0.02);
-    }
+  for (auto& p : named_parameters())
+    init_weights({p.key(), p.value(), p.value().sizes().vec(), 0, false});
+}
+
+void GptImpl::init_weights(const LocalShard& s) const {
+  // GPT-2's initialisation: N(0, 0.02) for embeddings and weights, zero biases, unit LayerNorm
+  // gains, the residual projections scaled by 1/sqrt(2 * layers). Element by element, so a
+  // shard draws from the same distribution as the full tensor.
+  ::torch::NoGradGuard no_grad;
+  const std::string& name = s.fqn;
+  const bool bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
+  if (bias) {
+    s.tensor.zero_();
+  } else if (s.full_shape.size() >= 2) {
+    const bool residual =
+        name.find(".proj.") != std::string::npos || name.find(".out.") != std::string::npos;
+    s.tensor.normal_(0.0, residual ? 0.02 / std::sqrt(2.0 * double(config_.layers)) : 0.02);
+  } else {
+    s.tensor.fill_(1.0);
   }
 }
 
