@@ -71,11 +71,31 @@ std::string describe(const ModuleState& s) {
 
 // ---- the hooks ---------------------------------------------------------------------------
 
+// On a CUDA mesh the copy-in reads autograd's gradients on the reduce-scatter stream after
+// the engine let them go: LibTorch's caching allocator must not hand their blocks out again
+// before that stream's work ran (record_stream, as FSDP2 keeps them for its copy-in).
+void record_on_copy_in_stream(ModuleState& s) {
+#if FULLSHARD_TORCH_CUDA
+  const DeviceMesh& mesh = s.fsdp->mesh();
+  if (mesh.device_type() != DeviceType::cuda) return;
+  auto* native =
+      static_cast<cudaStream_t>(mesh.device_stream(Channel::reduce_scatter).native_handle());
+  for (auto& [param, binding] : s.group) {
+    const at::Tensor& g = binding->param().grad();
+    if (g.defined() && g.is_cuda())
+      g.record_stream(c10::cuda::getStreamFromExternal(native, g.device().index()));
+  }
+#else
+  (void)s;
+#endif
+}
+
 void post_backward(ModuleState& s) {
   if (!s.backward_pending) return;
   s.backward_pending = false;
   for (auto& [param, binding] : s.group)
     binding->register_gradient(*param);
+  record_on_copy_in_stream(s);
   fsdp::post_backward(*s.mirror);
 }
 
