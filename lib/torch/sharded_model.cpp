@@ -432,16 +432,16 @@ void ShardedModel::initialize(const std::function<void(const LocalShard&)>& init
         "fullshard::torch::ShardedModel::initialize: fully_shard was not applied to the root "
         "module yet; the shards exist once every fully_shard call ran (the root last)");
   ::torch::NoGradGuard no_grad;
+  std::unordered_map<const graph::Module*, detail::ModuleState*> state_of;
+  for (auto& [module, st] : m.states)
+    state_of[st->mirror] = st.get();
   for (graph::Module* gm : m.graph->modules_preorder()) {
-    auto it = m.states.end();
-    for (auto s = m.states.begin(); s != m.states.end(); ++s)
-      if (s->second->mirror == gm) it = s;
-    if (it == m.states.end()) continue;
+    auto it = state_of.find(gm);
+    if (it == state_of.end()) continue;
     detail::ModuleState& s = *it->second;
-    const DeviceMesh& mesh = s.fsdp->mesh();
-    const std::string& dim = mesh.names().back();
-    const std::int64_t world = mesh.size(dim), rank = mesh.coordinate(dim);
-    for (auto& [param, binding] : s.group) {
+    const auto& members = s.fsdp->group_layout().members;  // layout order, as s.group
+    for (std::size_t i = 0; i < s.group.size(); ++i) {
+      auto& [param, binding] = s.group[i];
       if (!m.deferred.count(param->fqn())) continue;
       if (!s.fsdp->is_sharded())
         throw InvalidArgument("fullshard::torch::ShardedModel::initialize: " + detail::describe(s) +
@@ -451,9 +451,7 @@ void ShardedModel::initialize(const std::function<void(const LocalShard&)>& init
       shard.fqn = param->fqn();
       shard.tensor = binding->param();
       shard.full_shape.assign(param->shape().begin(), param->shape().end());
-      const std::int64_t rows = shard.full_shape.front();
-      const std::int64_t chunk = (rows + world - 1) / world;
-      shard.row_offset = std::min(rows, rank * chunk);
+      shard.row_offset = members[i].layout.global_offset.front();
       shard.sharded = true;
       if (shard.tensor.dim() == 0) shard.tensor = shard.tensor.view({1});
       init(shard);
