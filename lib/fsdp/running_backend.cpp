@@ -551,12 +551,13 @@ Event RunningBackend::external_copy_in(const OpDesc& d, engine::Group& g, Buf& i
   if (p.shm() && I.world > 1) {
     auto* window = static_cast<std::byte*>(writable_grads_window(p));
     const std::size_t es = dtype_size(I.param_dtype);
-    std::vector<kernels::GroupMember> members = p.layout().members;
-    return on_stream(d, g, [grads, window, es, members] {
+    // The layout lives with the group, as the copy plans below do.
+    const std::vector<kernels::GroupMember>* members = &p.layout().members;
+    return on_stream(d, g, [grads = std::move(grads), window, es, members] {
       for (std::size_t i = 0; i < grads.size(); ++i) {
-        std::byte* to = window + static_cast<std::size_t>(members[i].arena_offset) * es;
-        const std::size_t bytes =
-            static_cast<std::size_t>(numel(members[i].layout.global_shape)) * es;
+        const kernels::GroupMember& m = (*members)[i];
+        std::byte* to = window + static_cast<std::size_t>(m.arena_offset) * es;
+        const std::size_t bytes = static_cast<std::size_t>(numel(m.layout.global_shape)) * es;
         if (grads[i].data())
           std::memcpy(to, grads[i].data(), bytes);
         else
@@ -571,7 +572,7 @@ Event RunningBackend::external_copy_in(const OpDesc& d, engine::Group& g, Buf& i
     plans.push_back(&p.member_copy_in_plan(i, !grads[i].data()));
   const kernels::ExecStream& on = exec(d.stream);
   const DType from_t = I.param_dtype, to_t = I.reduce_dtype;
-  auto run = [grads, plans, to, from_t, to_t, &on] {
+  auto run = [grads = std::move(grads), plans = std::move(plans), to, from_t, to_t, &on] {
     for (std::size_t i = 0; i < grads.size(); ++i)
       kernels::run_copies(*plans[i], grads[i].data() ? grads[i].data() : to, from_t, to, to_t, on);
   };
@@ -581,7 +582,7 @@ Event RunningBackend::external_copy_in(const OpDesc& d, engine::Group& g, Buf& i
     return e;
   }
   Tensor keep_to = mem(input).tensor;
-  Event e = on_stream(d, g, [run, keep_to] {
+  Event e = on_stream(d, g, [run = std::move(run), keep_to] {
     (void)keep_to;
     run();
   });
