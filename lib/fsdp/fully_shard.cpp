@@ -5,7 +5,7 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/fsdp/front_end.hpp"
-#include "lib/fsdp/fingerprint.hpp"
+#include "fullshard/mesh/agreement.hpp"
 #include "lib/fsdp/param_group.hpp"
 #include "lib/fsdp/running_backend.hpp"
 

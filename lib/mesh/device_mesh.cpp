@@ -126,10 +126,10 @@ void agree_on(MPI_Comm base, const std::string& what, const std::string& descrip
   wait_mpi(r, WaitSite{"MPI_Iallreduce (agreeing on the mesh)", what, rank, size, 0, ""},
            timeout_s);
   if (v[0] != fp || ~v[1] != fp)
-    throw InvalidArgument("rank " + std::to_string(rank) + ": " + what +
-                          ": the ranks do not all build the same mesh (this rank: " + description +
-                          "); every rank must make the same call with the same shape, dim names, "
-                          "device and settings");
+    throw RankMismatch("rank " + std::to_string(rank) + ": " + what +
+                       ": the ranks do not all build the same mesh (this rank: " + description +
+                       "); every rank must make the same call with the same shape, dim names, "
+                       "device and settings");
 }
 
 void validate(const std::vector<int>& shape, const std::vector<std::string>& names, int ranks) {
@@ -240,6 +240,15 @@ std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
   MPI_Comm_size(base, &ranks);
   MPI_Comm_rank(base, &rank);
   validate(shape, names, ranks);
+  if (progress == HostProgress::thread) {
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+      throw ConfigError("DeviceMesh(" + join(names, ",") +
+                        "): host progress 'thread' runs MPI on the channel streams' own "
+                        "threads and needs MPI_THREAD_MULTIPLE; MPI was initialised with " +
+                        thread_level_name(level) + " (use HostProgress::inline_)");
+  }
   {
     std::string shape_text;
     for (std::size_t d = 0; d < shape.size(); ++d)

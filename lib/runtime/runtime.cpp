@@ -7,8 +7,8 @@
 #include <string>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/runtime/nccl_info.hpp"
 #include "fullshard/config.hpp"
+#include "fullshard/runtime/nccl_info.hpp"
 #include "lib/runtime/device_binding.hpp"
 
 namespace fullshard {
@@ -30,13 +30,28 @@ ConfigError kokkos_start_error(int rank, const std::exception& e) {
                     std::to_string(KOKKOS_VERSION) + ", default execution space " +
                     Kokkos::DefaultExecutionSpace::name() + "): " + e.what();
 #if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP) || defined(KOKKOS_ENABLE_SYCL)
-  msg += "; this Kokkos runs on a GPU and needs a visible device with a working driver (on a "
-         "machine without a GPU, use a host-only Kokkos build)";
+  msg +=
+      "; this Kokkos runs on a GPU and needs a visible device with a working driver (on a "
+      "machine without a GPU, use a host-only Kokkos build)";
 #endif
   return ConfigError(msg);
 }
 
 }  // namespace
+
+const char* thread_level_name(int level) noexcept {
+  switch (level) {
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+  }
+  return "an unknown MPI thread level";
+}
 
 Runtime::Runtime() {
   start(nullptr, nullptr);
@@ -52,27 +67,27 @@ void Runtime::start(int* argc, char*** argv) {
 
   int initialized = 0;
   MPI_Initialized(&initialized);
+  int provided = MPI_THREAD_SINGLE;
   if (!initialized) {
-    int provided = MPI_THREAD_SINGLE;
     if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
       throw CommError("MPI_Init_thread failed");
     owns_mpi_ = true;
-    if (provided < MPI_THREAD_MULTIPLE) {
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  thread_level_ = provided;
+  // Below MPI_THREAD_MULTIPLE (a simulation's plain MPI_Init) fullshard calls MPI only from
+  // the thread that calls it: channel streams run inline, never on worker threads.
+  if (provided < MPI_THREAD_MULTIPLE && settings_.host_progress == HostProgress::thread) {
+    if (owns_mpi_) {
       MPI_Finalize();
       owns_mpi_ = false;
-      throw ConfigError(
-          "the MPI library provides thread level " + std::to_string(provided) +
-          " but fullshard needs MPI_THREAD_MULTIPLE (communication streams call MPI from "
-          "their own threads); use an MPI built with thread support (Open MPI and MPICH "
-          "from Debian and Spack are)");
     }
-  } else {
-    int provided = MPI_THREAD_SINGLE;
-    MPI_Query_thread(&provided);
-    if (provided < MPI_THREAD_MULTIPLE)
-      throw ConfigError(
-          "the host application initialised MPI without MPI_THREAD_MULTIPLE; call "
-          "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) before creating fullshard::Runtime");
+    throw ConfigError(
+        "FULLSHARD_HOST_PROGRESS=thread needs MPI_THREAD_MULTIPLE (its channel "
+        "streams call MPI from their own threads), but MPI provides " +
+        std::string(thread_level_name(provided)) +
+        "; unset it (the default, inline, calls MPI from the calling thread only)");
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
@@ -94,6 +109,12 @@ void Runtime::start(int* argc, char*** argv) {
     }
     owns_kokkos_ = true;
   }
+  if (rank_ == 0 && provided < MPI_THREAD_MULTIPLE && settings_.log_level >= 1)
+    std::fprintf(stderr,
+                 "fullshard: note: MPI thread level %s: fullshard makes every MPI call from the "
+                 "thread that calls it (FULLSHARD_HOST_PROGRESS=thread is unavailable; call "
+                 "fullshard from one thread at a time)\n",
+                 thread_level_name(provided));
   if (rank_ == 0)
     for (const auto& w : settings_.warnings)
       std::fprintf(stderr, "fullshard: warning: %s\n", w.c_str());

@@ -156,7 +156,7 @@ TEST_CASE("ranks that build different meshes get an error on every rank, not a h
   const std::string expected = "the ranks do not all build the same mesh (this rank: shape " +
                                std::to_string(W) + ", dims " + (odd ? "b" : "a");
   CHECK_THROWS_WITH_AS(DeviceMesh(rt, {W}, {odd ? "b" : "a"}), doctest::Contains(expected.c_str()),
-                       InvalidArgument);
+                       RankMismatch);
   // The same shape and names on every rank still agree afterwards.
   DeviceMesh mesh(rt, {W}, {"dp"});
   CHECK(mesh.size() == W);
@@ -164,7 +164,7 @@ TEST_CASE("ranks that build different meshes get an error on every rank, not a h
   CHECK_THROWS_WITH_AS(mesh.flatten({"dp"}, odd ? "x" : "y"),
                        doctest::Contains("DeviceMesh::flatten: the ranks do not all build the same "
                                          "mesh"),
-                       InvalidArgument);
+                       RankMismatch);
   CHECK(mesh.flatten({"dp"}, "flat").size() == W);
 }
 

@@ -45,6 +45,13 @@ class SettingsError : public ConfigError {
   using ConfigError::ConfigError;
 };
 
+/// The ranks of one communicator declared different things (mesh, FSDP groups and policies,
+/// model configuration): thrown on every rank, naming the first difference.
+class RankMismatch : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
 /// A bad argument to an API call (sizes, shapes, names).
 class InvalidArgument : public Error {
  public:

@@ -1,4 +1,4 @@
-// The process runtime: MPI (MPI_THREAD_MULTIPLE) and Kokkos start/stop, rank placement,
+// The process runtime: MPI and Kokkos start/stop, rank placement,
 // device binding and settings. Create exactly one in main(), before anything else of
 // fullshard, and let it go out of scope last.
 #pragma once
@@ -13,10 +13,13 @@ namespace fullshard {
 
 class Runtime {
  public:
-  /// Starts MPI with MPI_THREAD_MULTIPLE, then Kokkos (passing argc/argv to both). If the host
-  /// application already initialised MPI (it must have asked for MPI_THREAD_MULTIPLE) or
-  /// Kokkos, that library is used as it is and not finalised by this Runtime. Throws
-  /// ConfigError on a bad FULLSHARD_* variable or when MPI cannot provide THREAD_MULTIPLE.
+  /// Starts MPI (asking for MPI_THREAD_MULTIPLE), then Kokkos (passing argc/argv to both). If
+  /// the host application already initialised MPI (at any thread level: plain MPI_Init too)
+  /// or Kokkos, that library is used as it is and not finalised by this Runtime. Below
+  /// MPI_THREAD_MULTIPLE fullshard makes every MPI call from the thread that calls it (the
+  /// default FULLSHARD_HOST_PROGRESS=inline; rank 0 says so in one line) and must be called
+  /// from one thread at a time. Throws ConfigError on a bad FULLSHARD_* variable, and for
+  /// FULLSHARD_HOST_PROGRESS=thread below MPI_THREAD_MULTIPLE.
   Runtime(int& argc, char**& argv);
   /// Same, without command-line arguments.
   Runtime();
@@ -39,6 +42,8 @@ class Runtime {
   int device() const noexcept { return device_; }
   bool owns_mpi() const noexcept { return owns_mpi_; }
   bool owns_kokkos() const noexcept { return owns_kokkos_; }
+  /// The MPI thread level (MPI_THREAD_SINGLE .. MPI_THREAD_MULTIPLE).
+  int thread_level() const noexcept { return thread_level_; }
   const Settings& settings() const noexcept { return settings_; }
 
   /// One line: ranks, placement, MPI library, Kokkos version and backend, CUDA/NCCL state.
@@ -57,6 +62,10 @@ class Runtime {
   int local_rank_ = 0;
   int local_size_ = 1;
   int device_ = -1;
+  int thread_level_ = MPI_THREAD_MULTIPLE;
 };
+
+/// "MPI_THREAD_SINGLE", ..., "MPI_THREAD_MULTIPLE".
+const char* thread_level_name(int level) noexcept;
 
 }  // namespace fullshard

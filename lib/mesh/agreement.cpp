@@ -1,4 +1,4 @@
-#include "lib/fsdp/fingerprint.hpp"
+#include "fullshard/mesh/agreement.hpp"
 
 #include <mpi.h>
 
@@ -8,7 +8,7 @@
 #include "fullshard/base/hash.hpp"
 #include "fullshard/base/mpi_wait.hpp"
 
-namespace fullshard::fsdp::detail {
+namespace fullshard {
 
 namespace {
 
@@ -64,12 +64,12 @@ void agree_across_ranks(const DeviceMesh& mesh, const std::vector<std::string>& 
   const std::uint64_t hi = count[0];
   const std::uint64_t lo = ~count[1];
   if (lo != hi)
-    throw ConfigError(what + " differs across ranks: rank " + std::to_string(rank) + " has " +
-                      std::to_string(items.size()) + " entries, other ranks between " +
-                      std::to_string(lo) + " and " + std::to_string(hi) +
-                      " (every rank must declare the same graph and make the same fully_shard "
-                      "calls; first entry here: " +
-                      (items.empty() ? std::string("none") : clip(items.front())) + ")");
+    throw RankMismatch(
+        what + " differs across ranks: rank " + std::to_string(rank) + " has " +
+        std::to_string(items.size()) + " entries, other ranks between " + std::to_string(lo) +
+        " and " + std::to_string(hi) +
+        " (every rank must make the same declarations and calls; first entry here: " +
+        (items.empty() ? std::string("none") : clip(items.front())) + ")");
 
   std::vector<std::uint64_t> h(2 * items.size());
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -82,13 +82,13 @@ void agree_across_ranks(const DeviceMesh& mesh, const std::vector<std::string>& 
     const std::string first =
         bcast_text(rank == 0 ? items[i] : std::string(), comm, timeout, rank, size);
     const std::string mine = items[i];
-    throw ConfigError(what + " differs across ranks (found before the first collective), entry " +
-                      std::to_string(i) + ": rank 0 has \"" + clip(first) + "\"; rank " +
-                      std::to_string(rank) +
-                      (mine == first ? " agrees with rank 0, another rank differs"
-                                     : " has \"" + clip(mine) + "\"") +
-                      ". Every rank must declare the same graph, options and mesh");
+    throw RankMismatch(what + " differs across ranks (found before the first collective), entry " +
+                       std::to_string(i) + ": rank 0 has \"" + clip(first) + "\"; rank " +
+                       std::to_string(rank) +
+                       (mine == first ? " agrees with rank 0, another rank differs"
+                                      : " has \"" + clip(mine) + "\"") +
+                       ". Every rank must make the same declarations (" + what + ")");
   }
 }
 
-}  // namespace fullshard::fsdp::detail
+}  // namespace fullshard
