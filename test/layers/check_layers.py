@@ -31,6 +31,8 @@ ALLOWED = set()
 # umbrella header (above every layer: for applications only).
 CONFIG = "fullshard/config.hpp"
 UMBRELLA = "fullshard/fullshard.hpp"
+# Public headers at include/fullshard/ itself that belong to a layer: the C API's header.
+TOP_LAYER_HEADERS = {"fullshard/fullshard.h": "capi"}
 
 SOURCE_EXT = (".hpp", ".h", ".cpp", ".cc", ".cu", ".cuh", ".inl")
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]')
@@ -124,6 +126,8 @@ def check(root, allowed):
                 elif hp[0] == "fullshard" and kind == "layer":
                     if header == CONFIG:
                         continue
+                    if header in TOP_LAYER_HEADERS:
+                        hp = ["fullshard", TOP_LAYER_HEADERS[header], hp[-1]]
                     if header == UMBRELLA or len(hp) < 3:
                         report(rel, line_no, header, "the umbrella header is for applications")
                     elif hp[1] not in rank:

@@ -1,0 +1,219 @@
+/* fullshard.h: the C API of fullshard (C99; C++ may include it too). A model described by a
+ * JSON configuration file (README, "From C and Fortran") is built with the LibTorch front end,
+ * sharded over the ranks of the simulation's own MPI communicator (FSDP2's fully_shard), and
+ * trained on the simulation's arrays. Link the CMake target fullshard::c
+ * (find_package(fullshard COMPONENTS C)); Fortran: the module `fullshard`
+ * (COMPONENTS Fortran), which wraps these calls.
+ *
+ *   fullshard_init(MPI_COMM_WORLD);                       after MPI_Init, collective
+ *   fullshard_mesh mesh;  int shape[1] = {nranks};
+ *   fullshard_mesh_create(comm, "cpu", 1, shape, "dp", &mesh);
+ *   fullshard_model model;
+ *   fullshard_model_create(mesh, "model.json", &model);  collective
+ *   fullshard_array x = fullshard_array_contiguous(xs, FULLSHARD_FLOAT32, 2, x_shape);
+ *   fullshard_array y = fullshard_array_contiguous(ys, FULLSHARD_FLOAT32, 2, y_shape);
+ *   double loss;
+ *   fullshard_train_step(model, 1, &x, 1, &y, &loss);    collective, each rank its batch
+ *   fullshard_model_free(&model); fullshard_mesh_free(&mesh); fullshard_finalize();
+ *
+ * Errors. Every call returns a fullshard_status; FULLSHARD_OK is 0. After any other status,
+ * fullshard_last_error() is a message naming what was wrong (the call, the rank, the
+ * handle, argument, configuration key and file). No C++ exception crosses this boundary. A
+ * collective that a peer never joins is not an error status: after FULLSHARD_TIMEOUT seconds
+ * (default 600) the job is aborted with a message naming the rank and the operation, as
+ * everywhere in fullshard, so that no rank waits forever.
+ *
+ * Collective calls (marked "Collective") must be made by every rank of the mesh's (or
+ * init's) communicator, in the same order, with the same configuration.
+ *
+ * Handles are values: a mesh or model handle holds an id and a generation count, so a freed
+ * handle, a handle of another kind, or one never returned by fullshard is an error
+ * (FULLSHARD_ERR_HANDLE), not a crash. The zero handle ({0}) is the null handle.
+ *
+ * Threads. fullshard makes every MPI call from the thread that calls it, so the simulation
+ * may initialise MPI with any thread level (MPI_Init included); a level below
+ * MPI_THREAD_MULTIPLE is reported in one line by fullshard_init (FULLSHARD_HOST_PROGRESS=
+ * thread is then refused). Call fullshard from one thread at a time. LibTorch's intra-op
+ * threads default to the cores this rank may use (its affinity mask, or the node's cores
+ * divided by its ranks; FULLSHARD_TORCH_THREADS or the configuration's "threads" overrides):
+ * since LibTorch sets them through OpenMP, the simulation's OpenMP regions on the same thread
+ * use that count too, and the two take turns on the same cores. */
+#ifndef FULLSHARD_H
+#define FULLSHARD_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Status ---------------------------------------------------------------------------- */
+
+typedef enum fullshard_status {
+  FULLSHARD_OK = 0,
+  /** A call before fullshard_init or after fullshard_finalize. */
+  FULLSHARD_ERR_NOT_INITIALIZED = 1,
+  /** A null handle, a freed one, one of another kind or one fullshard never returned. */
+  FULLSHARD_ERR_HANDLE = 2,
+  /** A bad argument: a null pointer, a shape or dtype the model does not take, a name. */
+  FULLSHARD_ERR_ARGUMENT = 3,
+  /** The configuration file or a setting: an unknown key, a wrong type, a bad value. */
+  FULLSHARD_ERR_CONFIG = 4,
+  /** The ranks of one communicator disagree (mesh, configuration, model). */
+  FULLSHARD_ERR_MISMATCH = 5,
+  /** An MPI or NCCL call failed. */
+  FULLSHARD_ERR_COMM = 6,
+  /** A file could not be read or written (checkpoint, safetensors, TorchScript). */
+  FULLSHARD_ERR_IO = 7,
+  /** The auto-planner found no sharding under the configuration's memory budget. */
+  FULLSHARD_ERR_INFEASIBLE = 8,
+  /** Anything else (a bug of fullshard's: please report it with the message). */
+  FULLSHARD_ERR_INTERNAL = 9
+} fullshard_status;
+
+/** The message of the last call that did not return FULLSHARD_OK on this thread ("" when
+ * none did). Valid until the next failing call on this thread. */
+const char* fullshard_last_error(void);
+/** "FULLSHARD_OK", "FULLSHARD_ERR_HANDLE", ... ("unknown status" otherwise). */
+const char* fullshard_status_name(int status);
+
+/* ---- The runtime ----------------------------------------------------------------------- */
+
+/** Starts fullshard over `comm` (the simulation's communicator; fullshard duplicates it and
+ * never uses it for anything else). MPI must be initialised; fullshard never finalises it.
+ * Starts Kokkos when the simulation has not. Reads the FULLSHARD_* variables
+ * (FULLSHARD_ERR_CONFIG naming a bad one). A second call before fullshard_finalize is
+ * FULLSHARD_ERR_ARGUMENT. Collective over comm. */
+fullshard_status fullshard_init(MPI_Comm comm);
+/** The same with a Fortran communicator handle (MPI_Comm_f2c). */
+fullshard_status fullshard_init_f(MPI_Fint comm);
+/** Frees every mesh and model still alive and stops what fullshard_init started (Kokkos,
+ * when fullshard started it). Collective over init's communicator. After it, calls return
+ * FULLSHARD_ERR_NOT_INITIALIZED until the next fullshard_init (Kokkos cannot start twice in
+ * one process: a second init after finalize works only when the simulation owns Kokkos). */
+fullshard_status fullshard_finalize(void);
+/** 1 between fullshard_init and fullshard_finalize, else 0. */
+int fullshard_initialized(void);
+/** This rank in init's communicator (-1 before init). */
+int fullshard_rank(void);
+
+/* ---- Meshes ---------------------------------------------------------------------------- */
+
+typedef struct fullshard_mesh {
+  uint64_t id;
+} fullshard_mesh;
+
+/** A device mesh over the ranks of `comm` (all of them, or a sub-communicator of init's):
+ * `ndim` dims (1 or 2) of `shape[i]` ranks, product = the ranks of comm; `names` the dim
+ * names separated by commas ("dp", or "replicate,shard": a 2-D mesh is HSDP, replicated over
+ * its first dim and sharded over its last). `device` is "cpu" or "cuda". Collective over comm;
+ * the ranks must agree (FULLSHARD_ERR_MISMATCH naming the rank that differs). */
+fullshard_status fullshard_mesh_create(MPI_Comm comm, const char* device, int ndim,
+                                       const int* shape, const char* names, fullshard_mesh* mesh);
+fullshard_status fullshard_mesh_create_f(MPI_Fint comm, const char* device, int ndim,
+                                         const int* shape, const char* names, fullshard_mesh* mesh);
+/** Frees the mesh (models made on it keep their own reference) and sets *mesh to {0}.
+ * Freeing the null handle is FULLSHARD_OK. Not collective. */
+fullshard_status fullshard_mesh_free(fullshard_mesh* mesh);
+
+/* ---- Arrays ---------------------------------------------------------------------------- */
+
+typedef enum fullshard_dtype {
+  FULLSHARD_FLOAT32 = 0,
+  FULLSHARD_FLOAT64 = 1,
+  FULLSHARD_INT32 = 2,
+  FULLSHARD_INT64 = 3
+} fullshard_dtype;
+
+#define FULLSHARD_MAX_DIMS 8
+
+/** A view of the caller's memory, in C (row-major) order: shape[0] is the slowest dim and,
+ * for inputs and targets, the batch (samples) dim. strides[i] are in elements; when all
+ * ndim of them are 0 the array is contiguous. fullshard reads it (inputs, targets) or writes
+ * it (outputs) during the call only, and keeps no pointer. Fortran's column-major arrays are
+ * these with the dims reversed (the Fortran module does it: x(features, samples) is the
+ * (samples, features) tensor). */
+typedef struct fullshard_array {
+  void* data;
+  int32_t dtype; /* fullshard_dtype */
+  int32_t ndim;  /* 1 .. FULLSHARD_MAX_DIMS */
+  int64_t shape[FULLSHARD_MAX_DIMS];
+  int64_t strides[FULLSHARD_MAX_DIMS];
+} fullshard_array;
+
+/** A contiguous C-order array over `data` (ndim is clamped to 0 .. FULLSHARD_MAX_DIMS; a bad
+ * value is reported by the call that uses the array). */
+fullshard_array fullshard_array_contiguous(void* data, fullshard_dtype dtype, int ndim,
+                                           const int64_t* shape);
+
+/* ---- Models ---------------------------------------------------------------------------- */
+
+typedef struct fullshard_model {
+  uint64_t id;
+} fullshard_model;
+
+/** Builds, shards and initialises the model that the JSON configuration file at
+ * `config_path` describes (README: "the configuration file"), on `mesh`. The same seed gives
+ * the same initial parameters on any mesh. Errors name the file and the key. Collective over
+ * the mesh; every rank must read the same configuration (FULLSHARD_ERR_MISMATCH naming the
+ * first key that differs and the rank). */
+fullshard_status fullshard_model_create(fullshard_mesh mesh, const char* config_path,
+                                        fullshard_model* model);
+/** The same from the configuration's text (`source` names it in messages; NULL: "<string>"). */
+fullshard_status fullshard_model_create_from_json(fullshard_mesh mesh, const char* json,
+                                                  const char* source, fullshard_model* model);
+/** Frees the model and sets *model to {0}; the null handle is FULLSHARD_OK. Collective over
+ * the model's mesh. */
+fullshard_status fullshard_model_free(fullshard_model* model);
+
+/** One optimizer step: forward of this rank's batch (`inputs`, n_inputs of them, the model's
+ * forward arguments in order), the configuration's loss against `targets` (summed over the
+ * outputs when there are several; the "next_token" loss of a GPT takes no target), backward
+ * (the gradients reduce-scattered over the mesh: the mean over the data-parallel ranks),
+ * gradient clipping, the optimizer and the learning-rate schedule. `*loss` (may be NULL):
+ * this rank's loss (reduce it over the ranks yourself when you need the mean). An input of
+ * the model's dtype that is contiguous reaches the model without a copy; other inputs are
+ * converted or gathered once. Every rank's batch must have the same shape except the batch
+ * dim. Collective over the mesh. */
+fullshard_status fullshard_train_step(fullshard_model model, int n_inputs,
+                                      const fullshard_array* inputs, int n_targets,
+                                      const fullshard_array* targets, double* loss);
+/** Inference on this rank's batch, without gradients: writes the model's outputs into
+ * `outputs` (n_outputs of them, shapes as the model gives them; any dtype of the four, cast
+ * on the way). Collective over the mesh. */
+fullshard_status fullshard_predict(fullshard_model model, int n_inputs,
+                                   const fullshard_array* inputs, int n_outputs,
+                                   fullshard_array* outputs);
+
+/** Optimizer steps taken so far (restored by fullshard_checkpoint_load). */
+fullshard_status fullshard_model_step(fullshard_model model, int64_t* step);
+/** The learning rate of the next step. */
+fullshard_status fullshard_model_lr(fullshard_model model, double* lr);
+/** The number of parameters of the whole (unsharded) model. */
+fullshard_status fullshard_model_num_params(fullshard_model model, int64_t* count);
+
+/** What the planner predicted for one training step on this mesh, before any step ran. */
+typedef struct fullshard_plan_info {
+  double step_ms;        /* predicted step time (the plan's cost model) */
+  int64_t peak_bytes;    /* predicted peak of fullshard's buffer pool per rank */
+  int64_t sharded_bytes; /* this rank's sharded parameters */
+  int64_t groups;        /* communication groups (fully_shard calls) */
+} fullshard_plan_info;
+fullshard_status fullshard_model_plan(fullshard_model model, fullshard_plan_info* info);
+
+/** Saves parameters, optimizer state and the step count as a new step directory under `dir`
+ * (fullshard's checkpoint format: it loads on any number of ranks). Collective. */
+fullshard_status fullshard_checkpoint_save(fullshard_model model, const char* dir);
+/** Loads the latest checkpoint under `dir` (saved on any number of ranks) into the model and
+ * its optimizer, and restores the step count. Collective. */
+fullshard_status fullshard_checkpoint_load(fullshard_model model, const char* dir);
+/** Writes the full (unsharded) parameters as one safetensors file at `path` (rank 0 writes;
+ * PyTorch's safetensors.torch.load_file reads it). Collective. */
+fullshard_status fullshard_export_safetensors(fullshard_model model, const char* path);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FULLSHARD_H */

@@ -1,0 +1,493 @@
+// The C API (include/fullshard/fullshard.h): extern "C" functions over the LibTorch front
+// end. Every function runs its body through `guarded`, which turns every exception into a
+// status and the thread's last-error message; no exception crosses the boundary.
+#include "fullshard/fullshard.h"
+
+#include <c10/util/Exception.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/base/json_reader.hpp"
+#include "fullshard/mesh/agreement.hpp"
+#include "fullshard/mesh/device_mesh.hpp"
+#include "fullshard/runtime/runtime.hpp"
+#include "fullshard/schedule/auto_plan.hpp"
+#include "fullshard/torch/threads.hpp"
+#include "lib/capi/config.hpp"
+#include "lib/capi/handles.hpp"
+#include "lib/capi/trainer.hpp"
+
+namespace fs = fullshard;
+namespace capi = fullshard::capi;
+
+namespace {
+
+thread_local std::string last_error;
+
+// Not a call's fault: the library's state (before init, after finalize).
+class NotInitialized : public fs::Error {
+ public:
+  using fs::Error::Error;
+};
+
+struct State {
+  std::unique_ptr<fs::Runtime> runtime;
+  MPI_Comm comm = MPI_COMM_NULL;  // init's communicator (a duplicate)
+  int rank = -1;
+  capi::HandleTable<fs::DeviceMesh> meshes{1, "mesh"};
+  capi::HandleTable<capi::Trainer> models{2, "model"};
+};
+std::optional<State> state;
+
+State& live() {
+  if (!state)
+    throw NotInitialized(
+        "fullshard is not initialised (call fullshard_init first, and "
+        "nothing after fullshard_finalize)");
+  return *state;
+}
+
+// The status of an exception; `plain` is the status of a fullshard::Error of no subclass (a
+// file that could not be read or written in the checkpoint calls).
+template <class F>
+fullshard_status guarded(const char* call, F&& body,
+                         fullshard_status plain = FULLSHARD_ERR_INTERNAL) noexcept {
+  auto fail = [&](fullshard_status s, const std::string& message) {
+    last_error = std::string(call) + ": " + message;
+    if (state && state->rank >= 0 && message.rfind("fullshard[rank", 0) != 0)
+      last_error = "fullshard[rank " + std::to_string(state->rank) + "]: " + last_error;
+    return s;
+  };
+  try {
+    body();
+    return FULLSHARD_OK;
+  } catch (const NotInitialized& e) {
+    return fail(FULLSHARD_ERR_NOT_INITIALIZED, e.message());
+  } catch (const capi::HandleError& e) {
+    return fail(FULLSHARD_ERR_HANDLE, e.message());
+  } catch (const fs::schedule::AutoPlanInfeasible& e) {
+    return fail(FULLSHARD_ERR_INFEASIBLE, e.message());
+  } catch (const fs::RankMismatch& e) {
+    return fail(FULLSHARD_ERR_MISMATCH, e.message());
+  } catch (const fs::ConfigError& e) {
+    return fail(FULLSHARD_ERR_CONFIG, e.message());
+  } catch (const fs::InvalidArgument& e) {
+    return fail(FULLSHARD_ERR_ARGUMENT, e.message());
+  } catch (const fs::CommError& e) {
+    return fail(FULLSHARD_ERR_COMM, e.message());
+  } catch (const fs::Error& e) {
+    return fail(plain, e.message());
+  } catch (const c10::Error& e) {
+    // LibTorch refused an argument (a shape the model's layers cannot take).
+    return fail(FULLSHARD_ERR_ARGUMENT, std::string("LibTorch: ") + e.what_without_backtrace());
+  } catch (const std::bad_alloc&) {
+    return fail(FULLSHARD_ERR_INTERNAL, "out of memory");
+  } catch (const std::exception& e) {
+    return fail(FULLSHARD_ERR_INTERNAL, e.what());
+  } catch (...) {
+    return fail(FULLSHARD_ERR_INTERNAL, "an unknown exception");
+  }
+}
+
+template <class T>
+T* required(T* p, const char* what) {
+  if (!p) throw fs::InvalidArgument(std::string(what) + " is NULL");
+  return p;
+}
+
+std::vector<std::string> split_names(const char* names) {
+  std::vector<std::string> out(1);
+  for (const char* c = names; *c; ++c) {
+    if (*c == ',')
+      out.emplace_back();
+    else if (*c != ' ')
+      out.back() += *c;
+  }
+  return out;
+}
+
+fs::DeviceMesh make_mesh(MPI_Comm comm, const char* device, int ndim, const int* shape,
+                         const char* names) {
+  State& s = live();
+  if (comm == MPI_COMM_NULL) throw fs::InvalidArgument("comm is MPI_COMM_NULL");
+  if (ndim < 1 || ndim > 2)
+    throw fs::InvalidArgument("ndim is " + std::to_string(ndim) +
+                              "; a mesh has 1 dim (FSDP) or 2 (HSDP: replicate, shard)");
+  required(shape, "shape");
+  const std::vector<std::string> dims = split_names(required(names, "names"));
+  if (int(dims.size()) != ndim)
+    throw fs::InvalidArgument("names \"" + std::string(names) + "\" gives " +
+                              std::to_string(dims.size()) + " dim names for ndim " +
+                              std::to_string(ndim) + " (separate them with commas)");
+  const fs::DeviceType type = fs::parse_device_type(required(device, "device"));
+  const fs::Settings& set = s.runtime->settings();
+  if (type == fs::DeviceType::cuda)
+    return fs::DeviceMesh(type, comm, std::vector<int>(shape, shape + ndim), dims, set.timeout_s);
+  return fs::DeviceMesh(comm, std::vector<int>(shape, shape + ndim), dims, set.timeout_s,
+                        set.host_progress, set.host_collectives, set.ranks_per_node);
+}
+
+// The caller's array as a tensor over its memory (no copy), checked.
+at::Tensor view_of(const fullshard_array& a, const std::string& what) {
+  if (!a.data) throw fs::InvalidArgument(what + ": data is NULL");
+  if (a.ndim < 1 || a.ndim > FULLSHARD_MAX_DIMS)
+    throw fs::InvalidArgument(what + ": ndim is " + std::to_string(a.ndim) + "; expected 1 to " +
+                              std::to_string(FULLSHARD_MAX_DIMS));
+  at::ScalarType t;
+  switch (a.dtype) {
+    case FULLSHARD_FLOAT32:
+      t = at::kFloat;
+      break;
+    case FULLSHARD_FLOAT64:
+      t = at::kDouble;
+      break;
+    case FULLSHARD_INT32:
+      t = at::kInt;
+      break;
+    case FULLSHARD_INT64:
+      t = at::kLong;
+      break;
+    default:
+      throw fs::InvalidArgument(what + ": dtype " + std::to_string(a.dtype) +
+                                " is not a fullshard_dtype");
+  }
+  std::vector<std::int64_t> sizes(a.shape, a.shape + a.ndim);
+  bool strided = false;
+  for (int d = 0; d < a.ndim; ++d) {
+    if (sizes[std::size_t(d)] < 1)
+      throw fs::InvalidArgument(what + ": shape[" + std::to_string(d) + "] is " +
+                                std::to_string(sizes[std::size_t(d)]) + "; extents must be >= 1");
+    strided = strided || a.strides[d] != 0;
+  }
+  const auto options = at::TensorOptions().dtype(t);
+  if (!strided) return ::torch::from_blob(a.data, sizes, options);
+  for (int d = 0; d < a.ndim; ++d)
+    if (a.strides[d] < 1)
+      throw fs::InvalidArgument(what + ": strides[" + std::to_string(d) + "] is " +
+                                std::to_string(a.strides[d]) +
+                                "; strides are >= 1 (or all 0 for a contiguous array)");
+  return ::torch::from_blob(a.data, sizes, std::vector<std::int64_t>(a.strides, a.strides + a.ndim),
+                            options);
+}
+
+// Inputs in the model's dtype: the caller's memory itself when it is contiguous and of that
+// dtype, else one copy (conversion and gathering at once).
+std::vector<at::Tensor> inputs_of(int n, const fullshard_array* arrays, at::ScalarType want,
+                                  const char* what) {
+  if (n < 0) throw fs::InvalidArgument(std::string("n_") + what + " is negative");
+  if (n > 0) required(arrays, what);
+  std::vector<at::Tensor> out;
+  out.reserve(std::size_t(n));
+  for (int i = 0; i < n; ++i) {
+    at::Tensor t = view_of(arrays[i], std::string(what) + "[" + std::to_string(i) + "]");
+    const bool integral = !at::isFloatingType(t.scalar_type());
+    const at::ScalarType to = integral && want != at::kLong ? t.scalar_type() : want;
+    out.push_back(t.scalar_type() == to && t.is_contiguous()
+                      ? t
+                      : t.to(to, /*non_blocking=*/false,
+                             /*copy=*/false, at::MemoryFormat::Contiguous));
+  }
+  return out;
+}
+
+capi::Trainer& model_of(fullshard_model m) {
+  return *live().models.get(m.id, "model");
+}
+
+// Parses the configuration on every rank and agrees on it: a file that one rank cannot read
+// or reads differently is reported on every rank (RankMismatch), not a hang.
+capi::Config agreed_config(const fs::DeviceMesh& mesh, const std::string& text,
+                           const std::string& source, std::string error) {
+  std::optional<capi::Config> c;
+  if (error.empty()) {
+    try {
+      c = capi::parse_config(text, source);
+    } catch (const fs::ConfigError& e) {
+      error = e.message();
+    }
+  }
+  std::vector<std::string> items = {error.empty() ? std::string("configuration read")
+                                                  : "configuration refused: " + error};
+  if (c) items.insert(items.end(), c->canonical.begin(), c->canonical.end());
+  fs::agree_across_ranks(mesh, items, "the model configuration " + source);
+  if (!c) throw fs::ConfigError(error);
+  return std::move(*c);
+}
+
+// `read_error`: the configuration file could not be read on this rank (the rank still
+// joins the agreement, so that every rank reports it).
+fullshard_status create_model(fullshard_mesh mesh, const std::string& text,
+                              const std::string& source, const std::string& read_error,
+                              fullshard_model* model, const char* call) {
+  return guarded(call, [&] {
+    State& s = live();
+    required(model, "model");
+    *model = fullshard_model{0};
+    std::shared_ptr<fs::DeviceMesh> m = s.meshes.get(mesh.id, "mesh");
+    auto trainer = std::make_shared<capi::Trainer>(*m, agreed_config(*m, text, source, read_error));
+    model->id = s.models.add(std::move(trainer));
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* fullshard_last_error(void) {
+  return last_error.c_str();
+}
+
+const char* fullshard_status_name(int status) {
+  switch (status) {
+    case FULLSHARD_OK:
+      return "FULLSHARD_OK";
+    case FULLSHARD_ERR_NOT_INITIALIZED:
+      return "FULLSHARD_ERR_NOT_INITIALIZED";
+    case FULLSHARD_ERR_HANDLE:
+      return "FULLSHARD_ERR_HANDLE";
+    case FULLSHARD_ERR_ARGUMENT:
+      return "FULLSHARD_ERR_ARGUMENT";
+    case FULLSHARD_ERR_CONFIG:
+      return "FULLSHARD_ERR_CONFIG";
+    case FULLSHARD_ERR_MISMATCH:
+      return "FULLSHARD_ERR_MISMATCH";
+    case FULLSHARD_ERR_COMM:
+      return "FULLSHARD_ERR_COMM";
+    case FULLSHARD_ERR_IO:
+      return "FULLSHARD_ERR_IO";
+    case FULLSHARD_ERR_INFEASIBLE:
+      return "FULLSHARD_ERR_INFEASIBLE";
+    case FULLSHARD_ERR_INTERNAL:
+      return "FULLSHARD_ERR_INTERNAL";
+  }
+  return "unknown status";
+}
+
+fullshard_status fullshard_init(MPI_Comm comm) {
+  return guarded("fullshard_init", [&] {
+    if (state)
+      throw fs::InvalidArgument(
+          "fullshard is already initialised (call fullshard_finalize "
+          "before initialising it again)");
+    int mpi = 0;
+    MPI_Initialized(&mpi);
+    if (!mpi)
+      throw fs::InvalidArgument(
+          "MPI is not initialised: call MPI_Init (or MPI_Init_thread) "
+          "before fullshard_init");
+    if (comm == MPI_COMM_NULL) throw fs::InvalidArgument("comm is MPI_COMM_NULL");
+    State s;
+    s.runtime = std::make_unique<fs::Runtime>();
+    MPI_Comm_dup(comm, &s.comm);
+    MPI_Comm_rank(s.comm, &s.rank);
+    fs::torch::use_launcher_cores(*s.runtime);
+    state.emplace(std::move(s));
+  });
+}
+
+fullshard_status fullshard_init_f(MPI_Fint comm) {
+  return fullshard_init(MPI_Comm_f2c(comm));
+}
+
+fullshard_status fullshard_finalize(void) {
+  return guarded("fullshard_finalize", [&] {
+    live();
+    // Models first (they hold meshes), then meshes, then the runtime.
+    state->models.clear();
+    state->meshes.clear();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&state->comm);
+    state.reset();
+  });
+}
+
+int fullshard_initialized(void) {
+  return state ? 1 : 0;
+}
+
+int fullshard_rank(void) {
+  return state ? state->rank : -1;
+}
+
+fullshard_status fullshard_mesh_create(MPI_Comm comm, const char* device, int ndim,
+                                       const int* shape, const char* names, fullshard_mesh* mesh) {
+  return guarded("fullshard_mesh_create", [&] {
+    required(mesh, "mesh");
+    *mesh = fullshard_mesh{0};
+    auto m = std::make_shared<fs::DeviceMesh>(make_mesh(comm, device, ndim, shape, names));
+    mesh->id = state->meshes.add(std::move(m));
+  });
+}
+
+fullshard_status fullshard_mesh_create_f(MPI_Fint comm, const char* device, int ndim,
+                                         const int* shape, const char* names,
+                                         fullshard_mesh* mesh) {
+  return fullshard_mesh_create(MPI_Comm_f2c(comm), device, ndim, shape, names, mesh);
+}
+
+fullshard_status fullshard_mesh_free(fullshard_mesh* mesh) {
+  return guarded("fullshard_mesh_free", [&] {
+    State& s = live();
+    required(mesh, "mesh");
+    if (mesh->id == 0) return;
+    s.meshes.remove(mesh->id, "mesh");
+    *mesh = fullshard_mesh{0};
+  });
+}
+
+fullshard_array fullshard_array_contiguous(void* data, fullshard_dtype dtype, int ndim,
+                                           const int64_t* shape) {
+  fullshard_array a;
+  std::memset(&a, 0, sizeof a);
+  a.data = data;
+  a.dtype = dtype;
+  a.ndim = ndim;
+  const int n = ndim < 0 ? 0 : (ndim > FULLSHARD_MAX_DIMS ? FULLSHARD_MAX_DIMS : ndim);
+  for (int d = 0; d < n && shape; ++d)
+    a.shape[d] = shape[d];
+  return a;
+}
+
+fullshard_status fullshard_model_create(fullshard_mesh mesh, const char* config_path,
+                                        fullshard_model* model) {
+  if (!config_path || !state)
+    return guarded("fullshard_model_create", [&] {
+      live();
+      throw fs::InvalidArgument("config_path is NULL");
+    });
+  std::string text, read_error;
+  try {
+    text = fs::detail::read_text_file(config_path, "configuration");
+  } catch (const fs::Error& e) {
+    read_error = e.message();
+  }
+  return create_model(mesh, text, config_path, read_error, model, "fullshard_model_create");
+}
+
+fullshard_status fullshard_model_create_from_json(fullshard_mesh mesh, const char* json,
+                                                  const char* source, fullshard_model* model) {
+  if (!json || !state)
+    return guarded("fullshard_model_create_from_json", [&] {
+      live();
+      throw fs::InvalidArgument("json is NULL");
+    });
+  return create_model(mesh, json, source ? source : "<string>", "", model,
+                      "fullshard_model_create_from_json");
+}
+
+fullshard_status fullshard_model_free(fullshard_model* model) {
+  return guarded("fullshard_model_free", [&] {
+    State& s = live();
+    required(model, "model");
+    if (model->id == 0) return;
+    s.models.remove(model->id, "model");
+    *model = fullshard_model{0};
+  });
+}
+
+fullshard_status fullshard_train_step(fullshard_model model, int n_inputs,
+                                      const fullshard_array* inputs, int n_targets,
+                                      const fullshard_array* targets, double* loss) {
+  return guarded("fullshard_train_step", [&] {
+    capi::Trainer& t = model_of(model);
+    const std::vector<at::Tensor> in = inputs_of(n_inputs, inputs, t.input_dtype(), "inputs");
+    const std::vector<at::Tensor> tg = inputs_of(n_targets, targets, t.input_dtype(), "targets");
+    const double l = t.train_step(in, tg);
+    if (loss) *loss = l;
+  });
+}
+
+fullshard_status fullshard_predict(fullshard_model model, int n_inputs,
+                                   const fullshard_array* inputs, int n_outputs,
+                                   fullshard_array* outputs) {
+  return guarded("fullshard_predict", [&] {
+    capi::Trainer& t = model_of(model);
+    const std::vector<at::Tensor> in = inputs_of(n_inputs, inputs, t.input_dtype(), "inputs");
+    if (n_outputs < 0) throw fs::InvalidArgument("n_outputs is negative");
+    if (n_outputs > 0) required(outputs, "outputs");
+    std::vector<at::Tensor> dst;
+    for (int i = 0; i < n_outputs; ++i)
+      dst.push_back(view_of(outputs[i], "outputs[" + std::to_string(i) + "]"));
+    const std::vector<at::Tensor> out = t.predict(in);
+    if (out.size() != dst.size())
+      throw fs::InvalidArgument("the model gives " + std::to_string(out.size()) +
+                                " outputs but n_outputs is " + std::to_string(n_outputs));
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (!dst[i].sizes().equals(out[i].sizes()))
+        throw fs::InvalidArgument("outputs[" + std::to_string(i) + "] has shape " +
+                                  c10::str(dst[i].sizes()) + " but the model's output " +
+                                  std::to_string(i) + " has shape " + c10::str(out[i].sizes()));
+      dst[i].copy_(out[i]);
+    }
+  });
+}
+
+fullshard_status fullshard_model_step(fullshard_model model, int64_t* step) {
+  return guarded("fullshard_model_step", [&] { *required(step, "step") = model_of(model).step(); });
+}
+
+fullshard_status fullshard_model_lr(fullshard_model model, double* lr) {
+  return guarded("fullshard_model_lr", [&] { *required(lr, "lr") = model_of(model).lr(); });
+}
+
+fullshard_status fullshard_model_num_params(fullshard_model model, int64_t* count) {
+  return guarded("fullshard_model_num_params",
+                 [&] { *required(count, "count") = model_of(model).num_params(); });
+}
+
+fullshard_status fullshard_model_plan(fullshard_model model, fullshard_plan_info* info) {
+  return guarded("fullshard_model_plan", [&] {
+    const capi::PlanPrediction& p = model_of(model).plan();
+    fullshard_plan_info* out = required(info, "info");
+    out->step_ms = p.step_ms;
+    out->peak_bytes = p.peak_bytes;
+    out->sharded_bytes = p.sharded_bytes;
+    out->groups = p.groups;
+  });
+}
+
+fullshard_status fullshard_checkpoint_save(fullshard_model model, const char* dir) {
+  return guarded(
+      "fullshard_checkpoint_save", [&] { model_of(model).save_checkpoint(required(dir, "dir")); },
+      FULLSHARD_ERR_IO);
+}
+
+fullshard_status fullshard_checkpoint_load(fullshard_model model, const char* dir) {
+  return guarded(
+      "fullshard_checkpoint_load", [&] { model_of(model).load_checkpoint(required(dir, "dir")); },
+      FULLSHARD_ERR_IO);
+}
+
+fullshard_status fullshard_export_safetensors(fullshard_model model, const char* path) {
+  return guarded(
+      "fullshard_export_safetensors",
+      [&] { model_of(model).export_safetensors(required(path, "path")); }, FULLSHARD_ERR_IO);
+}
+
+/// Not in fullshard.h (the Fortran module's C part): records a failed call's message.
+fullshard_status fullshard_detail_fail(fullshard_status status, const char* message) {
+  last_error = message ? message : "";
+  if (state && state->rank >= 0)
+    last_error = "fullshard[rank " + std::to_string(state->rank) + "]: " + last_error;
+  return status;
+}
+
+/// Not in fullshard.h (tests): the data pointer of the first input of the model's last
+/// forward, to check that a contiguous array of the model's dtype reaches it without a copy.
+fullshard_status fullshard_detail_last_input(fullshard_model model, const void** data) {
+  return guarded("fullshard_detail_last_input",
+                 [&] { *required(data, "data") = model_of(model).last_input_data(); });
+}
+
+}  // extern "C"

@@ -1,0 +1,322 @@
+#include "lib/capi/config.hpp"
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/base/json_reader.hpp"
+
+namespace fullshard::capi {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+std::string type_of(const ojson& v) {
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "null";
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i)
+    s += (i ? ", " : "") + v[i];
+  return s;
+}
+
+// One JSON object of the configuration: each get() names the key it reads; finish() refuses
+// every key that was not read (naming it and the keys the object takes).
+class Section {
+ public:
+  Section(const ojson& j, std::string path, Config& c) : j_(j), path_(std::move(path)), c_(c) {
+    if (!j_.is_object()) fail(path_.empty() ? "the configuration" : path_, "an object");
+  }
+
+  double number(const std::string& key, double def, double lo, double hi) {
+    const ojson* v = find(key);
+    double x = def;
+    if (v) {
+      if (!v->is_number()) fail(key, "a number", *v);
+      x = v->get<double>();
+      if (!std::isfinite(x) || x < lo || x > hi) range(key, *v, lo, hi);
+    }
+    record(key, ojson(x).dump());
+    return x;
+  }
+  std::int64_t integer(const std::string& key, std::int64_t def, std::int64_t lo, std::int64_t hi) {
+    const ojson* v = find(key);
+    std::int64_t x = def;
+    if (v) {
+      if (!v->is_number_integer()) fail(key, "an integer", *v);
+      if (v->is_number_unsigned() &&
+          v->get<std::uint64_t>() > std::uint64_t(std::numeric_limits<std::int64_t>::max()))
+        range(key, *v, double(lo), double(hi));
+      x = v->get<std::int64_t>();
+      if (x < lo || x > hi) range(key, *v, double(lo), double(hi));
+    }
+    record(key, std::to_string(x));
+    return x;
+  }
+  bool boolean(const std::string& key, bool def) {
+    const ojson* v = find(key);
+    bool x = def;
+    if (v) {
+      if (!v->is_boolean()) fail(key, "true or false", *v);
+      x = v->get<bool>();
+    }
+    record(key, x ? "true" : "false");
+    return x;
+  }
+  /// One of `choices` (the first is the default unless `required`).
+  std::string choice(const std::string& key, const std::vector<std::string>& choices,
+                     bool required = false) {
+    const ojson* v = find(key);
+    std::string x = choices.front();
+    if (!v && required) missing(key, "one of " + join(choices));
+    if (v) {
+      if (!v->is_string()) fail(key, "one of " + join(choices), *v);
+      x = v->get<std::string>();
+      bool ok = false;
+      for (const auto& c : choices)
+        ok = ok || c == x;
+      if (!ok)
+        throw ConfigError(c_.source + ": " + full(key) + ": unknown value \"" + x +
+                          "\"; expected one of " + join(choices));
+    }
+    record(key, x);
+    return x;
+  }
+  std::string text(const std::string& key, bool required) {
+    const ojson* v = find(key);
+    if (!v && required) missing(key, "a string");
+    std::string x;
+    if (v) {
+      if (!v->is_string()) fail(key, "a string", *v);
+      x = v->get<std::string>();
+    }
+    record(key, x);
+    return x;
+  }
+  std::vector<std::int64_t> integers(const std::string& key, std::int64_t lo, std::int64_t hi,
+                                     bool required) {
+    const ojson* v = find(key);
+    if (!v && required) missing(key, "an array of integers");
+    std::vector<std::int64_t> x;
+    std::string shown = "[";
+    if (v) {
+      if (!v->is_array() || v->empty()) fail(key, "a non-empty array of integers", *v);
+      for (const auto& e : *v) {
+        if (!e.is_number_integer() || e.get<std::int64_t>() < lo || e.get<std::int64_t>() > hi)
+          throw ConfigError(c_.source + ": " + full(key) + ": expected integers from " +
+                            std::to_string(lo) + " to " + std::to_string(hi) + ", got " + e.dump());
+        x.push_back(e.get<std::int64_t>());
+        shown += (x.size() > 1 ? "," : "") + std::to_string(x.back());
+      }
+    }
+    record(key, shown + "]");
+    return x;
+  }
+  /// A DType name (f32, bf16, ...) or absent.
+  std::optional<DType> dtype(const std::string& key, const std::vector<std::string>& allowed) {
+    const ojson* v = find(key);
+    std::optional<DType> x;
+    if (v) {
+      if (!v->is_string()) fail(key, "one of " + join(allowed), *v);
+      const std::string s = v->get<std::string>();
+      bool ok = false;
+      for (const auto& a : allowed)
+        ok = ok || a == s;
+      if (!ok)
+        throw ConfigError(c_.source + ": " + full(key) + ": unknown dtype \"" + s +
+                          "\"; expected one of " + join(allowed));
+      x = parse_dtype(s, c_.source + ": " + full(key));
+    }
+    record(key, x ? dtype_name(*x) : "none");
+    return x;
+  }
+  /// A nested object (an empty one when absent and not required).
+  Section object(const std::string& key, bool required) {
+    const ojson* v = find(key);
+    if (!v && required) missing(key, "an object");
+    if (v && !v->is_object()) fail(key, "an object", *v);
+    return Section(v ? *v : empty_, full(key), c_);
+  }
+  bool has(const std::string& key) const { return j_.contains(key); }
+
+  /// Refuses the keys that were not read.
+  void finish() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (!read_.count(it.key())) {
+        std::vector<std::string> keys(order_.begin(), order_.end());
+        throw ConfigError(c_.source + ": unknown key " + detail::json_key_shown(full(it.key())) +
+                          (path_.empty() ? "" : " in '" + path_ + "'") + "; this object takes " +
+                          (keys.empty() ? std::string("no keys") : join(keys)));
+      }
+  }
+
+ private:
+  const ojson* find(const std::string& key) {
+    read_.insert(key);
+    order_.push_back(key);
+    auto it = j_.find(key);
+    return it == j_.end() ? nullptr : &*it;
+  }
+  std::string full(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  void record(const std::string& key, const std::string& value) {
+    c_.canonical.push_back(full(key) + " = " + value);
+  }
+  [[noreturn]] void fail(const std::string& key, const std::string& expected,
+                         const ojson& got) const {
+    throw ConfigError(c_.source + ": " + full(key) + ": expected " + expected + ", got " +
+                      type_of(got) + " (" + got.dump().substr(0, 80) + ")");
+  }
+  [[noreturn]] void fail(const std::string& what, const std::string& expected) const {
+    throw ConfigError(c_.source + ": " + what + ": expected " + expected + ", got " + type_of(j_));
+  }
+  [[noreturn]] void missing(const std::string& key, const std::string& expected) const {
+    throw ConfigError(c_.source + ": " + full(key) + ": missing (expected " + expected + ")");
+  }
+  [[noreturn]] void range(const std::string& key, const ojson& v, double lo, double hi) const {
+    std::ostringstream m;
+    m << c_.source << ": " << full(key) << ": " << v.dump() << " is out of range [" << lo << ", "
+      << hi << "]";
+    throw ConfigError(m.str());
+  }
+
+  static inline const ojson empty_ = ojson::object();
+  const ojson& j_;
+  std::string path_;
+  Config& c_;
+  std::set<std::string> read_;
+  std::vector<std::string> order_;
+};
+
+constexpr std::int64_t kMaxSize = std::int64_t{1} << 31;
+const std::vector<std::string> kActivations = {"relu", "gelu", "tanh", "silu"};
+
+void read_model(Section m, Config& c) {
+  ModelSpec& s = c.model;
+  s.type =
+      m.choice("type", {"mlp", "residual_mlp", "gpt", "conv_autoencoder", "torchscript"}, true);
+  if (s.type == "mlp" || s.type == "residual_mlp") {
+    s.inputs = m.integer("inputs", 0, 1, kMaxSize);
+    s.outputs = m.integer("outputs", 0, 1, kMaxSize);
+    if (!m.has("inputs") || !m.has("outputs"))
+      throw ConfigError(c.source + ": model: a " + s.type + " needs \"inputs\" and \"outputs\"");
+    if (s.type == "mlp") {
+      s.hidden = m.integers("hidden", 1, kMaxSize, true);
+      s.activation = m.choice("activation", kActivations);
+    } else {
+      s.hidden = {m.integer("hidden", 256, 1, kMaxSize)};
+      s.blocks = m.integer("blocks", 4, 1, 1 << 16);
+    }
+  } else if (s.type == "gpt") {
+    s.vocab = m.integer("vocab", s.vocab, 2, kMaxSize);
+    s.context = m.integer("context", s.context, 2, kMaxSize);
+    s.d_model = m.integer("d_model", s.d_model, 1, kMaxSize);
+    s.heads = m.integer("heads", s.heads, 1, 1 << 16);
+    s.layers = m.integer("layers", s.layers, 1, 1 << 16);
+    s.mlp_ratio = m.integer("mlp_ratio", s.mlp_ratio, 1, 64);
+    s.checkpoint_blocks = m.boolean("checkpoint_blocks", false);
+    if (s.d_model % s.heads != 0)
+      throw ConfigError(c.source + ": model.heads: " + std::to_string(s.heads) +
+                        " does not divide model.d_model " + std::to_string(s.d_model));
+  } else if (s.type == "conv_autoencoder") {
+    s.channels = m.integer("channels", 1, 1, 1 << 16);
+    s.out_channels = m.integer("out_channels", s.channels, 1, 1 << 16);
+    s.width = m.integer("width", 16, 1, 1 << 16);
+    s.levels = m.integer("levels", 2, 1, 8);
+    s.activation = m.choice("activation", kActivations);
+  } else {
+    s.file = m.text("file", true);
+  }
+  m.finish();
+}
+
+}  // namespace
+
+Config parse_config(const std::string& text, const std::string& source) {
+  Config c;
+  c.source = source;
+  const ojson j = detail::parse_json_strict(text, source);
+  Section top(j, "", c);
+  read_model(top.object("model", true), c);
+  const bool gpt = c.model.type == "gpt";
+  c.loss =
+      top.choice("loss", gpt ? std::vector<std::string>{"next_token"}
+                             : std::vector<std::string>{"mse", "l1", "smooth_l1", "cross_entropy"});
+  {
+    Section o = top.object("optimizer", false);
+    OptimizerSpec& s = c.optimizer;
+    s.type = o.choice("type", {"adamw", "sgd"});
+    s.lr = o.number("lr", s.lr, 0.0, 1e6);
+    s.weight_decay = o.number("weight_decay", 0.0, 0.0, 1e6);
+    if (s.type == "adamw") {
+      const double inf = std::numeric_limits<double>::max();
+      s.beta1 = o.number("beta1", s.beta1, 0.0, 0.999999);
+      s.beta2 = o.number("beta2", s.beta2, 0.0, 0.999999999);
+      s.eps = o.number("eps", s.eps, 1e-30, inf);
+    } else {
+      s.momentum = o.number("momentum", 0.0, 0.0, 0.999999);
+    }
+    o.finish();
+  }
+  {
+    Section o = top.object("lr_schedule", false);
+    ScheduleSpec& s = c.lr_schedule;
+    s.type = o.choice("type", {"constant", "warmup_cosine"});
+    if (s.type == "warmup_cosine") {
+      s.warmup_steps = int(o.integer("warmup_steps", 0, 0, 1 << 30));
+      s.total_steps = int(o.integer("total_steps", 0, 1, 1 << 30));
+      s.min_lr = o.number("min_lr", 0.0, 0.0, c.optimizer.lr);
+      if (!o.has("total_steps"))
+        throw ConfigError(c.source +
+                          ": lr_schedule.total_steps: missing (a warmup_cosine "
+                          "schedule needs it)");
+      if (s.warmup_steps >= s.total_steps)
+        throw ConfigError(c.source +
+                          ": lr_schedule.warmup_steps: " + std::to_string(s.warmup_steps) +
+                          " must be below total_steps " + std::to_string(s.total_steps));
+    }
+    o.finish();
+  }
+  c.grad_clip = top.number("grad_clip", 0.0, 0.0, 1e30);
+  c.dtype = top.dtype("dtype", {"float32", "f32", "float64", "f64"}).value_or(DType::f32);
+  {
+    Section o = top.object("mixed_precision", false);
+    const std::vector<std::string> kinds = {"f32", "float32", "bf16", "bfloat16", "f16", "float16"};
+    c.param_dtype = o.dtype("param_dtype", kinds);
+    c.reduce_dtype = o.dtype("reduce_dtype", kinds);
+    o.finish();
+  }
+  {
+    Section o = top.object("sharding", false);
+    ShardingSpec& s = c.sharding;
+    s.policy = o.choice("policy", {"blocks", "root", "auto"});
+    s.reshard_after_forward = o.boolean("reshard_after_forward", true);
+    s.forward_prefetch = int(o.integer("forward_prefetch", 0, 0, 16));
+    if (s.policy == "auto") {
+      s.memory_budget_mb = o.number("memory_budget_mb", 0.0, 1e-6, 1e12);
+      if (!o.has("memory_budget_mb"))
+        throw ConfigError(c.source +
+                          ": sharding.memory_budget_mb: missing (the auto policy "
+                          "plans under a per-rank memory budget)");
+    }
+    o.finish();
+  }
+  c.seed = std::uint64_t(top.integer("seed", 0, 0, std::numeric_limits<std::int64_t>::max()));
+  c.threads = int(top.integer("threads", 0, 0, 4096));
+  top.finish();
+  return c;
+}
+
+}  // namespace fullshard::capi

@@ -1,0 +1,339 @@
+#include "lib/capi/models.hpp"
+
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/torch/gpt.hpp"
+#include "fullshard/torch/residual_mlp.hpp"
+#include "fullshard/torch/sharded_model.hpp"
+
+namespace fullshard::capi {
+
+namespace fst = fullshard::torch;
+namespace nn = ::torch::nn;
+
+namespace {
+
+enum class Activation { relu, gelu, tanh, silu };
+
+Activation parse_activation(const std::string& a) {
+  if (a == "gelu") return Activation::gelu;
+  if (a == "tanh") return Activation::tanh;
+  if (a == "silu") return Activation::silu;
+  return Activation::relu;
+}
+
+at::Tensor activate(const at::Tensor& x, Activation a) {
+  switch (a) {
+    case Activation::gelu:
+      return at::gelu(x);
+    case Activation::tanh:
+      return at::tanh(x);
+    case Activation::silu:
+      return at::silu(x);
+    case Activation::relu:
+      break;
+  }
+  return at::relu(x);
+}
+
+std::string shape_of(const at::Tensor& t) {
+  std::string s = "(";
+  for (std::int64_t d = 0; d < t.dim(); ++d)
+    s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + ")";
+}
+
+void check_count(const std::vector<at::Tensor>& in, std::size_t n, const std::string& model) {
+  if (in.size() != n)
+    throw InvalidArgument("the " + model + " takes " + std::to_string(n) + " input" +
+                          (n == 1 ? "" : "s") + ", not " + std::to_string(in.size()));
+}
+
+// ---- mlp ---------------------------------------------------------------------------------
+
+// One hidden layer: activation(x W^T + b).
+class DenseBlockImpl : public nn::Module {
+ public:
+  DenseBlockImpl(std::int64_t in, std::int64_t out, Activation a)
+      : linear(register_module("linear", nn::Linear(in, out))), act_(a) {}
+  at::Tensor forward(const at::Tensor& x) { return activate(linear(x), act_); }
+  nn::Linear linear;
+
+ private:
+  Activation act_;
+};
+
+class MlpImpl : public nn::Module {
+ public:
+  explicit MlpImpl(const ModelSpec& s) {
+    auto list = register_module("blocks", nn::ModuleList());
+    std::int64_t in = s.inputs;
+    for (std::int64_t h : s.hidden) {
+      blocks.push_back(std::make_shared<DenseBlockImpl>(in, h, parse_activation(s.activation)));
+      list->push_back(blocks.back());
+      in = h;
+    }
+    output = register_module("output", nn::Linear(in, s.outputs));
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (auto& b : blocks)
+      x = fst::call(b, x);
+    return output(x);
+  }
+  std::vector<std::shared_ptr<DenseBlockImpl>> blocks;
+  nn::Linear output{nullptr};
+};
+
+// ---- conv_autoencoder --------------------------------------------------------------------
+
+// A 3x3 convolution (stride 1 or 2, padding 1) and the activation.
+class ConvBlockImpl : public nn::Module {
+ public:
+  ConvBlockImpl(std::int64_t in, std::int64_t out, std::int64_t stride, Activation a)
+      : conv(register_module("conv",
+                             nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1)))),
+        act_(a) {}
+  at::Tensor forward(const at::Tensor& x) { return activate(conv(x), act_); }
+  nn::Conv2d conv;
+
+ private:
+  Activation act_;
+};
+
+// A 4x4 transposed convolution of stride 2 (doubles H and W) and the activation.
+class UpBlockImpl : public nn::Module {
+ public:
+  UpBlockImpl(std::int64_t in, std::int64_t out, Activation a)
+      : conv(register_module(
+            "conv",
+            nn::ConvTranspose2d(nn::ConvTranspose2dOptions(in, out, 4).stride(2).padding(1)))),
+        act_(a) {}
+  at::Tensor forward(const at::Tensor& x) { return activate(conv(x), act_); }
+  nn::ConvTranspose2d conv;
+
+ private:
+  Activation act_;
+};
+
+// (N, C, H, W) -> (N, C_out, H, W): a stride-1 block to `width` channels, `levels` blocks that
+// halve H and W and double the channels, as many that undo it, and a 3x3 output convolution.
+class ConvAutoencoderImpl : public nn::Module {
+ public:
+  explicit ConvAutoencoderImpl(const ModelSpec& s) {
+    const Activation a = parse_activation(s.activation);
+    auto list = register_module("blocks", nn::ModuleList());
+    auto add = [&](std::shared_ptr<nn::Module> b) {
+      list->push_back(b);
+      blocks.push_back(std::move(b));
+    };
+    add(std::make_shared<ConvBlockImpl>(s.channels, s.width, 1, a));
+    std::int64_t w = s.width;
+    for (std::int64_t l = 0; l < s.levels; ++l, w *= 2)
+      add(std::make_shared<ConvBlockImpl>(w, 2 * w, 2, a));
+    for (std::int64_t l = 0; l < s.levels; ++l, w /= 2)
+      add(std::make_shared<UpBlockImpl>(w, w / 2, a));
+    output = register_module("output",
+                             nn::Conv2d(nn::Conv2dOptions(s.width, s.out_channels, 3).padding(1)));
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (auto& b : blocks) {
+      if (auto* c = dynamic_cast<ConvBlockImpl*>(b.get()))
+        x = fst::call(*c, x);
+      else
+        x = fst::call(static_cast<UpBlockImpl&>(*b), x);
+    }
+    return output(x);
+  }
+  std::vector<std::shared_ptr<nn::Module>> blocks;
+  nn::Conv2d output{nullptr};
+};
+
+// ---- torchscript -------------------------------------------------------------------------
+
+// A scripted module's tree as nn::Modules holding the same parameter tensors (the same
+// TensorImpls: fully_shard's in-place changes reach the scripted module), so the LibTorch
+// front end can mirror and shard it. Buffers stay in the scripted module, whole.
+class ScriptMirror : public nn::Module {
+ public:
+  explicit ScriptMirror(::torch::jit::Module m) : script(std::move(m)) {
+    for (const auto& p : script.named_parameters(/*recurse=*/false))
+      register_parameter(p.name, p.value, p.value.requires_grad());
+    for (const auto& c : script.named_children())
+      children_.push_back(register_module(c.name, std::make_shared<ScriptMirror>(c.value)));
+  }
+  at::Tensor forward(const at::Tensor& x) { return script.forward({x}).toTensor(); }
+  ::torch::jit::Module script;
+
+ protected:
+  std::vector<std::shared_ptr<ScriptMirror>> children_;
+};
+
+// A scripted nn.Sequential: its children (the blocks fully_shard wraps) called in order
+// through fullshard::torch::call.
+class ScriptSequential : public ScriptMirror {
+ public:
+  using ScriptMirror::ScriptMirror;
+  at::Tensor forward(at::Tensor x) {
+    for (auto& b : children_)
+      x = fst::call(b, x);
+    return x;
+  }
+  const std::vector<std::shared_ptr<ScriptMirror>>& blocks() const { return children_; }
+};
+
+// Any other scripted module: one communication group (the root), its forward called with
+// every input; a tensor, a tuple or a list of tensors comes back.
+class ScriptModel : public ScriptMirror {
+ public:
+  using ScriptMirror::ScriptMirror;
+  std::vector<at::Tensor> forward(std::vector<at::Tensor> in) {
+    const c10::IValue r = script.forward(std::vector<c10::IValue>(in.begin(), in.end()));
+    if (r.isTensor()) return {r.toTensor()};
+    if (r.isTensorList()) return r.toTensorVector();
+    std::vector<at::Tensor> out;
+    if (r.isTuple())
+      for (const c10::IValue& e : r.toTupleRef().elements()) {
+        if (!e.isTensor()) break;
+        out.push_back(e.toTensor());
+      }
+    if (!r.isTuple() || out.empty() || out.size() != r.toTupleRef().elements().size())
+      throw InvalidArgument("the TorchScript model returned a " + r.tagKind() +
+                            "; fullshard takes a tensor, a tuple or a list of tensors");
+    return out;
+  }
+};
+
+::torch::jit::Module load_script(const std::string& file, const std::string& source) {
+  ::torch::jit::Module m;
+  try {
+    m = ::torch::jit::load(file);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    throw ConfigError(
+        source + ": model.file: cannot load the TorchScript file '" + file + "' (" + what +
+        "); it must be saved by torch.jit.save from a PyTorch no newer than this "
+        "LibTorch (" +
+        std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + ")");
+  }
+  return m;
+}
+
+bool is_sequential(const ::torch::jit::Module& m) {
+  const auto name = m.type()->name();
+  return name &&
+         name->qualifiedName().find("torch.nn.modules.container.Sequential") != std::string::npos;
+}
+
+}  // namespace
+
+BuiltModel build_model(const ModelSpec& s, at::ScalarType dtype, const std::string& source) {
+  BuiltModel b;
+  b.input_dtype = dtype;
+  if (s.type == "mlp" || s.type == "residual_mlp") {
+    const std::int64_t inputs = s.inputs;
+    const std::string name = s.type;
+    if (s.type == "mlp") {
+      auto m = std::make_shared<MlpImpl>(s);
+      for (auto& blk : m->blocks)
+        b.blocks.push_back(blk.get());
+      b.forward = [m](const std::vector<at::Tensor>& in) mutable {
+        return std::vector<at::Tensor>{fst::call(m, in[0])};
+      };
+      b.root = m;
+    } else {
+      fst::ResidualMlp m(fst::ResidualMlpConfig{s.inputs, s.hidden[0], s.outputs, s.blocks});
+      for (auto& blk : m->block_list)
+        b.blocks.push_back(blk.get());
+      b.forward = [m](const std::vector<at::Tensor>& in) mutable {
+        return std::vector<at::Tensor>{fst::call(m, in[0])};
+      };
+      b.root = m.ptr();
+    }
+    b.check_inputs = [inputs, name](const std::vector<at::Tensor>& in) {
+      check_count(in, 1, name);
+      if (in[0].dim() < 1 || in[0].size(-1) != inputs)
+        throw InvalidArgument("input 0 has shape " + shape_of(in[0]) + "; the " + name +
+                              " takes (batch, " + std::to_string(inputs) + ")");
+    };
+  } else if (s.type == "gpt") {
+    fst::GptConfig c;
+    c.vocab = s.vocab;
+    c.context = s.context;
+    c.d_model = s.d_model;
+    c.heads = s.heads;
+    c.layers = s.layers;
+    c.mlp_ratio = s.mlp_ratio;
+    c.checkpoint_blocks = s.checkpoint_blocks;
+    fst::Gpt m(c);
+    for (auto& blk : m->block_list)
+      b.blocks.push_back(blk.ptr().get());
+    b.forward = [m](const std::vector<at::Tensor>& in) mutable {
+      return std::vector<at::Tensor>{fst::call(m, in[0])};
+    };
+    b.own_loss = [m](const std::vector<at::Tensor>& in) mutable { return m->loss(in[0]); };
+    b.input_dtype = at::kLong;
+    const std::int64_t context = s.context + 1;
+    b.check_inputs = [context](const std::vector<at::Tensor>& in) {
+      check_count(in, 1, "gpt");
+      if (in[0].dim() != 2 || in[0].size(1) < 2 || in[0].size(1) > context)
+        throw InvalidArgument("input 0 has shape " + shape_of(in[0]) +
+                              "; the gpt takes token ids (batch, time) with 2 <= time <= " +
+                              std::to_string(context) + " (context + 1)");
+    };
+    b.root = m.ptr();
+  } else if (s.type == "conv_autoencoder") {
+    auto m = std::make_shared<ConvAutoencoderImpl>(s);
+    for (auto& blk : m->blocks)
+      b.blocks.push_back(blk.get());
+    b.forward = [m](const std::vector<at::Tensor>& in) mutable {
+      return std::vector<at::Tensor>{fst::call(m, in[0])};
+    };
+    const std::int64_t channels = s.channels, multiple = std::int64_t{1} << s.levels;
+    b.check_inputs = [channels, multiple](const std::vector<at::Tensor>& in) {
+      check_count(in, 1, "conv_autoencoder");
+      if (in[0].dim() != 4 || in[0].size(1) != channels || in[0].size(2) % multiple != 0 ||
+          in[0].size(3) % multiple != 0)
+        throw InvalidArgument("input 0 has shape " + shape_of(in[0]) +
+                              "; the conv_autoencoder takes (batch, " + std::to_string(channels) +
+                              ", H, W) with H and W multiples of " + std::to_string(multiple));
+    };
+    b.root = m;
+  } else {
+    ::torch::jit::Module script = load_script(s.file, source);
+    if (is_sequential(script)) {
+      auto m = std::make_shared<ScriptSequential>(std::move(script));
+      if (m->blocks().empty())
+        throw ConfigError(source + ": model.file: '" + s.file + "' is an empty Sequential");
+      for (auto& blk : m->blocks())
+        b.blocks.push_back(blk.get());
+      b.forward = [m](const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{fst::call(m, in[0])};
+      };
+      b.check_inputs = [](const std::vector<at::Tensor>& in) {
+        check_count(in, 1, "scripted Sequential");
+      };
+      b.root = m;
+    } else {
+      auto m = std::make_shared<ScriptModel>(std::move(script));
+      b.forward = [m](const std::vector<at::Tensor>& in) { return fst::call(m, in); };
+      b.check_inputs = [](const std::vector<at::Tensor>&) {};
+      b.root = m;
+    }
+  }
+  if (dtype != at::kFloat) b.root->to(dtype);
+  return b;
+}
+
+}  // namespace fullshard::capi
