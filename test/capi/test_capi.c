@@ -2,6 +2,7 @@
  * Numbers are checked against references computed here (the loss of a step is recomputed
  * from the model's predictions; a resumed run against the straight one); the equality with
  * the C++ front end is test/capi/test_capi_vs_cpp.cpp's. */
+#define _POSIX_C_SOURCE 200112L /* setenv */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -493,6 +494,12 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
 
   before_init();
+  /* MPI_Init gives MPI_THREAD_SINGLE here: channel streams on threads of their own are
+   * refused, the default (inline) works. */
+  setenv("FULLSHARD_HOST_PROGRESS", "thread", 1);
+  CHECK_STATUS(fullshard_init(MPI_COMM_WORLD), FULLSHARD_ERR_CONFIG,
+               "FULLSHARD_HOST_PROGRESS=thread needs MPI_THREAD_MULTIPLE");
+  unsetenv("FULLSHARD_HOST_PROGRESS");
   OK(fullshard_init(MPI_COMM_WORLD));
   CHECK(fullshard_initialized());
   CHECK(fullshard_rank() == rank);
