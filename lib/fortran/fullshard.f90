@@ -61,7 +61,7 @@ module fullshard
 
   public :: fullshard_init, fullshard_finalize, fullshard_initialized, fullshard_last_error
   public :: fullshard_mesh_create, fullshard_mesh_free
-  public :: fullshard_model_create, fullshard_model_free
+  public :: fullshard_model_create, fullshard_model_create_from_json, fullshard_model_free
   public :: fullshard_train_step, fullshard_predict
   public :: fullshard_model_step, fullshard_model_lr, fullshard_model_num_params
   public :: fullshard_model_plan
@@ -124,6 +124,14 @@ module fullshard
       import :: c_int, c_char, c_handle
       type(c_handle), value :: mesh
       character(kind=c_char), intent(in) :: path(*)
+      type(c_handle), intent(out) :: model
+      integer(c_int) :: s
+    end function
+    function c_model_create_json(mesh, json, source, model) &
+        bind(C, name="fullshard_model_create_from_json") result(s)
+      import :: c_int, c_char, c_handle
+      type(c_handle), value :: mesh
+      character(kind=c_char), intent(in) :: json(*), source(*)
       type(c_handle), intent(out) :: model
       integer(c_int) :: s
     end function
@@ -322,6 +330,25 @@ contains
     type(c_handle) :: h
     integer(c_int) :: code
     code = c_model_create(c_handle(mesh%id), cstr(config), h)
+    model%id = h%id
+    call finish(code, status)
+  end subroutine
+
+  !> The same from the configuration's text; `source` names it in messages (default
+  !> "<string>"). Collective.
+  subroutine fullshard_model_create_from_json(mesh, json, model, source, status)
+    type(fullshard_mesh), intent(in) :: mesh
+    character(*), intent(in) :: json
+    type(fullshard_model), intent(out) :: model
+    character(*), intent(in), optional :: source
+    integer, intent(out), optional :: status
+    type(c_handle) :: h
+    integer(c_int) :: code
+    if (present(source)) then
+      code = c_model_create_json(c_handle(mesh%id), cstr(json), cstr(source), h)
+    else
+      code = c_model_create_json(c_handle(mesh%id), cstr(json), cstr('<string>'), h)
+    end if
     model%id = h%id
     call finish(code, status)
   end subroutine

@@ -3,12 +3,13 @@
 # slurm.cluster starts it): the job scripts of scripts/slurm/ submitted with sbatch and only
 # command-line overrides for one node of 2 cores without GPUs, srun launches of the apps,
 # resume across submissions, requeue on the time-limit warning, and a killed rank.
-#   slurm_test.sh CASE ROOT MPIEXEC TRAIN HEAT WORKDIR
+#   slurm_test.sh CASE ROOT MPIEXEC TRAIN HEAT WORKDIR [HEAT_FORTRAN]
 # CASE: srun-train srun-heat sbatch-train sbatch-heat resume requeue rank-killed
+#       srun-heat-fortran (needs HEAT_FORTRAN)
 # Every wait is bounded; a job that does not end in time is cancelled and the case fails with
 # the job's state and output.
 set -euo pipefail
-case="$1" root="$2" mpiexec="$3" train="$4" heat="$5" work="$6"
+case="$1" root="$2" mpiexec="$3" train="$4" heat="$5" work="$6" heat_fortran="${7:-}"
 export PATH="$(dirname "$train"):$(dirname "$heat"):$PATH"
 export OPENBLAS_NUM_THREADS=1 FULLSHARD_TIMEOUT=60
 unset TRAIN_CHECKPOINT_DIR TRAIN_SAVE_EVERY TRAIN_MAX_REQUEUES
@@ -115,6 +116,15 @@ case "$case" in
     timeout 90 srun -n 2 --mpi=pmix heat-surrogate "${heat_small[@]}" >srun.log 2>&1 \
       || fail "srun -n 2 --mpi=pmix heat-surrogate exited with status $?" srun.log
     grep -qE "^verdict: PASS: the surrogate beats no-change" srun.log || fail "no PASS verdict" srun.log
+    grep -E "^verdict" srun.log
+    ;;
+
+  srun-heat-fortran)  # the Fortran in-situ app on 4 tasks of the 2-CPU node (--overcommit)
+    [[ -n "$heat_fortran" ]] || fail "no heat-fortran program given"
+    timeout 150 srun -n 4 --overcommit --mpi=pmix "$heat_fortran" >srun.log 2>&1 \
+      || fail "srun -n 4 --overcommit --mpi=pmix heat-fortran exited with status $?" srun.log
+    grep -q "on 4 ranks" srun.log || fail "the 4 tasks did not form one 4-rank world" srun.log
+    grep -qE "^verdict: PASS" srun.log || fail "no PASS verdict" srun.log
     grep -E "^verdict" srun.log
     ;;
 
