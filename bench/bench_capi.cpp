@@ -1,0 +1,138 @@
+// fullshard-bench-capi: what a training step through the C API costs beside the same step
+// written against the C++ front end.
+//
+//   capi/step/<hidden>  a residual MLP (64 inputs, `hidden` wide, 4 blocks, 16 outputs;
+//                       fully_shard on every block and the root, AdamW) trained on a
+//                       contiguous float32 batch of 128 rows per rank. Each iteration runs
+//                       one C API step (fullshard_train_step on the caller's arrays) and one
+//                       step of the same model and optimizer written in C++ (fst::call, mse,
+//                       backward, step, loss.item()), alternated; the manual time is the C
+//                       API step's (max over ranks). Counters: c_us and cpp_us (medians),
+//                       ratio (the median of the per-pair ratios c / cpp: 1 is no overhead).
+//
+// Launch: mpiexec -n 2 build/bench/fullshard-bench-capi [--benchmark_* flags]
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "fullshard/fullshard.h"
+#include "fullshard/fullshard.hpp"
+#include "fullshard/torch.hpp"
+#include "mpi_bench.hpp"
+
+namespace {
+
+namespace fs = fullshard;
+namespace fst = fullshard::torch;
+using fs::bench::die;
+
+constexpr int kRows = 128, kIn = 64, kOut = 16, kBlocks = 4;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void check(fullshard_status s) {
+  if (s != FULLSHARD_OK) throw fs::Error(fullshard_last_error());
+}
+
+void bench_step(benchmark::State& state, const fs::DeviceMesh* mesh, int hidden) {
+  try {
+    const std::string config =
+        R"({"model": {"type": "residual_mlp", "inputs": 64, "hidden": )" +
+        std::to_string(hidden) +
+        R"(, "outputs": 16, "blocks": 4}, "optimizer": {"type": "adamw", "lr": 0.001}})";
+    fullshard_mesh cmesh{0};
+    const int shape[1] = {mesh->size()};
+    check(fullshard_mesh_create(MPI_COMM_WORLD, "cpu", 1, shape, "dp", &cmesh));
+    fullshard_model cmodel{0};
+    check(fullshard_model_create_from_json(cmesh, config.c_str(), "bench", &cmodel));
+
+    torch::manual_seed(0);
+    fst::ResidualMlp net(fst::ResidualMlpConfig{kIn, hidden, kOut, kBlocks});
+    fst::ShardedModel sharded(net);
+    for (auto& b : net->block_list)
+      sharded.fully_shard(*b, *mesh);
+    sharded.fully_shard(net, *mesh);
+    torch::optim::AdamW opt(net->parameters(),
+                            torch::optim::AdamWOptions(1e-3).weight_decay(0.0));
+
+    const torch::Tensor x = torch::randn({kRows, kIn}), y = torch::randn({kRows, kOut});
+    const int64_t xs[2] = {kRows, kIn}, ys[2] = {kRows, kOut};
+    const fullshard_array in = fullshard_array_contiguous(x.data_ptr(), FULLSHARD_FLOAT32, 2, xs);
+    const fullshard_array tg = fullshard_array_contiguous(y.data_ptr(), FULLSHARD_FLOAT32, 2, ys);
+    double sink = 0;
+    auto c_step = [&] {
+      double loss = 0;
+      check(fullshard_train_step(cmodel, 1, &in, 1, &tg, &loss));
+      sink += loss;
+    };
+    auto cpp_step = [&] {
+      opt.zero_grad();
+      torch::Tensor loss = torch::mse_loss(fst::call(net, x), y);
+      loss.backward();
+      opt.step();
+      sink += loss.item<double>();
+    };
+    auto slowest = [&](double t) {
+      double m = 0;
+      MPI_Allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      return m;
+    };
+    for (int i = 0; i < 3; ++i) {  // warm-up: lazy buffers, optimizer state
+      c_step();
+      cpp_step();
+    }
+    std::vector<double> c_t, cpp_t, ratios;
+    for (auto _ : state) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t0 = MPI_Wtime();
+      c_step();
+      const double c = slowest(MPI_Wtime() - t0);
+      MPI_Barrier(MPI_COMM_WORLD);
+      t0 = MPI_Wtime();
+      cpp_step();
+      const double cpp = slowest(MPI_Wtime() - t0);
+      state.SetIterationTime(c);
+      c_t.push_back(c);
+      cpp_t.push_back(cpp);
+      ratios.push_back(c / cpp);
+    }
+    benchmark::DoNotOptimize(sink);
+    state.counters["c_us"] = median(c_t) * 1e6;
+    state.counters["cpp_us"] = median(cpp_t) * 1e6;
+    state.counters["ratio"] = median(ratios);
+    state.counters["pairs"] = double(ratios.size());
+    check(fullshard_model_free(&cmodel));
+    check(fullshard_mesh_free(&cmesh));
+  } catch (const std::exception& e) {
+    die("capi/step", e);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!fs::bench::early_flags(argc, argv, "fullshard-bench-capi")) return 1;
+  fs::Runtime rt(argc, argv);
+  int result = 0;
+  {
+    if (fullshard_init(MPI_COMM_WORLD) != FULLSHARD_OK) {
+      std::fprintf(stderr, "%s\n", fullshard_last_error());
+      return 1;
+    }
+    torch::set_num_threads(1);  // after fullshard_init (which sets the launcher's cores)
+    fs::DeviceMesh mesh(rt, {rt.world_size()}, {"dp"});
+    for (int hidden : {64, 256, 1024})
+      benchmark::RegisterBenchmark(("capi/step/" + std::to_string(hidden)).c_str(), bench_step,
+                                   &mesh, hidden)
+          ->UseManualTime();
+    result = fs::bench::run_benchmarks(argc, argv);
+    fullshard_finalize();
+  }
+  return result;
+}
