@@ -193,7 +193,9 @@ fullshard_status fullshard_model_lr(fullshard_model model, double* lr);
 /** The number of parameters of the whole (unsharded) model. */
 fullshard_status fullshard_model_num_params(fullshard_model model, int64_t* count);
 
-/** What the planner predicted for one training step on this mesh, before any step ran. */
+/** What the planner predicted for one training step on this mesh, before any step ran. The
+ * model's modules declare no compute time (the batch is not known yet): step_ms is the
+ * communication and copies, a lower bound; the memory is exact. */
 typedef struct fullshard_plan_info {
   double step_ms;        /* predicted step time (the plan's cost model) */
   int64_t peak_bytes;    /* predicted peak of fullshard's buffer pool per rank */

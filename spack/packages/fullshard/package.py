@@ -30,7 +30,21 @@ class Fullshard(CMakePackage, CudaPackage):
         description="Build the LibTorch front end (fullshard::torch: fully_shard on torch models)",
     )
 
+    variant(
+        "c",
+        default=False,
+        description="Build the C API (fullshard::c, fullshard/fullshard.h; requires +torch)",
+    )
+    variant(
+        "fortran",
+        default=False,
+        description="Build the Fortran module (fullshard::fortran, use fullshard; requires +c)",
+    )
+
     depends_on("cxx", type="build")
+    depends_on("c", type="build", when="+c")
+    # The .mod file is for the Fortran compiler that built it: build with your code's.
+    depends_on("fortran", type="build", when="+fortran")
     depends_on("cmake@3.20:", type="build")
 
     depends_on("mpi")
@@ -63,6 +77,8 @@ class Fullshard(CMakePackage, CudaPackage):
     depends_on("openblas", when="+apps")
 
     conflicts("~cuda", when="+nccl", msg="NCCL support requires +cuda")
+    conflicts("~torch", when="+c", msg="the C API is built on the LibTorch front end (+torch)")
+    conflicts("~c", when="+fortran", msg="the Fortran module is built on the C API (+c)")
     conflicts("cuda_arch=none", when="+cuda", msg="+cuda requires a cuda_arch value")
     conflicts(
         "+shared",
@@ -79,6 +95,8 @@ class Fullshard(CMakePackage, CudaPackage):
             self.define_from_variant("FULLSHARD_BUILD_APPS", "apps"),
             self.define_from_variant("BUILD_SHARED_LIBS", "shared"),
             self.define_from_variant("FULLSHARD_ENABLE_TORCH", "torch"),
+            self.define_from_variant("FULLSHARD_ENABLE_C", "c"),
+            self.define_from_variant("FULLSHARD_ENABLE_FORTRAN", "fortran"),
         ]
         if self.spec.satisfies("+cuda"):
             cuda_arch = self.spec.variants["cuda_arch"].value
