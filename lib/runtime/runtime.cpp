@@ -54,19 +54,26 @@ const char* thread_level_name(int level) noexcept {
 }
 
 Runtime::Runtime() {
-  start(nullptr, nullptr);
+  start(nullptr, nullptr, false);
 }
 
 Runtime::Runtime(int& argc, char**& argv) {
-  start(&argc, &argv);
+  start(&argc, &argv, false);
 }
 
-void Runtime::start(int* argc, char*** argv) {
+Runtime::Runtime(MPI_Comm comm) : comm_(comm) {
+  if (comm == MPI_COMM_NULL) throw InvalidArgument("Runtime: the communicator is MPI_COMM_NULL");
+  start(nullptr, nullptr, true);
+}
+
+void Runtime::start(int* argc, char*** argv, bool require_mpi) {
   // Settings first: a bad variable must fail before anything is started.
   settings_ = Settings::from_environment();
 
   int initialized = 0;
   MPI_Initialized(&initialized);
+  if (!initialized && require_mpi)
+    throw InvalidArgument("Runtime(comm): MPI is not initialised; call MPI_Init first");
   int provided = MPI_THREAD_SINGLE;
   if (!initialized) {
     if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
@@ -89,8 +96,8 @@ void Runtime::start(int* argc, char*** argv) {
         std::string(thread_level_name(provided)) +
         "; unset it (the default, inline, calls MPI from the calling thread only)");
   }
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &world_size_);
   place_ranks();
   bind_device();
 
@@ -131,12 +138,14 @@ void Runtime::place_ranks() {
     return;
   }
   MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
   MPI_Comm_rank(node, &local_rank_);
   MPI_Comm_size(node, &local_size_);
   MPI_Comm_free(&node);
-  // Cross-check with what the launcher says; a difference means an unusual binding (or a
-  // container hiding the node), which users want to know about.
+  // Cross-check with what the launcher says (its local ranks count the whole world); a
+  // difference means an unusual binding (or a container hiding the node), which users want
+  // to know about.
+  if (comm_ != MPI_COMM_WORLD) return;
   for (const char* var : {"SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"}) {
     const int v = launcher_int(var);
     if (v >= 0 && v != local_rank_ && settings_.log_level >= 1)
@@ -156,11 +165,11 @@ void Runtime::bind_device() {
     node_color = rank_ / settings_.ranks_per_node;
   } else {
     MPI_Comm node = MPI_COMM_NULL;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+    MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
     MPI_Allreduce(&rank_, &node_color, 1, MPI_INT, MPI_MIN, node);
     MPI_Comm_free(&node);
   }
-  device_ = detail::bind_local_device(MPI_COMM_WORLD, node_color, local_rank_);
+  device_ = detail::bind_local_device(comm_, node_color, local_rank_);
 }
 
 Runtime::~Runtime() {

@@ -23,6 +23,11 @@ class Runtime {
   Runtime(int& argc, char**& argv);
   /// Same, without command-line arguments.
   Runtime();
+  /// The runtime of the ranks of `comm`, an application's communicator (a coupled
+  /// simulation's training ranks): MPI must be initialised (any thread level); rank,
+  /// world_size, placement and device binding are among comm's ranks, and world() is comm.
+  /// Collective over comm only. Not MPI_COMM_NULL (InvalidArgument).
+  explicit Runtime(MPI_Comm comm);
   /// Finalises Kokkos, then MPI, each only if this Runtime started it.
   ~Runtime();
 
@@ -31,7 +36,8 @@ class Runtime {
   Runtime(Runtime&&) = delete;
   Runtime& operator=(Runtime&&) = delete;
 
-  MPI_Comm world() const noexcept { return MPI_COMM_WORLD; }
+  /// MPI_COMM_WORLD, or the communicator the runtime was made over.
+  MPI_Comm world() const noexcept { return comm_; }
   int rank() const noexcept { return rank_; }
   int world_size() const noexcept { return world_size_; }
   /// Rank among the ranks of this node (MPI_Comm_split_type SHARED, or the
@@ -50,11 +56,12 @@ class Runtime {
   std::string describe() const;
 
  private:
-  void start(int* argc, char*** argv);
+  void start(int* argc, char*** argv, bool require_mpi);
   void place_ranks();
   void bind_device();
 
   Settings settings_;
+  MPI_Comm comm_ = MPI_COMM_WORLD;
   bool owns_mpi_ = false;
   bool owns_kokkos_ = false;
   int rank_ = 0;
