@@ -80,8 +80,10 @@ const char* fullshard_status_name(int status);
 
 /* ---- The runtime ----------------------------------------------------------------------- */
 
-/** Starts fullshard over `comm` (the simulation's communicator; fullshard duplicates it and
- * never uses it for anything else). MPI must be initialised; fullshard never finalises it.
+/** Starts fullshard in this process; `comm` is the simulation's communicator of the ranks
+ * that use fullshard (all ranks, or the training ranks only; meshes are made over it or a
+ * sub-communicator, duplicated): rank placement and GPU binding are among its ranks. MPI
+ * must be initialised; fullshard never finalises it.
  * Starts Kokkos when the simulation has not. Reads the FULLSHARD_* variables
  * (FULLSHARD_ERR_CONFIG naming a bad one). A second call before fullshard_finalize is
  * FULLSHARD_ERR_ARGUMENT. Collective over comm. */

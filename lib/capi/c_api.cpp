@@ -12,6 +12,7 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,8 +43,7 @@ class NotInitialized : public fs::Error {
 
 struct State {
   std::unique_ptr<fs::Runtime> runtime;
-  MPI_Comm comm = MPI_COMM_NULL;  // init's communicator (a duplicate)
-  int rank = -1;
+  int rank = -1;  // in init's communicator (error messages)
   capi::HandleTable<fs::DeviceMesh> meshes{1, "mesh"};
   capi::HandleTable<capi::Trainer> models{2, "model"};
 };
@@ -180,10 +180,11 @@ at::Tensor view_of(const fullshard_array& a, const std::string& what) {
                             options);
 }
 
-// Inputs in the model's dtype: the caller's memory itself when it is contiguous and of that
-// dtype, else one copy (conversion and gathering at once).
+// Inputs in the model's dtype on its device: the caller's memory itself when it is
+// contiguous, of that dtype and on the CPU, else one copy (conversion, gathering and the
+// host-to-device copy at once).
 std::vector<at::Tensor> inputs_of(int n, const fullshard_array* arrays, at::ScalarType want,
-                                  const char* what) {
+                                  const c10::Device& device, const char* what) {
   if (n < 0) throw fs::InvalidArgument(std::string("n_") + what + " is negative");
   if (n > 0) required(arrays, what);
   std::vector<at::Tensor> out;
@@ -192,10 +193,10 @@ std::vector<at::Tensor> inputs_of(int n, const fullshard_array* arrays, at::Scal
     at::Tensor t = view_of(arrays[i], std::string(what) + "[" + std::to_string(i) + "]");
     const bool integral = !at::isFloatingType(t.scalar_type());
     const at::ScalarType to = integral && want != at::kLong ? t.scalar_type() : want;
-    out.push_back(t.scalar_type() == to && t.is_contiguous()
-                      ? t
-                      : t.to(to, /*non_blocking=*/false,
-                             /*copy=*/false, at::MemoryFormat::Contiguous));
+    const bool as_is = t.scalar_type() == to && t.is_contiguous() && device.is_cpu();
+    out.push_back(as_is ? t
+                        : t.to(device, to, /*non_blocking=*/false, /*copy=*/false,
+                               at::MemoryFormat::Contiguous));
   }
   return out;
 }
@@ -287,9 +288,8 @@ fullshard_status fullshard_init(MPI_Comm comm) {
           "before fullshard_init");
     if (comm == MPI_COMM_NULL) throw fs::InvalidArgument("comm is MPI_COMM_NULL");
     State s;
-    s.runtime = std::make_unique<fs::Runtime>();
-    MPI_Comm_dup(comm, &s.comm);
-    MPI_Comm_rank(s.comm, &s.rank);
+    s.runtime = std::make_unique<fs::Runtime>(comm);
+    MPI_Comm_rank(comm, &s.rank);
     fs::torch::use_launcher_cores(*s.runtime);
     state.emplace(std::move(s));
   });
@@ -305,9 +305,6 @@ fullshard_status fullshard_finalize(void) {
     // Models first (they hold meshes), then meshes, then the runtime.
     state->models.clear();
     state->meshes.clear();
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&state->comm);
     state.reset();
   });
 }
@@ -401,8 +398,10 @@ fullshard_status fullshard_train_step(fullshard_model model, int n_inputs,
                                       const fullshard_array* targets, double* loss) {
   return guarded("fullshard_train_step", [&] {
     capi::Trainer& t = model_of(model);
-    const std::vector<at::Tensor> in = inputs_of(n_inputs, inputs, t.input_dtype(), "inputs");
-    const std::vector<at::Tensor> tg = inputs_of(n_targets, targets, t.input_dtype(), "targets");
+    const std::vector<at::Tensor> in =
+        inputs_of(n_inputs, inputs, t.input_dtype(), t.device(), "inputs");
+    const std::vector<at::Tensor> tg =
+        inputs_of(n_targets, targets, t.input_dtype(), t.device(), "targets");
     const double l = t.train_step(in, tg);
     if (loss) *loss = l;
   });
@@ -413,7 +412,8 @@ fullshard_status fullshard_predict(fullshard_model model, int n_inputs,
                                    fullshard_array* outputs) {
   return guarded("fullshard_predict", [&] {
     capi::Trainer& t = model_of(model);
-    const std::vector<at::Tensor> in = inputs_of(n_inputs, inputs, t.input_dtype(), "inputs");
+    const std::vector<at::Tensor> in =
+        inputs_of(n_inputs, inputs, t.input_dtype(), t.device(), "inputs");
     if (n_outputs < 0) throw fs::InvalidArgument("n_outputs is negative");
     if (n_outputs > 0) required(outputs, "outputs");
     std::vector<at::Tensor> dst;
@@ -481,6 +481,16 @@ fullshard_status fullshard_detail_fail(fullshard_status status, const char* mess
   if (state && state->rank >= 0)
     last_error = "fullshard[rank " + std::to_string(state->rank) + "]: " + last_error;
   return status;
+}
+
+/// Not in fullshard.h (tests of the status mapping): fails with the exception a run-time
+/// failure of that kind throws: 0 an MPI/NCCL failure (CommError), 1 a fullshard bug (any
+/// other exception).
+fullshard_status fullshard_detail_raise(int kind) {
+  return guarded("fullshard_detail_raise", [&] {
+    if (kind == 0) throw fs::CommError("MPI_Iallreduce failed (raised by a test)");
+    throw std::logic_error("an internal error (raised by a test)");
+  });
 }
 
 /// Not in fullshard.h (tests): the data pointer of the first input of the model's last

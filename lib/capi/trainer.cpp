@@ -48,6 +48,10 @@ Trainer::Trainer(const DeviceMesh& mesh, Config config) : cfg_(std::move(config)
       build_model(cfg_.model, cfg_.dtype == DType::f64 ? at::kDouble : at::kFloat, cfg_.source);
   for (const at::Tensor& p : unique_parameters(*model_.root))
     num_params_ += p.numel();
+  if (mesh_.device_type() == DeviceType::cuda) {  // the rank's GPU (the runtime bound it)
+    device_ = c10::Device(c10::kCUDA);
+    model_.root->to(device_);
+  }
   sharded_ = std::make_unique<fst::ShardedModel>(model_.root);
   shard();
   graph_params_ = sharded_->graph().parameters();
@@ -134,8 +138,13 @@ at::Tensor Trainer::loss_of(const std::vector<at::Tensor>& in,
                           " targets were given");
   at::Tensor loss;
   for (std::size_t i = 0; i < out.size(); ++i) {
-    const at::Tensor& y = out[i];
     const at::Tensor& t = targets[i];
+    // Mixed precision computes in param_dtype; the loss is taken in the targets' dtype.
+    const at::Tensor y = at::isFloatingType(out[i].scalar_type()) &&
+                                 at::isFloatingType(t.scalar_type()) &&
+                                 out[i].scalar_type() != t.scalar_type()
+                             ? out[i].to(t.scalar_type())
+                             : out[i];
     at::Tensor l;
     if (cfg_.loss == "cross_entropy") {
       if (t.dim() != y.dim() - 1 || t.size(0) != y.size(0))

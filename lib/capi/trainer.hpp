@@ -45,6 +45,9 @@ class Trainer {
 
   /// The dtype inputs are converted to (a contiguous input of it is used in place).
   at::ScalarType input_dtype() const noexcept { return model_.input_dtype; }
+  /// Where the model computes: the CPU, or the rank's GPU on a CUDA mesh (host arrays are
+  /// copied there once).
+  const c10::Device& device() const noexcept { return device_; }
   std::int64_t step() const noexcept { return step_; }
   double lr() const;
   std::int64_t num_params() const noexcept { return num_params_; }
@@ -68,6 +71,7 @@ class Trainer {
   std::int64_t num_params_ = 0;
   PlanPrediction plan_;
   const void* last_input_ = nullptr;
+  c10::Device device_ = c10::Device(c10::kCPU);
 };
 
 }  // namespace fullshard::capi

@@ -11,6 +11,7 @@
 #include "fullshard/fullshard.h"
 
 fullshard_status fullshard_detail_last_input(fullshard_model model, const void** data);
+fullshard_status fullshard_detail_raise(int kind);
 
 static int failures = 0;
 static int rank = 0, nranks = 1;
@@ -475,16 +476,42 @@ static void families(fullshard_mesh mesh) {
     CHECK(seen == (const void*)x); /* f64 into a f64 model: no copy either */
     CHECK(loss > 0);
     OK(fullshard_model_free(&m));
-    /* A budget nothing fits. */
-    CHECK_STATUS(fullshard_model_create_from_json(
-                     hsdp,
-                     "{\"model\": {\"type\": \"residual_mlp\", \"inputs\": 6, \"hidden\":"
-                     " 256, \"outputs\": 2, \"blocks\": 3}, \"sharding\": {\"policy\":"
-                     " \"auto\", \"memory_budget_mb\": 0.001}}",
-                     "tiny.json", &m),
-                 FULLSHARD_ERR_INFEASIBLE, "");
     OK(fullshard_mesh_free(&hsdp));
   }
+}
+
+/* A budget nothing fits; mixed precision (bf16 parameters, f32 reduction); the run-time
+ * failures no call can be made to show on purpose (an MPI failure, a bug) through the test
+ * hook of the status mapping. */
+static void statuses(fullshard_mesh mesh) {
+  fullshard_model m = {0};
+  double first = 0, loss = 0;
+  CHECK_STATUS(fullshard_model_create_from_json(
+                   mesh,
+                   "{\"model\": {\"type\": \"residual_mlp\", \"inputs\": 6, \"hidden\":"
+                   " 256, \"outputs\": 2, \"blocks\": 3}, \"sharding\": {\"policy\":"
+                   " \"auto\", \"memory_budget_mb\": 0.001}}",
+                   "tiny.json", &m),
+               FULLSHARD_ERR_INFEASIBLE, "");
+  CHECK(m.id == 0);
+  OK(fullshard_model_create_from_json(
+      mesh,
+      "{\"model\": {\"type\": \"mlp\", \"inputs\": 6, \"hidden\": [16], \"outputs\": 2},"
+      " \"optimizer\": {\"lr\": 0.01},"
+      " \"mixed_precision\": {\"param_dtype\": \"bf16\", \"reduce_dtype\": \"f32\"}}",
+      "bf16.json", &m));
+  first = train(m, 0, rank);
+  for (int s = 1; s < 30; ++s)
+    loss = train(m, s, rank);
+  CHECK(isfinite(first) && isfinite(loss) && loss > 0);
+  {
+    double sum[2] = {first, loss}, tot[2];
+    MPI_Allreduce(sum, tot, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(tot[1] < tot[0]); /* bf16 compute still learns */
+  }
+  OK(fullshard_model_free(&m));
+  CHECK_STATUS(fullshard_detail_raise(0), FULLSHARD_ERR_COMM, "MPI_Iallreduce failed");
+  CHECK_STATUS(fullshard_detail_raise(1), FULLSHARD_ERR_INTERNAL, "an internal error");
 }
 
 int main(int argc, char** argv) {
@@ -509,6 +536,7 @@ int main(int argc, char** argv) {
   configurations(mesh);
   training(mesh);
   families(mesh);
+  statuses(mesh);
   OK(fullshard_mesh_free(&mesh));
   OK(fullshard_finalize());
   CHECK(!fullshard_initialized());

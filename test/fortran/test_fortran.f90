@@ -87,6 +87,10 @@ program test_fortran
   call check(st == FULLSHARD_ERR_CONFIG, 'missing file', 'no-such-file.json')
   call fullshard_mesh_create(MPI_COMM_WORLD, [nranks], 'a,b', small, status=st)
   call check(st == FULLSHARD_ERR_ARGUMENT, 'mesh names', 'dim names')
+  ! The integer handle of the communicator (the `use mpi` / mpif.h form) works too.
+  call fullshard_mesh_create(MPI_COMM_WORLD%MPI_VAL, [nranks], 'dp', small, status=st)
+  call check(st == FULLSHARD_OK .and. small%id /= 0, 'integer communicator handle', '')
+  call fullshard_mesh_free(small)
 
   ! Checkpoint on every rank, resumed on n-1 ranks (a sub-communicator): the same predictions.
   call execute_command_line('rm -rf test_fortran_ckpt_np'//achar(48 + nranks))
