@@ -276,7 +276,9 @@ BuiltModel build_model(const ModelSpec& s, at::ScalarType dtype, const std::stri
     c.layers = s.layers;
     c.mlp_ratio = s.mlp_ratio;
     c.checkpoint_blocks = s.checkpoint_blocks;
+    c.deferred = s.deferred_init;
     fst::Gpt m(c);
+    if (c.deferred) b.initialize = [m](const fst::LocalShard& shard) { m->init_weights(shard); };
     for (auto& blk : m->block_list)
       b.blocks.push_back(blk.ptr().get());
     b.forward = [m](const std::vector<at::Tensor>& in) mutable {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "fullshard/torch/deferred_init.hpp"
 #include "lib/capi/config.hpp"
 
 namespace fullshard::capi {
@@ -26,6 +27,9 @@ struct BuiltModel {
   /// Checks the inputs of one call (count, shapes, dtypes) before any collective; throws
   /// InvalidArgument naming the input and what the model takes.
   std::function<void(const std::vector<at::Tensor>&)> check_inputs;
+  /// Deferred initialisation (the model was built on the meta device): fills each rank's
+  /// shards after fully_shard (ShardedModel::initialize's function), or empty.
+  std::function<void(const fullshard::torch::LocalShard&)> initialize;
   /// The dtype the model wants its inputs in (a float dtype converts, kLong for tokens).
   at::ScalarType input_dtype = at::kFloat;
 };

@@ -54,6 +54,12 @@ Trainer::Trainer(const DeviceMesh& mesh, Config config) : cfg_(std::move(config)
   }
   sharded_ = std::make_unique<fst::ShardedModel>(model_.root);
   shard();
+  if (model_.initialize) {
+    // Each rank draws its own rows; ranks holding the same rows (HSDP's replicas) the same.
+    ::torch::manual_seed(cfg_.seed * 1000003 +
+                         std::uint64_t(mesh_.coordinate(mesh_.names().back())));
+    sharded_->initialize(model_.initialize);
+  }
   graph_params_ = sharded_->graph().parameters();
 
   std::vector<at::Tensor> params = unique_parameters(*model_.root);

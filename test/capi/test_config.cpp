@@ -107,7 +107,8 @@ TEST_CASE("config: every key is read") {
 
   const Config g = parse("", R"("model": {"type": "gpt", "vocab": 64, "context": 16,
                                           "d_model": 32, "heads": 4, "layers": 3,
-                                          "mlp_ratio": 2, "checkpoint_blocks": true})");
+                                          "mlp_ratio": 2, "checkpoint_blocks": true,
+                                          "deferred_init": true})");
   CHECK(g.loss == "next_token");
   CHECK(g.model.vocab == 64);
   CHECK(g.model.context == 16);
@@ -116,6 +117,7 @@ TEST_CASE("config: every key is read") {
   CHECK(g.model.layers == 3);
   CHECK(g.model.mlp_ratio == 2);
   CHECK(g.model.checkpoint_blocks);
+  CHECK(g.model.deferred_init);
 
   const Config v = parse("", R"("model": {"type": "conv_autoencoder", "channels": 2,
                                           "out_channels": 3, "width": 8, "levels": 3,
