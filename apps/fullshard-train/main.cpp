@@ -88,7 +88,10 @@ const char* const kUsage =
     "output:\n"
     "checkpoints (docs/checkpoint-format.md):\n"
     "  --checkpoint-dir DIR  save checkpoints there (each save a new step directory; the\n"
-    "                        previous one stays loadable until the new one is complete)\n"
+    "                        previous one stays loadable until the new one is complete);\n"
+    "                        created and proven writable before the first step (exit 2\n"
+    "                        otherwise; its parent must exist), with a warning when its file\n"
+    "                        system has less free space than a checkpoint\n"
     "  --save-every N        save after every N-th step and after the last (default: only\n"
     "                        after the last step, when --checkpoint-dir is given)\n"
     "  --checkpoint-kind K   sharded (every rank writes its shards, default) or full (rank 0\n"
@@ -475,6 +478,27 @@ class Trainer {
     if (rows_ == 0 || base_ == 0)
       std::printf("warning: global batch %lld < %lld ranks: some ranks have no samples\n",
                   static_cast<long long>(c_.batch), static_cast<long long>(dp_));
+    std::fflush(stdout);
+  }
+
+  /// With --checkpoint-dir, before the first step: the directory is created and proven
+  /// writable on every rank (ConfigError, exit 2, otherwise), and rank 0 warns when its file
+  /// system has less free space than one checkpoint (parameters and optimizer state, f32).
+  void check_checkpoint_dir() const {
+    if (c_.checkpoint_dir.empty()) return;
+    fullshard::checkpoint::DirectoryCheck d;
+    try {
+      d = fullshard::checkpoint::check_directory(c_.checkpoint_dir, mesh_);
+    } catch (const fullshard::ConfigError& e) {  // agreed: every rank is here
+      throw apps::UsageError{std::string("--checkpoint-dir: ") + e.message()};
+    }
+    const double state = c_.optimizer == "adamw" ? 2 : (c_.momentum > 0 ? 1 : 0);
+    const double need = double(model_.num_params()) * 4.0 * (1 + state);
+    if (rank_ == 0 && d.free_bytes && double(*d.free_bytes) < need)
+      std::printf(
+          "warning: checkpoint directory %s has %.2f MiB free, but a checkpoint needs "
+          "about %.2f MiB\n",
+          c_.checkpoint_dir.c_str(), double(*d.free_bytes) / kMiB, need / kMiB);
     std::fflush(stdout);
   }
 
@@ -904,6 +928,7 @@ class Trainer {
 int train(const fullshard::Runtime& rt, const Config& c) {
   Trainer run(rt, c);
   run.print_header();
+  run.check_checkpoint_dir();
   const int first_step = run.restore();
   const auto t_start = Clock::now();
   for (int step = first_step; step < run.last_step(); ++step) {

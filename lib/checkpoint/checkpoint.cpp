@@ -9,6 +9,7 @@
 #include <mpi.h>
 #if defined(__linux__)
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #endif
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <thread>
 #include <unordered_map>
@@ -847,6 +849,58 @@ void commit(LoadTargets& targets, optim::Optimizer* optimizer, void* stream) {
 }
 
 }  // namespace
+
+namespace {
+
+// This rank's half of check_directory: create `dir` (not its parents), then a probe file.
+void probe_directory(const std::string& dir, int rank) {
+  namespace stdfs = std::filesystem;
+  std::error_code ec;
+  stdfs::path d = stdfs::absolute(dir, ec).lexically_normal();
+  if (!d.has_filename()) d = d.parent_path();  // a trailing '/'
+  if (!stdfs::exists(d, ec)) {
+    const stdfs::path parent = d.parent_path();
+    if (!stdfs::is_directory(parent, ec))
+      throw ConfigError("checkpoint directory '" + dir + "': its parent '" + parent.string() +
+                        "' does not exist (a mistyped path? create the parent first)");
+    if (!stdfs::create_directory(d, ec) && !stdfs::is_directory(d))
+      throw ConfigError("checkpoint directory '" + dir + "': cannot create it: " +
+                        (ec ? ec.message() : std::string("unknown error")));
+    detail::fsync_dir(parent.string());
+  } else if (!stdfs::is_directory(d, ec)) {
+    throw ConfigError("checkpoint directory '" + dir + "' exists and is not a directory");
+  }
+  const std::string probe = detail::join(d.string(), ".probe-rank" + std::to_string(rank));
+  try {
+    detail::File f = detail::File::create(probe);
+    f.write_all("fullshard\n", 10);
+    f.sync();
+    f.close();
+  } catch (const std::exception& e) {
+    detail::remove_quietly(probe);
+    throw ConfigError("checkpoint directory '" + dir + "' is not writable (" +
+                      ::fullshard::detail::message_of(e) + ")");
+  }
+  detail::remove_quietly(probe);
+}
+
+}  // namespace
+
+DirectoryCheck check_directory(const std::string& dir, const DeviceMesh& mesh) {
+  Comm c(mesh.control_world(), mesh.timeout_s(), "checkpoint directory check of '" + dir + "'");
+  std::exception_ptr err;
+  try {
+    probe_directory(dir, c.rank);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(c, err, "checkpoint directory check");
+  DirectoryCheck out;
+  struct statvfs st {};
+  if (statvfs(dir.c_str(), &st) == 0 && st.f_frsize > 0)
+    out.free_bytes = std::uint64_t(st.f_bavail) * std::uint64_t(st.f_frsize);
+  return out;
+}
 
 Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* optimizer) {
   const DeviceMesh& mesh = model_mesh(model, "checkpoint::load");

@@ -9,12 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "fullshard/checkpoint/format.hpp"
 #include "fullshard/graph/module.hpp"
+#include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/optim/optimizer.hpp"
 
 namespace fullshard::checkpoint {
@@ -42,6 +44,20 @@ struct SaveOptions {
 std::string save(const std::string& dir, graph::Module& model, const optim::Optimizer* optimizer,
                  std::int64_t step, const nlohmann::json& metadata = nlohmann::json::object(),
                  const std::string& rng_state = std::string(), const SaveOptions& options = {});
+
+/// What check_directory found.
+struct DirectoryCheck {
+  /// Bytes an unprivileged writer may still use on the directory's file system (statvfs);
+  /// unset when the file system cannot tell.
+  std::optional<std::uint64_t> free_bytes;
+};
+
+/// For a run given a checkpoint directory, before its first step (a bad path must not cost a
+/// whole job): creates `dir` if it is missing (its parent must exist: a mistyped path is
+/// refused, not created) and proves it writable on every rank of `mesh`: a probe file
+/// written, fsync'd and removed. Any rank's failure is a ConfigError on every rank naming the
+/// path and the reason. Collective over the mesh.
+DirectoryCheck check_directory(const std::string& dir, const DeviceMesh& mesh);
 
 /// What load() restored besides the tensors.
 struct Loaded {
