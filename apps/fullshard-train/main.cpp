@@ -92,6 +92,9 @@ const char* const kUsage =
     "                        created and proven writable before the first step (exit 2\n"
     "                        otherwise; its parent must exist), with a warning when its file\n"
     "                        system has less free space than a checkpoint\n"
+    "  --keep-last K         keep the K newest checkpoints in --checkpoint-dir, deleting\n"
+    "                        older step directories once a new one is complete (default 0:\n"
+    "                        keep all; the one resumed from is never deleted)\n"
     "  --save-every N        save after every N-th step and after the last (default: only\n"
     "                        after the last step, when --checkpoint-dir is given)\n"
     "  --checkpoint-kind K   sharded (every rank writes its shards, default) or full (rank 0\n"
@@ -148,6 +151,7 @@ struct Config {
   int log_every = 1;
   std::string checkpoint_dir, resume_dir, init_from;
   int save_every = 0;
+  int keep_last = 0;
   int stop_after = -1;
   fullshard::checkpoint::Kind checkpoint_kind = fullshard::checkpoint::Kind::sharded;
   bool help = false;
@@ -240,6 +244,8 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
       c.checkpoint_dir = a.value();
     else if (f == "--save-every")
       c.save_every = a.int_value(1);
+    else if (f == "--keep-last")
+      c.keep_last = a.int_value(0);
     else if (f == "--resume")
       c.resume_dir = a.value();
     else if (f == "--init-from")
@@ -272,6 +278,8 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
     throw apps::UsageError{"--auto-plan and --memory-budget go together"};
   if (c.save_every > 0 && c.checkpoint_dir.empty())
     throw apps::UsageError{"--save-every needs --checkpoint-dir"};
+  if (c.keep_last > 0 && c.checkpoint_dir.empty())
+    throw apps::UsageError{"--keep-last needs --checkpoint-dir"};
   if (c.warmup >= 0 && c.warmup >= c.steps)
     throw apps::UsageError{"--warmup " + std::to_string(c.warmup) + " must be below --steps " +
                            std::to_string(c.steps)};
@@ -493,7 +501,9 @@ class Trainer {
       throw apps::UsageError{std::string("--checkpoint-dir: ") + e.message()};
     }
     const double state = c_.optimizer == "adamw" ? 2 : (c_.momentum > 0 ? 1 : 0);
-    const double need = double(model_.num_params()) * 4.0 * (1 + state);
+    // One checkpoint; with --keep-last K, K kept and the new one being written.
+    const double need =
+        double(model_.num_params()) * 4.0 * (1 + state) * (c_.keep_last > 0 ? c_.keep_last + 1 : 1);
     if (rank_ == 0 && d.free_bytes && double(*d.free_bytes) < need)
       std::printf(
           "warning: checkpoint directory %s has %.2f MiB free, but a checkpoint needs "
@@ -814,6 +824,7 @@ class Trainer {
                              std::to_string(ck.step) + ", beyond --steps " +
                              std::to_string(c_.steps)};
     const int first_step = static_cast<int>(ck.step);
+    resumed_from_ = ck.step_dir;  // never deleted by --keep-last
     if (rank_ == 0) {
       std::printf("resumed from %s at step %d (%s checkpoint, %.2f MiB read by rank 0 in %.3f s)\n",
                   ck.step_dir.c_str(), first_step, fullshard::checkpoint::kind_name(ck.kind),
@@ -863,6 +874,8 @@ class Trainer {
     nlohmann::json meta = {{"fullshard-train", run_identity_}, {"loss", loss}};
     fullshard::checkpoint::SaveOptions so;
     so.kind = c_.checkpoint_kind;
+    so.keep_last = c_.keep_last;
+    if (!resumed_from_.empty()) so.keep = {resumed_from_};
     const std::string where = fullshard::checkpoint::save(
         c_.checkpoint_dir, model_.root(), opt_.get(), steps_done, meta, std::string(), so);
     if (rank_ == 0) {
@@ -897,6 +910,7 @@ class Trainer {
   std::int64_t dp_ = 1, base_ = 0, first_row_ = 0;
   int rows_ = 0;
   int last_step_ = 0;
+  std::string resumed_from_;  // the step directory --resume loaded
   std::vector<float> x_, t_;
   std::vector<double> step_ms_, comm_ms_;
   // Parts of each step: zero_grad + forward + backward, and the optimizer (with clipping).
@@ -986,6 +1000,7 @@ std::vector<apps::OptionValue> option_values(const Config& c) {
           {"--memory-budget", std::to_string(c.memory_budget)},
           {"--checkpoint-dir", c.checkpoint_dir},
           {"--save-every", std::to_string(c.save_every)},
+          {"--keep-last", std::to_string(c.keep_last)},
           {"--checkpoint-kind",
            c.checkpoint_kind == fullshard::checkpoint::Kind::full ? "full" : "sharded"},
           {"--resume", c.resume_dir},

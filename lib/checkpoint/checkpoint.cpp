@@ -569,6 +569,9 @@ std::string save(const std::string& dir, graph::Module& model, const optim::Opti
                             std::to_string(kMaxMetadataDepth) + " levels");
     if (step < 0)
       throw InvalidArgument("checkpoint::save: step must be >= 0, got " + std::to_string(step));
+    if (options.keep_last < 0)
+      throw InvalidArgument("checkpoint::save: keep_last must be >= 0 (0 keeps all), got " +
+                            std::to_string(options.keep_last));
     fault = detail::Fault::from_environment();
     entries = collect(model, optimizer);
     index = base_index(entries, mesh, optimizer, options.kind, step, metadata, rng_state,
@@ -577,8 +580,15 @@ std::string save(const std::string& dir, graph::Module& model, const optim::Opti
   });
   agree(c, err, "checkpoint save");
   const detail::PendingStep pending = start_save(c, dir, step);
-  if (options.kind == Kind::full) return save_full(c, mesh, entries, index, pending, fault);
-  return save_sharded(c, mesh, entries, index, pending, fault);
+  const std::string final_dir = options.kind == Kind::full
+                                    ? save_full(c, mesh, entries, index, pending, fault)
+                                    : save_sharded(c, mesh, entries, index, pending, fault);
+  // Retention once `latest` names the new checkpoint: rank 0, which committed it.
+  if (options.keep_last > 0 && c.rank == 0)
+    for (const std::string& problem : detail::prune_steps(dir, options.keep_last, options.keep))
+      std::fprintf(stderr, "fullshard[rank 0]: warning: checkpoint retention: %s\n",
+                   problem.c_str());
+  return final_dir;
 }
 
 // ---- load -------------------------------------------------------------------------------------

@@ -378,6 +378,69 @@ void abandon_step(const PendingStep& p) noexcept {
   if (!p.tmp.empty()) remove_quietly(p.tmp);
 }
 
+std::vector<std::string> prune_steps(const std::string& root, int keep_last,
+                                     const std::vector<std::string>& keep) {
+  std::vector<std::string> problems;
+  std::error_code ec;
+  auto is_step_name = [](const std::string& n) {
+    // step-XXXXXXXX, optionally .N (a later commit of the same step number)
+    if (n.size() < 13 || n.compare(0, 5, "step-") != 0) return false;
+    for (std::size_t i = 5; i < 13; ++i)
+      if (n[i] < '0' || n[i] > '9') return false;
+    if (n.size() == 13) return true;
+    if (n[13] != '.' || n.size() == 14) return false;
+    for (std::size_t i = 14; i < n.size(); ++i)
+      if (n[i] < '0' || n[i] > '9') return false;
+    return true;
+  };
+  struct Step {
+    fs::path path;
+    fs::file_time_type committed;
+  };
+  std::vector<Step> steps;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    if (!is_step_name(e.path().filename().string())) continue;
+    std::error_code te;
+    const fs::file_time_type t = fs::last_write_time(e.path() / kIndexFile, te);
+    if (!te) steps.push_back({e.path(), t});  // no index: not a committed step, left alone
+  }
+  std::sort(steps.begin(), steps.end(), [](const Step& a, const Step& b) {
+    return a.committed != b.committed ? a.committed > b.committed
+                                      : a.path.filename() > b.path.filename();
+  });
+  std::vector<fs::path> protect;
+  auto canonical = [](const fs::path& p) {
+    std::error_code ce;
+    const fs::path c = fs::weakly_canonical(p, ce);
+    return ce ? p.lexically_normal() : c;
+  };
+  std::string latest;
+  try {
+    latest = read_text(join(root, "latest"));
+  } catch (const std::exception&) {
+  }
+  while (!latest.empty() &&
+         (latest.back() == '\n' || latest.back() == '\r' || latest.back() == ' '))
+    latest.pop_back();
+  if (!latest.empty()) protect.push_back(canonical(fs::path(root) / latest));
+  for (const std::string& k : keep)
+    protect.push_back(canonical(k));
+  bool removed = false;
+  for (std::size_t i = std::size_t(std::max(keep_last, 0)); i < steps.size(); ++i) {
+    const fs::path c = canonical(steps[i].path);
+    if (std::find(protect.begin(), protect.end(), c) != protect.end()) continue;
+    std::error_code re;
+    fs::remove_all(steps[i].path, re);
+    if (re)
+      problems.push_back("cannot delete the old checkpoint '" + steps[i].path.string() +
+                         "': " + re.message());
+    else
+      removed = true;
+  }
+  if (removed) fsync_dir(root);
+  return problems;
+}
+
 // ---- Hex --------------------------------------------------------------------------------------
 
 std::string hex_encode(const std::string& bytes) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -29,6 +30,13 @@ struct SaveOptions {
   /// Checksum block size (bytes > 0): the granularity at which a resharding load reads and
   /// verifies.
   std::uint64_t block_bytes = kDefaultBlockBytes;
+  /// Retention: after the new checkpoint is complete and `latest` names it, rank 0 deletes
+  /// the committed step directories of `dir` beyond the `keep_last` most recently committed
+  /// (0, the default: keep all). Never deleted: the one `latest` names and those in `keep`.
+  /// A directory that cannot be deleted is a warning, not a failed save.
+  int keep_last = 0;
+  /// Step directories retention never deletes (the one this job resumed from).
+  std::vector<std::string> keep;
 };
 
 /// Saves the model's parameters (and, with an optimizer, its state and step count), `step`,
