@@ -133,29 +133,29 @@ class ConvAutoencoderImpl : public nn::Module {
   explicit ConvAutoencoderImpl(const ModelSpec& s) {
     const Activation a = parse_activation(s.activation);
     auto list = register_module("blocks", nn::ModuleList());
-    auto add = [&](std::shared_ptr<nn::Module> b) {
-      list->push_back(b);
-      blocks.push_back(std::move(b));
-    };
-    add(std::make_shared<ConvBlockImpl>(s.channels, s.width, 1, a));
+    down.push_back(std::make_shared<ConvBlockImpl>(s.channels, s.width, 1, a));
+    list->push_back(down.back());
     std::int64_t w = s.width;
-    for (std::int64_t l = 0; l < s.levels; ++l, w *= 2)
-      add(std::make_shared<ConvBlockImpl>(w, 2 * w, 2, a));
-    for (std::int64_t l = 0; l < s.levels; ++l, w /= 2)
-      add(std::make_shared<UpBlockImpl>(w, w / 2, a));
+    for (std::int64_t l = 0; l < s.levels; ++l, w *= 2) {
+      down.push_back(std::make_shared<ConvBlockImpl>(w, 2 * w, 2, a));
+      list->push_back(down.back());
+    }
+    for (std::int64_t l = 0; l < s.levels; ++l, w /= 2) {
+      up.push_back(std::make_shared<UpBlockImpl>(w, w / 2, a));
+      list->push_back(up.back());
+    }
     output = register_module("output",
                              nn::Conv2d(nn::Conv2dOptions(s.width, s.out_channels, 3).padding(1)));
   }
   at::Tensor forward(at::Tensor x) {
-    for (auto& b : blocks) {
-      if (auto* c = dynamic_cast<ConvBlockImpl*>(b.get()))
-        x = fst::call(*c, x);
-      else
-        x = fst::call(static_cast<UpBlockImpl&>(*b), x);
-    }
+    for (auto& b : down)
+      x = fst::call(b, x);
+    for (auto& b : up)
+      x = fst::call(b, x);
     return output(x);
   }
-  std::vector<std::shared_ptr<nn::Module>> blocks;
+  std::vector<std::shared_ptr<ConvBlockImpl>> down;  // blocks.0 .. blocks.<levels>
+  std::vector<std::shared_ptr<UpBlockImpl>> up;      // the blocks after them
   nn::Conv2d output{nullptr};
 };
 
@@ -297,7 +297,9 @@ BuiltModel build_model(const ModelSpec& s, at::ScalarType dtype, const std::stri
     b.root = m.ptr();
   } else if (s.type == "conv_autoencoder") {
     auto m = std::make_shared<ConvAutoencoderImpl>(s);
-    for (auto& blk : m->blocks)
+    for (auto& blk : m->down)
+      b.blocks.push_back(blk.get());
+    for (auto& blk : m->up)
       b.blocks.push_back(blk.get());
     b.forward = [m](const std::vector<at::Tensor>& in) mutable {
       return std::vector<at::Tensor>{fst::call(m, in[0])};
