@@ -36,7 +36,7 @@ struct SaveOptions {
   /// A directory that cannot be deleted is a warning, not a failed save.
   int keep_last = 0;
   /// Step directories retention never deletes (the one this job resumed from).
-  std::vector<std::string> keep;
+  std::vector<std::string> keep = {};
 };
 
 /// Saves the model's parameters (and, with an optimizer, its state and step count), `step`,
