@@ -26,142 +26,21 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/mpi_wait.hpp"
+#include "fullshard/checkpoint/checksum.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/runtime/settings.hpp"
 #include "fullshard/tensor/staging.hpp"
+#include "lib/checkpoint/collective.hpp"
 #include "lib/checkpoint/io.hpp"
+#include "lib/checkpoint/save_parts.hpp"
 
 namespace fullshard::checkpoint {
 
 using nlohmann::json;
 
-namespace {
+namespace detail {
 
-void check_mpi(int rc, const char* op) {
-  if (rc != MPI_SUCCESS)
-    throw CommError(std::string("checkpoint: ") + op + " failed: " + mpi_error_text(rc));
-}
-
-// A private duplicate of a mesh communicator (so checkpoint traffic never meets a stream's).
-// Its operations are nonblocking MPI calls completed by wait() (fullshard::wait_mpi, the
-// library's one bounded wait): past `timeout_s` (> 0; 0 waits forever) it aborts the job like
-// the library's other collectives, naming the operation, `what`, this rank and the sequence
-// number.
-class Comm {
- public:
-  Comm(MPI_Comm parent, double timeout_s, std::string what)
-      : timeout_s_(timeout_s), what_(std::move(what)) {
-    MPI_Comm_rank(parent, &rank);
-    MPI_Comm_size(parent, &size);
-    run("MPI_Comm_idup", [&](MPI_Request* r) { return MPI_Comm_idup(parent, &c_, r); });
-  }
-  ~Comm() {
-    if (c_ != MPI_COMM_NULL) MPI_Comm_free(&c_);
-  }
-  Comm(const Comm&) = delete;
-  Comm& operator=(const Comm&) = delete;
-  MPI_Comm get() const noexcept { return c_; }
-  const std::string& what() const noexcept { return what_; }
-
-  /// Starts one nonblocking operation (`start` gets the request to fill) and waits for it.
-  /// `peer`: the other rank of a point-to-point operation, for the timeout message.
-  template <class Start>
-  void run(const char* op, Start&& start, int peer = -1) const {
-    MPI_Request r = MPI_REQUEST_NULL;
-    check_mpi(start(&r), op);
-    wait(r, op, peer);
-  }
-
-  int allreduce(int x, MPI_Op op, const char* name) const {
-    int out = 0;
-    run(name, [&](MPI_Request* r) { return MPI_Iallreduce(&x, &out, 1, MPI_INT, op, c_, r); });
-    return out;
-  }
-  void bcast(void* data, int count, MPI_Datatype type, int root) const {
-    run("MPI_Ibcast", [&](MPI_Request* r) { return MPI_Ibcast(data, count, type, root, c_, r); });
-  }
-
-  int rank = 0;
-  int size = 1;
-
- private:
-  void wait(MPI_Request& r, const char* op, int peer) const {
-    WaitSite site{op,   what_,  rank,
-                  size, ++seq_, peer >= 0 ? "with rank " + std::to_string(peer) : std::string()};
-    wait_mpi(r, site, timeout_s_,
-             "another rank is not taking part (it never called the checkpoint function, failed "
-             "outside it, or is stuck)");
-  }
-
-  MPI_Comm c_ = MPI_COMM_NULL;
-  mutable std::uint64_t seq_ = 0;  // operations so far, for the timeout message
-  double timeout_s_ = 0;
-  std::string what_;
-};
-
-void bcast_string(const Comm& c, std::string& s, int root) {
-  unsigned long long len = s.size();
-  c.bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, root);
-  s.resize(static_cast<std::size_t>(len));
-  for (std::size_t done = 0; done < s.size();) {
-    const int n = static_cast<int>(std::min<std::size_t>(s.size() - done, INT_MAX / 2));
-    c.bcast(s.data() + done, n, MPI_CHAR, root);
-    done += static_cast<std::size_t>(n);
-  }
-}
-
-// Every rank throws if any rank has `err`: the first failing rank (lowest rank) its own
-// exception, every other rank the same type with that rank's message (so that all ranks report
-// the same problem, whatever else failed after it).
-void agree(const Comm& c, const std::exception_ptr& err, const char* what) {
-  const int first =
-      c.allreduce(err ? c.rank : c.size, MPI_MIN, "MPI_Iallreduce (agreeing on errors)");
-  if (first == c.size) return;
-  int type = 0;
-  std::string msg;
-  if (c.rank == first) {
-    try {
-      std::rethrow_exception(err);
-    } catch (const InvalidArgument& e) {
-      type = 1, msg = e.what();
-    } catch (const ConfigError& e) {
-      type = 2, msg = e.what();
-    } catch (const CommError& e) {
-      type = 3, msg = e.what();
-    } catch (const std::exception& e) {
-      msg = e.what();
-    } catch (...) {
-      msg = "unknown exception";
-    }
-  }
-  c.bcast(&type, 1, MPI_INT, first);
-  bcast_string(c, msg, first);
-  if (c.rank == first) std::rethrow_exception(err);
-  const std::string text = std::string(what) + " failed on another rank: " + msg;
-  switch (type) {
-    case 1:
-      throw InvalidArgument(text);
-    case 2:
-      throw ConfigError(text);
-    case 3:
-      throw CommError(text);
-    default:
-      throw Error(text);
-  }
-}
-
-template <class F>
-std::exception_ptr attempt(F&& f) {
-  try {
-    f();
-  } catch (...) {
-    return std::current_exception();
-  }
-  return nullptr;
-}
-
-// The mesh the model is sharded over: every fully_shard'ed module of it must use the same.
 const DeviceMesh& model_mesh(graph::Module& model, const char* what) {
   const DeviceMesh* mesh = nullptr;
   std::string first;
@@ -185,8 +64,6 @@ const DeviceMesh& model_mesh(graph::Module& model, const char* what) {
   return *mesh;
 }
 
-// Writers hold replicate coordinate 0 (HSDP replicas are copies); their shard coordinate
-// names their file.
 bool is_writer(const DeviceMesh& mesh) {
   const auto& c = mesh.coordinates();
   return std::all_of(c.begin(), c.end() - 1, [](int x) { return x == 0; });
@@ -198,16 +75,24 @@ std::string rank_file(int shard_rank) {
   return buf;
 }
 
+}  // namespace detail
+
+namespace {
+
+using detail::advise_huge_pages;
+using detail::agree;
+using detail::agree_or_abandon;
+using detail::attempt;
+using detail::bcast_string;
+using detail::Comm;
+using detail::is_writer;
+using detail::model_mesh;
+using detail::SaveEntry;
+using Entry = detail::SaveEntry;
+
 std::string relative_name(const graph::Module& model, const graph::Parameter& p) {
   return model.fqn().empty() ? p.fqn() : p.fqn().substr(model.fqn().size() + 1);
 }
-
-// One tensor to save: a parameter or an optimizer state, with this rank's shard.
-struct Entry {
-  TensorInfo info;  // name, param, state, dtype, global shape, placement (no shards)
-  Tensor local;
-  ShardLayout layout;
-};
 
 std::vector<Entry> collect(graph::Module& model, const optim::Optimizer* opt) {
   std::vector<Entry> out;
@@ -303,119 +188,6 @@ std::string finish_save(const Comm& c, const detail::PendingStep& pending, Index
   agree(c, err, "checkpoint save");
   bcast_string(c, final_dir, 0);
   return final_dir;
-}
-
-// Rank 0 creates the temporary step directory; every rank learns it.
-detail::PendingStep start_save(const Comm& c, const std::string& dir, std::int64_t step) {
-  detail::PendingStep p;
-  std::exception_ptr err;
-  if (c.rank == 0) err = attempt([&] { p = detail::begin_step(dir, step); });
-  agree(c, err, "checkpoint save");
-  bcast_string(c, p.tmp, 0);
-  p.root = dir;
-  p.step = step;
-  return p;
-}
-
-// Agrees on `err`; on failure rank 0 removes the temporary directory first.
-void agree_or_abandon(const Comm& c, const std::exception_ptr& err, const detail::PendingStep& p) {
-  try {
-    agree(c, err, "checkpoint save");
-  } catch (...) {
-    if (c.rank == 0) detail::abandon_step(p);
-    throw;
-  }
-}
-
-std::string save_sharded(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>& entries,
-                         Index& index, const detail::PendingStep& pending,
-                         const detail::Fault& fault) {
-  // Every writer writes its shards into its own file.
-  std::string record;  // JSON: {"file", "bytes", "shards": [...]}, empty for non-writers
-  std::exception_ptr err = attempt([&] {
-    if (!is_writer(mesh)) return;
-    const int shard_rank = mesh.coordinates().back();
-    const std::string name = rank_file(shard_rank);
-    detail::DataFileWriter w(detail::join(pending.tmp, name), index.block_bytes, fault);
-    json shards = json::array();
-    Stager stage = stager(mesh);
-    for (const Entry& e : entries) {
-      if (e.info.placement.is_replicate() && mesh.rank() != 0) continue;  // one copy suffices
-      if (e.layout.local_numel() == 0) continue;
-      fault.maybe_throw("prepare_tensor");
-      const Tensor h = stage.host_of(e.local, "checkpoint::save: '" + e.info.name + "'");
-      ShardInfo s;
-      s.global_offset = e.layout.global_offset;
-      s.shape = e.layout.local_shape;
-      w.append(h.data(), h.nbytes(), s, e.info.name);
-      shards.push_back(shard_json(e.info.name, s));
-    }
-    w.finish();
-    record = json{{"file", name}, {"bytes", w.bytes()}, {"shards", std::move(shards)}}.dump();
-  });
-  agree_or_abandon(c, err, pending);
-
-  // Rank 0 gathers the records and builds the index. (int counts: a record is ~100 bytes per
-  // shard plus ~11 per MiB of data, far from 2 GiB.)
-  int len = static_cast<int>(record.size());
-  std::vector<int> lens(c.rank == 0 ? static_cast<std::size_t>(c.size) : 0);
-  c.run("MPI_Igather", [&](MPI_Request* r) {
-    return MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, c.get(), r);
-  });
-  std::vector<int> displs(lens.size());
-  std::string all;
-  if (c.rank == 0) {
-    long long total = 0;
-    for (std::size_t r = 0; r < lens.size(); ++r) {
-      displs[r] = static_cast<int>(total);
-      total += lens[r];
-    }
-    all.resize(static_cast<std::size_t>(total));
-  }
-  c.run("MPI_Igatherv", [&](MPI_Request* r) {
-    return MPI_Igatherv(record.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(),
-                        MPI_CHAR, 0, c.get(), r);
-  });
-  if (c.rank == 0) {
-    err = attempt([&] {
-      std::unordered_map<std::string, TensorInfo*> by_name;
-      for (TensorInfo& t : index.tensors)
-        by_name[t.name] = &t;
-      std::map<std::string, json> records;  // by file name: deterministic order
-      for (std::size_t r = 0; r < lens.size(); ++r)
-        if (lens[r] > 0) {
-          json j = json::parse(
-              all.substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>(lens[r])));
-          const std::string file = j["file"].get<std::string>();
-          records[file] = std::move(j);
-        }
-      for (auto& [name, j] : records) {
-        const std::size_t file = index.files.size();
-        index.files.push_back({name, j["bytes"].get<std::uint64_t>()});
-        for (const json& s : j["shards"]) {
-          auto it = by_name.find(s["tensor"].get<std::string>());
-          if (it == by_name.end())
-            throw InvalidArgument("checkpoint save: " + name + " holds tensor '" +
-                                  s["tensor"].get<std::string>() +
-                                  "', which rank 0 does not have (optimizer state differs "
-                                  "across ranks?)");
-          ShardInfo si;
-          si.file = file;
-          si.offset = s["offset"].get<std::uint64_t>();
-          si.length = s["length"].get<std::uint64_t>();
-          si.global_offset = s["global_offset"].get<std::vector<std::int64_t>>();
-          si.shape = s["shape"].get<Shape>();
-          si.crc32c = s["crc32c"].get<std::vector<std::uint32_t>>();
-          it->second->shards.push_back(std::move(si));
-        }
-      }
-      // What a loader will check, checked now: the shards tile every tensor.
-      index = index_from_json(to_json(index), detail::join(pending.tmp, kIndexFile));
-    });
-    if (err) detail::abandon_step(pending);
-  }
-  agree(c, err, "checkpoint save");
-  return finish_save(c, pending, index, fault);
 }
 
 // Bytes per message of a full save; also rank 0's buffer for a shard that is not contiguous in
@@ -551,20 +323,18 @@ std::string save_full(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>&
 
 }  // namespace
 
-std::string save(const std::string& dir, graph::Module& model, const optim::Optimizer* optimizer,
-                 std::int64_t step, const json& metadata, const std::string& rng_state,
-                 const SaveOptions& options) {
-  const DeviceMesh& mesh = model_mesh(model, "checkpoint::save");
-  Comm c(mesh.control_world(), mesh.timeout_s(), "checkpoint save of '" + dir + "'");
-  std::vector<Entry> entries;
-  Index index;
-  detail::Fault fault;
+namespace detail {
+
+SaveSetup prepare_save(const Comm& c, const DeviceMesh& mesh, graph::Module& model,
+                       const optim::Optimizer* optimizer, std::int64_t step, const json& metadata,
+                       const std::string& rng_state, const SaveOptions& options) {
+  SaveSetup s;
   std::exception_ptr err = attempt([&] {
     if (options.block_bytes == 0 || options.block_bytes > kMaxBlockBytes)
       throw InvalidArgument("checkpoint::save: block_bytes must be in [1, " +
                             std::to_string(kMaxBlockBytes) + "], got " +
                             std::to_string(options.block_bytes));
-    if (detail::json_deeper_than(metadata, kMaxMetadataDepth))
+    if (json_deeper_than(metadata, kMaxMetadataDepth))
       throw InvalidArgument("checkpoint::save: the metadata nests arrays and objects deeper than " +
                             std::to_string(kMaxMetadataDepth) + " levels");
     if (step < 0)
@@ -572,32 +342,157 @@ std::string save(const std::string& dir, graph::Module& model, const optim::Opti
     if (options.keep_last < 0)
       throw InvalidArgument("checkpoint::save: keep_last must be >= 0 (0 keeps all), got " +
                             std::to_string(options.keep_last));
-    fault = detail::Fault::from_environment();
-    entries = collect(model, optimizer);
-    index = base_index(entries, mesh, optimizer, options.kind, step, metadata, rng_state,
-                       options.block_bytes);
-    (void)index.metadata.dump();  // invalid UTF-8 in the metadata fails here, on every rank
+    s.fault = Fault::from_environment();
+    s.entries = collect(model, optimizer);
+    s.index = base_index(s.entries, mesh, optimizer, options.kind, step, metadata, rng_state,
+                         options.block_bytes);
+    (void)s.index.metadata.dump();  // invalid UTF-8 in the metadata fails here, on every rank
   });
   agree(c, err, "checkpoint save");
-  const detail::PendingStep pending = start_save(c, dir, step);
-  const std::string final_dir = options.kind == Kind::full
-                                    ? save_full(c, mesh, entries, index, pending, fault)
-                                    : save_sharded(c, mesh, entries, index, pending, fault);
-  // Retention once `latest` names the new checkpoint: rank 0, which committed it.
-  if (options.keep_last > 0 && c.rank == 0)
-    for (const std::string& problem : detail::prune_steps(dir, options.keep_last, options.keep))
-      std::fprintf(stderr, "fullshard[rank 0]: warning: checkpoint retention: %s\n",
-                   problem.c_str());
-  return final_dir;
+  return s;
 }
 
-// ---- load -------------------------------------------------------------------------------------
+PendingStep start_save(const Comm& c, const std::string& dir, std::int64_t step) {
+  PendingStep p;
+  std::exception_ptr err;
+  if (c.rank == 0) err = attempt([&] { p = begin_step(dir, step); });
+  agree(c, err, "checkpoint save");
+  bcast_string(c, p.tmp, 0);
+  p.root = dir;
+  p.step = step;
+  return p;
+}
 
-namespace {
+void agree_or_abandon(const Comm& c, const std::exception_ptr& err, const PendingStep& p) {
+  try {
+    agree(c, err, "checkpoint save");
+  } catch (...) {
+    if (c.rank == 0) abandon_step(p);
+    throw;
+  }
+}
 
-// Fresh memory that a load is about to fill: asks Linux for transparent huge pages (512x fewer
-// page faults on first touch, which otherwise cost a good part of a cold load's time).
-// Advisory: nothing happens where THP is off or the kernel refuses.
+std::vector<const SaveEntry*> entries_to_write(const DeviceMesh& mesh,
+                                               const std::vector<SaveEntry>& entries) {
+  std::vector<const SaveEntry*> out;
+  for (const SaveEntry& e : entries) {
+    if (e.info.placement.is_replicate() && mesh.rank() != 0) continue;  // one copy suffices
+    if (e.layout.local_numel() == 0) continue;
+    out.push_back(&e);
+  }
+  return out;
+}
+
+std::string write_shards(const std::vector<const SaveEntry*>& entries, const std::string& file,
+                         std::uint64_t block_bytes, const std::string& tmp, const Fault& fault,
+                         const std::function<const void*(const SaveEntry&)>& host_of) {
+  DataFileWriter w(join(tmp, file), block_bytes, fault);
+  json shards = json::array();
+  for (const SaveEntry* e : entries) {
+    const void* data = host_of(*e);
+    ShardInfo s;
+    s.global_offset = e->layout.global_offset;
+    s.shape = e->layout.local_shape;
+    w.append(data, static_cast<std::uint64_t>(e->layout.local_numel()) * dtype_size(e->info.dtype),
+             s, e->info.name);
+    shards.push_back(shard_json(e->info.name, s));
+  }
+  w.finish();
+  return json{{"file", file}, {"bytes", w.bytes()}, {"shards", std::move(shards)}}.dump();
+}
+
+std::string write_image(const std::vector<SaveEntry>& entries, const char* image, std::uint64_t n,
+                        const std::string& file, std::uint64_t block_bytes, const std::string& tmp,
+                        const Fault& fault) {
+  json shards = json::array();
+  for (const SaveEntry& e : entries) {
+    const auto* p = static_cast<const char*>(e.local.data());
+    ShardInfo s;
+    s.global_offset = e.layout.global_offset;
+    s.shape = e.layout.local_shape;
+    s.offset = static_cast<std::uint64_t>(p - image);
+    s.length = e.local.nbytes();
+    for (std::uint64_t b = 0; b < s.length; b += block_bytes)
+      s.crc32c.push_back(
+          crc32c(p + b, static_cast<std::size_t>(std::min(block_bytes, s.length - b))));
+    shards.push_back(shard_json(e.info.name, s));
+  }
+  write_file_image(join(tmp, file), image, n, fault);
+  return json{{"file", file}, {"bytes", n}, {"shards", std::move(shards)}}.dump();
+}
+
+std::string commit_sharded(const Comm& c, const std::string& record, Index& index,
+                           const PendingStep& pending, const Fault& fault) {
+  // Rank 0 gathers the records and builds the index. (int counts: a record is ~100 bytes per
+  // shard plus ~11 per MiB of data, far from 2 GiB.)
+  int len = static_cast<int>(record.size());
+  std::vector<int> lens(c.rank == 0 ? static_cast<std::size_t>(c.size) : 0);
+  c.run("MPI_Igather", [&](MPI_Request* r) {
+    return MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, c.get(), r);
+  });
+  std::vector<int> displs(lens.size());
+  std::string all;
+  if (c.rank == 0) {
+    long long total = 0;
+    for (std::size_t r = 0; r < lens.size(); ++r) {
+      displs[r] = static_cast<int>(total);
+      total += lens[r];
+    }
+    all.resize(static_cast<std::size_t>(total));
+  }
+  c.run("MPI_Igatherv", [&](MPI_Request* r) {
+    return MPI_Igatherv(record.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(),
+                        MPI_CHAR, 0, c.get(), r);
+  });
+  std::exception_ptr err;
+  if (c.rank == 0) {
+    err = attempt([&] {
+      std::unordered_map<std::string, TensorInfo*> by_name;
+      for (TensorInfo& t : index.tensors)
+        by_name[t.name] = &t;
+      std::map<std::string, json> records;  // by file name: deterministic order
+      for (std::size_t r = 0; r < lens.size(); ++r)
+        if (lens[r] > 0) {
+          json j = json::parse(
+              all.substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>(lens[r])));
+          const std::string file = j["file"].get<std::string>();
+          records[file] = std::move(j);
+        }
+      for (auto& [name, j] : records) {
+        const std::size_t file = index.files.size();
+        index.files.push_back({name, j["bytes"].get<std::uint64_t>()});
+        for (const json& s : j["shards"]) {
+          auto it = by_name.find(s["tensor"].get<std::string>());
+          if (it == by_name.end())
+            throw InvalidArgument("checkpoint save: " + name + " holds tensor '" +
+                                  s["tensor"].get<std::string>() +
+                                  "', which rank 0 does not have (optimizer state differs "
+                                  "across ranks?)");
+          ShardInfo si;
+          si.file = file;
+          si.offset = s["offset"].get<std::uint64_t>();
+          si.length = s["length"].get<std::uint64_t>();
+          si.global_offset = s["global_offset"].get<std::vector<std::int64_t>>();
+          si.shape = s["shape"].get<Shape>();
+          si.crc32c = s["crc32c"].get<std::vector<std::uint32_t>>();
+          it->second->shards.push_back(std::move(si));
+        }
+      }
+      // What a loader will check, checked now: the shards tile every tensor.
+      index = index_from_json(to_json(index), join(pending.tmp, kIndexFile));
+    });
+    if (err) abandon_step(pending);
+  }
+  agree(c, err, "checkpoint save");
+  return finish_save(c, pending, index, fault);
+}
+
+void apply_retention(const Comm& c, const std::string& dir, const SaveOptions& options) {
+  if (options.keep_last <= 0 || c.rank != 0) return;
+  for (const std::string& problem : prune_steps(dir, options.keep_last, options.keep))
+    std::fprintf(stderr, "fullshard[rank 0]: warning: checkpoint retention: %s\n", problem.c_str());
+}
+
 void advise_huge_pages(const Tensor& t) noexcept {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr std::uintptr_t kHuge = 2u << 20;
@@ -610,6 +505,45 @@ void advise_huge_pages(const Tensor& t) noexcept {
   (void)t;
 #endif
 }
+
+}  // namespace detail
+
+std::string save(const std::string& dir, graph::Module& model, const optim::Optimizer* optimizer,
+                 std::int64_t step, const json& metadata, const std::string& rng_state,
+                 const SaveOptions& options) {
+  const DeviceMesh& mesh = detail::model_mesh(model, "checkpoint::save");
+  Comm c(mesh.control_world(), mesh.timeout_s(), "checkpoint save of '" + dir + "'");
+  detail::complete_async_save();  // at most one save in flight; its error is raised here
+  detail::SaveSetup setup =
+      detail::prepare_save(c, mesh, model, optimizer, step, metadata, rng_state, options);
+  const detail::PendingStep pending = detail::start_save(c, dir, step);
+  std::string final_dir;
+  if (options.kind == Kind::full) {
+    final_dir = save_full(c, mesh, setup.entries, setup.index, pending, setup.fault);
+  } else {
+    // Every writer writes its shards into its own file (device shards staged one at a time).
+    std::string record;
+    const std::exception_ptr err = attempt([&] {
+      if (!detail::is_writer(mesh)) return;
+      Stager stage = stager(mesh);
+      record = detail::write_shards(
+          detail::entries_to_write(mesh, setup.entries),
+          detail::rank_file(mesh.coordinates().back()), setup.index.block_bytes, pending.tmp,
+          setup.fault, [&](const SaveEntry& e) {
+            setup.fault.maybe_throw("prepare_tensor");
+            return stage.host_of(e.local, "checkpoint::save: '" + e.info.name + "'").data();
+          });
+    });
+    agree_or_abandon(c, err, pending);
+    final_dir = detail::commit_sharded(c, record, setup.index, pending, setup.fault);
+  }
+  detail::apply_retention(c, dir, options);
+  return final_dir;
+}
+
+// ---- load -------------------------------------------------------------------------------------
+
+namespace {
 
 std::string fingerprint_note(const Index& index, const std::string& mine) {
   if (index.model_fingerprint == mine) return "";

@@ -287,6 +287,44 @@ void DataFileWriter::finish() {
   file_.close();
 }
 
+void write_file_image(const std::string& path, const char* data, std::uint64_t n,
+                      const Fault& fault) {
+  File f = File::create(path);
+  if (fault.armed("mid_shard")) {
+    f.write_all(data, std::max<std::uint64_t>(1, n / 2));
+    fault.maybe_exit("mid_shard");
+  }
+  std::uint64_t done = 0;
+#if defined(__linux__) && defined(O_DIRECT)
+  const int fd = f.descriptor();
+  const int flags = ::fcntl(fd, F_GETFL);
+  const std::uint64_t aligned = n / kDirectAlign * kDirectAlign;
+  if (aligned > 0 && reinterpret_cast<std::uintptr_t>(data) % kDirectAlign == 0 && flags >= 0 &&
+      ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0) {
+    constexpr std::uint64_t kDirectChunk = std::uint64_t{16} << 20;
+    while (done < aligned) {
+      const std::uint64_t len = std::min(kDirectChunk, aligned - done);
+      const ssize_t w =
+          ::pwrite(fd, data + done, static_cast<std::size_t>(len), static_cast<off_t>(done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && errno == EINVAL && done == 0) break;  // refused after all: buffered
+      if (w < 0) io_error("write to", path, errno);
+      done += static_cast<std::uint64_t>(w);
+      if (done % kDirectAlign != 0) break;  // a short write: the rest buffered
+    }
+    if (::fcntl(fd, F_SETFL, flags) != 0) io_error("fcntl (clearing O_DIRECT) of", path, errno);
+  }
+#endif
+  for (std::uint64_t at = done; at < n;) {
+    const std::uint64_t len = std::min(kWriteChunk, n - at);
+    f.pwrite_all(data + at, len, at);
+    f.start_writeback(at, len);
+    at += len;
+  }
+  f.sync();
+  f.close();
+}
+
 // ---- Step directories -------------------------------------------------------------------------
 
 namespace {

@@ -58,6 +58,7 @@ class File {
   File& operator=(const File&) = delete;
 
   bool valid() const noexcept { return fd_ >= 0; }
+  int descriptor() const noexcept { return fd_; }
   const std::string& path() const noexcept { return path_; }
   std::uint64_t size() const;
   /// Writes n bytes; `tensor` (if not empty) is named in the error message.
@@ -129,6 +130,17 @@ class DataFileWriter {
   const Fault& fault_;
   std::uint64_t bytes_ = 0;
 };
+
+/// Alignment of the buffer, file offsets and lengths of direct (O_DIRECT) writes.
+constexpr std::uint64_t kDirectAlign = 4096;
+
+/// Writes the n bytes at `data` (aligned to kDirectAlign) as the file `path` and fsyncs it:
+/// with O_DIRECT where the file system takes it (the device reads the buffer itself: no copy
+/// into the page cache and hardly any CPU, which a background writer sharing cores with
+/// training needs), else buffered with early writeback as DataFileWriter. Bytes past the last
+/// aligned block are written buffered. A `mid_shard` fault writes half of them and exits.
+void write_file_image(const std::string& path, const char* data, std::uint64_t n,
+                      const Fault& fault);
 
 /// The temporary directory of a save in progress: root/.tmp-step-XXXXXXXX.
 struct PendingStep {

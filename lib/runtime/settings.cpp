@@ -20,9 +20,9 @@ const char* const kKnown[] = {"FULLSHARD_TIMEOUT",         "FULLSHARD_LOG_LEVEL"
                               "FULLSHARD_BIND_DEVICE",     "FULLSHARD_CKPT_FAULT",
                               "FULLSHARD_HOST_COLLECTIVES"};
 
-constexpr const char* kFaultPoints[] = {"mid_shard",     "after_shards",  "mid_index",
-                                        "after_index",   "before_latest", "mid_latest",
-                                        "prepare_tensor"};
+constexpr const char* kFaultPoints[] = {"mid_shard",      "after_shards",  "mid_index",
+                                        "after_index",    "before_latest", "mid_latest",
+                                        "prepare_tensor", "slow_write"};
 
 std::string known_list() {
   std::string s;

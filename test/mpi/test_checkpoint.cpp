@@ -7,12 +7,17 @@
 // - every kind of bad checkpoint gives an InvalidArgument naming the file and the tensor, on
 //   every rank, and leaves the model and optimizer untouched;
 // - resume: 10 steps, save, load, 10 more equals 20 straight steps: bit-exact on the same mesh,
-//   relative 1e-6 on other world sizes and on HSDP.
+//   relative 1e-6 on other world sizes and on HSDP;
+// - asynchronous saves: the files of a synchronous save byte for byte while training goes on,
+//   one save in flight, test()/wait(), retention, and a failed background write raised on
+//   every rank with `latest` left at the previous checkpoint.
 // Sub-mesh loads are collective over the sub-mesh only; results are agreed over the world.
 #include <doctest/doctest.h>
 #include <mpi.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -26,10 +31,12 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "error_check.hpp"
 #include "fullshard/base/error.hpp"
+#include "fullshard/checkpoint/async_save.hpp"
 #include "fullshard/checkpoint/checkpoint.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
@@ -961,4 +968,197 @@ TEST_CASE("small blocks, tensors of several windows: exact loads; Shard(1) reads
     if (before >= 0) CHECK(open_fds() - before <= 64);
     CHECK(ck::verify(tmp.sub("c")).empty());
   });
+}
+
+// ---- Asynchronous saves (checkpoint::save_async) ----------------------------------------------
+
+namespace {
+
+// Every file of a step directory, by name.
+std::map<std::string, std::string> files_of(const std::string& step_dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(step_dir))
+    out[e.path().filename().string()] = read_file(e.path().string());
+  return out;
+}
+
+// test() on every rank until it is true (at most about 30 s); the number of calls.
+int poll_until_committed(ck::AsyncSave& s) {
+  int calls = 1;
+  while (!s.test() && calls < 3000) {
+    ++calls;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return calls;
+}
+
+std::vector<std::unique_ptr<SubMesh>> source_meshes() {
+  std::vector<std::unique_ptr<SubMesh>> out;
+  out.push_back(
+      std::make_unique<SubMesh>(W(), std::vector<int>{W()}, std::vector<std::string>{"dp"}));
+  out.back()->name = "FSDP on " + std::to_string(W());
+  if (W() == 4) {
+    out.push_back(std::make_unique<SubMesh>(4, std::vector<int>{2, 2},
+                                            std::vector<std::string>{"replicate", "shard"}));
+    out.back()->name = "HSDP 2x2";
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("asynchronous save: save()'s files byte for byte, a snapshot while training goes on") {
+  SharedTempDir tmp;
+  int case_no = 0;
+  for (auto& src : source_meshes())
+    for (const std::uint64_t block : {ck::kDefaultBlockBytes, std::uint64_t{20}}) {
+      CAPTURE(src->name);
+      CAPTURE(block);
+      const DeviceMesh& mesh = *src->mesh;
+      const std::string sync_dir = tmp.sub("s" + std::to_string(case_no));
+      const std::string async_dir = tmp.sub("a" + std::to_string(case_no++));
+      const nlohmann::json meta = {{"note", "async"}};
+      // Reference: 10 straight steps.
+      Full ref;
+      {
+        Trainer t(mesh);
+        for (int k = 0; k < 10; ++k)
+          t.step(k);
+        ref = gather(shapes_of(*t.root, t.opt.get()), t.root.get(), t.opt.get(),
+                     replicate_lead(mesh), mesh.rank() == 0);
+      }
+      // 5 steps, a synchronous and an asynchronous save of step 5, 5 more steps while the
+      // asynchronous one is written and committed.
+      Trainer t(mesh);
+      for (int k = 0; k < 5; ++k)
+        t.step(k);
+      const ck::SaveOptions options{ck::Kind::sharded, block};
+      const std::string sync_path =
+          ck::save(sync_dir, *t.root, t.opt.get(), 5, meta, t.rng_state(), options);
+      ck::AsyncSave pending =
+          ck::save_async(async_dir, *t.root, t.opt.get(), 5, meta, t.rng_state(), options);
+      CHECK(pending.valid());
+      CHECK(pending.step() == 5);
+      const bool writer = replicate_lead(mesh);
+      CHECK((pending.staging_bytes() > 0) == writer);
+      for (int k = 5; k < 10; ++k) {
+        t.step(k);
+        pending.test();
+      }
+      const std::string async_path = pending.wait();
+      CHECK(pending.done());
+      CHECK(async_path == async_dir + "/step-00000005");
+      CHECK(pending.wait() == async_path);  // again: the same, no communication
+      CHECK(mismatches(*t.root, t.opt.get(), ref, 0) == 0);
+      on_rank0([&] {
+        const auto a = files_of(async_path), s = files_of(sync_path);
+        CHECK(a.size() == s.size());
+        for (const auto& [name, bytes] : s) {
+          CAPTURE(name);
+          REQUIRE(a.count(name) == 1);
+          CHECK(a.at(name) == bytes);
+        }
+        CHECK(read_file(async_dir + "/latest") == "step-00000005\n");
+      });
+      // The checkpoint holds step 5 (not what training did after): resuming from it and
+      // training 5 steps gives the straight run's values, bit-exact.
+      Trainer r(mesh);
+      CHECK(test::all_ranks(no_throw("resume", [&] {
+        const ck::Loaded l = ck::load(async_dir, *r.root, r.opt.get());
+        CHECK(l.step == 5);
+        CHECK(l.metadata == meta);
+        r.set_rng_state(l.rng_state);
+        for (int k = 5; k < 10; ++k)
+          r.step(k);
+        CHECK(mismatches(*r.root, r.opt.get(), ref, 0) == 0);
+      })));
+    }
+}
+
+TEST_CASE("asynchronous save: one in flight, test() and wait(), retention, refused uses") {
+  SharedTempDir tmp;
+  DeviceMesh mesh(test::runtime(), {W()}, {"dp"});
+  Trainer t(mesh);
+  t.step(0);
+  const std::string dir = tmp.sub("one");
+  // The second save completes the first (which is then done on every rank).
+  ck::AsyncSave a = ck::save_async(dir, *t.root, t.opt.get(), 1);
+  t.step(1);
+  ck::AsyncSave b = ck::save_async(dir, *t.root, t.opt.get(), 2);
+  CHECK(a.done());
+  CHECK(a.wait() == dir + "/step-00000001");
+  CHECK(b.wait() == dir + "/step-00000002");
+  // A dropped handle: the next (synchronous) save completes it.
+  t.step(2);
+  { (void)ck::save_async(dir, *t.root, t.opt.get(), 3); }
+  t.step(3);
+  ck::save(dir, *t.root, t.opt.get(), 4);
+  on_rank0([&] {
+    CHECK(fs::exists(dir + "/step-00000003/index.json"));
+    CHECK(read_file(dir + "/latest") == "step-00000004\n");
+  });
+  // test() is false while any rank's writer is still at work (FULLSHARD_CKPT_FAULT=slow_write:
+  // each writer sleeps 3 s first), then true once committed; retention runs at the commit.
+  setenv("FULLSHARD_CKPT_FAULT", "slow_write", 1);
+  ck::SaveOptions keep2;
+  keep2.keep_last = 2;
+  ck::AsyncSave c = ck::save_async(dir, *t.root, t.opt.get(), 5, {}, "", keep2);
+  unsetenv("FULLSHARD_CKPT_FAULT");
+  CHECK_FALSE(c.test());
+  CHECK_FALSE(c.done());
+  CHECK(poll_until_committed(c) > 1);
+  CHECK(c.done());
+  on_rank0([&] {
+    std::vector<std::string> steps;
+    for (const auto& e : fs::directory_iterator(dir))
+      steps.push_back(e.path().filename().string());
+    std::sort(steps.begin(), steps.end());
+    CHECK(steps == std::vector<std::string>{"latest", "step-00000004", "step-00000005"});
+  });
+  // Refused: a default handle, a full checkpoint.
+  ck::AsyncSave none;
+  CHECK_FALSE(none.valid());
+  CHECK(test::contains(test::error_of<InvalidArgument>([&] { none.wait(); }), "names no save"));
+  const std::string msg = test::error_of<InvalidArgument>([&] {
+    ck::save_async(dir, *t.root, t.opt.get(), 6, {}, "", {ck::Kind::full, ck::kDefaultBlockBytes});
+  });
+  CHECK_MESSAGE(test::contains(msg, "sharded checkpoints only"), msg);
+}
+
+TEST_CASE("asynchronous save: a failed background write is raised on every rank, latest stays") {
+  SharedTempDir tmp;
+  DeviceMesh mesh(test::runtime(), {W()}, {"dp"});
+  Trainer t(mesh);
+  t.step(0);
+  const std::string dir = tmp.sub("fail");
+  ck::save(dir, *t.root, t.opt.get(), 1);
+  const Full ref =
+      gather(shapes_of(*t.root, t.opt.get()), t.root.get(), t.opt.get(), true, R() == 0);
+  t.step(1);
+  // The writers sleep 3 s; meanwhile rank 0 removes the temporary step directory, so every
+  // writer fails to create its file.
+  setenv("FULLSHARD_CKPT_FAULT", "slow_write", 1);
+  ck::AsyncSave s = ck::save_async(dir, *t.root, t.opt.get(), 2);
+  unsetenv("FULLSHARD_CKPT_FAULT");
+  on_rank0([&] {
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(e.path());
+  });
+  const std::string msg = test::error_of<Error>([&] { s.wait(); });
+  CHECK_MESSAGE(test::contains(msg, "rank-0000"), msg);
+  CHECK_MESSAGE(test::contains(msg, "No such file or directory"), msg);
+  if (R() != 0) CHECK_MESSAGE(test::contains(msg, "failed on another rank"), msg);
+  CHECK(s.done());
+  // Raised again by the handle, without communication; the next save goes ahead.
+  CHECK(test::contains(test::error_of<Error>([&] { s.wait(); }), "No such file or directory"));
+  on_rank0([&] {
+    CHECK(read_file(dir + "/latest") == "step-00000001\n");
+    for (const auto& e : fs::directory_iterator(dir))
+      CHECK_MESSAGE(e.path().filename().string().rfind(".tmp-", 0) != 0, e.path());
+  });
+  Trainer r(mesh);
+  CHECK(test::all_ranks(no_throw("load", [&] {
+    CHECK(ck::load(dir, *r.root, r.opt.get()).step == 1);
+    CHECK(mismatches(*r.root, r.opt.get(), ref, 0) == 0);
+  })));
 }

@@ -1,0 +1,284 @@
+// save_async(): the synchronous save's steps (lib/checkpoint/save_parts.hpp) split at the
+// data files. On the training thread: prepare, start (the temporary step directory) and the
+// snapshot (every shard this rank writes copied into one host staging buffer); then a
+// background thread writes the rank's data file from staging (checksums, fsync: no MPI, no
+// model memory); test() / wait() on the training thread again: the agreement on the writers'
+// outcome, rank 0's commit and retention. The staging buffer is kept for the next save (its
+// pages stay faulted in), and only one save is in flight: the next one completes it first.
+#include "fullshard/checkpoint/async_save.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/tensor/staging.hpp"
+#include "lib/checkpoint/save_parts.hpp"
+
+namespace fullshard::checkpoint {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+struct AsyncSave::State {
+  std::unique_ptr<detail::Comm> comm;  // the save's own communicator, freed once complete
+  std::string dir;
+  SaveOptions options;
+  Index index;
+  detail::PendingStep pending;
+  detail::Fault fault;
+  // This rank's shards, each SaveEntry::local a view of the staging buffer, which holds them
+  // back to back as the data file will (writers only).
+  std::vector<detail::SaveEntry> staged;
+  const char* image = nullptr;
+  std::string file;  // the data file, empty on ranks that write none
+  std::uint64_t staging_bytes = 0;
+  double snapshot_s = 0;
+
+  // The background writer. `written` is set (release) after record / write_error / write_s.
+  std::thread writer;
+  std::atomic<bool> written{false};
+  std::string record;
+  std::exception_ptr write_error;
+  double write_s = 0;
+
+  // The outcome, once complete (on every rank at the same call).
+  bool complete = false;
+  std::string step_dir;
+  std::exception_ptr error;
+
+  ~State() {
+    if (writer.joinable()) writer.join();  // a save in flight at exit: nothing committed
+  }
+
+  void write() noexcept {
+    const auto t0 = Clock::now();
+    try {
+      if (fault.armed("slow_write")) std::this_thread::sleep_for(std::chrono::seconds(3));
+      record = detail::write_image(staged, image, staging_bytes, file, index.block_bytes,
+                                   pending.tmp, fault);
+    } catch (...) {
+      write_error = std::current_exception();
+    }
+    write_s = seconds_since(t0);
+    written.store(true, std::memory_order_release);
+  }
+};
+
+namespace {
+
+// The process's one save in flight, and the staging buffer its snapshot reuses.
+struct InFlight {
+  std::mutex mutex;
+  std::shared_ptr<AsyncSave::State> save;
+  Tensor staging;       // grown as needed, never shrunk
+  bool hooked = false;  // release_at_finalize registered with this Kokkos session
+};
+
+InFlight& in_flight() {
+  static InFlight f;
+  return f;
+}
+
+// Kokkos finalize hook (the staging buffer is Kokkos memory): a save still in flight ends
+// uncommitted (its writer is joined), and the staging buffer is freed.
+void release_at_finalize() {
+  InFlight& f = in_flight();
+  std::lock_guard<std::mutex> lock(f.mutex);
+  if (f.save) {
+    if (f.save->writer.joinable()) f.save->writer.join();
+    f.save->staged.clear();
+  }
+  f.staging = Tensor();
+  f.hooked = false;
+}
+
+// The staging buffer, at least `bytes` long from its first kDirectAlign-aligned byte (every
+// earlier save is complete).
+Tensor staging_buffer(std::uint64_t bytes) {
+  bytes += detail::kDirectAlign;
+  InFlight& f = in_flight();
+  std::lock_guard<std::mutex> lock(f.mutex);
+  if (!f.hooked) {
+    Kokkos::push_finalize_hook(release_at_finalize);
+    f.hooked = true;
+  }
+  if (f.staging.nbytes() < bytes) {
+    f.staging = Tensor();  // the old buffer goes first
+    f.staging = ::fullshard::detail::pinned_host_tensor(
+        {static_cast<std::int64_t>((bytes + 7) / 8)}, DType::f64, "fullshard::async_save_staging");
+  }
+  return f.staging;
+}
+
+// Agrees on the writers' outcome and commits (on every rank at the same call); stores the
+// outcome, frees the communicator and ends the save's time in flight.
+void complete(AsyncSave::State& st) {
+  if (st.writer.joinable()) st.writer.join();
+  try {
+    detail::agree_or_abandon(*st.comm, st.write_error, st.pending);
+    st.step_dir = detail::commit_sharded(*st.comm, st.record, st.index, st.pending, st.fault);
+    detail::apply_retention(*st.comm, st.dir, st.options);
+  } catch (...) {
+    st.error = std::current_exception();
+  }
+  st.complete = true;
+  st.staged.clear();  // the views of the staging buffer
+  st.comm.reset();
+  {
+    InFlight& f = in_flight();
+    std::lock_guard<std::mutex> lock(f.mutex);
+    if (f.save.get() == &st) f.save.reset();
+  }
+  if (st.error) std::rethrow_exception(st.error);
+}
+
+AsyncSave::State& state_of(const std::shared_ptr<AsyncSave::State>& s, const char* call) {
+  if (!s)
+    throw InvalidArgument(std::string("checkpoint::AsyncSave::") + call +
+                          ": this handle names no save (default-constructed)");
+  return *s;
+}
+
+}  // namespace
+
+namespace detail {
+
+void complete_async_save() {
+  std::shared_ptr<AsyncSave::State> s;
+  {
+    InFlight& f = in_flight();
+    std::lock_guard<std::mutex> lock(f.mutex);
+    s = f.save;
+  }
+  if (s && !s->complete) complete(*s);
+}
+
+}  // namespace detail
+
+bool AsyncSave::test() {
+  State& st = state_of(state_, "test");
+  if (!st.complete) {
+    const int mine = st.written.load(std::memory_order_acquire) ? 1 : 0;
+    if (st.comm->allreduce(mine, MPI_MIN, "MPI_Iallreduce (asynchronous save: written?)") == 0)
+      return false;
+    complete(st);
+  }
+  if (st.error) std::rethrow_exception(st.error);
+  return true;
+}
+
+std::string AsyncSave::wait() {
+  State& st = state_of(state_, "wait");
+  if (!st.complete) complete(st);
+  if (st.error) std::rethrow_exception(st.error);
+  return st.step_dir;
+}
+
+bool AsyncSave::done() const noexcept {
+  return state_ && state_->complete;
+}
+
+std::int64_t AsyncSave::step() const {
+  return state_of(state_, "step").index.step;
+}
+
+std::uint64_t AsyncSave::staging_bytes() const {
+  return state_of(state_, "staging_bytes").staging_bytes;
+}
+
+double AsyncSave::snapshot_seconds() const {
+  return state_of(state_, "snapshot_seconds").snapshot_s;
+}
+
+double AsyncSave::write_seconds() const {
+  const State& st = state_of(state_, "write_seconds");
+  return st.written.load(std::memory_order_acquire) ? st.write_s : 0.0;
+}
+
+AsyncSave save_async(const std::string& dir, graph::Module& model,
+                     const optim::Optimizer* optimizer, std::int64_t step,
+                     const nlohmann::json& metadata, const std::string& rng_state,
+                     const SaveOptions& options) {
+  const auto t0 = Clock::now();
+  const DeviceMesh& mesh = detail::model_mesh(model, "checkpoint::save_async");
+  auto st = std::make_shared<AsyncSave::State>();
+  st->comm = std::make_unique<detail::Comm>(mesh.control_world(), mesh.timeout_s(),
+                                            "asynchronous checkpoint save of '" + dir + "'");
+  const detail::Comm& c = *st->comm;
+  detail::complete_async_save();  // at most one save in flight; its error is raised here
+  SaveOptions checked = options;
+  if (options.kind != Kind::sharded) {
+    checked.kind = Kind::sharded;
+    // Agreed like prepare_save's checks (every rank has the same options).
+    detail::agree(c,
+                  std::make_exception_ptr(InvalidArgument(
+                      "checkpoint::save_async: writes sharded checkpoints only (a full "
+                      "checkpoint is gathered to rank 0 as it is written: use save())")),
+                  "checkpoint save");
+  }
+  detail::SaveSetup setup =
+      detail::prepare_save(c, mesh, model, optimizer, step, metadata, rng_state, checked);
+  st->dir = dir;
+  st->options = checked;
+  st->index = std::move(setup.index);
+  st->fault = setup.fault;
+  st->pending = detail::start_save(c, dir, step);
+
+  // The snapshot: this rank's shards into staging, one copy each.
+  const std::exception_ptr err = detail::attempt([&] {
+    if (!detail::is_writer(mesh)) return;
+    const std::vector<const detail::SaveEntry*> to_write =
+        detail::entries_to_write(mesh, setup.entries);
+    std::uint64_t total = 0;
+    for (const detail::SaveEntry* e : to_write)
+      total += e->local.nbytes();
+    const Tensor buffer = staging_buffer(total);
+    const auto at = reinterpret_cast<std::uintptr_t>(buffer.data());
+    char* base = static_cast<char*>(buffer.data()) +
+                 (detail::kDirectAlign - at % detail::kDirectAlign) % detail::kDirectAlign;
+    st->image = base;
+    std::uint64_t offset = 0;
+    for (const detail::SaveEntry* e : to_write) {
+      st->fault.maybe_throw("prepare_tensor");
+      detail::SaveEntry s;
+      s.info = e->info;
+      s.layout = e->layout;
+      s.local = Tensor::from_owner(buffer.owner(), base + offset, e->local.shape(),
+                                   e->local.dtype(), MemorySpace::host);
+      ::fullshard::detail::copy_on_stream(s.local, e->local, mesh.compute_stream().native_handle(),
+                                          "checkpoint::save_async: '" + e->info.name + "'");
+      offset += e->local.nbytes();
+      st->staged.push_back(std::move(s));
+    }
+    st->staging_bytes = total;
+    st->file = detail::rank_file(mesh.coordinates().back());
+  });
+  detail::agree_or_abandon(c, err, st->pending);
+
+  st->snapshot_s = seconds_since(t0);
+  if (st->file.empty())
+    st->written.store(true, std::memory_order_release);  // nothing to write here
+  else
+    st->writer = std::thread([s = st.get()] { s->write(); });
+  {
+    InFlight& f = in_flight();
+    std::lock_guard<std::mutex> lock(f.mutex);
+    f.save = st;
+  }
+  return AsyncSave(std::move(st));
+}
+
+}  // namespace fullshard::checkpoint
