@@ -25,6 +25,7 @@
 #include "bounded_comm.hpp"
 #include "cli.hpp"
 #include "fullshard/base/error.hpp"
+#include "fullshard/checkpoint/async_save.hpp"
 #include "fullshard/checkpoint/checkpoint.hpp"
 #include "fullshard/checkpoint/safetensors.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
@@ -99,6 +100,10 @@ const char* const kUsage =
     "                        after the last step, when --checkpoint-dir is given)\n"
     "  --checkpoint-kind K   sharded (every rank writes its shards, default) or full (rank 0\n"
     "                        writes one consolidated file)\n"
+    "  --async-save          sharded saves in the background: each rank copies its shards\n"
+    "                        into host staging memory and trains on while a thread writes\n"
+    "                        them; the checkpoint is committed at the first step boundary\n"
+    "                        after every rank's write (the last save is waited for)\n"
     "  --stop-after N        end this run after global step N (e.g. to fit a job's time\n"
     "                        limit; with --checkpoint-dir a checkpoint is saved there);\n"
     "                        --steps stays the total that the lr schedule spans\n"
@@ -152,6 +157,7 @@ struct Config {
   std::string checkpoint_dir, resume_dir, init_from;
   int save_every = 0;
   int keep_last = 0;
+  bool async_save = false;
   int stop_after = -1;
   fullshard::checkpoint::Kind checkpoint_kind = fullshard::checkpoint::Kind::sharded;
   bool help = false;
@@ -246,7 +252,10 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
       c.save_every = a.int_value(1);
     else if (f == "--keep-last")
       c.keep_last = a.int_value(0);
-    else if (f == "--resume")
+    else if (f == "--async-save") {
+      a.no_value();
+      c.async_save = true;
+    } else if (f == "--resume")
       c.resume_dir = a.value();
     else if (f == "--init-from")
       c.init_from = a.value();
@@ -280,6 +289,12 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
     throw apps::UsageError{"--save-every needs --checkpoint-dir"};
   if (c.keep_last > 0 && c.checkpoint_dir.empty())
     throw apps::UsageError{"--keep-last needs --checkpoint-dir"};
+  if (c.async_save && c.checkpoint_dir.empty())
+    throw apps::UsageError{"--async-save needs --checkpoint-dir"};
+  if (c.async_save && c.checkpoint_kind == fullshard::checkpoint::Kind::full)
+    throw apps::UsageError{
+        "--async-save writes sharded checkpoints (a full one is gathered to rank 0 as it is "
+        "written): drop --checkpoint-kind full or --async-save"};
   if (c.warmup >= 0 && c.warmup >= c.steps)
     throw apps::UsageError{"--warmup " + std::to_string(c.warmup) + " must be below --steps " +
                            std::to_string(c.steps)};
@@ -751,6 +766,36 @@ class Trainer {
     return last_step_;
   }
 
+  /// --async-save, at every step boundary while a save is in flight (collective): commits it
+  /// once every rank's background write is done.
+  void poll_async_save(int steps_done) {
+    if (!async_.valid() || async_.done()) return;
+    const auto t0 = Clock::now();
+    const bool committed = async_.test();
+    async_held_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (committed) report_async_save(steps_done);
+  }
+
+  /// Waits for the save in flight, if any (collective), and reports it.
+  void finish_async_save(int steps_done) {
+    if (!async_.valid() || async_.done()) return;
+    const auto t0 = Clock::now();
+    async_.wait();
+    async_held_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    report_async_save(steps_done);
+  }
+
+  void report_async_save(int steps_done) {
+    const std::string where = async_.wait();  // complete: no communication
+    if (rank_ != 0) return;
+    std::printf(
+        "checkpoint: step %lld saved to %s (background write %.3f s on rank 0, committed at "
+        "step %d; training held %.3f s)\n",
+        static_cast<long long>(async_.step()), where.c_str(), async_.write_seconds(), steps_done,
+        async_held_s_);
+    std::fflush(stdout);
+  }
+
  private:
 #if defined(FULLSHARD_APPS_HAVE_CUDA)
   /// The batches of steps [step, step + W) generated on the host (Teacher::batch, as the CPU
@@ -876,6 +921,21 @@ class Trainer {
     so.kind = c_.checkpoint_kind;
     so.keep_last = c_.keep_last;
     if (!resumed_from_.empty()) so.keep = {resumed_from_};
+    if (c_.async_save) {
+      finish_async_save(steps_done);  // the one before, if still in flight
+      async_ = fullshard::checkpoint::save_async(c_.checkpoint_dir, model_.root(), opt_.get(),
+                                                 steps_done, meta, std::string(), so);
+      async_held_s_ = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (rank_ == 0) {
+        std::printf(
+            "checkpoint: step %d staged in %.3f s (%.2f MiB of staging memory on rank 0), "
+            "writing in the background\n",
+            steps_done, async_held_s_, async_.staging_bytes() / kMiB);
+        std::fflush(stdout);
+      }
+      if (steps_done == last_step_) finish_async_save(steps_done);
+      return;
+    }
     const std::string where = fullshard::checkpoint::save(
         c_.checkpoint_dir, model_.root(), opt_.get(), steps_done, meta, std::string(), so);
     if (rank_ == 0) {
@@ -911,6 +971,10 @@ class Trainer {
   int rows_ = 0;
   int last_step_ = 0;
   std::string resumed_from_;  // the step directory --resume loaded
+  // --async-save: the save in flight, and the time the training thread spent on it (snapshot,
+  // polls, commit).
+  fullshard::checkpoint::AsyncSave async_;
+  double async_held_s_ = 0;
   std::vector<float> x_, t_;
   std::vector<double> step_ms_, comm_ms_;
   // Parts of each step: zero_grad + forward + backward, and the optimizer (with clipping).
@@ -949,12 +1013,14 @@ int train(const fullshard::Runtime& rt, const Config& c) {
 #if defined(FULLSHARD_APPS_HAVE_CUDA)
     if (run.on_cuda()) {
       run.cuda_step(step, first_step);  // prints its step line at the log points
+      run.poll_async_save(step + 1);
       run.maybe_save(step, run.last_loss());
       continue;
     }
 #endif
     const double loss = run.step(step, first_step);
     run.log_step(step, loss);
+    run.poll_async_save(step + 1);
     run.maybe_save(step, loss);
   }
   run.summary(first_step, std::chrono::duration<double>(Clock::now() - t_start).count());
@@ -1001,6 +1067,7 @@ std::vector<apps::OptionValue> option_values(const Config& c) {
           {"--checkpoint-dir", c.checkpoint_dir},
           {"--save-every", std::to_string(c.save_every)},
           {"--keep-last", std::to_string(c.keep_last)},
+          {"--async-save", c.async_save ? "on" : "off"},
           {"--checkpoint-kind",
            c.checkpoint_kind == fullshard::checkpoint::Kind::full ? "full" : "sharded"},
           {"--resume", c.resume_dir},
