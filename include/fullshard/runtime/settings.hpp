@@ -40,6 +40,7 @@ const char* host_collectives_name(HostCollectives c) noexcept;
 /// mid_shard, after_shards, mid_index, after_index, before_latest, mid_latest
 /// (docs/checkpoint-format.md). prepare_tensor instead throws an Error where a save prepares a
 /// tensor (allocation, host copy), to check that a failure there fails the save on every rank.
+/// slow_write makes an asynchronous save's background writers sleep 3 s before they write.
 struct CheckpointFault {
   std::string point;  ///< empty: no fault
   int rank = -1;      ///< -1: every rank
