@@ -88,13 +88,14 @@ Tensor wrap(const at::Tensor& t, const Shape& shape) {
                             c.is_cuda() ? MemorySpace::device : MemorySpace::host);
 }
 
-}  // namespace
-
-std::string save_checkpoint(const std::string& dir, ShardedModel& model,
-                            const ::torch::optim::Optimizer* optimizer, std::int64_t step,
-                            const checkpoint::SaveOptions& options) {
+// Calls save(graph, optimizer state holder or null) with the optimizer's state wrapped as a
+// fullshard Optimizer (the holder lives for the call: save and save_async read it before they
+// return).
+template <class Save>
+auto with_state(ShardedModel& model, const ::torch::optim::Optimizer* optimizer, std::int64_t step,
+                Save&& save) {
   graph::Module& graph = model.graph();
-  if (!optimizer) return checkpoint::save(dir, graph, nullptr, step, {}, {}, options);
+  if (!optimizer) return save(graph, nullptr);
   const Kind kind = kind_of(*optimizer);
   std::vector<graph::Parameter*> params = graph.parameters();
   StateHolder holder(params, state_names(kind));
@@ -122,7 +123,28 @@ std::string save_checkpoint(const std::string& dir, ShardedModel& model,
   count.set(0, static_cast<double>(kind == Kind::adamw ? steps : step));
   state["step"] = count;
   holder.load_state_dict(std::move(state));
-  return checkpoint::save(dir, graph, &holder, step, {}, {}, options);
+  return save(graph, &holder);
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& dir, ShardedModel& model,
+                            const ::torch::optim::Optimizer* optimizer, std::int64_t step,
+                            const checkpoint::SaveOptions& options) {
+  return with_state(model, optimizer, step,
+                    [&](graph::Module& graph, const optim::Optimizer* holder) {
+                      return checkpoint::save(dir, graph, holder, step, {}, {}, options);
+                    });
+}
+
+checkpoint::AsyncSave save_checkpoint_async(const std::string& dir, ShardedModel& model,
+                                            const ::torch::optim::Optimizer* optimizer,
+                                            std::int64_t step,
+                                            const checkpoint::SaveOptions& options) {
+  return with_state(model, optimizer, step,
+                    [&](graph::Module& graph, const optim::Optimizer* holder) {
+                      return checkpoint::save_async(dir, graph, holder, step, {}, {}, options);
+                    });
 }
 
 checkpoint::Loaded load_checkpoint(const std::string& dir, ShardedModel& model,

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -727,7 +729,9 @@ TEST_CASE("torch: auto_shard chooses and applies the fully_shard calls under a b
   CHECK_THROWS_AS(sharded2.auto_shard(mesh, ao, {}), fs::schedule::AutoPlanInfeasible);
 }
 
-TEST_CASE("torch: a checkpoint with the AdamW state saved on N ranks resumes on N - 1, deferred") {
+TEST_CASE(
+    "torch: a checkpoint with the AdamW state saved on N ranks (also in the background) resumes on "
+    "N - 1, deferred") {
   // The global batch (12 rows) splits evenly over 1 to 4 ranks.
   constexpr int64_t kRows = 12;
   auto batch = [](int step, int rank, int ranks) {
@@ -770,8 +774,22 @@ TEST_CASE("torch: a checkpoint with the AdamW state saved on N ranks resumes on 
     torch::optim::AdamW opt(net->parameters(), opts);
     train(net, opt, 0, 5, world_rank(), world_size());
     fst::save_checkpoint(dir.path, sharded, &opt, 5);
+    // The same step in the background while 5 more steps train: save_checkpoint's files.
+    fs::checkpoint::AsyncSave pending =
+        fst::save_checkpoint_async(dir.path + "/async", sharded, &opt, 5);
     train(net, opt, 5, 10, world_rank(), world_size());
+    CHECK(pending.wait() == dir.path + "/async/step-00000005");
     check(net, world_rank(), world_size());
+    if (world_rank() == 0)
+      for (const char* f : {"index.json", "rank-00000.bin"}) {
+        CAPTURE(f);
+        auto bytes = [&](const std::string& d) {
+          std::ifstream in(d + "/step-00000005/" + f, std::ios::binary);
+          return std::string(std::istreambuf_iterator<char>(in), {});
+        };
+        CHECK(!bytes(dir.path).empty());
+        CHECK(bytes(dir.path + "/async") == bytes(dir.path));
+      }
   }
   // Resumed on N - 1 ranks (N on one rank) from fresh weights and a fresh optimizer.
   const int m = std::max(1, world_size() - 1);
@@ -788,7 +806,9 @@ TEST_CASE("torch: a checkpoint with the AdamW state saved on N ranks resumes on 
         sharded.fully_shard(*b, mesh);
       sharded.fully_shard(*net, mesh);
       torch::optim::AdamW opt(net->parameters(), opts);
-      const fs::checkpoint::Loaded loaded = fst::load_checkpoint(dir.path, sharded, &opt);
+      // From the asynchronous checkpoint (step 5, although training went on while it was written).
+      const fs::checkpoint::Loaded loaded =
+          fst::load_checkpoint(dir.path + "/async", sharded, &opt);
       CHECK(loaded.step == 5);
       train(net, opt, 5, 10, world_rank(), m);
       check(net, world_rank(), m);

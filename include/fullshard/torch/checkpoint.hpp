@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "fullshard/checkpoint/async_save.hpp"
 #include "fullshard/checkpoint/checkpoint.hpp"
 #include "fullshard/torch/sharded_model.hpp"
 
@@ -24,6 +25,14 @@ namespace fullshard::torch {
 std::string save_checkpoint(const std::string& dir, ShardedModel& model,
                             const ::torch::optim::Optimizer* optimizer, std::int64_t step,
                             const checkpoint::SaveOptions& options = {});
+
+/// save_checkpoint in the background (checkpoint::save_async): returns once this rank's shards
+/// and optimizer state are copied into host staging memory, so training may go on; the handle's
+/// test() at a step boundary, or wait(), commits. The files are save_checkpoint's.
+checkpoint::AsyncSave save_checkpoint_async(const std::string& dir, ShardedModel& model,
+                                            const ::torch::optim::Optimizer* optimizer,
+                                            std::int64_t step,
+                                            const checkpoint::SaveOptions& options = {});
 
 /// Loads a checkpoint of save_checkpoint (saved on any number of ranks) into the model and,
 /// with `optimizer`, its state (replacing what it had). Collective; checked before anything
