@@ -215,9 +215,9 @@ AsyncSave save_async(const std::string& dir, graph::Module& model,
   const auto t0 = Clock::now();
   const DeviceMesh& mesh = detail::model_mesh(model, "checkpoint::save_async");
   auto st = std::make_shared<AsyncSave::State>();
-  st->comm = std::make_unique<detail::Comm>(mesh.control_world(), mesh.timeout_s(),
-                                            "asynchronous checkpoint save of '" + dir + "'");
-  const detail::Comm& c = *st->comm;
+  st->comm = detail::checkpoint_comm(mesh.control_world(), mesh.timeout_s(),
+                                     "asynchronous checkpoint save of '" + dir + "'");
+  detail::Comm& c = *st->comm;
   detail::complete_async_save();  // at most one save in flight; its error is raised here
   SaveOptions checked = options;
   if (options.kind != Kind::sharded) {

@@ -177,11 +177,11 @@ Index base_index(const std::vector<Entry>& entries, const DeviceMesh& mesh,
 }
 
 // Rank 0 commits (index, renames, latest); every rank learns the result.
-std::string finish_save(const Comm& c, const detail::PendingStep& pending, Index& index,
+std::string finish_save(Comm& c, const detail::PendingStep& pending, Index& index,
                         const detail::Fault& fault) {
   std::string final_dir;
   std::exception_ptr err;
-  if (c.rank == 0) {
+  if (c.rank() == 0) {
     err = attempt([&] { final_dir = detail::commit_step(pending, to_json(index).dump(1), fault); });
     if (err) detail::abandon_step(pending);
   }
@@ -194,7 +194,7 @@ std::string finish_save(const Comm& c, const detail::PendingStep& pending, Index
 // the full tensor (Shard(d > 0)), received one message at a time and scattered.
 constexpr std::uint64_t kMessageBytes = std::uint64_t{64} << 20;
 
-void send_bytes(const Comm& c, const void* data, std::uint64_t n, int dest) {
+void send_bytes(Comm& c, const void* data, std::uint64_t n, int dest) {
   const auto* p = static_cast<const char*>(data);
   for (std::uint64_t done = 0; done < n;) {
     const int len = static_cast<int>(std::min(n - done, kMessageBytes));
@@ -208,7 +208,7 @@ void send_bytes(const Comm& c, const void* data, std::uint64_t n, int dest) {
 
 // Receives the n bytes of the shard `runs` places into `full` from rank `src`: straight into
 // place when the shard is one run of the full tensor (Shard(0)), else through `piece`.
-void recv_shard(const Comm& c, int src, detail::BoxRuns runs, std::uint64_t n, char* full,
+void recv_shard(Comm& c, int src, detail::BoxRuns runs, std::uint64_t n, char* full,
                 detail::ByteBuffer& piece) {
   const bool direct = runs.count() == 1;
   for (std::uint64_t done = 0; done < n;) {
@@ -222,9 +222,8 @@ void recv_shard(const Comm& c, int src, detail::BoxRuns runs, std::uint64_t n, c
   }
 }
 
-std::string save_full(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>& entries,
-                      Index& index, const detail::PendingStep& pending,
-                      const detail::Fault& fault) {
+std::string save_full(Comm& c, const DeviceMesh& mesh, std::vector<Entry>& entries, Index& index,
+                      const detail::PendingStep& pending, const detail::Fault& fault) {
   // The shard group of replicate row 0 gathers each tensor to rank 0, which writes it. Per
   // tensor, every rank of the group first prepares what can fail (rank 0: the layouts and its
   // buffer; the others: a host copy of their shard), then the group agrees that every rank is
@@ -233,12 +232,12 @@ std::string save_full(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>&
   // The failing rank's error is then agreed over the world.
   std::unique_ptr<Comm> row;
   if (is_writer(mesh))
-    row =
-        std::make_unique<Comm>(mesh.control_comm(mesh.names().back()), mesh.timeout_s(), c.what());
+    row = detail::checkpoint_comm(mesh.control_comm(mesh.names().back()), mesh.timeout_s(),
+                                  c.where());
   std::exception_ptr err;
   bool stopped = false;  // the group agreed to stop after a failure (maybe another rank's)
   std::unique_ptr<detail::DataFileWriter> w;
-  if (c.rank == 0)
+  if (c.rank() == 0)
     err = attempt([&] {
       w = std::make_unique<detail::DataFileWriter>(detail::join(pending.tmp, "model.bin"),
                                                    index.block_bytes, fault);
@@ -258,7 +257,7 @@ std::string save_full(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>&
     TensorInfo& t = index.tensors[i];
     const std::size_t es = dtype_size(t.dtype);
     if (e.info.placement.is_replicate()) {  // rank 0 holds all of it: nothing moves
-      if (row->rank == 0 && !err)
+      if (row->rank() == 0 && !err)
         err = attempt([&] {
           fault.maybe_throw("prepare_tensor");
           append(stage.host_of(e.local, "checkpoint::save: '" + e.info.name + "'").data(), t);
@@ -272,12 +271,13 @@ std::string save_full(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>&
         fault.maybe_throw("prepare_tensor");
         if (e.layout.local_numel() > 0)
           h = stage.host_of(e.local, "checkpoint::save: '" + e.info.name + "'");
-        if (row->rank != 0) return;
+        if (row->rank() != 0) return;
         std::uint64_t piece_bytes = 0;
         const std::vector<std::int64_t> zero(t.global_shape.size(), 0);
-        for (int q = 0; q < row->size; ++q) {
+        for (int q = 0; q < row->size(); ++q) {
           layouts.push_back(
-              q == 0 ? e.layout : shard_layout(t.global_shape, t.placement, row->size, q, t.name));
+              q == 0 ? e.layout
+                     : shard_layout(t.global_shape, t.placement, row->size(), q, t.name));
           const ShardLayout& l = layouts.back();
           const detail::BoxRuns runs(l.global_offset, l.local_shape, zero, t.global_shape, es);
           if (q > 0 && runs.count() > 1)
@@ -293,12 +293,12 @@ std::string save_full(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>&
       break;
     }
     err = attempt([&] {
-      if (row->rank != 0) {
+      if (row->rank() != 0) {
         if (e.layout.local_numel() > 0) send_bytes(*row, h.data(), h.nbytes(), 0);
         return;
       }
       const std::vector<std::int64_t> zero(t.global_shape.size(), 0);
-      for (int q = 0; q < row->size; ++q) {
+      for (int q = 0; q < row->size(); ++q) {
         const ShardLayout& l = layouts[static_cast<std::size_t>(q)];
         if (l.local_numel() == 0) continue;
         detail::BoxRuns runs(l.global_offset, l.local_shape, zero, t.global_shape, es);
@@ -311,7 +311,7 @@ std::string save_full(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>&
       append(full.data(), t);
     });
   }
-  if (c.rank == 0 && !err && !stopped)
+  if (c.rank() == 0 && !err && !stopped)
     err = attempt([&] {
       w->finish();
       index.files.push_back({"model.bin", w->bytes()});
@@ -325,7 +325,7 @@ std::string save_full(const Comm& c, const DeviceMesh& mesh, std::vector<Entry>&
 
 namespace detail {
 
-SaveSetup prepare_save(const Comm& c, const DeviceMesh& mesh, graph::Module& model,
+SaveSetup prepare_save(Comm& c, const DeviceMesh& mesh, graph::Module& model,
                        const optim::Optimizer* optimizer, std::int64_t step, const json& metadata,
                        const std::string& rng_state, const SaveOptions& options) {
   SaveSetup s;
@@ -352,10 +352,10 @@ SaveSetup prepare_save(const Comm& c, const DeviceMesh& mesh, graph::Module& mod
   return s;
 }
 
-PendingStep start_save(const Comm& c, const std::string& dir, std::int64_t step) {
+PendingStep start_save(Comm& c, const std::string& dir, std::int64_t step) {
   PendingStep p;
   std::exception_ptr err;
-  if (c.rank == 0) err = attempt([&] { p = begin_step(dir, step); });
+  if (c.rank() == 0) err = attempt([&] { p = begin_step(dir, step); });
   agree(c, err, "checkpoint save");
   bcast_string(c, p.tmp, 0);
   p.root = dir;
@@ -363,11 +363,11 @@ PendingStep start_save(const Comm& c, const std::string& dir, std::int64_t step)
   return p;
 }
 
-void agree_or_abandon(const Comm& c, const std::exception_ptr& err, const PendingStep& p) {
+void agree_or_abandon(Comm& c, const std::exception_ptr& err, const PendingStep& p) {
   try {
     agree(c, err, "checkpoint save");
   } catch (...) {
-    if (c.rank == 0) abandon_step(p);
+    if (c.rank() == 0) abandon_step(p);
     throw;
   }
 }
@@ -421,18 +421,18 @@ std::string write_image(const std::vector<SaveEntry>& entries, const char* image
   return json{{"file", file}, {"bytes", n}, {"shards", std::move(shards)}}.dump();
 }
 
-std::string commit_sharded(const Comm& c, const std::string& record, Index& index,
+std::string commit_sharded(Comm& c, const std::string& record, Index& index,
                            const PendingStep& pending, const Fault& fault) {
   // Rank 0 gathers the records and builds the index. (int counts: a record is ~100 bytes per
   // shard plus ~11 per MiB of data, far from 2 GiB.)
   int len = static_cast<int>(record.size());
-  std::vector<int> lens(c.rank == 0 ? static_cast<std::size_t>(c.size) : 0);
+  std::vector<int> lens(c.rank() == 0 ? static_cast<std::size_t>(c.size()) : 0);
   c.run("MPI_Igather", [&](MPI_Request* r) {
     return MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, c.get(), r);
   });
   std::vector<int> displs(lens.size());
   std::string all;
-  if (c.rank == 0) {
+  if (c.rank() == 0) {
     long long total = 0;
     for (std::size_t r = 0; r < lens.size(); ++r) {
       displs[r] = static_cast<int>(total);
@@ -445,7 +445,7 @@ std::string commit_sharded(const Comm& c, const std::string& record, Index& inde
                         MPI_CHAR, 0, c.get(), r);
   });
   std::exception_ptr err;
-  if (c.rank == 0) {
+  if (c.rank() == 0) {
     err = attempt([&] {
       std::unordered_map<std::string, TensorInfo*> by_name;
       for (TensorInfo& t : index.tensors)
@@ -487,8 +487,8 @@ std::string commit_sharded(const Comm& c, const std::string& record, Index& inde
   return finish_save(c, pending, index, fault);
 }
 
-void apply_retention(const Comm& c, const std::string& dir, const SaveOptions& options) {
-  if (options.keep_last <= 0 || c.rank != 0) return;
+void apply_retention(Comm& c, const std::string& dir, const SaveOptions& options) {
+  if (options.keep_last <= 0 || c.rank() != 0) return;
   for (const std::string& problem : prune_steps(dir, options.keep_last, options.keep))
     std::fprintf(stderr, "fullshard[rank 0]: warning: checkpoint retention: %s\n", problem.c_str());
 }
@@ -512,7 +512,9 @@ std::string save(const std::string& dir, graph::Module& model, const optim::Opti
                  std::int64_t step, const json& metadata, const std::string& rng_state,
                  const SaveOptions& options) {
   const DeviceMesh& mesh = detail::model_mesh(model, "checkpoint::save");
-  Comm c(mesh.control_world(), mesh.timeout_s(), "checkpoint save of '" + dir + "'");
+  const std::unique_ptr<Comm> comm = detail::checkpoint_comm(mesh.control_world(), mesh.timeout_s(),
+                                                             "checkpoint save of '" + dir + "'");
+  Comm& c = *comm;
   detail::complete_async_save();  // at most one save in flight; its error is raised here
   detail::SaveSetup setup =
       detail::prepare_save(c, mesh, model, optimizer, step, metadata, rng_state, options);
@@ -831,10 +833,12 @@ void probe_directory(const std::string& dir, int rank) {
 }  // namespace
 
 DirectoryCheck check_directory(const std::string& dir, const DeviceMesh& mesh) {
-  Comm c(mesh.control_world(), mesh.timeout_s(), "checkpoint directory check of '" + dir + "'");
+  const std::unique_ptr<Comm> comm = detail::checkpoint_comm(
+      mesh.control_world(), mesh.timeout_s(), "checkpoint directory check of '" + dir + "'");
+  Comm& c = *comm;
   std::exception_ptr err;
   try {
-    probe_directory(dir, c.rank);
+    probe_directory(dir, c.rank());
   } catch (...) {
     err = std::current_exception();
   }
@@ -848,12 +852,14 @@ DirectoryCheck check_directory(const std::string& dir, const DeviceMesh& mesh) {
 
 Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* optimizer) {
   const DeviceMesh& mesh = model_mesh(model, "checkpoint::load");
-  Comm c(mesh.control_world(), mesh.timeout_s(), "checkpoint load of '" + dir + "'");
+  const std::unique_ptr<Comm> comm = detail::checkpoint_comm(mesh.control_world(), mesh.timeout_s(),
+                                                             "checkpoint load of '" + dir + "'");
+  Comm& c = *comm;
 
   // Rank 0 finds the step directory and reads the index; every rank gets its text.
   std::string step_dir, text;
   std::exception_ptr err;
-  if (c.rank == 0)
+  if (c.rank() == 0)
     err = attempt([&] {
       step_dir = detail::find_step_dir(dir);
       text = read_index_text(step_dir);  // checked against its checksum file, read once

@@ -41,17 +41,17 @@ struct SaveSetup {
 
 /// Checks the arguments, collects the tensors and builds the index; a failure on any rank is
 /// thrown on every rank.
-SaveSetup prepare_save(const Comm& c, const DeviceMesh& mesh, graph::Module& model,
+SaveSetup prepare_save(Comm& c, const DeviceMesh& mesh, graph::Module& model,
                        const optim::Optimizer* optimizer, std::int64_t step,
                        const nlohmann::json& metadata, const std::string& rng_state,
                        const SaveOptions& options);
 
 /// Rank 0 creates the temporary step directory (cleaning what interrupted saves left); every
 /// rank learns it.
-PendingStep start_save(const Comm& c, const std::string& dir, std::int64_t step);
+PendingStep start_save(Comm& c, const std::string& dir, std::int64_t step);
 
 /// agree(), and on failure rank 0 removes the temporary directory first.
-void agree_or_abandon(const Comm& c, const std::exception_ptr& err, const PendingStep& p);
+void agree_or_abandon(Comm& c, const std::exception_ptr& err, const PendingStep& p);
 
 /// Whether this rank writes a data file in a sharded save (replicate coordinate 0 under HSDP:
 /// the other replicas hold copies).
@@ -78,12 +78,12 @@ std::string write_image(const std::vector<SaveEntry>& entries, const char* image
 
 /// Gathers every writer's record (empty for non-writers) on rank 0, which completes the index,
 /// checks it as a loader would and commits the step; every rank learns the step directory.
-std::string commit_sharded(const Comm& c, const std::string& record, Index& index,
+std::string commit_sharded(Comm& c, const std::string& record, Index& index,
                            const PendingStep& pending, const Fault& fault);
 
 /// Retention once `latest` names the new checkpoint (SaveOptions::keep_last): rank 0 deletes
 /// the older step directories, warning about those it cannot.
-void apply_retention(const Comm& c, const std::string& dir, const SaveOptions& options);
+void apply_retention(Comm& c, const std::string& dir, const SaveOptions& options);
 
 /// Completes the asynchronous save in flight, if any (collective over the mesh it was started
 /// on; throws its error on every rank): every save waits for the one before it.

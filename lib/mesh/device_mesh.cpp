@@ -6,6 +6,7 @@
 #include <mutex>
 #include <set>
 
+#include "fullshard/base/bounded_comm.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/hash.hpp"
 #include "fullshard/base/mpi_wait.hpp"
@@ -113,23 +114,13 @@ std::string shape_string(const std::vector<int>& shape) {
 // MPI_Comm_split), and a mismatch is an error on every rank.
 void agree_on(MPI_Comm base, const std::string& what, const std::string& description,
               double timeout_s) {
-  int rank = 0;
-  int size = 0;
-  MPI_Comm_rank(base, &rank);
-  MPI_Comm_size(base, &size);
-  if (size == 1) return;
-  const std::uint64_t fp = fnv1a64(description);
-  std::uint64_t v[2] = {fp, ~fp};  // min of both: the smallest and (negated) largest value
-  MPI_Request r = MPI_REQUEST_NULL;
-  if (MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MIN, base, &r) != MPI_SUCCESS)
-    throw CommError(what + ": MPI_Iallreduce agreeing on the mesh failed");
-  wait_mpi(r, WaitSite{"MPI_Iallreduce (agreeing on the mesh)", what, rank, size, 0, ""},
-           timeout_s);
-  if (v[0] != fp || ~v[1] != fp)
-    throw RankMismatch("rank " + std::to_string(rank) + ": " + what +
-                       ": the ranks do not all build the same mesh (this rank: " + description +
-                       "); every rank must make the same call with the same shape, dim names, "
-                       "device and settings");
+  BoundedComm c(base, what, timeout_s, kCollectiveTimeoutHint, what);
+  if (first_difference(c, {description}, "MPI_Iallreduce (agreeing on the mesh)") == kNoDifference)
+    return;
+  throw RankMismatch("rank " + std::to_string(c.rank()) + ": " + what +
+                     ": the ranks do not all build the same mesh (this rank: " + description +
+                     "); every rank must make the same call with the same shape, dim names, "
+                     "device and settings");
 }
 
 void validate(const std::vector<int>& shape, const std::vector<std::string>& names, int ranks) {
