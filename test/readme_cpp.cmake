@@ -1,0 +1,60 @@
+# Every C++ block of README.md, compiled (issue 32: the README's examples must compile from
+# the umbrella header). Included from test/CMakeLists.txt: writes one source per block into
+# the build directory and adds the object library test-readme-cpp (part of the default build,
+# so a README example that does not compile fails the build). Blocks with their own main() are
+# compiled as they are; the others (snippets) become the body of a function, with their
+# #include lines moved to the top, and with the names they use from the surrounding text
+# (rt, model, adamw, step, loss, rng_bytes) declared extern. LibTorch blocks are left to
+# torch.readme.
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/README.md)
+file(READ ${PROJECT_SOURCE_DIR}/README.md _readme)
+string(REPLACE ";" "@SEMICOLON@" _readme "${_readme}")
+string(REGEX MATCHALL "```cpp\n[^`]*```" _blocks "${_readme}")
+set(_sources)
+set(_n 0)
+foreach(_block IN LISTS _blocks)
+  string(REPLACE "@SEMICOLON@" ";" _block "${_block}")
+  string(REGEX REPLACE "^```cpp\n" "" _block "${_block}")
+  string(REGEX REPLACE "```$" "" _block "${_block}")
+  if(_block MATCHES "#include <torch/")
+    continue()
+  endif()
+  math(EXPR _n "${_n} + 1")
+  if(_block MATCHES "int main\\(")
+    set(_source "// README.md, C++ block ${_n} (a whole program)\n${_block}")
+  else()
+    string(REGEX MATCHALL "#include [^\n]*\n" _includes "${_block}")
+    string(REGEX REPLACE "#include [^\n]*\n" "" _body "${_block}")
+    string(REPLACE ";" "" _includes "${_includes}")
+    set(_source "// README.md, C++ block ${_n} (a snippet, in a function)
+#pragma GCC diagnostic ignored \"-Wunused-variable\"
+#pragma GCC diagnostic ignored \"-Wunused-but-set-variable\"
+#pragma GCC diagnostic ignored \"-Wunused-parameter\"
+#include <fullshard/fullshard.hpp>
+${_includes}
+#include <cstdint>
+#include <memory>
+#include <string>
+namespace readme_context {
+extern fullshard::Runtime& rt;
+extern std::unique_ptr<fullshard::graph::Module> model;
+extern fullshard::optim::AdamW adamw;
+extern std::int64_t step;
+extern double loss;
+extern std::string rng_bytes;
+}  // namespace readme_context
+using namespace readme_context;
+void readme_block_${_n}() {
+${_body}}
+")
+  endif()
+  set(_file ${CMAKE_CURRENT_BINARY_DIR}/readme_cpp/block_${_n}.cpp)
+  file(WRITE ${_file}.tmp "${_source}")
+  configure_file(${_file}.tmp ${_file} COPYONLY)
+  list(APPEND _sources ${_file})
+endforeach()
+if(_n LESS 3)
+  message(FATAL_ERROR "README.md: found ${_n} C++ blocks to compile, expected at least 3")
+endif()
+add_library(test-readme-cpp OBJECT ${_sources})
+target_link_libraries(test-readme-cpp PRIVATE fullshard::fullshard fullshard_warnings)
