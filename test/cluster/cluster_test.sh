@@ -151,24 +151,7 @@ submit() {  # submit SBATCH-ARGS...: sets $job
   job="${job%%;*}"
   jobs_started+=("$job")
 }
-job_field() { scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
-wait_ended() {  # wait_ended J S OUT: sets $state to the job's final state, at most S seconds
-  local j="$1" s="$2" out="$3" t=0 st
-  while :; do
-    st="$(job_field "$j" JobState)"
-    case "$st" in
-      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED)
-        state="$st"
-        return 0
-        ;;
-    esac
-    if ((t++ >= s * 5)); then
-      scancel "$j" 2>/dev/null || true
-      fail "job $j is still '$st' after ${s} s (cancelled); $(scontrol show job "$j" 2>&1 | grep -E 'Reason|RunTime' | tr -s ' ' | tr '\n' ' ')" "$out"
-    fi
-    sleep 0.2
-  done
-}
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/support/slurm_jobs.sh"  # job_field, wait_ended
 wait_line() {  # wait_line FILE ERE S WHAT: until FILE has a line matching ERE, at most S seconds
   local t=0
   until grep -qE "$2" "$1" 2>/dev/null; do

@@ -123,6 +123,20 @@ struct SubMesh {
   std::string name;
 };
 
+// The meshes a checkpoint is saved on: FSDP over the world, and HSDP 2x2 on 4 ranks.
+std::vector<std::unique_ptr<SubMesh>> source_meshes() {
+  std::vector<std::unique_ptr<SubMesh>> out;
+  out.push_back(
+      std::make_unique<SubMesh>(W(), std::vector<int>{W()}, std::vector<std::string>{"dp"}));
+  out.back()->name = "FSDP on " + std::to_string(W());
+  if (W() == 4) {
+    out.push_back(std::make_unique<SubMesh>(4, std::vector<int>{2, 2},
+                                            std::vector<std::string>{"replicate", "shard"}));
+    out.back()->name = "HSDP 2x2";
+  }
+  return out;
+}
+
 std::vector<std::unique_ptr<SubMesh>> target_meshes() {
   std::vector<std::unique_ptr<SubMesh>> out;
   for (int m = 1; m <= W(); ++m) {
@@ -323,15 +337,7 @@ std::string read_file(const std::string& path) {
 
 TEST_CASE("sharded and full checkpoints: save on one mesh, load bit-exact on every other") {
   SharedTempDir tmp;
-  std::vector<std::unique_ptr<SubMesh>> sources;
-  sources.push_back(
-      std::make_unique<SubMesh>(W(), std::vector<int>{W()}, std::vector<std::string>{"dp"}));
-  sources.back()->name = "FSDP on " + std::to_string(W());
-  if (W() == 4) {
-    sources.push_back(std::make_unique<SubMesh>(4, std::vector<int>{2, 2},
-                                                std::vector<std::string>{"replicate", "shard"}));
-    sources.back()->name = "HSDP 2x2";
-  }
+  std::vector<std::unique_ptr<SubMesh>> sources = source_meshes();
   auto targets = target_meshes();
   int case_no = 0;
   // 20-byte checksum blocks: every shard spans several blocks, cut inside rows and elements.
@@ -990,19 +996,6 @@ int poll_until_committed(ck::AsyncSave& s) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return calls;
-}
-
-std::vector<std::unique_ptr<SubMesh>> source_meshes() {
-  std::vector<std::unique_ptr<SubMesh>> out;
-  out.push_back(
-      std::make_unique<SubMesh>(W(), std::vector<int>{W()}, std::vector<std::string>{"dp"}));
-  out.back()->name = "FSDP on " + std::to_string(W());
-  if (W() == 4) {
-    out.push_back(std::make_unique<SubMesh>(4, std::vector<int>{2, 2},
-                                            std::vector<std::string>{"replicate", "shard"}));
-    out.back()->name = "HSDP 2x2";
-  }
-  return out;
 }
 
 }  // namespace

@@ -50,25 +50,7 @@ submit() {  # submit SBATCH-ARGS...: sets $job to the job id
   job="${job%%;*}"
   jobs_started+=("$job")
 }
-job_field() { scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
-# Waits until job J has ended, at most S seconds; sets $state to its final state.
-wait_ended() {  # wait_ended J S OUT
-  local j="$1" s="$2" out="$3" t=0 st
-  while :; do
-    st="$(job_field "$j" JobState)"
-    case "$st" in
-      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED)
-        state="$st"
-        return 0
-        ;;
-    esac
-    if ((t++ >= s * 5)); then
-      scancel "$j" 2>/dev/null || true
-      fail "job $j is still '$st' after ${s} s (cancelled); $(scontrol show job "$j" 2>&1 | grep -E 'Reason|RunTime' | tr -s ' ' | tr '\n' ' ')" "$out"
-    fi
-    sleep 0.2
-  done
-}
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/support/slurm_jobs.sh"  # job_field, wait_ended
 # Waits until FILE has a line matching the ERE, at most S seconds (and while job J lives).
 wait_line() {  # wait_line J FILE ERE S
   local j="$1" f="$2" re="$3" s="$4" t=0

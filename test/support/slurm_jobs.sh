@@ -1,0 +1,21 @@
+# Sourced by the Slurm test scripts (test/slurm, test/cluster): the state of a job and a
+# bounded wait for its end. The sourcing script defines fail MESSAGE [FILE...].
+job_field() { scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
+# Waits until job J has ended, at most S seconds; sets $state to its final state.
+wait_ended() {  # wait_ended J S OUT
+  local j="$1" s="$2" out="$3" t=0 st
+  while :; do
+    st="$(job_field "$j" JobState)"
+    case "$st" in
+      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED)
+        state="$st"
+        return 0
+        ;;
+    esac
+    if ((t++ >= s * 5)); then
+      scancel "$j" 2>/dev/null || true
+      fail "job $j is still '$st' after ${s} s (cancelled); $(scontrol show job "$j" 2>&1 | grep -E 'Reason|RunTime' | tr -s ' ' | tr '\n' ' ')" "$out"
+    fi
+    sleep 0.2
+  done
+}
