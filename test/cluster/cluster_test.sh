@@ -42,17 +42,7 @@ rm -rf "$dir"
 mkdir -p "$dir"
 cd "$dir"  # on the shared file system: every node sees it (each node's /tmp is its own)
 
-show() {  # show FILE...: the files, for a failure message
-  local f
-  for f in "$@"; do [[ -f "$f" ]] && { echo "--- $f:"; cat "$f"; }; done
-  return 0
-}
-fail() {
-  echo "FAIL: $case: $1"
-  shift
-  show "$@"
-  exit 1
-}
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/support/slurm_jobs.sh"  # show, fail, job_field, wait_ended
 
 [[ "$(id -u)" -eq 0 ]] || fail "needs root (scripts/cluster-local makes namespaces and starts daemons)"
 "$mpiexec" --version 2>&1 | grep -qE "Open MPI|OpenRTE|open-mpi" \
@@ -151,7 +141,6 @@ submit() {  # submit SBATCH-ARGS...: sets $job
   job="${job%%;*}"
   jobs_started+=("$job")
 }
-source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/support/slurm_jobs.sh"  # job_field, wait_ended
 wait_line() {  # wait_line FILE ERE S WHAT: until FILE has a line matching ERE, at most S seconds
   local t=0
   until grep -qE "$2" "$1" 2>/dev/null; do

@@ -33,24 +33,13 @@ cleanup() {  # a failed case leaves no job behind
 }
 trap cleanup EXIT
 
-show() {  # show FILE...: the files, for a failure message
-  local f
-  for f in "$@"; do [[ -f "$f" ]] && { echo "--- $f:"; cat "$f"; }; done
-  return 0
-}
-fail() {
-  echo "FAIL: $case: $1"
-  shift
-  show "$@"
-  exit 1
-}
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/support/slurm_jobs.sh"  # show, fail, job_field, wait_ended
 
 submit() {  # submit SBATCH-ARGS...: sets $job to the job id
   job="$(sbatch --parsable --chdir "$dir" "$@")" || fail "sbatch $* was refused"
   job="${job%%;*}"
   jobs_started+=("$job")
 }
-source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/support/slurm_jobs.sh"  # job_field, wait_ended
 # Waits until FILE has a line matching the ERE, at most S seconds (and while job J lives).
 wait_line() {  # wait_line J FILE ERE S
   local j="$1" f="$2" re="$3" s="$4" t=0

@@ -1,5 +1,16 @@
-# Sourced by the Slurm test scripts (test/slurm, test/cluster): the state of a job and a
-# bounded wait for its end. The sourcing script defines fail MESSAGE [FILE...].
+# Sourced by the Slurm test scripts (test/slurm, test/cluster), which set $case: failing with
+# the files that explain it, the state of a job and a bounded wait for its end.
+show() {  # show FILE...: the files, for a failure message
+  local f
+  for f in "$@"; do [[ -f "$f" ]] && { echo "--- $f:"; cat "$f"; }; done
+  return 0
+}
+fail() {
+  echo "FAIL: $case: $1"
+  shift
+  show "$@"
+  exit 1
+}
 job_field() { scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
 # Waits until job J has ended, at most S seconds; sets $state to its final state.
 wait_ended() {  # wait_ended J S OUT
