@@ -245,14 +245,14 @@ void FSDPModule::adopt_sharded_storage(Tensor storage) {
 }
 
 std::size_t FSDPModule::pool_bytes_in_use() const {
-  return group_->attached() ? group_->context()->backend.pool.bytes_in_use() : 0;
+  return group_->attached() ? group_->context()->backend.bytes_in_use() : 0;
 }
 std::size_t FSDPModule::pool_peak_bytes() const {
-  return group_->attached() ? group_->context()->backend.pool.peak_bytes_in_use() : 0;
+  return group_->attached() ? group_->context()->backend.peak_bytes_in_use() : 0;
 }
 void FSDPModule::reset_pool_peak() {
   detail::ensure_initialized(*this);
-  group_->context()->backend.pool.reset_peak();
+  group_->context()->backend.reset_peak();
 }
 void FSDPModule::record_operations(std::vector<engine::OpDesc>* log) {
   if (!is_root())

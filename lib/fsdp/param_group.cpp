@@ -10,8 +10,6 @@
 
 namespace fullshard::fsdp::detail {
 
-using kernels::ExecTarget;
-
 namespace {
 
 // Copies this rank's shard of a full host tensor into its slot (padding stays zero).
@@ -44,27 +42,13 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
   const std::string shard_dim = mesh.names().back();
   I.world = mesh.size(shard_dim);
   I.rank = mesh.coordinate(shard_dim);
-  // The communicators of the mesh's device: NCCL on a CUDA mesh, MPI on a CPU mesh.
-  ag_comm_ = &mesh.device_comm(shard_dim, Channel::all_gather);
-  rs_comm_ = &mesh.device_comm(shard_dim, Channel::reduce_scatter);
-  if (mesh.ndim() == 2) {
-    ar_comm_ = &mesh.device_comm(mesh.names()[0], Channel::all_reduce);
-    I.replicate = mesh.shape()[0];
-  }
+  if (mesh.ndim() == 2) I.replicate = mesh.shape()[0];
   const bool on_device = mesh.device_type() == DeviceType::cuda;
   const MemorySpace space = on_device ? MemorySpace::device : MemorySpace::host;
   space_ = space;
   // CPUOffloadPolicy: the sharded parameters and gradients stay in host memory (on a CPU
   // mesh they are host memory anyway: the policy changes nothing there).
   shard_space_ = options.offload_policy ? MemorySpace::host : space;
-  shm_ = on_device ? nullptr : mesh.shm(shard_dim);
-  if (!on_device && !shm_ && I.world > 1 && mesh.host_collectives() == HostCollectives::shm)
-    throw ConfigError("fully_shard(" + *name_ +
-                      "): FULLSHARD_HOST_COLLECTIVES=shm, but the shard dim '" + shard_dim +
-                      "' of mesh " + mesh.describe() +
-                      " spans more than one node, so its ranks cannot share memory; use "
-                      "FULLSHARD_HOST_COLLECTIVES=auto (MPI across nodes) or mpi, or an HSDP "
-                      "mesh whose shard dim lies inside a node");
 
   if (!params_.empty()) I.orig_dtype = params_[0]->dtype();
   for (auto* p : params_)
@@ -81,10 +65,6 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
   layout_ = kernels::make_group_layout(layouts);
   I.shard_numel = layout_.shard_numel;
   I.arena_numel = layout_.arena_numel;
-  // The copy kernels run where the mesh's memory is.
-  const ExecTarget target = on_device ? ExecTarget::device : ExecTarget::host;
-  copy_out_ = kernels::CopyPlan(target, kernels::all_gather_copy_out_runs(layout_));
-  copy_in_ = kernels::CopyPlan(target, kernels::reduce_scatter_copy_in_runs(layout_));
 
   // Sharded storage in slot layout, padding zero, in the mesh's memory; initial values from
   // the full tensors the user registered (then released: only the shard stays). Initial values
@@ -131,6 +111,17 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
     }
   }
   if (stage) copy_bytes(sharded_, staging);
+  // The group's collectives: NCCL on a CUDA mesh; shared memory when the shard dim lies inside
+  // a node, else MPI, on a CPU mesh.
+  transport::GroupSpec spec;
+  spec.name = name_;
+  spec.geometry = &I;
+  spec.layout = &layout_;
+  spec.mesh = &mesh_;
+  spec.store = this;
+  spec.offloaded = offloaded();
+  spec.pinned = offload_pinned();
+  transport_ = transport::make_group_transport(std::move(spec));
   set_reshard_after_forward(options.reshard_after_forward);
   show_sharded();
 }
@@ -161,97 +152,9 @@ Tensor ParamGroup::new_shard_tensor(const std::string& label) const {
   }
 }
 
-void ParamGroup::ensure_shm_gather() {
-  ShmGroupState& st = shm_state_;
-  const engine::GroupInfo& I = engine_.info;
-  const auto gsn = static_cast<std::size_t>(I.shard_numel);
-  if (!st.ag.valid()) {
-    st.ag = shm_->allocate(gsn * dtype_size(I.param_dtype), "fsdp.all_gather:" + name());
-    st.ag_detail = std::to_string(gsn) + " x " + dtype_name(I.param_dtype) + ", group " + name();
-    st.ag_label = "all_gather on shared memory of '" + shm_->name() + "' (" + st.ag_detail + ")";
-    // The copy-out runs by the slot they read, rebased to it (a run that crosses a slot
-    // boundary is split there).
-    std::vector<std::vector<kernels::CopyRun>> by_slot(static_cast<std::size_t>(I.world));
-    const auto g = static_cast<std::int64_t>(gsn);
-    for (kernels::CopyRun r : kernels::all_gather_copy_out_runs(layout_)) {
-      while (g > 0 && r.len > 0) {
-        const std::int64_t q = r.src_offset / g;
-        const std::int64_t room = (q + 1) * g - r.src_offset;
-        kernels::CopyRun piece = r;
-        piece.src_offset -= q * g;
-        if (r.len > room) {
-          piece.len = room;
-          piece.pad = 0;
-        }
-        by_slot[static_cast<std::size_t>(q)].push_back(piece);
-        if (r.len <= room) {
-          r.len = r.pad = 0;
-          break;
-        }
-        r.src_offset += room;
-        r.dst_offset += room;
-        r.len -= room;
-      }
-      if (r.pad > 0) {  // zeros only (not made by the copy-out runs today)
-        kernels::CopyRun z = r;
-        z.src_offset = 0;
-        z.len = 0;
-        by_slot[0].push_back(z);
-      }
-    }
-    st.copy_out_from.clear();
-    for (const auto& runs : by_slot)
-      st.copy_out_from.emplace_back(ExecTarget::host, runs);
-    if (!I.cast()) {
-      // The shards move into the window once; the parameters show them there from the next
-      // reshard on (until then they show the same values in the old storage).
-      std::memcpy(st.ag.local(), sharded_.data(), gsn * dtype_size(I.orig_dtype));
-      sharded_ = Tensor::from_owner(st.ag.owner(), st.ag.local(), {I.shard_numel}, I.orig_dtype,
-                                    MemorySpace::host);
-    }
-  }
-}
-
-void ParamGroup::ensure_shm_grads() {
-  ShmGroupState& st = shm_state_;
-  if (st.grads.valid()) return;
-  const engine::GroupInfo& I = engine_.info;
-  st.grads = shm_->allocate(static_cast<std::size_t>(I.arena_numel) * dtype_size(I.param_dtype),
-                            "fsdp.grads:" + name());
-  st.rs_detail =
-      std::to_string(I.shard_numel) + " x " + dtype_name(I.reduce_dtype) + ", group " + name();
-  st.rs_label = "reduce_scatter on shared memory of '" + shm_->name() + "' (" + st.rs_detail + ")";
-  // This rank's block of every member and outer index (the copy-in runs of its slot): where
-  // it lies in the arena, where in the shard, its valid and padded elements.
-  st.rs_runs.clear();
-  for (const kernels::GroupMember& m : layout_.members) {
-    const ShardLayout& l = m.layout;
-    const std::int64_t D = l.global_shape[static_cast<std::size_t>(l.placement.dim())];
-    for (std::int64_t o = 0; o < l.outer; ++o) {
-      kernels::CopyRun r;
-      r.src_offset = m.arena_offset + (o * D + std::min(I.rank * l.chunk, D)) * l.inner;
-      r.dst_offset = m.slot_offset + o * l.chunk * l.inner;
-      r.len = l.rows_of(I.rank) * l.inner;
-      r.pad = l.chunk * l.inner - r.len;
-      if (r.len == 0 && r.pad == 0) continue;
-      if (!st.rs_runs.empty()) {
-        kernels::CopyRun& last = st.rs_runs.back();
-        if (last.pad == 0 && last.dst_offset + last.len == r.dst_offset &&
-            last.src_offset + last.len == r.src_offset) {
-          last.len += r.len;
-          last.pad = r.pad;
-          continue;
-        }
-      }
-      st.rs_runs.push_back(r);
-    }
-  }
-}
-
 void ParamGroup::set_reshard_after_forward(ReshardAfterForward v) {
   const int k = v.value();
   const int W = engine_.info.world;
-  const int rank = engine_.info.rank;
   if (k >= 1) {
     if (W % k != 0)
       throw InvalidArgument("fully_shard(" + name() +
@@ -268,8 +171,7 @@ void ParamGroup::set_reshard_after_forward(ReshardAfterForward v) {
       mesh_.device_stream(Channel::all_gather).synchronize();
       // Consecutive groups of k ranks (e.g. the ranks of a node); collective over the shard
       // group, made here while every rank makes the same call.
-      post_forward_comm_ = ag_comm_->split(rank / k, rank % k,
-                                           ag_comm_->name() + ".post_forward" + std::to_string(k));
+      transport_->split_post_forward(k);
       post_forward_k_ = k;
     }
   } else if (k < -1) {
@@ -305,10 +207,11 @@ Tensor ParamGroup::gather_full() {
   if (W > 1) {
     gathered = Tensor::empty({W * gsn}, od, space, "fsdp.full_gather");
     comm::Stream& s = mesh_.device_stream(Channel::all_gather);
-    ag_comm_->all_gather(shard.data(), gathered.data(), static_cast<std::size_t>(gsn), od, s)
+    transport_->gather_comm()
+        .all_gather(shard.data(), gathered.data(), static_cast<std::size_t>(gsn), od, s)
         .wait();
   }
-  kernels::run_copies(copy_out_, gathered.data(), od, arena.data(), od);
+  kernels::run_copies(transport_->copy_out_plan(), gathered.data(), od, arena.data(), od);
   if (space == MemorySpace::host) return arena;
   // The callers (full state dicts, checkpoints) read the full values on the host.
   Tensor host = Tensor::empty({layout_.arena_numel}, od, MemorySpace::host, "fsdp.full:" + name());
@@ -418,19 +321,6 @@ void ParamGroup::keep_external_grads(bool keep) {
   kept_grads_.reserve(params_.size());
   for (const graph::Parameter* p : params_)
     kept_grads_.push_back(p->grad());
-}
-
-const kernels::CopyPlan& ParamGroup::member_copy_in_plan(std::size_t member, bool zeros) {
-  if (member_copy_in_.empty()) {
-    const auto target =
-        space_ == MemorySpace::host ? kernels::ExecTarget::host : kernels::ExecTarget::device;
-    member_copy_in_.reserve(2 * params_.size());
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      for (bool z : {false, true})
-        member_copy_in_.emplace_back(target,
-                                     kernels::reduce_scatter_copy_in_member_runs(layout_, i, z));
-  }
-  return member_copy_in_.at(2 * member + (zeros ? 1 : 0));
 }
 
 }  // namespace fullshard::fsdp::detail

@@ -7,13 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "fullshard/comm/communicator.hpp"
-#include "fullshard/comm/shm.hpp"
 #include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/options.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
+#include "fullshard/transport/group_transport.hpp"
 
 namespace fullshard::fsdp {
 class FSDPModule;
@@ -23,33 +22,6 @@ namespace fullshard::fsdp::detail {
 
 class RunningBackend;
 
-/// A group's node-local shared-memory collectives (the shard dim's DeviceMesh::shm): the
-/// windows peers read from and the rounds of the counter protocol. Counters of both windows:
-/// [0] rounds published by the rank, [1] rounds the rank finished reading from its peers.
-struct ShmGroupState {
-  static constexpr int kPublished = 0;
-  static constexpr int kRead = 1;
-  /// Per rank: the group shard in param dtype (the sharded storage itself without a cast).
-  comm::ShmWindow ag;
-  /// Per rank: the unsharded gradients (the `grads` buffer, arena layout, param dtype): peers
-  /// read their chunks straight from it (no copy-in).
-  comm::ShmWindow grads;
-  /// The pool buffer that stands for `grads` while the engine holds it, so that the pool's
-  /// accounting (and the plan's peak) stays the MPI path's.
-  Tensor grads_pool;
-  std::uint64_t ag_round = 0;   // all-gathers published
-  std::uint64_t ag_read = 0;    // all-gathers whose peers' shards this rank has read
-  bool gather_pending = false;  // published, copy-out not yet done
-  std::uint64_t rs_round = 0;   // reduce-scatters published
-  bool rs_fused = false;        // the last reduce-scatter did the copy-out too
-  double rs_divisor = 1.0;      // ... with this divisor
-  bool rs_accumulate = false;   // ... accumulating
-  std::vector<kernels::CopyPlan> copy_out_from;  // per rank: the copy-out runs of its slot
-  std::vector<kernels::CopyRun> rs_runs;         // this rank's chunks: arena offset -> shard offset
-  std::string ag_detail, rs_detail;              // "<gsn> x <dtype>, group <name>"
-  std::string ag_label, rs_label;  // "all_gather on shared memory of '<comm>' (<detail>)"
-};
-
 /// One FSDP root's running backend and engine root, shared by every group under it.
 struct RootContext;
 
@@ -57,7 +29,8 @@ struct RootContext;
 /// forward or unshard does this; the executor does it up front).
 void ensure_initialized(FSDPModule& st);
 
-class ParamGroup {
+// The group's sharded storage is its transport's ShardStore.
+class ParamGroup final : private transport::ShardStore {
  public:
   ParamGroup(std::string name, std::vector<graph::Module*> modules,
              std::vector<graph::Parameter*> params, std::vector<ShardLayout> layouts,
@@ -117,21 +90,7 @@ class ParamGroup {
   void zero_grad();
 
   // Used by the running backend.
-  comm::Communicator& ag_comm() const noexcept { return *ag_comm_; }
-  comm::Communicator& rs_comm() const noexcept { return *rs_comm_; }
-  comm::Communicator& ar_comm() const noexcept { return *ar_comm_; }
-  comm::Communicator& post_forward_comm() const noexcept { return *post_forward_comm_; }
-  const kernels::CopyPlan& copy_out_plan() const noexcept { return copy_out_; }
-  const kernels::CopyPlan& copy_in_plan() const noexcept { return copy_in_; }
-  /// The shard dim's node-local shared memory (nullptr: MPI collectives).
-  const comm::ShmComm* shm() const noexcept { return shm_; }
-  ShmGroupState& shm_state() noexcept { return shm_state_; }
-  /// Allocates the all-gather window on first use (collective over the shard group, at the
-  /// group's first all-gather: the same point on every rank) and, without a cast, moves the
-  /// sharded storage into it (peers read the shards where they are stored).
-  void ensure_shm_gather();
-  /// Allocates the gradient window on first use (collective, the first pre-backward).
-  void ensure_shm_grads();
+  transport::GroupTransport& transport() noexcept { return *transport_; }
   Tensor& sharded() noexcept { return sharded_; }
   Tensor& sharded_grads() noexcept { return sharded_grads_; }
   /// The sharded gradients (gsn elements, orig dtype, uninitialised) for a reduction that
@@ -151,24 +110,20 @@ class ParamGroup {
   /// A no_sync backward: keeps the external gradients the parameters show (`keep`), or drops
   /// the kept ones.
   void keep_external_grads(bool keep);
-  /// Per member, the copy-in runs from its own gradient and the runs of zeros for a member
-  /// without one (external gradients; built on first use).
-  const kernels::CopyPlan& member_copy_in_plan(std::size_t member, bool zeros);
 
  private:
+  Tensor& shards() override { return sharded_; }
+  Tensor& gradients_for_write() override {
+    ensure_sharded_grads();
+    return sharded_grads_;
+  }
+
   std::shared_ptr<const std::string> name_;  // never null; engine_.info.name views it
   std::vector<graph::Module*> modules_;
   std::vector<graph::Parameter*> params_;
   kernels::GroupLayout layout_;
   std::optional<CPUOffloadPolicy> offload_;
-  comm::Communicator* ag_comm_ = nullptr;
-  comm::Communicator* rs_comm_ = nullptr;
-  comm::Communicator* ar_comm_ = nullptr;
-  std::unique_ptr<comm::Communicator> post_forward_comm_;  // k-rank groups
-  int post_forward_k_ = 0;  // k of the existing post-forward communicator
-  kernels::CopyPlan copy_out_;
-  kernels::CopyPlan copy_in_;
-  std::vector<kernels::CopyPlan> member_copy_in_;  // [2 * member + zeros], external grads
+  int post_forward_k_ = 0;          // k of the transport's post-forward groups
   std::vector<Tensor> kept_grads_;  // external gradients a no_sync backward kept, per param
   DeviceMesh mesh_;
   MemorySpace space_ = MemorySpace::host;
@@ -179,9 +134,8 @@ class ParamGroup {
   Tensor sharded_;        // gsn elements, orig dtype, padding zero (slot layout)
   Tensor sharded_grads_;  // gsn elements, orig dtype, or undefined
   Tensor spare_grads_;    // what drop_sharded_grads set aside, or undefined
-  const comm::ShmComm* shm_ = nullptr;
-  ShmGroupState shm_state_;
   engine::Group engine_;
+  std::unique_ptr<transport::GroupTransport> transport_;  // after the storage it may move
   std::shared_ptr<RootContext> ctx_;
 };
 

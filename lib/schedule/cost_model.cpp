@@ -35,10 +35,6 @@ const char* mesh_dim_name(MeshDim d) noexcept {
   return d == MeshDim::shard ? "shard" : "replicate";
 }
 
-const char* transport_name(Transport t) noexcept {
-  return t == Transport::shm ? "shm" : "mpi";
-}
-
 namespace {
 
 constexpr CollectiveKind kKinds[] = {CollectiveKind::all_gather, CollectiveKind::reduce_scatter,

@@ -63,14 +63,15 @@ class PlanningBackend final : public engine::Backend {
     if (slices) {  // inside the k-rank group: the share a W-rank all-gather would move
       const double W = g.info.world;
       bytes = bytes * (d.k - 1) / (W - 1);
-    } else if (shm(g)) {
-      return emit(d, 0.0);  // shared memory: a publish; the copy-out does the gather
+    } else if (fused(g).gather_in_copy_out) {
+      return emit(d, 0.0);  // a publish; the copy-out does the gather
     }
     return emit(d, cost_.time_ms(CollectiveKind::all_gather, MeshDim::shard, bytes));
   }
   engine::Event gather_copy_out(const engine::OpDesc& d, engine::Group& g, const engine::Buf*,
                                 engine::Buf&, engine::Buf*) override {
-    if (shm(g) && g.state != engine::ShardedState::sharded_post_forward)  // not a k-rank gather
+    if (fused(g).gather_in_copy_out &&
+        g.state != engine::ShardedState::sharded_post_forward)  // not a k-rank gather
       return emit(d, cost_.shm_time_ms(
                          CollectiveKind::all_gather, MeshDim::shard,
                          double(g.info.shard_numel) * double(dtype_size(g.info.param_dtype))));
@@ -81,10 +82,10 @@ class PlanningBackend final : public engine::Backend {
   }
   engine::Event reduce_copy_in(const engine::OpDesc& d, engine::Group& g, engine::Buf&,
                                engine::Buf&) override {
-    return emit(d, shm(g) ? 0.0 : cost_.copy_ms(double(d.bytes)));  // shm: read in place
+    return emit(d, fused(g).reduce_reads_in_place ? 0.0 : cost_.copy_ms(double(d.bytes)));
   }
   engine::Event reduce_scatter(const engine::OpDesc& d, engine::Group& g, engine::Buf&,
-                               engine::Buf&) override {
+                               engine::Buf&, const transport::ReduceSpec&) override {
     if (shm(g))
       return emit(
           d, cost_.shm_time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, double(d.bytes)));
@@ -98,8 +99,8 @@ class PlanningBackend final : public engine::Backend {
     return emit(d, cost_.copy_ms(double(d.bytes)));
   }
   engine::Event reduce_copy_out(const engine::OpDesc& d, engine::Group& g, const engine::Buf&,
-                                double, bool) override {
-    if (shm(g) && g.info.replicate == 1) return emit(d, 0.0);  // fused into the reduce-scatter
+                                const transport::ReduceSpec&) override {
+    if (fused(g).copy_out_in_reduce) return emit(d, 0.0);  // done by the reduce-scatter
     return emit(d, cost_.copy_ms(double(d.bytes)));
   }
   engine::Event reshard(const engine::OpDesc& d, engine::Group&) override { return emit(d, 0.0); }
@@ -117,9 +118,13 @@ class PlanningBackend final : public engine::Backend {
   void show_sharded_grads(engine::Group&) override {}
 
  private:
-  // Shared-memory host collectives (CostModel::transport, as RunningBackend decides them):
-  // the all-gather is costed on its copy-out, the reduce-scatter includes its copy-in and,
-  // without HSDP, its copy-out.
+  // What the group's transport (CostModel::transport) folds into its collectives: the rules
+  // the running transports follow (transport::fusions). Folded operations cost nothing; the
+  // shared-memory collectives carry them (the all-gather is costed on its copy-out, the
+  // reduce-scatter includes its copy-in and, without HSDP, its copy-out).
+  transport::Fusions fused(const engine::Group& g) const noexcept {
+    return transport::fusions(cost_.transport(MeshDim::shard), g.info);
+  }
   bool shm(const engine::Group& g) const noexcept {
     return g.info.world > 1 && cost_.transport(MeshDim::shard) == Transport::shm;
   }

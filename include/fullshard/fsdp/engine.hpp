@@ -29,6 +29,7 @@
 #include "fullshard/comm/stream.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/tensor/tensor.hpp"
+#include "fullshard/transport/fusions.hpp"
 
 namespace fullshard::fsdp::engine {
 
@@ -240,21 +241,13 @@ struct OpDesc {
   DepList deps;  // ops that must finish first, besides the stream's previous op
 };
 
-/// Sizes and dtypes of one communication group (identical on every rank but `rank`).
-struct GroupInfo {
+/// Sizes and dtypes of one communication group (identical on every rank but `rank`): its
+/// transport's Geometry and what the engine adds.
+struct GroupInfo : transport::Geometry {
   const graph::Module* module = nullptr;  // its first module
   int num_modules = 1;
-  int world = 1;                 // shard group size W
-  int rank = 0;                  // this rank's place in the shard group
-  int replicate = 1;             // HSDP replicate size
-  std::int64_t shard_numel = 0;  // gsn: the padded group shard (slot layout)
-  std::int64_t arena_numel = 0;  // the unsharded parameters
-  DType orig_dtype = DType::f32;
-  DType param_dtype = DType::f32;
-  DType reduce_dtype = DType::f32;
   std::string_view name;  // "layers.0", "<root>", "a+b" (owned by the group's maker)
 
-  bool cast() const noexcept { return param_dtype != orig_dtype; }
   std::size_t gather_bytes() const noexcept;     // the all-gather buffer (0: none needed)
   std::size_t unsharded_bytes() const noexcept;  // arena_numel * param dtype
 };
@@ -393,13 +386,16 @@ class Backend {
                                 Buf* keep) = 0;
   virtual Event grad_init(const OpDesc& d, Group& g, Buf& grads) = 0;
   virtual Event reduce_copy_in(const OpDesc& d, Group& g, Buf& grads, Buf& input) = 0;
-  virtual Event reduce_scatter(const OpDesc& d, Group& g, Buf& input, Buf& output) = 0;
+  /// The reduction's divisor and accumulation (`spec`) are the copy-out's, for a transport
+  /// that folds the copy-out into the reduce-scatter (transport::Fusions).
+  virtual Event reduce_scatter(const OpDesc& d, Group& g, Buf& input, Buf& output,
+                               const transport::ReduceSpec& spec) = 0;
   virtual Event all_reduce(const OpDesc& d, Group& g, Buf& data) = 0;
   /// dst = (accumulate ? dst : 0) + src (HSDP's deferred accumulation and its add-back).
   virtual Event accumulate(const OpDesc& d, Group& g, Buf& src, Buf& dst, bool accumulate) = 0;
-  /// sharded grads = (accumulate ? grads : 0) + cast(src / divisor).
-  virtual Event reduce_copy_out(const OpDesc& d, Group& g, const Buf& src, double divisor,
-                                bool accumulate) = 0;
+  /// sharded grads = (spec.accumulate ? grads : 0) + cast(src / spec.divisor).
+  virtual Event reduce_copy_out(const OpDesc& d, Group& g, const Buf& src,
+                                const transport::ReduceSpec& spec) = 0;
   virtual Event reshard(const OpDesc& d, Group& g) = 0;
   virtual Event compute(const OpDesc& d, graph::Module& m, Phase phase) = 0;
   /// The host waits for `done` (errors re-thrown after all were waited for).

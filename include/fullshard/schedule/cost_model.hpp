@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fullshard/transport/fusions.hpp"
+
 namespace fullshard::comm {
 class Communicator;
 class ShmComm;
@@ -23,15 +25,15 @@ enum class CollectiveKind { all_gather, reduce_scatter, all_reduce };
 enum class MeshDim { shard, replicate };
 
 /// How a mesh dim's host collectives run (FULLSHARD_HOST_COLLECTIVES, DeviceMesh::shm): MPI
-/// collectives with separate copy kernels, or node-local shared memory, where the all-gather
-/// is done by its copy-out (every peer's slot read straight into the unsharded parameters)
-/// and the reduce-scatter reads the unsharded gradients in place (no copy-in) with the
-/// divide, cast and accumulation fused (no copy-out without HSDP).
-enum class Transport { mpi, shm };
+/// collectives with separate copy kernels, or node-local shared memory; what each folds into
+/// its collectives is transport::fusions, the rule the running transports follow.
+using Transport = transport::Kind;  // mpi, shm (nccl: costed as mpi)
 
 const char* collective_kind_name(CollectiveKind k) noexcept;
 const char* mesh_dim_name(MeshDim d) noexcept;
-const char* transport_name(Transport t) noexcept;
+inline const char* transport_name(Transport t) noexcept {
+  return transport::kind_name(t);
+}
 
 /// A data-parallel mesh as the planner sees it: `shard` ranks share the parameters,
 /// `replicate` copies of that group (1: FSDP; > 1: HSDP).

@@ -276,14 +276,15 @@ struct StateMachine {
   }
 
   // Reduce-scatter over the shard group (one rank: the input is the reduced shard).
-  static Event reduce_scatter(Group& g, Buf& input, Buf& output) {
+  static Event reduce_scatter(Group& g, Buf& input, Buf& output,
+                              const transport::ReduceSpec& spec) {
     B& b = be(g);
     if (g.info.world == 1) return record(b, StreamKind::reduce_scatter);
     OpDesc& d =
         begin(StreamKind::reduce_scatter, OpKind::reduce_scatter, g,
               static_cast<std::size_t>(g.info.shard_numel) * dtype_size(g.info.reduce_dtype));
     output = b.acquire(g, BufKind::rs_output, g.info.shard_numel, g.info.reduce_dtype);
-    Event e = b.reduce_scatter(d, g, input, output);
+    Event e = b.reduce_scatter(d, g, input, output, spec);
     e.op = d.id;
     return e;
   }
@@ -305,9 +306,15 @@ struct StateMachine {
     B& b = be(g);
     Root& r = *g.root;
     const GroupInfo& I = g.info;
+    // The copy-out's divisor (FSDP2's gradient divide factor, by default the data-parallel
+    // size) and whether it adds into the sharded gradients.
     Buf input = reduce_copy_in(g);
+    transport::ReduceSpec spec;
+    spec.divisor =
+        g.divide_factor > 0 ? g.divide_factor : static_cast<double>(I.world) * I.replicate;
+    spec.accumulate = g.has_sharded_grads;
     Buf output;
-    Event last = reduce_scatter(g, input, output);
+    Event last = reduce_scatter(g, input, output, spec);
     Buf& reduced = output.held ? output : input;
     StreamKind last_stream = StreamKind::reduce_scatter;
     if (I.replicate > 1) {
@@ -335,12 +342,9 @@ struct StateMachine {
       last_stream = StreamKind::all_reduce;
     }
     // Copy-out: divide, cast, accumulate into the sharded gradients, after the collectives.
-    const double divisor =
-        g.divide_factor > 0 ? g.divide_factor : static_cast<double>(I.world) * I.replicate;
     OpDesc& d = begin(last_stream, OpKind::reduce_copy_out, g,
                       static_cast<std::size_t>(I.shard_numel) * dtype_size(I.orig_dtype));
-    const bool accumulate = g.has_sharded_grads;
-    Event e = b.reduce_copy_out(d, g, reduced, divisor, accumulate);
+    Event e = b.reduce_copy_out(d, g, reduced, spec);
     e.op = d.id;
     g.has_sharded_grads = true;
     b.show_sharded_grads(g);

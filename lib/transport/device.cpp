@@ -1,0 +1,40 @@
+#include "fullshard/transport/device.hpp"
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/transport/fusions.hpp"
+#include "lib/transport/devices.hpp"
+
+namespace fullshard::transport {
+
+const char* kind_name(Kind k) noexcept {
+  switch (k) {
+    case Kind::mpi:
+      return "mpi";
+    case Kind::shm:
+      return "shm";
+    case Kind::nccl:
+      return "nccl";
+  }
+  return "?";
+}
+
+comm::Work Device::submit(Channel c, comm::Stream& s, const std::string& label,
+                          std::function<void()> op) {
+  comm::Work before = last(c);
+  return s.submit(label, [before, o = std::move(op)] {
+    before.test();
+    o();
+  });
+}
+
+Tensor Device::scratch(Channel, std::int64_t, DType, const char* what, const std::string& group) {
+  throw InvalidArgument(std::string("fsdp group ") + group + ": scratch device memory for '" +
+                        what + "' on a host device (internal)");
+}
+
+std::unique_ptr<Device> make_device(const DeviceMesh& mesh, const std::string& group) {
+  if (mesh.device_type() == DeviceType::cuda) return detail::make_cuda_device(mesh, group);
+  return detail::make_host_device(mesh);
+}
+
+}  // namespace fullshard::transport
