@@ -3,7 +3,7 @@
 //
 //   plan/modules/<N>         Scheduler::plan of a graph root -> "layers" -> N leaf modules
 //                            (2 small parameters, declared cost, every leaf and the root
-//                            fully_shard'ed), MeshShape{4, 1}; the graph is built once, the
+//                            fully_shard'ed), MeshShape::fsdp(4); the graph is built once, the
 //                            plan is destroyed outside the timed region. Counter
 //                            us_per_1000_modules = med_us * 1000 / N.
 //   plan/replan/<N>          the same, each iteration re-planning into one Plan
@@ -73,7 +73,7 @@ std::unique_ptr<Module> make_plan_graph(int n) {
 void bench_plan(benchmark::State& state, int n, bool replan) {
   try {
     const auto root = make_plan_graph(n);
-    const fs::schedule::MeshShape mesh{4, 1};
+    const auto mesh = fs::schedule::MeshShape::fsdp(4);
     std::optional<fs::schedule::Plan> plan = fs::schedule::Scheduler::plan(*root, mesh);
     const std::size_t ops = plan->ops.size();
     if (!replan) plan.reset();

@@ -39,8 +39,8 @@ double normal01(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) n
 
 double sum_over_mesh(double value, const DeviceMesh& mesh) {
   double v = value;
-  mesh.world_comm().all_reduce(&v, &v, 1, DType::f64, comm::ReduceOp::sum,
-                               mesh.stream(Channel::main))
+  mesh.world_comm()
+      .all_reduce(&v, &v, 1, DType::f64, comm::ReduceOp::sum, mesh.stream(Channel::main))
       .wait();
   return v;
 }
@@ -96,11 +96,11 @@ void linear_forward(const float* in, int rows, int k, const float* w, const floa
 void linear_backward(const float* in, int rows, int k, const float* w, int n, const float* dout,
                      float* dw, float* db, float* din, bool accumulate_din) {
   if (rows == 0) return;
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, rows, 1.f, dout, n, in, k, 1.f, dw,
-              k);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, rows, 1.f, dout, n, in, k, 1.f, dw, k);
   for (int r = 0; r < rows; ++r) {
     const float* d = dout + static_cast<std::size_t>(r) * n;
-    for (int j = 0; j < n; ++j) db[j] += d[j];
+    for (int j = 0; j < n; ++j)
+      db[j] += d[j];
   }
   if (din)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, k, n, 1.f, dout, n, w, k,
@@ -136,8 +136,10 @@ struct ResidualMlp::Impl {
     const auto H = static_cast<std::size_t>(s.hidden) * static_cast<std::size_t>(r);
     h.resize(static_cast<std::size_t>(s.blocks) + 1);
     a.resize(static_cast<std::size_t>(s.blocks));
-    for (auto& v : h) v.resize(H);
-    for (auto& v : a) v.resize(H);
+    for (auto& v : h)
+      v.resize(H);
+    for (auto& v : a)
+      v.resize(H);
     y.resize(static_cast<std::size_t>(s.outputs) * static_cast<std::size_t>(r));
     dy.resize(y.size());
     d_h.resize(H);
@@ -166,10 +168,11 @@ struct ResidualMlp::Impl {
     float* next = h[i + 1].data();
     std::memcpy(next, h[i].data(), sizeof(float) * static_cast<std::size_t>(rows) * H);
     for (int row = 0; row < rows; ++row)
-      for (int j = 0; j < H; ++j) next[static_cast<std::size_t>(row) * H + j] += b2[j];
+      for (int j = 0; j < H; ++j)
+        next[static_cast<std::size_t>(row) * H + j] += b2[j];
     if (rows > 0)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, H, H, 1.f, r.data(), H, w2, H,
-                  1.f, next, H);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, H, H, 1.f, r.data(), H, w2, H, 1.f,
+                  next, H);
   }
 
   void output_forward(graph::Module& m) {
@@ -207,7 +210,8 @@ struct ResidualMlp::Impl {
     const std::size_t n = static_cast<std::size_t>(rows) * H;
     const float* ai = a[i].data();
     // relu(a) for dW2 (into d_a, overwritten below by the pre-activation gradient).
-    for (std::size_t e = 0; e < n; ++e) d_a[e] = ai[e] > 0.f ? ai[e] : 0.f;
+    for (std::size_t e = 0; e < n; ++e)
+      d_a[e] = ai[e] > 0.f ? ai[e] : 0.f;
     {
       GradTarget g2(p2.grad(), gw2_scratch), gb2(q2.grad(), gb2_scratch);
       // dW2 += d_h^T relu(a); db2 += colsum d_h.
@@ -216,8 +220,8 @@ struct ResidualMlp::Impl {
     }
     // d_a = (d_h W2) * (a > 0).
     if (rows > 0)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, H, H, 1.f, d_h.data(), H, w2,
-                  H, 0.f, d_a.data(), H);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, H, H, 1.f, d_h.data(), H, w2, H,
+                  0.f, d_a.data(), H);
     for (std::size_t e = 0; e < n; ++e)
       if (!(ai[e] > 0.f)) d_a[e] = 0.f;
     // dW1 += d_a^T h_i; db1 += colsum d_a; d_h += d_a W1 (the residual path keeps d_h).
@@ -230,18 +234,18 @@ struct ResidualMlp::Impl {
     auto& pw = m.param("weight");
     auto& pb = m.param("bias");
     GradTarget gw(pw.grad(), gw_scratch), gb(pb.grad(), gb_scratch);
-    linear_backward(x, rows, s.inputs, nullptr, s.hidden, d_h.data(), gw.data(), gb.data(),
-                    nullptr, false);
+    linear_backward(x, rows, s.inputs, nullptr, s.hidden, d_h.data(), gw.data(), gb.data(), nullptr,
+                    false);
   }
 };
 
 ResidualMlp::ResidualMlp(MlpShape shape, std::uint64_t seed)
     : shape_(shape), root_(graph::Module::make_root("model")), impl_(std::make_unique<Impl>()) {
   if (shape.inputs <= 0 || shape.hidden <= 0 || shape.outputs <= 0 || shape.blocks < 0)
-    throw InvalidArgument("ResidualMlp: inputs, hidden and outputs must be > 0 and blocks >= 0 (got " +
-                          std::to_string(shape.inputs) + ", " + std::to_string(shape.hidden) +
-                          ", " + std::to_string(shape.outputs) + ", " +
-                          std::to_string(shape.blocks) + ")");
+    throw InvalidArgument(
+        "ResidualMlp: inputs, hidden and outputs must be > 0 and blocks >= 0 (got " +
+        std::to_string(shape.inputs) + ", " + std::to_string(shape.hidden) + ", " +
+        std::to_string(shape.outputs) + ", " + std::to_string(shape.blocks) + ")");
   impl_->s = shape;
   Impl* im = impl_.get();
   const std::int64_t H = shape.hidden;
@@ -293,9 +297,9 @@ void ResidualMlp::shard(const DeviceMesh& mesh, const schedule::PlanOptions& opt
   if (impl_->executor) throw InvalidArgument("ResidualMlp::shard: the model is already sharded");
   schedule::MeshShape ms;
   if (mesh.ndim() == 1) {
-    ms = {mesh.size(), 1};
+    ms = schedule::MeshShape::fsdp(mesh.size());
   } else if (mesh.ndim() == 2) {
-    ms = {mesh.shape()[1], mesh.shape()[0]};
+    ms = schedule::MeshShape::hsdp(mesh.shape()[0], mesh.shape()[1]);
   } else {
     throw InvalidArgument("ResidualMlp::shard: mesh " + mesh.describe() +
                           " must be 1-D (FSDP) or 2-D (HSDP: replicate, shard)");

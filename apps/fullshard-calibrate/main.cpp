@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
     if (replicate < 1 || shard < 1 || replicate * shard != rt.world_size())
       usage_error("--mesh " + mesh_arg + " does not describe the " +
                   std::to_string(rt.world_size()) + " ranks of this job");
-    const fullshard::schedule::MeshShape shape{shard, replicate};
+    const auto shape = fullshard::schedule::MeshShape::hsdp(replicate, shard);
     fullshard::DeviceMesh mesh =
         replicate > 1 ? fullshard::DeviceMesh(rt, {replicate, shard}, {"replicate", "shard"})
                       : fullshard::DeviceMesh(rt, {shard}, {"shard"});

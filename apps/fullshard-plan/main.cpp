@@ -105,7 +105,7 @@ std::string mib(std::size_t b) {
 void print_auto(const schedule::AutoPlan& a, const schedule::MeshShape& mesh,
                 const schedule::AutoPlanOptions& o) {
   std::printf("auto-plan: mesh %dx%d (replicate x shard), budget %s per rank, %s (%zu plans%s)\n",
-              mesh.replicate, mesh.shard, mib(o.memory_budget_bytes).c_str(),
+              mesh.replicate_size, mesh.shard_size, mib(o.memory_budget_bytes).c_str(),
               a.exact ? "exact search" : "local search", a.evaluations,
               a.exact ? (", " + std::to_string(a.space) + " candidates").c_str() : "");
   const bool has_baseline = !a.baseline_choice.calls.empty();
@@ -153,7 +153,7 @@ void print_links(const schedule::Plan& p, const schedule::TwoLevelNetwork& n) {
     double bytes = double(op.bytes);
     if (op.kind == schedule::OpKind::all_gather) {
       k = schedule::CollectiveKind::all_gather;
-      if (op.k > 1 && p.mesh.shard > 1) bytes = bytes * (op.k - 1) / (p.mesh.shard - 1);
+      if (op.k > 1 && p.mesh.shard_size > 1) bytes = bytes * (op.k - 1) / (p.mesh.shard_size - 1);
     } else if (op.kind == schedule::OpKind::reduce_scatter) {
       k = schedule::CollectiveKind::reduce_scatter;
     } else if (op.kind == schedule::OpKind::all_reduce) {
@@ -198,7 +198,7 @@ int run(int argc, char** argv) {
       graph_path = value();
     } else if (flag == "--mesh") {
       const auto [replicate, shard] = args.mesh_value();
-      mesh = schedule::MeshShape{shard, replicate};
+      mesh = schedule::MeshShape::hsdp(replicate, shard);
     } else if (flag == "--prefetch") {
       opt.forward_prefetch_depth = args.int_value(0);
     } else if (flag == "--backward-prefetch") {

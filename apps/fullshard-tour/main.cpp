@@ -169,7 +169,8 @@ int main(int argc, char** argv) {
       model->add_param("bias", {3}).init([](std::int64_t e) { return double(e); });
       model->set_fully_shard_request(true);
       fullshard::DeviceMesh dp(rt, {world}, {"dp"});
-      const auto plan = fullshard::schedule::Scheduler::plan(*model, {world, 1});
+      const auto plan =
+          fullshard::schedule::Scheduler::plan(*model, fullshard::schedule::MeshShape::fsdp(world));
       fsdp::apply_fully_shard_requests(*model, dp);
       say("\nfully_shard of a 3-layer model over " + std::to_string(world) + " ranks (" +
           std::to_string(plan.groups.size()) + " communication groups)");

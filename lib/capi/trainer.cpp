@@ -90,8 +90,8 @@ void Trainer::shard() {
   o.defaults.mp_policy.param_dtype = cfg_.param_dtype;
   o.defaults.mp_policy.reduce_dtype = cfg_.reduce_dtype;
   sch::MeshShape shape;
-  shape.shard = mesh_.size(mesh_.names().back());
-  shape.replicate = mesh_.ndim() > 1 ? mesh_.size(mesh_.names().front()) : 1;
+  shape.shard_size = mesh_.size(mesh_.names().back());
+  shape.replicate_size = mesh_.ndim() > 1 ? mesh_.size(mesh_.names().front()) : 1;
 
   const sch::Plan* plan = nullptr;
   std::optional<sch::Plan> explicit_plan;

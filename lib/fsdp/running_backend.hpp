@@ -14,8 +14,8 @@
 
 #include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/hooks.hpp"
-#include "fullshard/transport/device.hpp"
-#include "fullshard/transport/group_transport.hpp"
+#include "fullshard/transport/detail/device.hpp"
+#include "fullshard/transport/detail/group_transport.hpp"
 
 namespace fullshard::fsdp::detail {
 

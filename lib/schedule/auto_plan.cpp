@@ -99,9 +99,9 @@ class Search {
                               " is not a count >= 1");
     if (!(o.state_bytes_per_param_byte >= 0) || !std::isfinite(o.state_bytes_per_param_byte))
       throw InvalidArgument("auto_plan: state_bytes_per_param_byte must be a finite number >= 0");
-    if (mesh.shard < 1 || mesh.replicate < 1)
+    if (mesh.shard_size < 1 || mesh.replicate_size < 1)
       throw InvalidArgument("auto_plan: mesh sizes must be >= 1");
-    const int W = mesh.shard;
+    const int W = mesh.shard_size;
     values_.push_back(-1);
     if (W > 1) values_.push_back(1);
     if (o.reshard_group_sizes)
@@ -542,9 +542,10 @@ AutoPlan auto_plan(graph::Module& root, MeshShape mesh, const AutoPlanOptions& o
         "auto_plan: no choice of groups and policies fits the memory budget of " +
             format_bytes(options.memory_budget_bytes) + " (" +
             std::to_string(options.memory_budget_bytes) + " B) per rank on mesh " +
-            std::to_string(mesh.replicate) + "x" + std::to_string(mesh.shard) + "; the smallest " +
-            (out.exact ? "feasible" : "found") + " peak is " + format_bytes(smallest) + " (" +
-            std::to_string(smallest) + " B)" + (out.exact ? "" : " (local search: not exhaustive)"),
+            std::to_string(mesh.replicate_size) + "x" + std::to_string(mesh.shard_size) +
+            "; the smallest " + (out.exact ? "feasible" : "found") + " peak is " +
+            format_bytes(smallest) + " (" + std::to_string(smallest) + " B)" +
+            (out.exact ? "" : " (local search: not exhaustive)"),
         smallest);
   }
   out.choice = s.choice(s.best());

@@ -75,7 +75,7 @@ CostModel CostModel::defaults(const MeshShape& mesh, double alpha_ms, double bus
   CostModel c;
   const double bus = bus_gb_per_s * 1e6;  // bytes per ms
   for (MeshDim d : kDims) {
-    const int n = d == MeshDim::shard ? mesh.shard : mesh.replicate;
+    const int n = d == MeshDim::shard ? mesh.shard_size : mesh.replicate_size;
     const double n1 = n > 1 ? n - 1 : 0;
     c.collective(CollectiveKind::all_gather, d) = {alpha_ms, n1 / bus};
     c.collective(CollectiveKind::reduce_scatter, d) = {alpha_ms, n1 / bus};
@@ -461,8 +461,8 @@ TwoLevelNetwork TwoLevelNetwork::dgx_h100() {
 
 std::pair<int, int> TwoLevelNetwork::span(const MeshShape& mesh, MeshDim d) const {
   const int G = std::max(1, gpus_per_node);
-  const int S = std::max(1, mesh.shard);
-  const int R = std::max(1, mesh.replicate);
+  const int S = std::max(1, mesh.shard_size);
+  const int R = std::max(1, mesh.replicate_size);
   if (d == MeshDim::shard) {
     const int g = std::min(S, G);
     return {g, (S + g - 1) / g};

@@ -106,8 +106,8 @@ std::string Plan::to_text() const {
   const CostModel& c = *options.cost;
 
   line("fullshard plan");
-  line("mesh: shard=" + std::to_string(mesh.shard) + " replicate=" +
-       std::to_string(mesh.replicate) + (mesh.replicate > 1 ? " (HSDP)" : " (FSDP)"));
+  line("mesh: shard=" + std::to_string(mesh.shard_size) + " replicate=" +
+       std::to_string(mesh.replicate_size) + (mesh.replicate_size > 1 ? " (HSDP)" : " (FSDP)"));
   line("options: forward_prefetch_depth=" + std::to_string(options.forward_prefetch_depth) +
        " backward_prefetch=" + backward_prefetch_name(options.backward_prefetch) +
        " reduce_scatter_max_input_buffers=" +

@@ -257,7 +257,7 @@ EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory)
     I.num_modules = static_cast<int>(pg.modules.size());
     I.world = pg.shard_size();
     I.rank = 0;
-    I.replicate = p.mesh.replicate;
+    I.replicate = p.mesh.replicate_size;
     I.shard_numel = pg.layout.shard_numel;
     I.arena_numel = pg.layout.arena_numel;
     I.orig_dtype = pg.orig_dtype;
@@ -303,10 +303,10 @@ void Scheduler::replan(Plan& out, const graph::Module& root, MeshShape mesh,
                        const PlanOptions& options) {
   std::shared_ptr<Arena> arena = out.ops.get_allocator().arena();
   out = Plan();  // its containers let go of the arena
-  if (mesh.shard < 1 || mesh.replicate < 1)
+  if (mesh.shard_size < 1 || mesh.replicate_size < 1)
     throw InvalidArgument("Scheduler::plan: mesh sizes must be >= 1, got shard " +
-                          std::to_string(mesh.shard) + " x replicate " +
-                          std::to_string(mesh.replicate));
+                          std::to_string(mesh.shard_size) + " x replicate " +
+                          std::to_string(mesh.replicate_size));
   if (options.forward_prefetch_depth < 0)
     throw InvalidArgument("Scheduler::plan: forward_prefetch_depth must be >= 0, got " +
                           std::to_string(options.forward_prefetch_depth));
@@ -331,7 +331,7 @@ void Scheduler::replan(Plan& out, const graph::Module& root, MeshShape mesh,
   else
     arena = std::make_shared<Arena>(expected);
   p.groups = PlannedGroups(ArenaAllocator<PlannedGroup>(arena));
-  detail::plan_groups_into(p.groups, root, mesh.shard, options.defaults, modules);
+  detail::plan_groups_into(p.groups, root, mesh.shard_size, options.defaults, modules);
   auto require_group = [&p](const std::string& name, const char* option) {
     if (p.group_index(name) >= 0) return;
     std::string names;

@@ -509,8 +509,8 @@ schedule::AutoPlan ShardedModel::auto_shard(
   options.keep_requests = true;
   options.base.external_gradients = true;
   schedule::MeshShape shape;
-  shape.shard = mesh.size(mesh.names().back());
-  shape.replicate = mesh.ndim() > 1 ? mesh.size(mesh.names().front()) : 1;
+  shape.shard_size = mesh.size(mesh.names().back());
+  shape.replicate_size = mesh.ndim() > 1 ? mesh.size(mesh.names().front()) : 1;
   schedule::AutoPlan ap = schedule::auto_plan(*state_->graph, shape, options);
   schedule::apply_auto_plan(*state_->graph, ap.choice);
   apply_plan(ap.plan, mesh);

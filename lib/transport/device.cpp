@@ -1,4 +1,4 @@
-#include "fullshard/transport/device.hpp"
+#include "fullshard/transport/detail/device.hpp"
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/transport/fusions.hpp"

@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "fullshard/transport/device.hpp"
+#include "fullshard/transport/detail/device.hpp"
 
 namespace fullshard::transport::detail {
 

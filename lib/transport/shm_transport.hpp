@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "fullshard/comm/shm.hpp"
-#include "fullshard/transport/group_transport.hpp"
+#include "fullshard/transport/detail/group_transport.hpp"
 
 namespace fullshard::transport::detail {
 

@@ -11,7 +11,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using fullshard::schedule::CostModel;
   const std::string text(reinterpret_cast<const char*>(data), size);
-  const CostModel base = CostModel::defaults({2, 2});
+  const CostModel base = CostModel::defaults(fullshard::schedule::MeshShape::hsdp(2, 2));
   CostModel c;
   try {
     c = CostModel::parse_json(text, base, "fuzz.json");

@@ -44,7 +44,7 @@ TEST_CASE("auto-plan executed: measured peak equals the prediction, same choice 
     AutoPlanOptions o;
     o.memory_budget_bytes = 1;
     try {
-      auto_plan(*g, {W, 1}, o);
+      auto_plan(*g, MeshShape::fsdp(W), o);
     } catch (const AutoPlanInfeasible& e) {
       smallest = e.smallest_bytes();
     }
@@ -55,7 +55,7 @@ TEST_CASE("auto-plan executed: measured peak equals the prediction, same choice 
     auto g = graph::parse_graph_json(kModel, "model.json");
     AutoPlanOptions o;
     o.memory_budget_bytes = budget;
-    const AutoPlan a = auto_plan(*g, {W, 1}, o);
+    const AutoPlan a = auto_plan(*g, MeshShape::fsdp(W), o);
     CHECK(a.memory_bytes <= budget);
     CHECK(same_on_all_ranks(a.plan.fingerprint()));
     CHECK(same_on_all_ranks(fnv1a64(a.choice.to_json().dump())));

@@ -72,7 +72,7 @@ TEST_CASE_TEMPLATE(
     auto graph = graph::parse_graph_json(kSeed, "seed.json");
     PlanOptions o;
     o.forward_prefetch_depth = depth;
-    const Plan plan = Scheduler::plan(*graph, {W, 1}, o);
+    const Plan plan = Scheduler::plan(*graph, MeshShape::fsdp(W), o);
 
     // The same plan on every rank.
     const std::uint64_t fp = plan.fingerprint();

@@ -654,7 +654,7 @@ TEST_CASE("torch: the plan of a LibTorch model is its run: the same operations, 
     o.external_gradients = true;
     if (!reshard) o.defaults.reshard_after_forward = false;
     const sch::Plan plan =
-        sch::Scheduler::plan(sharded.graph(), sch::MeshShape{world_size(), 1}, o);
+        sch::Scheduler::plan(sharded.graph(), sch::MeshShape::fsdp(world_size()), o);
     REQUIRE(plan.groups.size() == 4);
     sharded.apply_plan(plan, mesh);
     fs::fsdp::FSDPModule& root = sharded.state(*net);

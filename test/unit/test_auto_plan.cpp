@@ -98,9 +98,9 @@ Best exhaustive(const char* json, MeshShape mesh) {
     if (!m->is_root() && params) free_modules.push_back(m);
   }
   std::vector<int> values = {-1};
-  if (mesh.shard > 1) values.push_back(1);
-  for (int k = 2; k < mesh.shard; ++k)
-    if (mesh.shard % k == 0) values.push_back(k);
+  if (mesh.shard_size > 1) values.push_back(1);
+  for (int k = 2; k < mesh.shard_size; ++k)
+    if (mesh.shard_size % k == 0) values.push_back(k);
   Best b;
   for (std::uint64_t mask = 0; mask < (std::uint64_t(1) << free_modules.size()); ++mask) {
     std::vector<graph::Module*> on = {g.get()};
@@ -156,12 +156,12 @@ std::vector<nlohmann::json> requests(graph::Module& root) {
 
 TEST_CASE("auto-plan: the exhaustive optimum, within budget, on small graphs") {
   for (const char* json : {kFour, kNested})
-    for (MeshShape mesh : {MeshShape{2, 1}, MeshShape{4, 1}, MeshShape{2, 2}}) {
+    for (MeshShape mesh : {MeshShape::fsdp(2), MeshShape::fsdp(4), MeshShape::hsdp(2, 2)}) {
       // kNested on 4 ranks has 18,432 candidates: the other cases keep the test short.
-      if (json == kNested && mesh.shard == 4) continue;
+      if (json == kNested && mesh.shard_size == 4) continue;
       CAPTURE(json);
-      CAPTURE(mesh.shard);
-      CAPTURE(mesh.replicate);
+      CAPTURE(mesh.shard_size);
+      CAPTURE(mesh.replicate_size);
       const Best all = exhaustive(json, mesh);
       CHECK_FALSE(all.bound_violated);
       REQUIRE(all.min_memory < all.max_memory);  // the budget matters
@@ -203,7 +203,7 @@ TEST_CASE("auto-plan: the exhaustive optimum, within budget, on small graphs") {
 }
 
 TEST_CASE("auto-plan: an infeasible budget names the smallest feasible peak") {
-  const MeshShape mesh{4, 1};
+  const MeshShape mesh = MeshShape::fsdp(4);
   const Best all = exhaustive(kFour, mesh);
   auto g = load(kFour);
   const auto before = requests(*g);
@@ -226,7 +226,7 @@ TEST_CASE("auto-plan: an infeasible budget names the smallest feasible peak") {
 }
 
 TEST_CASE("auto-plan: deterministic, and the user's requests are kept") {
-  const MeshShape mesh{4, 1};
+  const MeshShape mesh = MeshShape::fsdp(4);
   auto ga = load(kNested);
   auto gb = load(kNested);  // a plan refers to its graph: keep both alive
   const AutoPlan a = auto_plan(*ga, mesh, auto_options(std::size_t(1) << 30));
@@ -263,7 +263,7 @@ TEST_CASE("auto-plan: deterministic, and the user's requests are kept") {
 
 TEST_CASE("auto-plan: the choice as C++ and as graph requests") {
   auto g = load(kFour);
-  const AutoPlan a = auto_plan(*g, {4, 1}, auto_options(std::size_t(1) << 30));
+  const AutoPlan a = auto_plan(*g, MeshShape::fsdp(4), auto_options(std::size_t(1) << 30));
   const std::string cpp = a.choice.to_cpp(a.plan);
   const nlohmann::json j = a.choice.to_json();
   REQUIRE(j["fully_shard"].size() == a.choice.calls.size());
@@ -278,11 +278,11 @@ TEST_CASE("auto-plan: the choice as C++ and as graph requests") {
 
 TEST_CASE("auto-plan: bad options and sizes") {
   auto g = load(kFour);
-  CHECK_THROWS_WITH_AS(auto_plan(*g, {4, 1}, auto_options(0)),
+  CHECK_THROWS_WITH_AS(auto_plan(*g, MeshShape::fsdp(4), auto_options(0)),
                        doctest::Contains("the memory budget must be > 0"), InvalidArgument);
   AutoPlanOptions o = auto_options(1 << 30);
   o.prefetch_depths = {};
-  CHECK_THROWS_WITH_AS(auto_plan(*g, {4, 1}, o), doctest::Contains("prefetch_depths"),
+  CHECK_THROWS_WITH_AS(auto_plan(*g, MeshShape::fsdp(4), o), doctest::Contains("prefetch_depths"),
                        InvalidArgument);
   CHECK(parse_byte_size("40GiB") == std::size_t(40) << 30);
   CHECK(parse_byte_size("1.5GB") == 1500000000u);
@@ -303,15 +303,15 @@ TEST_CASE("two-level network: spans, hierarchical ring times, bytes per link lev
   const TwoLevelNetwork n = TwoLevelNetwork::dgx_h100();
   CHECK(n.gpus_per_node == 8);
   using P = std::pair<int, int>;
-  CHECK(n.span({64, 16}, MeshDim::shard) == P{8, 8});
-  CHECK(n.span({64, 16}, MeshDim::replicate) == P{1, 16});
-  CHECK(n.span({4, 8}, MeshDim::shard) == P{4, 1});
-  CHECK(n.span({4, 8}, MeshDim::replicate) == P{2, 4});  // two replicas per node
-  CHECK(n.span({16384, 1}, MeshDim::shard) == P{8, 2048});
+  CHECK(n.span(MeshShape::hsdp(16, 64), MeshDim::shard) == P{8, 8});
+  CHECK(n.span(MeshShape::hsdp(16, 64), MeshDim::replicate) == P{1, 16});
+  CHECK(n.span(MeshShape::hsdp(8, 4), MeshDim::shard) == P{4, 1});
+  CHECK(n.span(MeshShape::hsdp(8, 4), MeshDim::replicate) == P{2, 4});  // two replicas per node
+  CHECK(n.span(MeshShape::fsdp(16384), MeshDim::shard) == P{8, 2048});
 
   // All-gather over 8 GPUs x 8 nodes of 1 MB per rank: 7 InfiniBand steps of 1 MB, then 7
   // NVLink steps of 8 MB.
-  const MeshShape m{64, 16};
+  const MeshShape m = MeshShape::hsdp(16, 64);
   const double ag = 7 * (0.014 + 1e6 / 50e6) + 7 * (0.0034 + 8e6 / 450e6);
   CHECK(n.collective(m, CollectiveKind::all_gather, MeshDim::shard).time_ms(1e6) ==
         doctest::Approx(ag).epsilon(1e-12));

@@ -143,7 +143,7 @@ TEST_CASE("compute_cost: serial_step_ms is the sum of the plan's op times") {
       {"name": "b", "fully_shard": true, "cost": {"forward_ms": 0.5, "backward_ms": 1},
        "params": {"w": {"shape": [256, 256]}}}]})",
                                    "graph.json");
-  const Plan p = Scheduler::plan(*g, MeshShape{2, 1});
+  const Plan p = Scheduler::plan(*g, MeshShape::fsdp(2));
   double sum = 0.0, compute = 0.0;
   for (const Op& op : p.ops) {
     sum += op.end_ms - op.start_ms;

@@ -240,7 +240,8 @@ TEST_CASE("nesting: deep JSON values are refused before they are built") {
   CHECK(contains(msg, "nest more than 1024 levels deep"));
 
   msg = error_of<ConfigError>([&] {
-    schedule::CostModel::parse_json(deep_array, schedule::CostModel::defaults({2, 1}), "cost.json");
+    schedule::CostModel::parse_json(
+        deep_array, schedule::CostModel::defaults(schedule::MeshShape::fsdp(2)), "cost.json");
   });
   CHECK(contains(msg, "]: cost.json: [0][0]"));
   CHECK(contains(msg, "nest more than 64 levels deep"));
@@ -347,7 +348,7 @@ TEST_CASE("number overflow names the file and the JSON path") {
   msg = json_error(R"({"params": {"w": {"shape": [1, -1e400]}}})");
   CHECK(contains(msg, "graph.json: params.w.shape[1]: number out of range"));
 
-  const auto base = schedule::CostModel::defaults({2, 1});
+  const auto base = schedule::CostModel::defaults(schedule::MeshShape::fsdp(2));
   msg = error_of<ConfigError>([&] {
     schedule::CostModel::parse_json(R"({"all_gather": {"shard": {"alpha_ms": 1e999}}})", base,
                                     "cost.json");
@@ -356,7 +357,7 @@ TEST_CASE("number overflow names the file and the JSON path") {
 }
 
 TEST_CASE("cost model JSON refuses duplicate keys like the graph loader") {
-  const auto base = schedule::CostModel::defaults({2, 1});
+  const auto base = schedule::CostModel::defaults(schedule::MeshShape::fsdp(2));
   const auto err = [&](const std::string& text) {
     return error_of<ConfigError>([&] { schedule::CostModel::parse_json(text, base, "cost.json"); });
   };

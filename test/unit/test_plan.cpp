@@ -279,7 +279,7 @@ TEST_CASE("plan_groups reports bad requests like fully_shard") {
 
 TEST_CASE("seed m1..m4: FSDP2's orders, overlaps and memory (root not resharded)") {
   auto g = load(kSeed);
-  const Plan p = Scheduler::plan(*g, {4, 1});
+  const Plan p = Scheduler::plan(*g, MeshShape::fsdp(4));
 
   // Forward: AG(a,d) [root], AG(b), AG(c); compute fwd(m1) | fwd(m2) | fwd(m3,m4).
   const auto fwd_ag = phase_ops(p, OpKind::all_gather, Phase::forward);
@@ -337,7 +337,7 @@ TEST_CASE("seed m1..m4 with the root resharded after forward (the seed's picture
   auto g = load(kSeed);
   PlanOptions o;
   o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(true);
-  const Plan p = Scheduler::plan(*g, {4, 1}, o);
+  const Plan p = Scheduler::plan(*g, MeshShape::fsdp(4), o);
   CHECK(p.groups[static_cast<std::size_t>(p.group_index("<root>"))].reshard_after_forward == -1);
   // The seed draws backward AG(c), AG(b), AG(a,d). m4's parameter d is in the root group, so
   // the root's pre-backward gathers (a,d) before bwd(m4) can run, and prefetches AG(c).
@@ -372,10 +372,10 @@ TEST_CASE("reshard_after_forward false / automatic / true: 3, 5, 6 all-gathers")
   auto g = load(kSeed);
   PlanOptions o;
   o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(false);
-  const Plan keep = Scheduler::plan(*g, {4, 1}, o);
-  const Plan automatic = Scheduler::plan(*g, {4, 1});
+  const Plan keep = Scheduler::plan(*g, MeshShape::fsdp(4), o);
+  const Plan automatic = Scheduler::plan(*g, MeshShape::fsdp(4));
   o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(true);
-  const Plan all = Scheduler::plan(*g, {4, 1}, o);
+  const Plan all = Scheduler::plan(*g, MeshShape::fsdp(4), o);
   CHECK(keep.find(OpKind::all_gather).size() == 3);
   CHECK(phase_ops(keep, OpKind::all_gather, Phase::backward).empty());
   CHECK(automatic.find(OpKind::all_gather).size() == 5);
@@ -392,7 +392,7 @@ TEST_CASE("reshard_after_forward false / automatic / true: 3, 5, 6 all-gathers")
   // reshard_after_forward=2 on 4 ranks: a 2-slot slice kept after forward, backward gathers
   // in 2-rank groups; the slice lives until the post-backward reshard.
   o.defaults.reshard_after_forward = fsdp::ReshardAfterForward::group_size(2);
-  const Plan k2 = Scheduler::plan(*g, {4, 1}, o);
+  const Plan k2 = Scheduler::plan(*g, MeshShape::fsdp(4), o);
   CHECK(k2.find(OpKind::all_gather).size() == 6);
   const Op& ag = group_op(k2, OpKind::all_gather, Phase::backward, "m2");
   CHECK(ag.bytes == 2 * 262144);
@@ -408,10 +408,10 @@ TEST_CASE("forward prefetch depth 2 keeps two all-gathers in flight") {
   auto g = load(kSeed);
   PlanOptions o;
   o.forward_prefetch_depth = 1;
-  const Plan d1 = Scheduler::plan(*g, {4, 1}, o);
+  const Plan d1 = Scheduler::plan(*g, MeshShape::fsdp(4), o);
   o.forward_prefetch_depth = 2;
-  const Plan d2 = Scheduler::plan(*g, {4, 1}, o);
-  const Plan d0 = Scheduler::plan(*g, {4, 1});
+  const Plan d2 = Scheduler::plan(*g, MeshShape::fsdp(4), o);
+  const Plan d0 = Scheduler::plan(*g, MeshShape::fsdp(4));
 
   const int root = d2.group_index("<root>");
   CHECK(d2.forward_prefetch[static_cast<std::size_t>(root)] ==
@@ -445,15 +445,15 @@ TEST_CASE("reduce-scatter buffer cap, no backward prefetch, HSDP") {
   auto g = load(kSeed);
   PlanOptions o;
   o.reduce_scatter_max_input_buffers = 2;
-  const Plan k2 = Scheduler::plan(*g, {4, 1}, o);
-  const Plan k1 = Scheduler::plan(*g, {4, 1});
+  const Plan k2 = Scheduler::plan(*g, MeshShape::fsdp(4), o);
+  const Plan k1 = Scheduler::plan(*g, MeshShape::fsdp(4));
   // With K=2, m3's reduce-scatter buffers are still held at m2's: m2's input and output come
   // on top of them, where K=1 waited for m3's first (peak at m2's: +M/4 over m3's).
   CHECK(k2.peak_bytes == k1.peak_bytes + M / 4);
 
   o = PlanOptions{};
   o.backward_prefetch = BackwardPrefetch::none;
-  const Plan none = Scheduler::plan(*g, {4, 1}, o);
+  const Plan none = Scheduler::plan(*g, MeshShape::fsdp(4), o);
   CHECK(phase_ops(none, OpKind::all_gather, Phase::backward).size() == 2);
   CHECK(max_live_gathers(none, Phase::backward) == 1);
   // No AG(b) buffer at m3's reduce-scatter: the peak moves to m2's own backward copy-out (its
@@ -462,7 +462,7 @@ TEST_CASE("reduce-scatter buffer cap, no backward prefetch, HSDP") {
   CHECK(none.step_ms > k1.step_ms);
 
   // HSDP 2 x 2: an all-reduce after each reduce-scatter, on its own stream.
-  const Plan h = Scheduler::plan(*g, {2, 2});
+  const Plan h = Scheduler::plan(*g, MeshShape::hsdp(2, 2));
   CHECK(h.find(OpKind::all_reduce).size() == 3);
   for (const Op* ar : h.find(OpKind::all_reduce)) {
     CHECK(ar->stream == StreamKind::all_reduce);
@@ -472,7 +472,7 @@ TEST_CASE("reduce-scatter buffer cap, no backward prefetch, HSDP") {
   CHECK(h.end_bytes == 0);
   o = PlanOptions{};
   o.requires_all_reduce = false;
-  const Plan defer = Scheduler::plan(*g, {2, 2}, o);
+  const Plan defer = Scheduler::plan(*g, MeshShape::hsdp(2, 2), o);
   CHECK(defer.find(OpKind::all_reduce).empty());
   // The deferred partial reductions stay in the pool: one reduce-scatter output per group.
   CHECK(defer.end_bytes == 2 * (2 * 65536 * 4) + 2 * 8192 * 4);
@@ -499,10 +499,10 @@ std::vector<std::string> ops_text(const Plan& p, Phase ph) {
 TEST_CASE("reshard_after_backward false keeps every group's parameters to the end") {
   for (const char* json : {kSeed, kMixed}) {
     auto g = load(json);
-    const Plan base = Scheduler::plan(*g, {4, 1});
+    const Plan base = Scheduler::plan(*g, MeshShape::fsdp(4));
     PlanOptions o;
     o.reshard_after_backward = false;
-    const Plan p = Scheduler::plan(*g, {4, 1}, o);
+    const Plan p = Scheduler::plan(*g, MeshShape::fsdp(4), o);
     CHECK(ops_text(p, Phase::forward) == ops_text(base, Phase::forward));
     CHECK(!phase_ops(base, OpKind::reshard, Phase::backward).empty());
     CHECK(phase_ops(p, OpKind::reshard, Phase::backward).empty());
@@ -521,14 +521,14 @@ TEST_CASE("reshard_after_backward false keeps every group's parameters to the en
   auto g = load(kSeed);
   PlanOptions o;
   o.reshard_after_backward = false;
-  const Plan p = Scheduler::plan(*g, {4, 1}, o);
+  const Plan p = Scheduler::plan(*g, MeshShape::fsdp(4), o);
   CHECK(p.end_bytes == R + 2 * M);
   CHECK(p.peak_bytes == 2 * R + 4 * M + M / 4);
 }
 
 TEST_CASE("requires_gradient_sync false: no reduction, the unsharded gradients stay") {
   for (const char* json : {kSeed, kMixed}) {
-    for (MeshShape mesh : {MeshShape{4, 1}, MeshShape{2, 2}}) {
+    for (MeshShape mesh : {MeshShape::fsdp(4), MeshShape::hsdp(2, 2)}) {
       auto g = load(json);
       PlanOptions o;
       o.requires_gradient_sync = false;
@@ -555,19 +555,19 @@ TEST_CASE("requires_gradient_sync false: no reduction, the unsharded gradients s
   auto g = load(kSeed);
   PlanOptions o;
   o.requires_gradient_sync = false;
-  const Plan p = Scheduler::plan(*g, {4, 1}, o);
-  CHECK(p.peak_bytes < Scheduler::plan(*g, {4, 1}).peak_bytes);
+  const Plan p = Scheduler::plan(*g, MeshShape::fsdp(4), o);
+  CHECK(p.peak_bytes < Scheduler::plan(*g, MeshShape::fsdp(4)).peak_bytes);
   CHECK(p.end_bytes == R + 2 * M);
   // And with the parameters kept too: both arenas of every group stay.
   o.reshard_after_backward = false;
-  CHECK(Scheduler::plan(*g, {4, 1}, o).end_bytes == 2 * (R + 2 * M));
+  CHECK(Scheduler::plan(*g, MeshShape::fsdp(4), o).end_bytes == 2 * (R + 2 * M));
 }
 
 TEST_CASE("unshard_in_backward false: no backward all-gather, never prefetched in backward") {
   auto g = load(kSeed);
   PlanOptions o;
   o.no_unshard_in_backward = {"m2"};
-  const Plan p = Scheduler::plan(*g, {4, 1}, o);
+  const Plan p = Scheduler::plan(*g, MeshShape::fsdp(4), o);
   CHECK(group_names(p, phase_ops(p, OpKind::all_gather, Phase::backward)) ==
         std::vector<std::string>{"m3"});
   CHECK(group_names(p, phase_ops(p, OpKind::all_gather, Phase::forward)) ==
@@ -585,7 +585,7 @@ TEST_CASE("unshard_in_backward false: no backward all-gather, never prefetched i
   // m3 is what the root's pre-backward prefetches: excluded, nothing is prefetched there;
   // m3's own pre-backward prefetches m2.
   o.no_unshard_in_backward = {"m3"};
-  const Plan q = Scheduler::plan(*g, {4, 1}, o);
+  const Plan q = Scheduler::plan(*g, MeshShape::fsdp(4), o);
   const auto bwd = phase_ops(q, OpKind::all_gather, Phase::backward);
   CHECK(group_names(q, bwd) == std::vector<std::string>{"m2"});
   REQUIRE(bwd.size() == 1);
@@ -595,7 +595,7 @@ TEST_CASE("unshard_in_backward false: no backward all-gather, never prefetched i
   // parameters; the other two still gather (m3 prefetched by the root's pre-backward).
   o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(true);
   o.no_unshard_in_backward = {"<root>"};
-  const Plan r = Scheduler::plan(*g, {4, 1}, o);
+  const Plan r = Scheduler::plan(*g, MeshShape::fsdp(4), o);
   CHECK(group_names(r, phase_ops(r, OpKind::all_gather, Phase::backward)) ==
         std::vector<std::string>{"m3", "m2"});
   CHECK(group_names(r, phase_ops(r, OpKind::copy_out, Phase::backward)) ==
@@ -605,8 +605,8 @@ TEST_CASE("unshard_in_backward false: no backward all-gather, never prefetched i
   auto mixed = load(kMixed);
   PlanOptions m;
   m.no_unshard_in_backward = {"blocks.0", "head"};
-  const Plan mp = Scheduler::plan(*mixed, {4, 1}, m);
-  const Plan mbase = Scheduler::plan(*mixed, {4, 1});
+  const Plan mp = Scheduler::plan(*mixed, MeshShape::fsdp(4), m);
+  const Plan mbase = Scheduler::plan(*mixed, MeshShape::fsdp(4));
   auto bwd_names = group_names(mp, phase_ops(mp, OpKind::all_gather, Phase::backward));
   auto base_names = group_names(mbase, phase_ops(mbase, OpKind::all_gather, Phase::backward));
   CHECK(std::count(base_names.begin(), base_names.end(), "head") == 1);
@@ -620,9 +620,7 @@ TEST_CASE("unshard_in_backward false: no backward all-gather, never prefetched i
 
   // Unknown names are errors.
   m.no_unshard_in_backward = {"blocks.7"};
-  CHECK(contains(error_of<InvalidArgument>([&] {
-                   Scheduler::plan(*mixed, {4, 1}, m);
-                 }),
+  CHECK(contains(error_of<InvalidArgument>([&] { Scheduler::plan(*mixed, MeshShape::fsdp(4), m); }),
                  "no_unshard_in_backward: no group named 'blocks.7' (groups: blocks.0.inner, "
                  "blocks.0, blocks.1, head, <root>)"));
 }
@@ -631,8 +629,8 @@ TEST_CASE("is_last_backward false: no final wait, the pending reduce-scatters st
   auto g = load(kSeed);
   PlanOptions o;
   o.is_last_backward = false;
-  const Plan p = Scheduler::plan(*g, {4, 1}, o);
-  const Plan base = Scheduler::plan(*g, {4, 1});
+  const Plan p = Scheduler::plan(*g, MeshShape::fsdp(4), o);
+  const Plan base = Scheduler::plan(*g, MeshShape::fsdp(4));
   CHECK(base.find(OpKind::wait).size() == 1);
   CHECK(p.find(OpKind::wait).empty());
   CHECK(p.find(OpKind::reduce_scatter).size() == 3);
@@ -644,7 +642,7 @@ TEST_CASE("is_last_backward false: no final wait, the pending reduce-scatters st
   CHECK(contains(p.to_text(), "is_last_backward=false"));
   // K = 2: m2's and the root's stay; the cap still waited for m3's at the root's.
   o.reduce_scatter_max_input_buffers = 2;
-  const Plan k2 = Scheduler::plan(*g, {4, 1}, o);
+  const Plan k2 = Scheduler::plan(*g, MeshShape::fsdp(4), o);
   CHECK(k2.end_bytes == (M + M / 4) + (R + R / 4));
   const Op& rs_in_root = [&]() -> const Op& {
     for (const Op* op : k2.find(OpKind::copy_in, k2.group_index("<root>")))
@@ -658,13 +656,13 @@ TEST_CASE("is_last_backward false: no final wait, the pending reduce-scatters st
   CHECK(waits_for_m3);
   // K large enough for all three: nothing is waited for.
   o.reduce_scatter_max_input_buffers = 3;
-  CHECK(Scheduler::plan(*g, {4, 1}, o).end_bytes == 2 * (M + M / 4) + (R + R / 4));
+  CHECK(Scheduler::plan(*g, MeshShape::fsdp(4), o).end_bytes == 2 * (M + M / 4) + (R + R / 4));
 
   // Mixed: exactly the last K groups' reduce-scatter buffers remain.
   auto mixed = load(kMixed);
   o = PlanOptions{};
   o.is_last_backward = false;
-  const Plan mp = Scheduler::plan(*mixed, {4, 1}, o);
+  const Plan mp = Scheduler::plan(*mixed, MeshShape::fsdp(4), o);
   CHECK(mp.find(OpKind::wait).empty());
   const auto rs = mp.find(OpKind::reduce_scatter);
   REQUIRE(!rs.empty());
@@ -677,7 +675,7 @@ TEST_CASE("is_last_backward false: no final wait, the pending reduce-scatters st
 
 TEST_CASE("several FSDP roots: one pool each") {
   auto g = load(kTwoRoots);
-  const Plan p = Scheduler::plan(*g, {2, 1});
+  const Plan p = Scheduler::plan(*g, MeshShape::fsdp(2));
   REQUIRE(p.groups.size() == 3);
   CHECK(p.groups[0].name == "enc.l");
   CHECK(p.groups[1].name == "enc");
@@ -700,16 +698,16 @@ TEST_CASE("the plan is deterministic") {
   auto g2 = load(kMixed);
   PlanOptions o;
   o.forward_prefetch_depth = 1;
-  const Plan a = Scheduler::plan(*g1, {2, 2}, o);
-  const Plan b = Scheduler::plan(*g1, {2, 2}, o);
-  const Plan c = Scheduler::plan(*g2, {2, 2}, o);
+  const Plan a = Scheduler::plan(*g1, MeshShape::hsdp(2, 2), o);
+  const Plan b = Scheduler::plan(*g1, MeshShape::hsdp(2, 2), o);
+  const Plan c = Scheduler::plan(*g2, MeshShape::hsdp(2, 2), o);
   CHECK(a.to_text() == b.to_text());
   CHECK(a.to_text() == c.to_text());
   CHECK(a.fingerprint() == c.fingerprint());
   CHECK(a.fingerprint() == fnv1a64(a.to_text()));
   CHECK(a.to_chrome_trace() == c.to_chrome_trace());
   o.forward_prefetch_depth = 0;
-  CHECK(Scheduler::plan(*g1, {2, 2}, o).fingerprint() != a.fingerprint());
+  CHECK(Scheduler::plan(*g1, MeshShape::hsdp(2, 2), o).fingerprint() != a.fingerprint());
   CHECK(fnv1a64("") == 0xcbf29ce484222325ull);
   CHECK(fnv1a64("a") == 0xaf63dc4c8601ec8cull);
 
@@ -723,7 +721,7 @@ TEST_CASE("the plan is deterministic") {
 
 TEST_CASE("Chrome trace: one thread per stream, X events, pool counter") {
   auto g = load(kSeed);
-  const Plan p = Scheduler::plan(*g, {4, 1});
+  const Plan p = Scheduler::plan(*g, MeshShape::fsdp(4));
   const nlohmann::json t = p.to_chrome_trace();
   REQUIRE(t.contains("traceEvents"));
   const auto parsed = nlohmann::json::parse(t.dump());
@@ -758,7 +756,7 @@ TEST_CASE("Chrome trace: one thread per stream, X events, pool counter") {
 }
 
 TEST_CASE("cost model: defaults, JSON round trip and errors, one all-gather's time") {
-  const CostModel d = CostModel::defaults({4, 2});
+  const CostModel d = CostModel::defaults(MeshShape::hsdp(2, 4));
   CHECK(d.collective(CollectiveKind::all_gather, MeshDim::shard).alpha_ms == doctest::Approx(0.02));
   CHECK(d.collective(CollectiveKind::all_gather, MeshDim::shard).beta_ms_per_byte ==
         doctest::Approx(3e-6));
@@ -807,10 +805,10 @@ TEST_CASE("cost model: defaults, JSON round trip and errors, one all-gather's ti
   auto g = graph::parse_graph_json(
       R"({"name": "one", "fully_shard": true, "params": {"w": {"shape": [10, 100]}}})");
   PlanOptions o;
-  CostModel cm = CostModel::defaults({4, 1});
+  CostModel cm = CostModel::defaults(MeshShape::fsdp(4));
   cm.collective(CollectiveKind::all_gather, MeshDim::shard) = {0.5, 1e-3};
   o.cost = cm;
-  const Plan p = Scheduler::plan(*g, {4, 1}, o);
+  const Plan p = Scheduler::plan(*g, MeshShape::fsdp(4), o);
   const auto ags = p.find(OpKind::all_gather);
   REQUIRE(ags.size() == 1);
   const std::size_t shard_bytes = 3 * 100 * 4;  // ceil(10/4) = 3 rows
@@ -828,7 +826,7 @@ TEST_CASE("cost model: defaults, JSON round trip and errors, one all-gather's ti
 }
 
 TEST_CASE("cost model: shared-memory transport, JSON keys and the defaults of old files") {
-  const CostModel d = CostModel::defaults({4, 2}, 0.02, 1.0, 8.0);
+  const CostModel d = CostModel::defaults(MeshShape::hsdp(2, 4), 0.02, 1.0, 8.0);
   // Documented defaults: mpi on every dim; shm alpha 5 us, beta n / copy bandwidth.
   CHECK(d.transport(MeshDim::shard) == Transport::mpi);
   CHECK(d.transport(MeshDim::replicate) == Transport::mpi);
@@ -901,7 +899,7 @@ TEST_CASE("cost model: shared-memory transport, JSON keys and the defaults of ol
 
 TEST_CASE("cost model calibration over MPI") {
   auto comm = comm::MpiCommunicator::duplicate(MPI_COMM_WORLD, "calib", 60.0);
-  const CostModel base = CostModel::defaults({test::world_size(), 1});
+  const CostModel base = CostModel::defaults(MeshShape::fsdp(test::world_size()));
   const CostModel c = CostModel::calibrate(*comm, base, nullptr, {4096, 65536}, 2);
   const AlphaBeta ag = c.collective(CollectiveKind::all_gather, MeshDim::shard);
   const AlphaBeta rs = c.collective(CollectiveKind::reduce_scatter, MeshDim::shard);
@@ -927,7 +925,7 @@ TEST_CASE("cost model calibration on shared memory") {
   const DeviceMesh mesh(MPI_COMM_WORLD, {W}, {"shard"}, 60.0, HostProgress::inline_,
                         HostCollectives::auto_);
   const comm::ShmComm* shm = mesh.shm("shard");
-  CostModel base = CostModel::defaults({W, 1});
+  CostModel base = CostModel::defaults(MeshShape::fsdp(W));
   base.set_transport(MeshDim::shard, Transport::shm);
   // Without the shared memory the shard dim is measured (and marked) as MPI.
   const CostModel plain =
@@ -959,7 +957,7 @@ TEST_CASE("cost model calibration on shared memory") {
   }
   // The JSON form round-trips, and every rank got the same model.
   const std::string j = c.to_json().dump();
-  CHECK(CostModel::parse_json(j, CostModel::defaults({W, 1})) == c);
+  CHECK(CostModel::parse_json(j, CostModel::defaults(MeshShape::fsdp(W))) == c);
   unsigned long long h = fnv1a64(j);
   unsigned long long hmax = 0;
   MPI_Allreduce(&h, &hmax, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
@@ -979,21 +977,15 @@ TEST_CASE("cost model calibration on shared memory") {
 
 TEST_CASE("Scheduler::plan rejects bad meshes and options") {
   auto g = load(kSeed);
-  CHECK(contains(error_of<InvalidArgument>([&] {
-                   Scheduler::plan(*g, {0, 1});
-                 }),
+  CHECK(contains(error_of<InvalidArgument>([&] { Scheduler::plan(*g, MeshShape::fsdp(0)); }),
                  "mesh sizes must be >= 1"));
   PlanOptions o;
   o.forward_prefetch_depth = -1;
-  CHECK(contains(error_of<InvalidArgument>([&] {
-                   Scheduler::plan(*g, {2, 1}, o);
-                 }),
+  CHECK(contains(error_of<InvalidArgument>([&] { Scheduler::plan(*g, MeshShape::fsdp(2), o); }),
                  "forward_prefetch_depth must be >= 0"));
   o = PlanOptions{};
   o.reduce_scatter_max_input_buffers = 0;
-  CHECK(contains(error_of<InvalidArgument>([&] {
-                   Scheduler::plan(*g, {2, 1}, o);
-                 }),
+  CHECK(contains(error_of<InvalidArgument>([&] { Scheduler::plan(*g, MeshShape::fsdp(2), o); }),
                  "reduce_scatter_max_input_buffers must be >= 1"));
 }
 
@@ -1060,10 +1052,11 @@ void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOpt
   const Plan plan = Scheduler::plan(*root, mesh, o);
 
   auto g = load(json);
-  const DeviceMesh dm = mesh.replicate > 1
-                            ? DeviceMesh(MPI_COMM_WORLD, {mesh.replicate, mesh.shard},
-                                         {"replicate", "shard"}, 60.0, progress)
-                            : DeviceMesh(MPI_COMM_WORLD, {mesh.shard}, {"shard"}, 60.0, progress);
+  const DeviceMesh dm =
+      mesh.replicate_size > 1
+          ? DeviceMesh(MPI_COMM_WORLD, {mesh.replicate_size, mesh.shard_size},
+                       {"replicate", "shard"}, 60.0, progress)
+          : DeviceMesh(MPI_COMM_WORLD, {mesh.shard_size}, {"shard"}, 60.0, progress);
   REQUIRE(fsdp::apply_fully_shard_requests(*g, dm, o.defaults) ==
           static_cast<int>(plan.groups.size()));
   std::vector<graph::Module*> modules;
@@ -1147,8 +1140,8 @@ TEST_CASE("a plan on a shared-memory cost model: the times of the shm path, the 
     "modules": [{"name": "m2", "fully_shard": {"reshard_after_forward": 2},
                  "params": {"b": {"shape": [16, 100]}},
                  "cost": {"forward_ms": 1.0, "backward_ms": 2.0}}]})";
-  for (const MeshShape mesh : {MeshShape{4, 1}, MeshShape{4, 2}}) {
-    CAPTURE(mesh.replicate);
+  for (const MeshShape mesh : {MeshShape::fsdp(4), MeshShape::hsdp(2, 4)}) {
+    CAPTURE(mesh.replicate_size);
     CostModel cm = CostModel::defaults(mesh);
     cm.set_copy_gb_per_s(1.0);  // copy_ms(bytes) = bytes / 1e6
     cm.collective(CollectiveKind::all_gather, MeshDim::shard) = {0.5, 1e-3};
@@ -1214,7 +1207,7 @@ TEST_CASE("a plan on a shared-memory cost model: the times of the shm path, the 
           break;
         case OpKind::reduce_copy_out:
           // Fused into the reduce-scatter without HSDP; after the all-reduce a copy.
-          CHECK(ms == doctest::Approx(mesh.replicate == 1 ? 0.0 : double(op.bytes) / 1e6));
+          CHECK(ms == doctest::Approx(mesh.replicate_size == 1 ? 0.0 : double(op.bytes) / 1e6));
           break;
         case OpKind::all_reduce:
           CHECK(ms ==
@@ -1244,10 +1237,10 @@ TEST_CASE("explicit backward prefetch, and a reshard with its gather in flight: 
   PlanOptions o;
   // The root's pre-backward prefetches m3 and m2 at once.
   o.backward_prefetch_targets = {{"<root>", {"m3", "m2"}}};
-  check_engine_matches(kSeed, {W, 1}, o, "root prefetches m3 and m2");
+  check_engine_matches(kSeed, MeshShape::fsdp(W), o, "root prefetches m3 and m2");
   {
     auto g = load(kSeed);
-    const Plan p = Scheduler::plan(*g, {W, 1}, o);
+    const Plan p = Scheduler::plan(*g, MeshShape::fsdp(W), o);
     if (W > 1)
       CHECK(group_names(p, phase_ops(p, OpKind::all_gather, Phase::backward)) ==
             std::vector<std::string>{"m3", "m2"});
@@ -1255,9 +1248,10 @@ TEST_CASE("explicit backward prefetch, and a reshard with its gather in flight: 
   // m2's pre-backward prefetches m3, whose backward already ran: its gather is still in
   // flight when the root's backward ends, which reshards it unused.
   o.backward_prefetch_targets = {{"m2", {"m3"}}};
-  check_engine_matches(kSeed, {W, 1}, o, "m2 prefetches m3 (gather in flight at the end)");
+  check_engine_matches(kSeed, MeshShape::fsdp(W), o,
+                       "m2 prefetches m3 (gather in flight at the end)");
   auto g = load(kSeed);
-  const Plan p = Scheduler::plan(*g, {W, 1}, o);
+  const Plan p = Scheduler::plan(*g, MeshShape::fsdp(W), o);
   const int m3 = p.group_index("m3");
   const auto reshards = p.find(OpKind::reshard, m3);
   REQUIRE(!reshards.empty());
@@ -1268,9 +1262,7 @@ TEST_CASE("explicit backward prefetch, and a reshard with its gather in flight: 
   }
   CHECK(p.end_bytes == 0);
   o.backward_prefetch_targets = {{"m2", {"nope"}}};
-  CHECK(contains(error_of<InvalidArgument>([&] {
-                   Scheduler::plan(*g, {W, 1}, o);
-                 }),
+  CHECK(contains(error_of<InvalidArgument>([&] { Scheduler::plan(*g, MeshShape::fsdp(W), o); }),
                  "backward_prefetch_targets: no group named 'nope'"));
 }
 
@@ -1278,33 +1270,35 @@ TEST_CASE("the engine's measured pool peak equals the plan's, byte for byte") {
   const int W = test::world_size();
   for (const char* json : {kSeed, kMixed, kTwoRoots}) {
     PlanOptions o;
-    check_engine_matches(json, {W, 1}, o, "default");
+    check_engine_matches(json, MeshShape::fsdp(W), o, "default");
     o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(false);
-    check_engine_matches(json, {W, 1}, o, "reshard false");
+    check_engine_matches(json, MeshShape::fsdp(W), o, "reshard false");
     o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(true);
-    check_engine_matches(json, {W, 1}, o, "reshard true");
+    check_engine_matches(json, MeshShape::fsdp(W), o, "reshard true");
     o = PlanOptions{};
     o.forward_prefetch_depth = 2;
-    check_engine_matches(json, {W, 1}, o, "prefetch 2");
+    check_engine_matches(json, MeshShape::fsdp(W), o, "prefetch 2");
     o.forward_prefetch_depth = 1;
     o.reduce_scatter_max_input_buffers = 2;
-    check_engine_matches(json, {W, 1}, o, "prefetch 1, 2 reduce buffers");
+    check_engine_matches(json, MeshShape::fsdp(W), o, "prefetch 1, 2 reduce buffers");
     o = PlanOptions{};
     o.backward_prefetch = BackwardPrefetch::none;
     o.defaults.mp_policy.param_dtype = DType::bf16;
     o.defaults.mp_policy.reduce_dtype = DType::f32;
-    check_engine_matches(json, {W, 1}, o, "no backward prefetch, bf16 params, f32 reduce");
+    check_engine_matches(json, MeshShape::fsdp(W), o,
+                         "no backward prefetch, bf16 params, f32 reduce");
     if (W % 2 == 0 && W > 2) {
       o = PlanOptions{};
       o.defaults.reshard_after_forward = fsdp::ReshardAfterForward::group_size(2);
-      check_engine_matches(json, {W, 1}, o, "reshard_after_forward=2");
+      check_engine_matches(json, MeshShape::fsdp(W), o, "reshard_after_forward=2");
     }
     if (W % 2 == 0) {  // HSDP (with W = 2: shard groups of one rank)
       o = PlanOptions{};
-      check_engine_matches(json, {W / 2, 2}, o, "HSDP");
+      check_engine_matches(json, MeshShape::hsdp(2, W / 2), o, "HSDP");
       o.requires_all_reduce = false;
       o.defaults.mp_policy.param_dtype = DType::bf16;
-      check_engine_matches(json, {W / 2, 2}, o, "HSDP without all-reduce, bf16 params");
+      check_engine_matches(json, MeshShape::hsdp(2, W / 2), o,
+                           "HSDP without all-reduce, bf16 params");
     }
   }
 }
@@ -1335,58 +1329,67 @@ TEST_CASE("the engine's pool equals the plan's with the backward and accumulatio
   for (const char* json : {kSeed, kMixed, kTwoRoots}) {
     PlanOptions o;
     o.reshard_after_backward = false;
-    check_engine_matches(json, {W, 1}, o, "no reshard after backward");
+    check_engine_matches(json, MeshShape::fsdp(W), o, "no reshard after backward");
     o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(true);
     o.forward_prefetch_depth = 1;
-    check_engine_matches(json, {W, 1}, o, "no reshard after backward, reshard after forward");
+    check_engine_matches(json, MeshShape::fsdp(W), o,
+                         "no reshard after backward, reshard after forward");
 
     o = PlanOptions{};
     o.requires_gradient_sync = false;
-    check_engine_matches(json, {W, 1}, o, "no gradient sync");
+    check_engine_matches(json, MeshShape::fsdp(W), o, "no gradient sync");
     o.defaults.mp_policy.param_dtype = DType::bf16;
     o.reshard_after_backward = false;
-    check_engine_matches(json, {W, 1}, o, "no gradient sync, no reshard after backward, bf16");
+    check_engine_matches(json, MeshShape::fsdp(W), o,
+                         "no gradient sync, no reshard after backward, bf16");
 
     o = PlanOptions{};
     o.no_unshard_in_backward = every_other_group(json, W);
-    check_engine_matches(json, {W, 1}, o, "no unshard in backward (every other group)");
+    check_engine_matches(json, MeshShape::fsdp(W), o, "no unshard in backward (every other group)");
     o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(true);
-    check_engine_matches(json, {W, 1}, o, "no unshard in backward, reshard after forward");
+    check_engine_matches(json, MeshShape::fsdp(W), o,
+                         "no unshard in backward, reshard after forward");
     o.no_unshard_in_backward = non_root_groups(json, W);
     o.backward_prefetch = BackwardPrefetch::none;
-    check_engine_matches(json, {W, 1}, o, "no unshard in backward (non-roots), no prefetch");
+    check_engine_matches(json, MeshShape::fsdp(W), o,
+                         "no unshard in backward (non-roots), no prefetch");
 
     o = PlanOptions{};
     o.is_last_backward = false;
-    check_engine_matches(json, {W, 1}, o, "not the last backward");
+    check_engine_matches(json, MeshShape::fsdp(W), o, "not the last backward");
     o.reduce_scatter_max_input_buffers = 2;
     o.defaults.mp_policy.reduce_dtype = DType::bf16;
-    check_engine_matches(json, {W, 1}, o, "not the last backward, 2 reduce buffers, bf16 reduce");
+    check_engine_matches(json, MeshShape::fsdp(W), o,
+                         "not the last backward, 2 reduce buffers, bf16 reduce");
     o.reduce_scatter_max_input_buffers = 8;
     o.reshard_after_backward = false;
-    check_engine_matches(json, {W, 1}, o, "not the last backward, 8 reduce buffers, kept");
+    check_engine_matches(json, MeshShape::fsdp(W), o,
+                         "not the last backward, 8 reduce buffers, kept");
 
     if (W % 2 == 0 && W > 2) {
       o = PlanOptions{};
       o.defaults.reshard_after_forward = fsdp::ReshardAfterForward::group_size(2);
       o.no_unshard_in_backward = every_other_group(json, W);
       o.is_last_backward = false;
-      check_engine_matches(json, {W, 1}, o, "reshard_after_forward=2, no unshard, not last");
+      check_engine_matches(json, MeshShape::fsdp(W), o,
+                           "reshard_after_forward=2, no unshard, not last");
       o.reshard_after_backward = false;
-      check_engine_matches(json, {W, 1}, o, "reshard_after_forward=2, kept after backward");
+      check_engine_matches(json, MeshShape::fsdp(W), o,
+                           "reshard_after_forward=2, kept after backward");
     }
     if (W % 2 == 0) {  // HSDP
       o = PlanOptions{};
       o.requires_gradient_sync = false;
-      check_engine_matches(json, {W / 2, 2}, o, "HSDP, no gradient sync");
+      check_engine_matches(json, MeshShape::hsdp(2, W / 2), o, "HSDP, no gradient sync");
       o = PlanOptions{};
       o.is_last_backward = false;
       o.reshard_after_backward = false;
       o.no_unshard_in_backward = every_other_group(json, W / 2);
-      check_engine_matches(json, {W / 2, 2}, o, "HSDP, not last, kept, no unshard");
+      check_engine_matches(json, MeshShape::hsdp(2, W / 2), o, "HSDP, not last, kept, no unshard");
       o.requires_all_reduce = false;
       o.reduce_scatter_max_input_buffers = 2;
-      check_engine_matches(json, {W / 2, 2}, o, "HSDP deferred, not last, kept, no unshard");
+      check_engine_matches(json, MeshShape::hsdp(2, W / 2), o,
+                           "HSDP deferred, not last, kept, no unshard");
     }
   }
 }
@@ -1403,7 +1406,7 @@ TEST_CASE("the executor applies the backward and accumulation policies") {
     CAPTURE(sync);
     o.requires_gradient_sync = sync;
     auto graph = load(kSeed);
-    const Plan plan = Scheduler::plan(*graph, {W, 1}, o);
+    const Plan plan = Scheduler::plan(*graph, MeshShape::fsdp(W), o);
     DeviceMesh mesh(test::runtime(), {W}, {"dp"});
     REQUIRE(fsdp::apply_fully_shard_requests(*graph, mesh, o.defaults) == 3);
     Executor ex(*graph, mesh, plan);
@@ -1457,15 +1460,15 @@ TEST_CASE("replan reuses the plan's memory and plans what plan() plans; copies s
   auto g = load(kMixed);
   PlanOptions o;
   o.forward_prefetch_depth = 1;
-  const Plan fresh = Scheduler::plan(*g, {4, 1}, o);
+  const Plan fresh = Scheduler::plan(*g, MeshShape::fsdp(4), o);
   const std::string text = fresh.to_text();
 
-  Plan p = Scheduler::plan(*g, {4, 1});
+  Plan p = Scheduler::plan(*g, MeshShape::fsdp(4));
   const Arena* arena = p.ops.get_allocator().arena().get();
   REQUIRE(arena != nullptr);
   CHECK(p.groups.get_allocator().arena().get() == arena);  // one arena for all records
   CHECK(p.events.get_allocator().arena().get() == arena);
-  Scheduler::replan(p, *g, {4, 1}, o);
+  Scheduler::replan(p, *g, MeshShape::fsdp(4), o);
   CHECK(p.ops.get_allocator().arena().get() == arena);  // nothing else held it: reused
   CHECK(p.to_text() == text);
   CHECK(p.fingerprint() == fresh.fingerprint());
@@ -1474,14 +1477,14 @@ TEST_CASE("replan reuses the plan's memory and plans what plan() plans; copies s
   // Something else holding the memory (the ops moved out): a new arena, the old one intact.
   auto kept = std::move(p.ops);
   const std::size_t kept_size = kept.size();
-  Scheduler::replan(p, *g, {4, 1}, o);
+  Scheduler::replan(p, *g, MeshShape::fsdp(4), o);
   CHECK(p.ops.get_allocator().arena().get() != kept.get_allocator().arena().get());
   CHECK(p.to_text() == text);
   REQUIRE(kept.size() == kept_size);
   CHECK(kept.back().end_ms == p.ops.back().end_ms);
 
   // A copy lives on the heap and outlives the original.
-  std::optional<Plan> original = Scheduler::plan(*g, {4, 1}, o);
+  std::optional<Plan> original = Scheduler::plan(*g, MeshShape::fsdp(4), o);
   const Plan copy = *original;
   CHECK(!copy.ops.get_allocator().arena());
   CHECK(!copy.groups[0].params.get_allocator().arena());
@@ -1499,21 +1502,21 @@ TEST_CASE("replan reuses the plan's memory and plans what plan() plans; copies s
   wide->set_fully_shard_request(nlohmann::json(true));
   CHECK(wide->num_descendants() == 3000);
   const Arena* small = p.ops.get_allocator().arena().get();
-  Scheduler::replan(p, *wide, {4, 1});
+  Scheduler::replan(p, *wide, MeshShape::fsdp(4));
   CHECK(p.ops.get_allocator().arena().get() != small);
-  const Plan wide_fresh = Scheduler::plan(*wide, {4, 1});
+  const Plan wide_fresh = Scheduler::plan(*wide, MeshShape::fsdp(4));
   CHECK(p.ops.size() == wide_fresh.ops.size());
   CHECK(p.fingerprint() == wide_fresh.fingerprint());
   // And back to the small graph: the large arena is reused.
   const Arena* large = p.ops.get_allocator().arena().get();
-  Scheduler::replan(p, *g, {4, 1}, o);
+  Scheduler::replan(p, *g, MeshShape::fsdp(4), o);
   CHECK(p.ops.get_allocator().arena().get() == large);
   CHECK(p.to_text() == text);
 
   // A bad option leaves the plan empty.
   PlanOptions bad;
   bad.forward_prefetch_depth = -1;
-  CHECK_THROWS_AS(Scheduler::replan(p, *g, {4, 1}, bad), InvalidArgument);
+  CHECK_THROWS_AS(Scheduler::replan(p, *g, MeshShape::fsdp(4), bad), InvalidArgument);
   CHECK(p.ops.empty());
   CHECK(p.groups.empty());
   CHECK(p.events.empty());

@@ -35,12 +35,23 @@ inline const char* transport_name(Transport t) noexcept {
   return transport::kind_name(t);
 }
 
-/// A data-parallel mesh as the planner sees it: `shard` ranks share the parameters,
-/// `replicate` copies of that group (1: FSDP; > 1: HSDP).
+/// A data-parallel mesh as the planner sees it: `shard_size` ranks share the parameters,
+/// `replicate_size` copies of that group (1: FSDP; > 1: HSDP). Made by name only, in the
+/// DeviceMesh's order (replicate, shard): `MeshShape::fsdp(4)`, `MeshShape::hsdp(2, 4)`; a
+/// brace list `MeshShape{a, b}` does not compile, so no order can be misread.
 struct MeshShape {
-  int shard = 1;
-  int replicate = 1;
-  int world() const noexcept { return shard * replicate; }
+  int shard_size = 1;      ///< the shard dim: the mesh's last
+  int replicate_size = 1;  ///< the replicate dim (HSDP): the mesh's first
+
+  MeshShape() noexcept : MeshShape(1, 1) {}
+  /// FSDP: one shard group of `shard` ranks.
+  static MeshShape fsdp(int shard) noexcept { return MeshShape(1, shard); }
+  /// HSDP: `replicate` copies of a `shard`-rank group (a replicate x shard DeviceMesh).
+  static MeshShape hsdp(int replicate, int shard) noexcept { return MeshShape(replicate, shard); }
+  int world() const noexcept { return shard_size * replicate_size; }
+
+ private:
+  MeshShape(int replicate, int shard) noexcept : shard_size(shard), replicate_size(replicate) {}
 };
 
 /// time_ms(bytes) = alpha_ms + bytes * beta_ms_per_byte.
@@ -63,7 +74,7 @@ class CostModel {
   /// of the shard it produces (beta = n / copy_bw for a dim of n ranks).
   static CostModel defaults(const MeshShape& mesh, double alpha_ms = 0.02,
                             double bus_gb_per_s = 1.0, double copy_gb_per_s = 10.0);
-  /// defaults(MeshShape{2, 2}).
+  /// defaults(MeshShape::hsdp(2, 2)).
   CostModel();
 
   const AlphaBeta& collective(CollectiveKind k, MeshDim d) const noexcept;

@@ -18,18 +18,20 @@ enum class Kind : std::uint8_t {
 const char* kind_name(Kind k) noexcept;
 
 /// One communication group as its transport sees it.
+/// (32 bytes: the engine's GroupInfo extends it, and a plan holds 100,000 of them.)
 struct Geometry {
+  std::int64_t shard_numel = 0;  ///< gsn: the padded group shard (slot layout)
+  std::int64_t arena_numel = 0;  ///< the unsharded parameters
   int world = 1;                 ///< shard group size W
   int rank = 0;                  ///< this rank's place in the shard group
   int replicate = 1;             ///< HSDP replicate size (1: FSDP)
-  std::int64_t shard_numel = 0;  ///< gsn: the padded group shard (slot layout)
-  std::int64_t arena_numel = 0;  ///< the unsharded parameters
   DType orig_dtype = DType::f32;
   DType param_dtype = DType::f32;
   DType reduce_dtype = DType::f32;
 
   bool cast() const noexcept { return param_dtype != orig_dtype; }
 };
+static_assert(sizeof(Geometry) <= 32, "Geometry: keep the engine's GroupInfo in one cache line");
 
 /// How one reduction treats the sharded gradients (the engine decides, once per reduction).
 struct ReduceSpec {

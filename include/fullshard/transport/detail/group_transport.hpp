@@ -19,7 +19,7 @@
 #include "fullshard/comm/communicator.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
-#include "fullshard/transport/device.hpp"
+#include "fullshard/transport/detail/device.hpp"
 #include "fullshard/transport/fusions.hpp"
 
 namespace fullshard::transport {
