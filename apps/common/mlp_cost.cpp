@@ -27,7 +27,7 @@
 namespace fullshard::apps {
 
 using schedule::Gemm;
-using schedule::Work;
+using schedule::ModuleWork;
 
 MlpWork residual_mlp_work(const MlpShape& s, std::int64_t rows) {
   if (rows < 0) throw InvalidArgument("residual_mlp_work: rows must be >= 0");

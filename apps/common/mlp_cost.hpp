@@ -22,9 +22,9 @@ namespace fullshard::apps {
 /// the bytes read + written by the elementwise passes over rows x width arrays (bias
 /// broadcasts, ReLU, residual copy and add, column sums, masks, the loss; f32).
 struct MlpWork {
-  schedule::Work input_forward, input_backward;
-  schedule::Work block_forward, block_backward;
-  schedule::Work output_forward, output_backward;
+  schedule::ModuleWork input_forward, input_backward;
+  schedule::ModuleWork block_forward, block_backward;
+  schedule::ModuleWork output_forward, output_backward;
 };
 MlpWork residual_mlp_work(const MlpShape& shape, std::int64_t rows);
 

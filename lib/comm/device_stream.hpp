@@ -1,4 +1,4 @@
-// The device side of Stream/Event/Work (private to lib/comm and its tests).
+// The device side of Stream/StreamEvent/Work (private to lib/comm and its tests).
 //
 // A device stream is a DeviceStreamBackend; in CUDA builds lib/comm/cuda/cuda_stream.cpp
 // implements it with cudaStream_t/cudaEvent_t. The interfaces carry no CUDA types, so the

@@ -15,13 +15,13 @@
 
 namespace fullshard::comm {
 
-const char* stream_kind_name(StreamKind k) noexcept {
+const char* stream_type_name(StreamType k) noexcept {
   switch (k) {
-    case StreamKind::caller:
+    case StreamType::caller:
       return "caller";
-    case StreamKind::worker:
+    case StreamType::worker:
       return "worker";
-    case StreamKind::device:
+    case StreamType::device:
       return "device";
   }
   return "?";
@@ -146,8 +146,8 @@ struct StreamImpl {
   std::shared_ptr<const Stream::Recorder> recorder;  // guarded by m
   std::unique_ptr<DeviceStreamBackend> device;       // device streams only
 
-  StreamKind kind() const noexcept {
-    return device ? StreamKind::device : (inline_ ? StreamKind::caller : StreamKind::worker);
+  StreamType kind() const noexcept {
+    return device ? StreamType::device : (inline_ ? StreamType::caller : StreamType::worker);
   }
 
   static std::uint64_t next_id() {
@@ -259,7 +259,7 @@ struct StreamImpl {
 
 }  // namespace detail
 
-bool Event::query() const noexcept {
+bool StreamEvent::query() const noexcept {
   if (!c_) return true;
   if (c_->is_device()) {
     try {
@@ -271,7 +271,7 @@ bool Event::query() const noexcept {
   return c_->done.load(std::memory_order_acquire);
 }
 
-void Event::synchronize() const {
+void StreamEvent::synchronize() const {
   if (!c_) return;
   if (c_->is_device()) {
     if (c_->done.load(std::memory_order_acquire)) return;
@@ -282,7 +282,7 @@ void Event::synchronize() const {
   c_->block(false);
 }
 
-bool Event::is_device() const noexcept {
+bool StreamEvent::is_device() const noexcept {
   return c_ && c_->is_device();
 }
 
@@ -361,7 +361,7 @@ const std::string& Stream::name() const noexcept {
 const std::shared_ptr<const std::string>& Stream::shared_name() const noexcept {
   return impl_->shared_name;
 }
-StreamKind Stream::kind() const noexcept {
+StreamType Stream::kind() const noexcept {
   return impl_->kind();
 }
 void* Stream::native_handle() const noexcept {
@@ -385,20 +385,20 @@ Work Stream::submit(const LazyLabel& label, std::function<void()> op, double tim
   return Work(impl_->enqueue(label, std::move(op), timeout_s));
 }
 
-Event Stream::record() {
+StreamEvent Stream::record() {
   if (impl_->device) {
     auto c = std::make_shared<detail::Completion>();
     c->lazy = LazyLabel("record on stream '", impl_->shared_name, "'");
     c->label_is_lazy = true;
     c->device = impl_->device->record();
-    return Event(std::move(c));
+    return StreamEvent(std::move(c));
   }
-  if (impl_->inline_) return Event();
-  return Event(impl_->enqueue(
+  if (impl_->inline_) return StreamEvent();
+  return StreamEvent(impl_->enqueue(
       LazyLabel("record on stream '", impl_->shared_name, "'"), [] {}, 0.0));
 }
 
-void Stream::wait(const Event& e) {
+void Stream::wait(const StreamEvent& e) {
   if (impl_->device && e.is_device()) {
     e.c_->require_issued();
     if (!e.c_->poll_device()) e.c_->device->enqueue_wait(native_handle());
@@ -439,7 +439,7 @@ std::shared_ptr<Completion> submit_device_op(Stream& stream, StreamImpl& s,
                                              std::vector<DeferredDevice>* deferred) {
   if (!s.device)
     throw InvalidArgument(c->text() + ": stream '" + s.name + "' is a " +
-                          stream_kind_name(s.kind()) +
+                          stream_type_name(s.kind()) +
                           " stream, but device operations need a device stream (Stream::device)");
   c->timeout_s = timeout_s;
   c->watch = std::move(watch);

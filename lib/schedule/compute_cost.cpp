@@ -184,7 +184,7 @@ double ComputeRates::time_ms(const Gemm& g) const noexcept {
   return g.flops() / (gemm_gflop_per_s(g) * 1e6);
 }
 
-double ComputeRates::time_ms(const Work& w) const noexcept {
+double ComputeRates::time_ms(const ModuleWork& w) const noexcept {
   double t = w.elementwise_bytes / (elementwise_gb_per_s * 1e6);
   for (const Gemm& g : w.gemms)
     t += time_ms(g);
@@ -338,7 +338,8 @@ double core_wait_ms(double ranks_per_core, const std::vector<double>& module_ms,
   return mates * (optimizer_ms + beyond) + std::max(0.0, mates * within - collective_ms);
 }
 
-graph::Cost cost_from_work(const ComputeRates& rates, const Work& forward, const Work& backward) {
+graph::Cost cost_from_work(const ComputeRates& rates, const ModuleWork& forward,
+                           const ModuleWork& backward) {
   graph::Cost c;
   c.forward_ms = rates.time_ms(forward);
   c.backward_ms = rates.time_ms(backward);

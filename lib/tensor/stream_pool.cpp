@@ -21,7 +21,7 @@ struct Block {
   std::size_t bytes = 0;
   std::vector<comm::Stream> users;  // while handed out: streams it is used on
   // While cached: one event per stream it was used on, recorded at release.
-  std::vector<std::pair<std::uint64_t, comm::Event>> released;
+  std::vector<std::pair<std::uint64_t, comm::StreamEvent>> released;
 };
 
 }  // namespace
@@ -58,7 +58,7 @@ struct StreamOrderedPool::State {
         users.swap(b->users);
       }
       // Record outside the lock: a worker stream's record() enqueues a task.
-      std::vector<std::pair<std::uint64_t, comm::Event>> events;
+      std::vector<std::pair<std::uint64_t, comm::StreamEvent>> events;
       events.reserve(users.size());
       std::string failure;
       for (auto& s : users) {
@@ -118,7 +118,7 @@ Tensor StreamOrderedPool::acquire(const Shape& shape, DType dtype, comm::Stream&
   if (bytes == 0) return Tensor::empty(shape, dtype, s_->space);  // nothing to pool
   const std::uint64_t sid = stream.id();
   std::shared_ptr<Block> block;
-  std::vector<comm::Event> waits;
+  std::vector<comm::StreamEvent> waits;
   {
     std::lock_guard<std::mutex> lock(s_->m);
     s_->rethrow_release_error_locked();

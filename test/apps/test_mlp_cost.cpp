@@ -25,7 +25,7 @@ using fullshard::schedule::Gemm;
 
 namespace {
 
-double total_flops(const schedule::Work& w) {
+double total_flops(const schedule::ModuleWork& w) {
   double f = 0;
   for (const Gemm& g : w.gemms)
     f += g.flops();

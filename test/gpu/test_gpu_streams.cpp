@@ -1,4 +1,4 @@
-// CUDA streams and events behind Stream/Event: cross-stream order without host blocking, and
+// CUDA streams and events behind Stream/StreamEvent: cross-stream order without host blocking, and
 // the measured overlap of a compute kernel with a copy on another stream (printed; no timing
 // assertion). The FSDP engine itself still runs on the host (MPI): this checks the stream layer
 // the GPU executor will use.

@@ -176,7 +176,7 @@ TEST_CASE("device types: CPU by default, torch's strings, a CUDA mesh needs a CU
   // A CPU mesh's device resources are its host ones.
   CHECK(&mesh.device_comm("dp", Channel::all_gather) == &mesh.comm("dp", Channel::all_gather));
   CHECK(&mesh.device_stream(Channel::reduce_scatter) == &mesh.stream(Channel::reduce_scatter));
-  CHECK(mesh.compute_stream().kind() == comm::StreamKind::caller);
+  CHECK(mesh.compute_stream().kind() == comm::StreamType::caller);
   CHECK_THROWS_WITH_AS(mesh.set_compute_stream(nullptr),
                        doctest::Contains("set_compute_stream needs a CUDA mesh"), InvalidArgument);
   DeviceMesh cpu = init_device_mesh(test::runtime(), "cpu", {W}, {"dp"});

@@ -71,7 +71,7 @@ TEST_CASE("compute_cost: a module's cost is its GEMMs' FLOPs and its bytes at th
   const ComputeRates r = sample_rates();
   // A block of the residual MLP at 256 rows, hidden 512: forward 2 NT GEMMs and 7 passes of
   // 256 x 512 floats; backward 2 TN + 2 NN GEMMs and 6 passes.
-  Work fwd, bwd;
+  ModuleWork fwd, bwd;
   fwd.gemms = {{256, 512, 512, false, true}, {256, 512, 512, false, true}};
   fwd.elementwise_bytes = 7.0 * 4 * 256 * 512;
   bwd.gemms = {{512, 512, 256, true, false},

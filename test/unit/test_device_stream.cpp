@@ -1,4 +1,4 @@
-// The device-stream logic of Stream/Event/Work (lib/comm/stream.cpp) driven by a fake device
+// The device-stream logic of Stream/StreamEvent/Work (lib/comm/stream.cpp) driven by a fake device
 // backend: events complete when the test opens their gate, so polling, cross-stream waits,
 // timeouts, error hooks and grouped (deferred) operations are checked without a GPU. The CUDA
 // backend itself (lib/comm/cuda/cuda_stream.cpp) runs in test/gpu/test_gpu_streams.cpp.
@@ -20,9 +20,9 @@
 using fullshard::CommError;
 using fullshard::ConfigError;
 using fullshard::InvalidArgument;
-using fullshard::comm::Event;
 using fullshard::comm::Stream;
-using fullshard::comm::StreamKind;
+using fullshard::comm::StreamEvent;
+using fullshard::comm::StreamType;
 using fullshard::comm::Work;
 using fullshard::comm::detail::DeferredDevice;
 using fullshard::comm::detail::DeviceEvent;
@@ -51,7 +51,7 @@ bool contains(const std::string& s, const std::string& part) {
 
 TEST_CASE("a device stream runs the host part at submit and completes with its event") {
   FakeDevice dev("compute");
-  CHECK(dev.stream.kind() == StreamKind::device);
+  CHECK(dev.stream.kind() == StreamType::device);
   CHECK(dev.stream.is_device());
   CHECK(dev.stream.runs_inline());
   CHECK(dev.stream.native_handle() == dev.backend);
@@ -81,7 +81,7 @@ TEST_CASE("Work::wait(consumer) and Stream::wait order device streams without bl
   REQUIRE(producer.log->waits.size() == 1);
   CHECK(producer.log->waits[0] == consumer.stream.native_handle());
   // Stream::wait on a device event does the same.
-  Event e = producer.stream.record();
+  StreamEvent e = producer.stream.record();
   CHECK(e.is_device());
   consumer.stream.wait(e);
   CHECK(producer.log->waits.size() == 2);
@@ -98,7 +98,7 @@ TEST_CASE("Work::wait(consumer) and Stream::wait order device streams without bl
 TEST_CASE("a host worker stream waits for a device event on its own thread") {
   FakeDevice dev("copy");
   Stream worker = Stream::worker("worker");
-  Event e = dev.stream.record();
+  StreamEvent e = dev.stream.record();
   worker.wait(e);  // returns: the worker thread does the waiting
   std::atomic<bool> ran{false};
   Work after = worker.submit("after", [&] { ran = true; });

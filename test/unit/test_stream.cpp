@@ -9,8 +9,8 @@
 
 #include "fullshard/comm/stream.hpp"
 
-using fullshard::comm::Event;
 using fullshard::comm::Stream;
+using fullshard::comm::StreamEvent;
 using fullshard::comm::Work;
 
 TEST_CASE("a worker stream runs its operations in submit order, off the calling thread") {
@@ -51,7 +51,7 @@ TEST_CASE("Stream::wait orders one stream after another's event") {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     stage = 1;
   });
-  Event e = a.record();
+  StreamEvent e = a.record();
   CHECK_FALSE(e.query());
   b.wait(e);
   int seen = -1;

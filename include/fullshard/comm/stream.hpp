@@ -60,17 +60,17 @@ class LazyLabel {
 };
 
 /// What runs a stream's operations.
-enum class StreamKind {
+enum class StreamType {
   caller,  ///< the thread that submits (host)
   worker,  ///< a worker thread of the stream (host)
   device,  ///< a CUDA stream (device work, enqueued by the submitting thread)
 };
-const char* stream_kind_name(StreamKind k) noexcept;
+const char* stream_type_name(StreamType k) noexcept;
 
 /// A point in a stream's order. Default-constructed events are complete.
-class Event {
+class StreamEvent {
  public:
-  Event() = default;
+  StreamEvent() = default;
   /// True when everything enqueued before the record point has finished. For a device event
   /// a device error also counts as finished (the error surfaces in Work::wait/synchronize).
   bool query() const noexcept;
@@ -83,7 +83,7 @@ class Event {
   friend class Stream;
   friend class Work;
   friend struct detail::StreamAccess;
-  explicit Event(std::shared_ptr<detail::Completion> c) : c_(std::move(c)) {}
+  explicit StreamEvent(std::shared_ptr<detail::Completion> c) : c_(std::move(c)) {}
   std::shared_ptr<detail::Completion> c_;
 };
 
@@ -111,7 +111,7 @@ class Work {
   /// Non-blocking: true once the operation finished (re-throws its error then).
   bool test() const;
   /// The operation's completion as an event, for Stream::wait on another stream.
-  Event event() const { return Event(c_); }
+  StreamEvent event() const { return StreamEvent(c_); }
   /// "all_gather on 'mesh.shard' (seq 3, 1024 x f32)"-style description.
   std::string label() const;
   /// True for an operation submitted to a device stream.
@@ -145,8 +145,8 @@ class Stream {
   const std::string& name() const noexcept;
   /// The name, shared (for LazyLabel).
   const std::shared_ptr<const std::string>& shared_name() const noexcept;
-  StreamKind kind() const noexcept;
-  bool is_device() const noexcept { return kind() == StreamKind::device; }
+  StreamType kind() const noexcept;
+  bool is_device() const noexcept { return kind() == StreamType::device; }
   /// The cudaStream_t of a device stream (as void*); nullptr for host streams.
   void* native_handle() const noexcept;
   /// True for caller and device streams (an operation's host function runs inside submit()).
@@ -163,12 +163,12 @@ class Stream {
   /// Work::label() (any stream).
   Work submit(const LazyLabel& label, std::function<void()> op, double timeout_s = 0.0);
   /// An event that completes when everything submitted so far has run.
-  Event record();
+  StreamEvent record();
   /// Operations submitted after this call start only once `e` completed. A device stream
   /// waiting on a device event: cudaStreamWaitEvent (the host is not blocked); on a host
   /// event: the calling thread blocks until it completed (a CUDA stream cannot wait on a host
   /// thread without one). A worker stream waiting on a device event blocks its worker thread.
-  void wait(const Event& e);
+  void wait(const StreamEvent& e);
   /// Blocks until everything submitted so far has run (cudaStreamSynchronize on a device
   /// stream: this stream only, never the whole device).
   void synchronize();

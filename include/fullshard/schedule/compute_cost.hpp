@@ -38,7 +38,7 @@ struct Gemm {
 };
 
 /// The work of one forward or backward of one module (its own work, without its children).
-struct Work {
+struct ModuleWork {
   std::vector<Gemm> gemms;
   /// Bytes read plus bytes written by the elementwise passes (bias broadcasts, activations,
   /// residual adds, column sums, copies).
@@ -114,7 +114,7 @@ struct ComputeRates {
   /// flops / rate, in ms.
   double time_ms(const Gemm& g) const noexcept;
   /// Sum of the GEMMs' times plus elementwise_bytes / elementwise rate, in ms.
-  double time_ms(const Work& w) const noexcept;
+  double time_ms(const ModuleWork& w) const noexcept;
   /// One optimizer step over `elements` (this rank's shard elements): "adamw" or "sgd";
   /// InvalidArgument for another name.
   double optimizer_ms(const std::string& optimizer, double elements) const;
@@ -153,7 +153,8 @@ double core_wait_ms(double ranks_per_core, const std::vector<double>& module_ms,
                     double collective_ms, double optimizer_ms, double slice_ms) noexcept;
 
 /// The module's declared cost from its forward and backward work.
-graph::Cost cost_from_work(const ComputeRates& rates, const Work& forward, const Work& backward);
+graph::Cost cost_from_work(const ComputeRates& rates, const ModuleWork& forward,
+                           const ModuleWork& backward);
 
 /// The time of the plan when every op runs on the calling thread, one after the other: the
 /// sum of every op's (end - start). A host mesh with FULLSHARD_HOST_PROGRESS=inline (the

@@ -17,7 +17,7 @@
 // use it) and the error is re-thrown, as a CommError naming the pool and the stream, by the
 // next acquire() (printed to stderr with the rank if no acquire follows).
 //
-// The events are comm::Event of the streams given, so host tests drive the pool with worker
+// The events are comm::StreamEvent of the streams given, so host tests drive the pool with worker
 // streams or fake device streams (test/unit/test_stream_pool.cpp).
 #pragma once
 

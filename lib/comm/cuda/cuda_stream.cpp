@@ -1,4 +1,4 @@
-// CUDA streams and events behind Stream/Event (built with FULLSHARD_ENABLE_CUDA).
+// CUDA streams and events behind Stream/StreamEvent (built with FULLSHARD_ENABLE_CUDA).
 // Compiled here, run only where a GPU is (scripts/gpu-check runs test/gpu/test_gpu_streams).
 #include <cuda_runtime_api.h>
 

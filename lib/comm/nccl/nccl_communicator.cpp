@@ -359,7 +359,7 @@ Work NcclCommunicator::launch(const char* op, std::size_t count, DType dtype, St
   }
   if (!stream.is_device())
     throw InvalidArgument(what.str() + ": stream '" + stream.name() + "' is a " +
-                          stream_kind_name(stream.kind()) +
+                          stream_type_name(stream.kind()) +
                           " stream; NCCL collectives need a device stream (Stream::device)");
   auto state = state_;
   detail::DeviceWatch watch;
