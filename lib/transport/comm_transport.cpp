@@ -7,6 +7,15 @@ std::byte* bytes(const Tensor& t) {
   return static_cast<std::byte*>(t.data());
 }
 
+// The shard a kernel on channel c reads: pageable offloaded shards are first copied into
+// `staged` (a device buffer), pinned and device shards are read where they are.
+const void* shard_source(const OffloadedShards* off, Device& dev, Channel c, const Tensor& staged,
+                         const void* from) {
+  if (!staged.data()) return from;
+  off->copy(dev, c, staged.data(), from, "host-to-device copy of the shard");
+  return staged.data();
+}
+
 }  // namespace
 
 CommTransport::CommTransport(Kind kind, GroupSpec spec)
@@ -31,11 +40,7 @@ comm::Work CommTransport::cast_shard(Device& dev, Channel c, void* to) {
   Device* d = &dev;
   const kernels::ExecStream& on = dev.exec(c);
   return dev.run(c, stream(dev, c), label("copy_in of group "), [=, &on] {
-    const void* src = from;
-    if (staged.data()) {
-      off->copy(*d, c, staged.data(), from, "host-to-device copy of the shard");
-      src = staged.data();
-    }
+    const void* src = shard_source(off, *d, c, staged, from);
     kernels::cast_copy(on, src, I.orig_dtype, to, I.param_dtype, I.shard_numel);
   });
 }
@@ -82,11 +87,7 @@ comm::Work CommTransport::gather_copy_out(Device& dev, Channel c, const Held* sr
   const kernels::CopyPlan* plan = &copy_out_;
   const kernels::ExecStream& on = dev.exec(c);
   return dev.run(c, stream(dev, c), label("copy_out of group "), [=, &on] {
-    const void* f = from;
-    if (staged.data()) {
-      off->copy(*d, c, staged.data(), from, "host-to-device copy of the shard");
-      f = staged.data();
-    }
+    const void* f = shard_source(off, *d, c, staged, from);
     kernels::run_copies(*plan, f, I.param_dtype, to, I.param_dtype, on);
     if (kept)
       kernels::cast_copy(

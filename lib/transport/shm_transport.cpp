@@ -34,10 +34,7 @@ class ShmTransport final : public CommTransport {
     const Geometry& I = geo();
     const comm::ShmWindow win = ag_;
     const std::uint64_t round = ++ag_round_;
-    comm::Traffic traffic;
-    traffic.all_gather = static_cast<std::uint64_t>(I.world) *
-                         static_cast<std::uint64_t>(I.shard_numel) * dtype_size(I.param_dtype);
-    shm_.count(traffic);
+    count(&comm::Traffic::all_gather, I.param_dtype);
     const void* stored = in_place ? nullptr : store().shards().data();
     const bool copy = stored && stored != win.local();
     const DType t = I.param_dtype;
@@ -114,10 +111,7 @@ class ShmTransport final : public CommTransport {
     const Geometry I = geo();
     const comm::ShmWindow win = grads_;
     const std::uint64_t round = ++rs_round_;
-    comm::Traffic traffic;
-    traffic.reduce_scatter = static_cast<std::uint64_t>(I.world) *
-                             static_cast<std::uint64_t>(I.shard_numel) * dtype_size(I.reduce_dtype);
-    shm_.count(traffic);
+    count(&comm::Traffic::reduce_scatter, I.reduce_dtype);
     DType out_t = I.reduce_dtype;
     double divisor = 1.0;
     bool acc = false;
@@ -197,6 +191,14 @@ class ShmTransport final : public CommTransport {
   std::vector<kernels::CopyRun> rs_runs_;         // this rank's chunks: arena -> shard offset
   std::string ag_detail_, rs_detail_;             // "<gsn> x <dtype>, group <name>"
   std::string ag_label_, rs_label_;  // "all_gather on shared memory of '<comm>' (<detail>)"
+
+  // Counts one collective (the whole buffer: W shards of dtype t) in the shared memory's traffic.
+  void count(std::uint64_t comm::Traffic::*kind, DType t) const {
+    comm::Traffic traffic;
+    traffic.*kind = static_cast<std::uint64_t>(geo().world) *
+                    static_cast<std::uint64_t>(geo().shard_numel) * dtype_size(t);
+    shm_.count(traffic);
+  }
 
   // The group's shared-memory gradient window, once every rank has read its last round
   // (allocated on first use): where this rank's unsharded gradients are written next.
