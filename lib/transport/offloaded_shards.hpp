@@ -11,7 +11,7 @@ namespace fullshard::transport::detail {
 
 class OffloadedShards {
  public:
-  OffloadedShards(const GroupSpec& spec) : spec_(spec) {}
+  explicit OffloadedShards(const GroupSpec& spec) : spec_(spec) {}
   /// Pageable shards: a device buffer of one group shard (orig dtype) for channel `c`,
   /// released (an event on c) with the tensor. Pinned: undefined (kernels use them in place).
   Tensor staging(Device& dev, Channel c) const;

@@ -306,9 +306,9 @@ struct StateMachine {
     B& b = be(g);
     Root& r = *g.root;
     const GroupInfo& I = g.info;
+    Buf input = reduce_copy_in(g);
     // The copy-out's divisor (FSDP2's gradient divide factor, by default the data-parallel
     // size) and whether it adds into the sharded gradients.
-    Buf input = reduce_copy_in(g);
     transport::ReduceSpec spec;
     spec.divisor =
         g.divide_factor > 0 ? g.divide_factor : static_cast<double>(I.world) * I.replicate;
