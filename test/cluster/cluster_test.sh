@@ -28,8 +28,11 @@
 #       node-killed   fsnode2's ranks of an sbatch -N 2 job killed (SIGKILL): the job ends
 #                     FAILED within 60 s, nothing left on the nodes; srun -N 1 -n 2 -w fsnode1
 #                     resumes from the last checkpoint as the straight run goes on
-#       lossy-link    1 % packet loss on fsnode2's link (and 2 ms delay where the kernel has
-#                     netem): losses bitwise equal to the unshaped run's; unshaped after (trap)
+#       lossy-link    1 % packet loss and 2 ms delay on fsnode2's link (netem, or where the
+#                     kernel has none the relay scripts/link-relay; loss alone, an nft rule,
+#                     when neither works): the round trip fsnode1 -> fsnode2 longer by 4 ms,
+#                     the relay's or rule's drops > 0, losses bitwise equal to the unshaped
+#                     run's; unshaped after (trap)
 # The fault cases print a line "fault CASE: ..." (time from the fault to the end, message).
 set -euo pipefail
 case="$1" root="$2" mpiexec="$3" train="$4" work="$5" tour="${6:-}" ckpt_tool="${7:-}" heat="${8:-}"
@@ -171,9 +174,34 @@ count_op() {  # count_op OPS_FILE OP TRANSPORT DIM: the count of that line (0 wh
 link_bytes() {  # rx + tx bytes of fsnode2's link (its veth on the bridge)
   echo $(($(cat /sys/class/net/fsveth2/statistics/rx_bytes) + $(cat /sys/class/net/fsveth2/statistics/tx_bytes)))
 }
-nft_drops() {  # packets the loss rule of fsnode2 has dropped
-  "$cl" exec fsnode2 nft list table inet fullshard_link 2>/dev/null \
-    | awk '/numgen random/ { for (i = 1; i < NF; i++) if ($i == "packets") d += $(i + 1) } END { print d + 0 }'
+# fsnode2's link shaping as `cluster-local status` shows it: "... (nft, N packets dropped)"
+# or "... (link-relay, N of F frames dropped, held MIN-AVG-MAX ms min-avg-max)"; netem: no count.
+link_shaping() { { "$cl" status 2>/dev/null || true; } | awk '$2 == "fsnode2" && !n++'; }
+link_drops() {  # LINE: what the loss dropped (0 when the line has no count)
+  sed -nE 's/.*[(](nft|link-relay), ([0-9]+) (packets|of [0-9]+ frames) dropped.*/\2/p' <<<"$1" | grep . || echo 0
+}
+relay_held_min() {  # LINE: the least time (ms) the relay held a frame
+  sed -nE 's/.*link-relay, .* held ([0-9.]+)-[0-9.]+-[0-9.]+ ms.*/\1/p' <<<"$1"
+}
+# The least of 10 TCP handshakes fsnode1 -> fsnode2 (a SYN to a closed port, answered by a
+# RST: one round trip; no ping on these machines), in ms.
+rtt_ms() {
+  "$cl" exec fsnode1 python3 -c '
+import socket, time
+best = None
+for _ in range(10):
+    s = socket.socket()
+    s.settimeout(3)
+    t = time.monotonic()
+    try:
+        s.connect(("fsnode2", 9))
+    except ConnectionRefusedError:
+        d = time.monotonic() - t
+        best = d if best is None else min(best, d)
+    except OSError:  # a SYN or RST lost: 1 s retransmission, not a round trip
+        pass
+    s.close()
+print("%.3f" % (best * 1e3) if best is not None else "none")' || echo none
 }
 
 case "$case" in
@@ -415,28 +443,46 @@ case "$case" in
     timeout 150 "$mpiexec" "${across[@]}" "$train" "${long[@]}" >clean.log 2>&1 \
       || fail "the unshaped run exited with status $?" clean.log
     t_clean="$(since "$t0")"
+    rtt_clean="$(rtt_ms)"
     shaped="loss 1%"
     if "$cl" link fsnode2 shape --loss 1% --delay 2ms >shape.log 2>&1; then
       shaped="loss 1%, delay 2 ms"
     else
-      echo "note: no 2 ms delay: $(grep -o 'needs .*lacks[^;]*' shape.log || cat shape.log)"
+      echo "note: no 2 ms delay: $(grep -o 'needs .*' shape.log || cat shape.log)"
       "$cl" link fsnode2 shape --loss 1% >shape.log 2>&1 || fail "cluster-local link fsnode2 shape --loss 1% failed" shape.log
     fi
     cat shape.log
+    rtt_shaped="$(rtt_ms)"
+    if [[ "$shaped" == *delay* ]]; then
+      # 2 ms each way on fsnode2's link: a round trip fsnode1 -> fsnode2 4 ms longer
+      awk -v a="$rtt_clean" -v b="$rtt_shaped" 'BEGIN { exit !(a != "none" && b != "none" && b - a >= 3.9) }' \
+        || fail "the round trip fsnode1 -> fsnode2 is ${rtt_shaped} ms shaped, ${rtt_clean} ms unshaped: the 2 ms delay each way is not there" shape.log
+    fi
     t0="$(now)"
     timeout 150 "$mpiexec" "${across[@]}" "$train" "${long[@]}" >lossy.log 2>&1 \
       || fail "the run over the lossy link exited with status $?" lossy.log
     t_lossy="$(since "$t0")"
-    drops="$(nft_drops)"
+    sleep 1.2  # the relay rewrites its counters every second
+    line="$(link_shaping)"
+    echo "$line"
+    drops="$(link_drops "$line")"
     med() { sed -n 's/^summary: .*median step \([0-9.]*\) ms.*/\1/p' "$1"; }
     "$cl" link fsnode2 unshape
     losses clean.log >clean
     losses lossy.log >lossy
     [[ $(wc -l <clean) -eq 200 && $(wc -l <lossy) -eq 200 ]] || fail "expected 200 step lines in both runs" clean.log lossy.log
-    [[ "${shaped}" == *delay* || "$drops" -gt 0 ]] \
-      || fail "the loss rule dropped no packet: the lossy run did not test a lossy link"
-    bitwise "$shaped on fsnode2's link (the nft rule dropped $drops packets) against the unshaped link" clean lossy
-    echo "fault lossy-link: $shaped ($drops packets dropped): training completed, 200 steps in ${t_lossy} s (unshaped ${t_clean} s, launch included), median step $(med lossy.log) ms (unshaped $(med clean.log) ms); losses bitwise equal"
+    case "$line" in
+      *link-relay*) by="link-relay"
+        held="$(relay_held_min "$line")"
+        awk -v h="$held" 'BEGIN { exit !(h != "" && h >= 2) }' \
+          || fail "the relay held frames ${held:-?} ms at least, not 2 ms: $line" ;;
+      *nft*) by="the nft rule" ;;
+      *) by="netem" ;;  # no drop count
+    esac
+    [[ "$by" == netem || "$drops" -gt 0 ]] \
+      || fail "$by dropped nothing: the lossy run did not test a lossy link ($line)"
+    bitwise "$shaped on fsnode2's link ($by dropped $drops) against the unshaped link" clean lossy
+    echo "fault lossy-link: $shaped by $by ($drops dropped; round trip fsnode1 -> fsnode2 ${rtt_shaped} ms, unshaped ${rtt_clean} ms): training completed, 200 steps in ${t_lossy} s (unshaped ${t_clean} s, launch included), median step $(med lossy.log) ms (unshaped $(med clean.log) ms); losses bitwise equal"
     ;;
 
   *)
