@@ -68,6 +68,32 @@ void check_object(const nlohmann::json& v, const std::string& source, const std:
 
 }  // namespace
 
+void AlphaBeta::set_points(std::vector<Point> p) {
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    if (!std::isfinite(p[i].bytes) || !std::isfinite(p[i].ms) || p[i].bytes < 0 || p[i].ms < 0)
+      throw InvalidArgument("AlphaBeta: point " + std::to_string(i) +
+                            " must have finite bytes and ms >= 0");
+    if (i > 0 && !(p[i].bytes > p[i - 1].bytes))
+      throw InvalidArgument("AlphaBeta: the points' bytes must increase (point " +
+                            std::to_string(i) + " has " + std::to_string(p[i].bytes) +
+                            ", the one before " + std::to_string(p[i - 1].bytes) + ")");
+  }
+  points = std::move(p);
+}
+
+double AlphaBeta::interpolated_ms(double bytes) const noexcept {
+  // The first point with more bytes; before the first or past the last: the end point plus
+  // the line's slope.
+  const auto hi = std::upper_bound(points.begin(), points.end(), bytes,
+                                   [](double b, const Point& p) { return b < p.bytes; });
+  if (hi == points.begin())
+    return std::max(0.0, points.front().ms - (points.front().bytes - bytes) * beta_ms_per_byte);
+  if (hi == points.end())
+    return points.back().ms + (bytes - points.back().bytes) * beta_ms_per_byte;
+  const Point& a = *(hi - 1);
+  return a.ms + (bytes - a.bytes) * (hi->ms - a.ms) / (hi->bytes - a.bytes);
+}
+
 CostModel CostModel::defaults(const MeshShape& mesh, double alpha_ms, double bus_gb_per_s,
                               double copy_gb_per_s) {
   if (!(bus_gb_per_s > 0) || !(copy_gb_per_s > 0) || !(alpha_ms >= 0))
@@ -131,14 +157,10 @@ void CostModel::set_copy_gb_per_s(double v) {
 bool CostModel::operator==(const CostModel& o) const noexcept {
   for (CollectiveKind k : kKinds)
     for (MeshDim d : kDims)
-      if (collective(k, d).alpha_ms != o.collective(k, d).alpha_ms ||
-          collective(k, d).beta_ms_per_byte != o.collective(k, d).beta_ms_per_byte)
-        return false;
+      if (collective(k, d) != o.collective(k, d)) return false;
   for (CollectiveKind k : kShmKinds)
     for (MeshDim d : kDims)
-      if (shm_collective(k, d).alpha_ms != o.shm_collective(k, d).alpha_ms ||
-          shm_collective(k, d).beta_ms_per_byte != o.shm_collective(k, d).beta_ms_per_byte)
-        return false;
+      if (shm_collective(k, d) != o.shm_collective(k, d)) return false;
   for (MeshDim d : kDims)
     if (transport(d) != o.transport(d)) return false;
   return copy_gb_per_s_ == o.copy_gb_per_s_;
@@ -146,15 +168,26 @@ bool CostModel::operator==(const CostModel& o) const noexcept {
 
 namespace {
 
-// {"all_gather": {"shard": {"alpha_ms": .., "beta_ms_per_byte": ..}, ...}, ...} over `kinds`.
+// {"alpha_ms": .., "beta_ms_per_byte": .., "points": [[bytes, ms], ...]} (points when any).
+nlohmann::json alpha_beta_json(const AlphaBeta& ab) {
+  nlohmann::json j = {{"alpha_ms", ab.alpha_ms}, {"beta_ms_per_byte", ab.beta_ms_per_byte}};
+  if (!ab.points.empty()) {
+    nlohmann::json pts = nlohmann::json::array();
+    for (const AlphaBeta::Point& p : ab.points)
+      pts.push_back({p.bytes, p.ms});
+    j["points"] = pts;
+  }
+  return j;
+}
+
+// {"all_gather": {"shard": alpha_beta_json, ...}, ...} over `kinds`.
 template <class Kinds, class Lookup>
 nlohmann::json alpha_beta_table(const Kinds& kinds, Lookup&& ab) {
   nlohmann::json out = nlohmann::json::object();
   for (CollectiveKind k : kinds) {
     nlohmann::json per = nlohmann::json::object();
     for (MeshDim d : kDims)
-      per[mesh_dim_name(d)] = {{"alpha_ms", ab(k, d).alpha_ms},
-                               {"beta_ms_per_byte", ab(k, d).beta_ms_per_byte}};
+      per[mesh_dim_name(d)] = alpha_beta_json(ab(k, d));
     out[collective_kind_name(k)] = per;
   }
   return out;
@@ -184,7 +217,28 @@ MeshDim dim_named(const std::string& key, const std::string& source, const std::
   fail(source, path, "unknown key '" + key + "' (allowed: shard, replicate)");
 }
 
-// {"shard": {"alpha_ms": .., "beta_ms_per_byte": ..}, "replicate": {..}} at `path`, over `ab`.
+// [[bytes, ms], ...] with increasing bytes, at `path`.
+std::vector<AlphaBeta::Point> read_points(const nlohmann::json& v, const std::string& source,
+                                          const std::string& path) {
+  if (!v.is_array()) fail(source, path, "expected an array of [bytes, ms] pairs, got " + v.dump());
+  std::vector<AlphaBeta::Point> out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::string ipath = path + "[" + std::to_string(i) + "]";
+    if (!v[i].is_array() || v[i].size() != 2)
+      fail(source, ipath, "expected a [bytes, ms] pair, got " + v[i].dump());
+    const AlphaBeta::Point p{non_negative(v[i][0], source, ipath + "[0]"),
+                             non_negative(v[i][1], source, ipath + "[1]")};
+    if (!out.empty() && !(p.bytes > out.back().bytes))
+      fail(source, ipath + "[0]",
+           "the points' bytes must increase (" + v[i][0].dump() + " after " + v[i - 1][0].dump() +
+               ")");
+    out.push_back(p);
+  }
+  return out;
+}
+
+// {"shard": {"alpha_ms": .., "beta_ms_per_byte": .., "points": ..}, "replicate": {..}} at
+// `path`, over `ab`.
 template <class Lookup>
 void read_dims(const nlohmann::json& v, const std::string& source, const std::string& path,
                Lookup&& ab) {
@@ -200,8 +254,11 @@ void read_dims(const nlohmann::json& v, const std::string& source, const std::st
         out.alpha_ms = non_negative(f.value(), source, fpath);
       else if (f.key() == "beta_ms_per_byte")
         out.beta_ms_per_byte = non_negative(f.value(), source, fpath);
+      else if (f.key() == "points")
+        out.points = read_points(f.value(), source, fpath);
       else
-        fail(source, fpath, "unknown key '" + f.key() + "' (allowed: alpha_ms, beta_ms_per_byte)");
+        fail(source, fpath,
+             "unknown key '" + f.key() + "' (allowed: alpha_ms, beta_ms_per_byte, points)");
     }
   }
 }
@@ -371,7 +428,20 @@ CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostM
       x.push_back(static_cast<double>(count * 4));
       t.push_back(agree(best));
     }
-    return fit_alpha_beta(x, t);
+    AlphaBeta ab = fit_alpha_beta(x, t);
+    std::vector<AlphaBeta::Point> points;  // sizes as given: sorted, repeats measured once
+    for (std::size_t i = 0; i < x.size(); ++i)
+      points.push_back({x[i], t[i]});
+    std::sort(
+        points.begin(), points.end(),
+        [](const AlphaBeta::Point& p, const AlphaBeta::Point& q) { return p.bytes < q.bytes; });
+    points.erase(std::unique(points.begin(), points.end(),
+                             [](const AlphaBeta::Point& p, const AlphaBeta::Point& q) {
+                               return p.bytes == q.bytes;
+                             }),
+                 points.end());
+    ab.set_points(std::move(points));
+    return ab;
   };
 
   CostModel m = base;

@@ -58,6 +58,12 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+// "<alpha>ms+<beta>ms/B", and "(N points)" when measured points replace the line.
+std::string alpha_beta_text(const AlphaBeta& ab) {
+  return fmt("%.6g", ab.alpha_ms) + "ms+" + fmt("%.6g", ab.beta_ms_per_byte) + "ms/B" +
+         (ab.points.size() >= 2 ? "(" + std::to_string(ab.points.size()) + " points)" : "");
+}
+
 std::string join(const std::vector<std::string>& v, const char* sep) {
   std::string s;
   for (std::size_t i = 0; i < v.size(); ++i)
@@ -126,14 +132,12 @@ std::string Plan::to_text() const {
          {CollectiveKind::all_gather, CollectiveKind::reduce_scatter, CollectiveKind::all_reduce})
       for (MeshDim d : {MeshDim::shard, MeshDim::replicate})
         parts.push_back(std::string(collective_kind_name(k)) + "." + mesh_dim_name(d) + "=" +
-                        fmt("%.6g", c.collective(k, d).alpha_ms) + "ms+" +
-                        fmt("%.6g", c.collective(k, d).beta_ms_per_byte) + "ms/B");
+                        alpha_beta_text(c.collective(k, d)));
     parts.push_back("copy=" + fmt("%.6g", c.copy_gb_per_s()) + "GB/s");
     if (c.transport(MeshDim::shard) == Transport::shm)  // (mpi: the text as before)
       for (CollectiveKind k : {CollectiveKind::all_gather, CollectiveKind::reduce_scatter})
-        parts.push_back(std::string("shm.") + collective_kind_name(k) + ".shard=" +
-                        fmt("%.6g", c.shm_collective(k, MeshDim::shard).alpha_ms) + "ms+" +
-                        fmt("%.6g", c.shm_collective(k, MeshDim::shard).beta_ms_per_byte) + "ms/B");
+        parts.push_back(std::string("shm.") + collective_kind_name(k) +
+                        ".shard=" + alpha_beta_text(c.shm_collective(k, MeshDim::shard)));
     line("cost: " + join(parts, " "));
   }
 

@@ -825,6 +825,60 @@ TEST_CASE("cost model: defaults, JSON round trip and errors, one all-gather's ti
   CHECK(flat.alpha_ms == doctest::Approx(1.5));
 }
 
+TEST_CASE("cost model: measured points replace the line between and around them") {
+  AlphaBeta ab(0.5, 1e-3);
+  ab.set_points({{1000, 2.0}, {2000, 10.0}, {4000, 12.0}});
+  // Between two points: the segment joining them (not the line: 0.5 + 1.5 = 2.0 at 1500).
+  CHECK(ab.time_ms(1000) == doctest::Approx(2.0));
+  CHECK(ab.time_ms(1500) == doctest::Approx(6.0));
+  CHECK(ab.time_ms(2000) == doctest::Approx(10.0));
+  CHECK(ab.time_ms(3000) == doctest::Approx(11.0));
+  CHECK(ab.time_ms(4000) == doctest::Approx(12.0));
+  // Outside: the end point plus the line's slope, never below 0.
+  CHECK(ab.time_ms(5000) == doctest::Approx(13.0));
+  CHECK(ab.time_ms(500) == doctest::Approx(1.5));
+  AlphaBeta steep(0.0, 1.0);
+  steep.set_points({{100, 10.0}, {200, 20.0}});
+  CHECK(steep.time_ms(50) == 0.0);
+  // One point: the line alone.
+  AlphaBeta one(0.5, 1e-3);
+  one.set_points({{1000, 7.0}});
+  CHECK(one.time_ms(2000) == doctest::Approx(2.5));
+  // The cost model's time is the pair's: the planner sees the points.
+  CostModel c = CostModel::defaults(MeshShape::fsdp(4));
+  c.collective(CollectiveKind::reduce_scatter, MeshDim::shard) = ab;
+  CHECK(c.time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, 3000) == doctest::Approx(11.0));
+  CHECK(c != CostModel::defaults(MeshShape::fsdp(4)));
+
+  CHECK(contains(error_of<InvalidArgument>([&] {
+                   ab.set_points({{2000, 1.0}, {1000, 2.0}});
+                 }),
+                 "the points' bytes must increase (point 1 has 1000"));
+  CHECK(contains(error_of<InvalidArgument>([&] {
+                   ab.set_points({{1000, -1.0}});
+                 }),
+                 "point 0 must have finite bytes and ms >= 0"));
+  CHECK(ab.points.size() == 3);  // a refused set leaves the points
+
+  // JSON: written when present, read back equal; errors name the path.
+  const std::string j = c.to_json().dump();
+  CHECK(contains(j, R"("points":[[1000.0,2.0],[2000.0,10.0],[4000.0,12.0]])"));
+  CHECK(!contains(CostModel::defaults(MeshShape::fsdp(4)).to_json().dump(), "points"));
+  CHECK(CostModel::parse_json(j, CostModel::defaults(MeshShape::fsdp(2))) == c);
+  auto err = [](const std::string& text) {
+    return error_of<ConfigError>([&] { CostModel::parse_json(text, CostModel(), "cost.json"); });
+  };
+  CHECK(contains(err(R"({"all_gather": {"shard": {"points": 3}}})"),
+                 "cost.json: all_gather.shard.points: expected an array of [bytes, ms] pairs"));
+  CHECK(contains(err(R"({"all_gather": {"shard": {"points": [[1, 2, 3]]}}})"),
+                 "cost.json: all_gather.shard.points[0]: expected a [bytes, ms] pair"));
+  CHECK(contains(err(R"({"all_gather": {"shard": {"points": [[10, 1], [5, 2]]}}})"),
+                 "cost.json: all_gather.shard.points[1][0]: the points' bytes must increase (5 "
+                 "after 10)"));
+  CHECK(contains(err(R"({"shm": {"all_gather": {"shard": {"points": [[10, -1]]}}}})"),
+                 "cost.json: shm.all_gather.shard.points[0][1]: expected a finite number >= 0"));
+}
+
 TEST_CASE("cost model: shared-memory transport, JSON keys and the defaults of old files") {
   const CostModel d = CostModel::defaults(MeshShape::hsdp(2, 4), 0.02, 1.0, 8.0);
   // Documented defaults: mpi on every dim; shm alpha 5 us, beta n / copy bandwidth.
@@ -906,6 +960,13 @@ TEST_CASE("cost model calibration over MPI") {
   CHECK(ag.alpha_ms >= 0);
   CHECK(ag.beta_ms_per_byte >= 0);
   CHECK(rs.alpha_ms >= 0);
+  // The measured times are kept: the model's time at a measured size is the measurement.
+  for (const AlphaBeta* m : {&ag, &rs}) {
+    REQUIRE(m->points.size() == 2);
+    CHECK(m->points[0].bytes == 4096);
+    CHECK(m->points[1].bytes == 65536);
+    CHECK(m->time_ms(65536) == m->points[1].ms);
+  }
   CHECK(c.copy_gb_per_s() > 0);
   // Untouched values come from the base.
   CHECK(c.collective(CollectiveKind::all_reduce, MeshDim::replicate).alpha_ms ==

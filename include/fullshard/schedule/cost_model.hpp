@@ -54,11 +54,41 @@ struct MeshShape {
   MeshShape(int replicate, int shard) noexcept : shard_size(shard), replicate_size(replicate) {}
 };
 
-/// time_ms(bytes) = alpha_ms + bytes * beta_ms_per_byte.
+/// The time of one collective as a function of its bytes: the line alpha_ms + bytes *
+/// beta_ms_per_byte, or, with two or more measured points attached (CostModel::calibrate keeps
+/// what it measured; a cost file's "points"), the points joined by straight segments: a real
+/// link is not a line (TCP over a shaped link: a 4-rank reduce-scatter 17.5 ms at 512 KiB,
+/// 82 ms at 1 MiB), so a time between two measured sizes is interpolated between them, and
+/// outside the measured sizes it is the nearest end point plus the line's slope (never < 0).
 struct AlphaBeta {
+  /// One measurement: `bytes` (per rank, as CostModel::time_ms takes them) took `ms`.
+  struct Point {
+    double bytes = 0.0;
+    double ms = 0.0;
+    bool operator==(const Point& o) const noexcept { return bytes == o.bytes && ms == o.ms; }
+  };
+
   double alpha_ms = 0.0;
   double beta_ms_per_byte = 0.0;
-  double time_ms(double bytes) const noexcept { return alpha_ms + bytes * beta_ms_per_byte; }
+  /// Increasing bytes (set_points checks); empty or one point: the line alone.
+  std::vector<Point> points;
+
+  AlphaBeta() = default;
+  AlphaBeta(double alpha, double beta) noexcept : alpha_ms(alpha), beta_ms_per_byte(beta) {}
+
+  double time_ms(double bytes) const noexcept {
+    return points.size() < 2 ? alpha_ms + bytes * beta_ms_per_byte : interpolated_ms(bytes);
+  }
+  /// Replaces the points; InvalidArgument unless the bytes strictly increase and every value
+  /// is finite and >= 0.
+  void set_points(std::vector<Point> p);
+  bool operator==(const AlphaBeta& o) const noexcept {
+    return alpha_ms == o.alpha_ms && beta_ms_per_byte == o.beta_ms_per_byte && points == o.points;
+  }
+  bool operator!=(const AlphaBeta& o) const noexcept { return !(*this == o); }
+
+ private:
+  double interpolated_ms(double bytes) const noexcept;
 };
 
 class CostModel {
@@ -119,7 +149,8 @@ class CostModel {
   /// Measures all_gather and reduce_scatter on (a dup of) `shard_comm`, and all_reduce on
   /// `replicate_comm` when given, at each of `sizes` (bytes per rank, f32), `reps` times
   /// (the fastest counts), agrees on the slowest rank's times (all ranks get the same model),
-  /// and fits alpha, beta by least squares (clamped at 0). The copy bandwidth is measured
+  /// fits alpha, beta by least squares (clamped at 0) and keeps the measured times as the
+  /// pair's points (two or more sizes: time_ms interpolates them). The copy bandwidth is measured
   /// with a memcpy of the largest size. With `shard_shm` (the shard dim's DeviceMesh::shm,
   /// over the same ranks) it also measures the shared-memory all-gather and reduce-scatter
   /// the running backend does (counter publish and wait on a ShmWindow, the Kokkos copy of
