@@ -82,12 +82,14 @@ void AlphaBeta::set_points(std::vector<Point> p) {
 }
 
 double AlphaBeta::interpolated_ms(double bytes) const noexcept {
-  // The first point with more bytes; before the first or past the last: the end point plus
-  // the line's slope.
+  // The first point with more bytes; past the last: the last point plus the line's slope.
   const auto hi = std::upper_bound(points.begin(), points.end(), bytes,
                                    [](double b, const Point& p) { return b < p.bytes; });
-  if (hi == points.begin())
-    return std::max(0.0, points.front().ms - (points.front().bytes - bytes) * beta_ms_per_byte);
+  if (hi == points.begin()) {  // from (0, alpha) to the first point
+    const Point& b = points.front();
+    const double a = std::min(alpha_ms, b.ms);
+    return b.bytes > 0 ? a + std::max(0.0, bytes) * (b.ms - a) / b.bytes : b.ms;
+  }
   if (hi == points.end())
     return points.back().ms + (bytes - points.back().bytes) * beta_ms_per_byte;
   const Point& a = *(hi - 1);

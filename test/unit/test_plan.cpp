@@ -834,12 +834,14 @@ TEST_CASE("cost model: measured points replace the line between and around them"
   CHECK(ab.time_ms(2000) == doctest::Approx(10.0));
   CHECK(ab.time_ms(3000) == doctest::Approx(11.0));
   CHECK(ab.time_ms(4000) == doctest::Approx(12.0));
-  // Outside: the end point plus the line's slope, never below 0.
+  // Above the largest: the last point plus the line's slope; below the smallest: the
+  // segment from (0, alpha) to the first point (not the line, which the large sizes steer).
   CHECK(ab.time_ms(5000) == doctest::Approx(13.0));
-  CHECK(ab.time_ms(500) == doctest::Approx(1.5));
-  AlphaBeta steep(0.0, 1.0);
+  CHECK(ab.time_ms(500) == doctest::Approx(1.25));
+  CHECK(ab.time_ms(0) == doctest::Approx(0.5));
+  AlphaBeta steep(30.0, 1.0);  // alpha above the first point's time: capped at it
   steep.set_points({{100, 10.0}, {200, 20.0}});
-  CHECK(steep.time_ms(50) == 0.0);
+  CHECK(steep.time_ms(50) == doctest::Approx(10.0));
   // One point: the line alone.
   AlphaBeta one(0.5, 1e-3);
   one.set_points({{1000, 7.0}});

@@ -59,7 +59,8 @@ struct MeshShape {
 /// what it measured; a cost file's "points"), the points joined by straight segments: a real
 /// link is not a line (TCP over a shaped link: a 4-rank reduce-scatter 17.5 ms at 512 KiB,
 /// 82 ms at 1 MiB), so a time between two measured sizes is interpolated between them, and
-/// outside the measured sizes it is the nearest end point plus the line's slope (never < 0).
+/// above the largest measured size it is the last point plus the line's slope, below the
+/// smallest the segment from (0, alpha_ms) to the first point (alpha capped at its time).
 struct AlphaBeta {
   /// One measurement: `bytes` (per rank, as CostModel::time_ms takes them) took `ms`.
   struct Point {
