@@ -12,12 +12,10 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
+#include "lib/kernels/exec_stream_impl.hpp"
 #include "lib/kernels/shard_copy_impl.hpp"
 
 namespace fullshard::kernels {
-
-using HostExec = Kokkos::DefaultHostExecutionSpace;
-using DeviceExec = Kokkos::DefaultExecutionSpace;
 
 namespace detail {
 
@@ -116,17 +114,6 @@ std::int64_t CopyPlan::elements_written() const noexcept {
 }
 
 // ---- execution streams ------------------------------------------------------------------------
-
-namespace detail {
-struct ExecStreamImpl {
-  ExecTarget target = ExecTarget::host;
-  HostExec host;
-  DeviceExec device;
-  static ExecStream make(std::shared_ptr<const ExecStreamImpl> i) {
-    return ExecStream(std::move(i));
-  }
-};
-}  // namespace detail
 
 ExecStream ExecStream::host() {
   auto i = std::make_shared<detail::ExecStreamImpl>();

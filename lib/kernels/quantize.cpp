@@ -1,0 +1,231 @@
+// Block-scaled 8-bit codes (fullshard/kernels/quantize.hpp): one kernel per call, a
+// RangePolicy over blocks, each block's elements in one loop (its largest magnitude, then its
+// codes), so one source serves the host spaces and CUDA alike. The element encoders are exact
+// round-to-nearest-even on the f32 bits, no library rounding call (none is common to Kokkos 3.4
+// and 4.x on the device).
+#include "fullshard/kernels/quantize.hpp"
+
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+#include <string>
+
+#include "fullshard/base/error.hpp"
+#include "lib/kernels/exec_stream_impl.hpp"
+#include "lib/kernels/shard_copy_impl.hpp"
+
+namespace fullshard::kernels {
+
+const char* quant_code_name(QuantCode c) noexcept {
+  return c == QuantCode::int8 ? "int8" : "fp8_e4m3";
+}
+
+float quant_code_max(QuantCode c) noexcept {
+  return c == QuantCode::int8 ? 127.0f : 448.0f;
+}
+
+std::int64_t quant_blocks(std::int64_t n, std::int64_t block) {
+  if (n < 0 || block < 1)
+    throw InvalidArgument("fullshard::kernels::quant_blocks: need n >= 0 and block >= 1, got n " +
+                          std::to_string(n) + ", block " + std::to_string(block));
+  return (n + block - 1) / block;
+}
+
+// Named (not anonymous) namespace: CUDA's extended lambdas may not sit in functions of
+// internal linkage.
+namespace detail {
+
+using ::fullshard::detail::bits_float;
+using ::fullshard::detail::float_bits;
+
+/// y rounded to the nearest integer, ties to even, for |y| < 2^22 (the f32 addition rounds).
+KOKKOS_INLINE_FUNCTION float round_even(float y) {
+  const float magic = 12582912.0f;  // 1.5 * 2^23
+  return y >= 0 ? (y + magic) - magic : -((-y + magic) - magic);
+}
+
+KOKKOS_INLINE_FUNCTION std::uint8_t encode_int8(float y) {
+  float r = round_even(y);
+  r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+  return static_cast<std::uint8_t>(static_cast<std::int8_t>(static_cast<int>(r)));
+}
+
+KOKKOS_INLINE_FUNCTION float decode_int8(std::uint8_t c) {
+  return static_cast<float>(static_cast<std::int8_t>(c));
+}
+
+// float8 e4m3fn: exponent bias 7, subnormals q * 2^-9, largest 448 (0x7e); saturating.
+KOKKOS_INLINE_FUNCTION std::uint8_t encode_e4m3(float y) {
+  const auto sign = static_cast<std::uint8_t>((float_bits(y) >> 24) & 0x80u);  // -0 too
+  const float a = y < 0 ? -y : y;
+  if (a >= 448.0f) return static_cast<std::uint8_t>(sign | 0x7e);
+  if (a < 0.015625f)  // below 2^-6: subnormal steps of 2^-9 (8 rounds up to the least normal)
+    return static_cast<std::uint8_t>(sign | static_cast<std::uint8_t>(round_even(a * 512.0f)));
+  const std::uint32_t u = float_bits(a);
+  int e = static_cast<int>((u >> 23) & 0xffu) - 127;  // -6..8
+  const std::uint32_t m = u & 0x7fffffu;
+  std::uint32_t q = m >> 20;
+  const std::uint32_t rest = m & 0xfffffu;
+  if (rest > 0x80000u || (rest == 0x80000u && (q & 1u))) ++q;
+  if (q == 8) {
+    q = 0;
+    ++e;
+  }
+  const int biased = e + 7;
+  if (biased > 15 || (biased == 15 && q == 7)) return static_cast<std::uint8_t>(sign | 0x7e);
+  return static_cast<std::uint8_t>(sign | (biased << 3) | static_cast<int>(q));
+}
+
+KOKKOS_INLINE_FUNCTION float decode_e4m3(std::uint8_t c) {
+  const std::uint32_t biased = (c >> 3) & 0xfu;
+  const std::uint32_t q = c & 7u;
+  float v;
+  if ((c & 0x7fu) == 0x7fu)
+    v = bits_float(0x7fc00000u);  // NaN
+  else if (biased == 0)
+    v = static_cast<float>(q) * 0.001953125f;  // 2^-9
+  else
+    v = bits_float(((biased - 7u + 127u) << 23) | (q << 20));
+  return (c & 0x80u) ? -v : v;
+}
+
+template <class Exec, class S, QuantCode C>
+void quantize_on(const Exec& exec, const typename S::storage* src, std::int64_t n,
+                 std::int64_t block, std::uint8_t* codes, float* scales) {
+  const std::int64_t blocks = (n + block - 1) / block;
+  const float cmax = C == QuantCode::int8 ? 127.0f : 448.0f;
+  Kokkos::parallel_for(
+      "fullshard::kernels::quantize",
+      Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, blocks),
+      KOKKOS_LAMBDA(std::int64_t b) {
+        const std::int64_t begin = b * block;
+        const std::int64_t end = begin + block < n ? begin + block : n;
+        float amax = 0.0f;
+        for (std::int64_t i = begin; i < end; ++i) {
+          const float x = S::to_float(src[i]);
+          const float ax = x < 0 ? -x : x;
+          if (ax > amax || ax != ax) amax = ax;  // NaN sticks
+          if (amax != amax) break;
+        }
+        // A non-finite block: its scale says so, its codes are 0.
+        const bool finite = amax - amax == 0.0f;
+        scales[b] = amax / cmax;
+        const float inv = finite && amax > 0 ? cmax / amax : 0.0f;
+        for (std::int64_t i = begin; i < end; ++i) {
+          const float y = finite ? S::to_float(src[i]) * inv : 0.0f;
+          if constexpr (C == QuantCode::int8)
+            codes[i] = encode_int8(y);
+          else
+            codes[i] = encode_e4m3(y);
+        }
+      });
+}
+
+template <class Exec, class D, QuantCode C, bool Accumulate>
+void dequantize_on(const Exec& exec, const std::uint8_t* codes, const float* scales, std::int64_t n,
+                   std::int64_t block, typename D::storage* dst) {
+  const std::int64_t blocks = (n + block - 1) / block;
+  using A = std::conditional_t<std::is_same<D, F64>::value, double, float>;
+  Kokkos::parallel_for(
+      "fullshard::kernels::dequantize",
+      Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, blocks),
+      KOKKOS_LAMBDA(std::int64_t b) {
+        const std::int64_t begin = b * block;
+        const std::int64_t end = begin + block < n ? begin + block : n;
+        const float scale = scales[b];
+        for (std::int64_t i = begin; i < end; ++i) {
+          float v;
+          if constexpr (C == QuantCode::int8)
+            v = decode_int8(codes[i]) * scale;
+          else
+            v = decode_e4m3(codes[i]) * scale;
+          if constexpr (Accumulate)
+            dst[i] = store<D, A>(load<D, A>(dst[i]) + static_cast<A>(v));
+          else
+            dst[i] = D::from_float(v);
+        }
+      });
+}
+
+// The element type tag of `t`, and the code, as template arguments of f.
+template <class F>
+void dispatch_type(DType t, F&& f) {
+  switch (t) {
+    case DType::f32:
+      f(F32{});
+      return;
+    case DType::f64:
+      f(F64{});
+      return;
+    case DType::f16:
+      f(F16{});
+      return;
+    case DType::bf16:
+      f(BF16{});
+      return;
+  }
+  throw InvalidArgument("fullshard::kernels: unknown dtype");
+}
+
+template <class F>
+void dispatch_code(QuantCode c, F&& f) {
+  if (c == QuantCode::int8)
+    f(std::integral_constant<QuantCode, QuantCode::int8>{});
+  else
+    f(std::integral_constant<QuantCode, QuantCode::fp8_e4m3>{});
+}
+
+inline void check_quantized(std::int64_t n, std::int64_t block, const void* data, const void* codes,
+                            const void* scales, const char* op) {
+  quant_blocks(n, block);
+  if (n > 0 && (!data || !codes || !scales))
+    throw InvalidArgument(std::string("fullshard::kernels::") + op +
+                          ": a null buffer with elements to code");
+}
+
+}  // namespace detail
+
+void quantize(const ExecStream& on, const void* src, DType src_t, std::int64_t n,
+              std::int64_t block, QuantCode code, std::uint8_t* codes, float* scales) {
+  detail::check_quantized(n, block, src, codes, scales, "quantize");
+  if (n == 0) return;
+  const detail::ExecStreamImpl& s = detail::ExecStreamImpl::of(on);
+  detail::dispatch_type(src_t, [&](auto tag) {
+    using S = decltype(tag);
+    const auto* in = static_cast<const typename S::storage*>(src);
+    detail::dispatch_code(code, [&](auto c) {
+      constexpr QuantCode C = decltype(c)::value;
+      if (s.target == ExecTarget::host)
+        detail::quantize_on<HostExec, S, C>(s.host, in, n, block, codes, scales);
+      else
+        detail::quantize_on<DeviceExec, S, C>(s.device, in, n, block, codes, scales);
+    });
+  });
+}
+
+void dequantize(const ExecStream& on, const std::uint8_t* codes, const float* scales,
+                QuantCode code, std::int64_t n, std::int64_t block, void* dst, DType dst_t,
+                bool accumulate) {
+  detail::check_quantized(n, block, dst, codes, scales, "dequantize");
+  if (n == 0) return;
+  const detail::ExecStreamImpl& s = detail::ExecStreamImpl::of(on);
+  detail::dispatch_type(dst_t, [&](auto tag) {
+    using D = decltype(tag);
+    auto* out = static_cast<typename D::storage*>(dst);
+    detail::dispatch_code(code, [&](auto c) {
+      constexpr QuantCode C = decltype(c)::value;
+      if (s.target == ExecTarget::host) {
+        if (accumulate)
+          detail::dequantize_on<HostExec, D, C, true>(s.host, codes, scales, n, block, out);
+        else
+          detail::dequantize_on<HostExec, D, C, false>(s.host, codes, scales, n, block, out);
+      } else {
+        if (accumulate)
+          detail::dequantize_on<DeviceExec, D, C, true>(s.device, codes, scales, n, block, out);
+        else
+          detail::dequantize_on<DeviceExec, D, C, false>(s.device, codes, scales, n, block, out);
+      }
+    });
+  });
+}
+
+}  // namespace fullshard::kernels
