@@ -37,10 +37,27 @@ namespace detail {
 using ::fullshard::detail::bits_float;
 using ::fullshard::detail::float_bits;
 
+// f32 product and sum, each rounded once: CUDA's compiler would otherwise contract a * b + c
+// into one fused multiply-add, and the device's codes would differ from the host's.
+KOKKOS_INLINE_FUNCTION float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+KOKKOS_INLINE_FUNCTION float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
 /// y rounded to the nearest integer, ties to even, for |y| < 2^22 (the f32 addition rounds).
 KOKKOS_INLINE_FUNCTION float round_even(float y) {
   const float magic = 12582912.0f;  // 1.5 * 2^23
-  return y >= 0 ? (y + magic) - magic : -((-y + magic) - magic);
+  return y >= 0 ? add_rn(y, magic) - magic : -(add_rn(-y, magic) - magic);
 }
 
 KOKKOS_INLINE_FUNCTION std::uint8_t encode_int8(float y) {
@@ -59,7 +76,8 @@ KOKKOS_INLINE_FUNCTION std::uint8_t encode_e4m3(float y) {
   const float a = y < 0 ? -y : y;
   if (a >= 448.0f) return static_cast<std::uint8_t>(sign | 0x7e);
   if (a < 0.015625f)  // below 2^-6: subnormal steps of 2^-9 (8 rounds up to the least normal)
-    return static_cast<std::uint8_t>(sign | static_cast<std::uint8_t>(round_even(a * 512.0f)));
+    return static_cast<std::uint8_t>(sign |
+                                     static_cast<std::uint8_t>(round_even(mul_rn(a, 512.0f))));
   const std::uint32_t u = float_bits(a);
   int e = static_cast<int>((u >> 23) & 0xffu) - 127;  // -6..8
   const std::uint32_t m = u & 0x7fffffu;
@@ -111,7 +129,7 @@ void quantize_on(const Exec& exec, const typename S::storage* src, std::int64_t 
         scales[b] = amax / cmax;
         const float inv = finite && amax > 0 ? cmax / amax : 0.0f;
         for (std::int64_t i = begin; i < end; ++i) {
-          const float y = finite ? S::to_float(src[i]) * inv : 0.0f;
+          const float y = finite ? mul_rn(S::to_float(src[i]), inv) : 0.0f;
           if constexpr (C == QuantCode::int8)
             codes[i] = encode_int8(y);
           else
@@ -135,9 +153,9 @@ void dequantize_on(const Exec& exec, const std::uint8_t* codes, const float* sca
         for (std::int64_t i = begin; i < end; ++i) {
           float v;
           if constexpr (C == QuantCode::int8)
-            v = decode_int8(codes[i]) * scale;
+            v = mul_rn(decode_int8(codes[i]), scale);
           else
-            v = decode_e4m3(codes[i]) * scale;
+            v = mul_rn(decode_e4m3(codes[i]), scale);
           if constexpr (Accumulate)
             dst[i] = store<D, A>(load<D, A>(dst[i]) + static_cast<A>(v));
           else

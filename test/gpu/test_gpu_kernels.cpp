@@ -5,9 +5,11 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "fullshard/base/dtype.hpp"
+#include "fullshard/kernels/quantize.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 #include "fullshard/tensor/sharding.hpp"
 #include "gpu_support.hpp"
@@ -86,6 +88,36 @@ TEST_CASE("cast_copy and reduce_copy_out on the device equal the host") {
       Dev dred(acc);
       reduce_copy_out(ExecTarget::device, din.p, s, dred.p, d, n, 3.0, true);
       CHECK(dred.get() == red_h);
+    }
+}
+
+TEST_CASE("quantize and dequantize on the device equal the host, both codes") {
+  const std::int64_t n = 100003, block = 256;
+  const std::int64_t blocks = quant_blocks(n, block);
+  for (QuantCode code : {QuantCode::int8, QuantCode::fp8_e4m3})
+    for (DType t : kTypes) {
+      CAPTURE(std::string(quant_code_name(code)));
+      CAPTURE(dtype_name(t));
+      const auto in = host_values(static_cast<std::size_t>(n), t, 7);
+      std::vector<unsigned char> codes_h(static_cast<std::size_t>(n));
+      std::vector<unsigned char> scales_h(static_cast<std::size_t>(blocks) * sizeof(float));
+      std::vector<unsigned char> out_h = in;
+      quantize(ExecStream::host(), in.data(), t, n, block, code, codes_h.data(),
+               reinterpret_cast<float*>(scales_h.data()));
+      dequantize(ExecStream::host(), codes_h.data(),
+                 reinterpret_cast<const float*>(scales_h.data()), code, n, block, out_h.data(), t,
+                 true);
+      Dev din(in), dcodes(std::vector<unsigned char>(codes_h.size(), 0xAB)),
+          dscales(std::vector<unsigned char>(scales_h.size(), 0xAB)), dout(in);
+      const ExecStream dev = ExecStream::device();
+      quantize(dev, din.p, t, n, block, code, static_cast<std::uint8_t*>(dcodes.p),
+               static_cast<float*>(dscales.p));
+      dequantize(dev, static_cast<const std::uint8_t*>(dcodes.p),
+                 static_cast<const float*>(dscales.p), code, n, block, dout.p, t, true);
+      dev.fence();
+      CHECK(dcodes.get() == codes_h);
+      CHECK(dscales.get() == scales_h);
+      CHECK(dout.get() == out_h);
     }
 }
 #else
