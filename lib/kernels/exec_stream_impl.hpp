@@ -1,5 +1,6 @@
-// What an ExecStream holds (private to the kernels layer): the host execution space instance,
-// or the device space's over a stream. Kernel files reach it through ExecStreamImpl::of.
+// What an ExecStream and a CopyPlan hold (private to the kernels layer): the host execution
+// space instance, or the device space's over a stream; the plan's runs in its target's memory.
+// Kernel files reach them through ExecStreamImpl::of and CopyPlanImpl::of.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -22,6 +23,17 @@ struct ExecStreamImpl {
     return ExecStream(std::move(i));
   }
   static const ExecStreamImpl& of(const ExecStream& s) noexcept { return *s.impl_; }
+};
+
+struct CopyPlanImpl {
+  ExecTarget target = ExecTarget::host;
+  std::size_t size = 0;  // runs given (the stored pieces may be more)
+  std::int64_t read = 0;
+  std::int64_t written = 0;
+  Kokkos::View<CopyRun*, HostExec::memory_space> host_runs;      // target host
+  Kokkos::View<CopyRun*, DeviceExec::memory_space> device_runs;  // target device
+  /// The plan's state; null for a default-constructed plan (no runs).
+  static const CopyPlanImpl* of(const CopyPlan& p) noexcept { return p.impl_.get(); }
 };
 
 }  // namespace detail

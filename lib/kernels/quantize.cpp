@@ -164,6 +164,65 @@ void dequantize_on(const Exec& exec, const std::uint8_t* codes, const float* sca
       });
 }
 
+// One piece of a plan per index: its elements from W packed slots (slot_bytes each: codes,
+// then the scales at scales_at), counters stepped along the run instead of dividing per
+// element.
+template <class Exec, class D, QuantCode C>
+void dequantize_runs_on(const Exec& exec,
+                        const Kokkos::View<CopyRun*, typename Exec::memory_space>& runs,
+                        const std::uint8_t* packed, std::int64_t slot_numel,
+                        std::int64_t slot_bytes, std::int64_t scales_at, std::int64_t block,
+                        typename D::storage* dst) {
+  using DS = typename D::storage;
+  Kokkos::parallel_for(
+      "fullshard::kernels::run_dequantize_copies",
+      Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(
+          exec, 0, static_cast<std::int64_t>(runs.extent(0))),
+      KOKKOS_LAMBDA(std::int64_t r) {
+        const CopyRun run = runs(r);
+        std::int64_t q = run.src_offset / slot_numel;
+        std::int64_t k = run.src_offset - q * slot_numel;
+        std::int64_t b = k / block, in_block = k - b * block;
+        const std::uint8_t* slot = packed + q * slot_bytes;
+        const float* scales = reinterpret_cast<const float*>(slot + scales_at);
+        float scale = run.len > 0 ? scales[b] : 0.0f;  // an empty run may point past the end
+        DS* d = dst + run.dst_offset;
+        for (std::int64_t i = 0; i < run.len; ++i) {
+          if (k == slot_numel) {  // the next rank's slot
+            ++q;
+            k = 0;
+            b = 0;
+            in_block = 0;
+            slot = packed + q * slot_bytes;
+            scales = reinterpret_cast<const float*>(slot + scales_at);
+            scale = scales[0];
+          } else if (in_block == block) {
+            ++b;
+            in_block = 0;
+            scale = scales[b];
+          }
+          float v;
+          if constexpr (C == QuantCode::int8)
+            v = mul_rn(decode_int8(slot[k]), scale);
+          else
+            v = mul_rn(decode_e4m3(slot[k]), scale);
+          d[i] = D::from_float(v);
+          ++k;
+          ++in_block;
+        }
+        for (std::int64_t i = 0; i < run.pad; ++i)
+          d[run.len + i] = DS(0);
+      });
+}
+
+template <class Exec>
+void zero_bytes_on(const Exec& exec, std::uint8_t* p, std::int64_t n) {
+  Kokkos::parallel_for(
+      "fullshard::kernels::quantize_packed(padding)",
+      Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, n),
+      KOKKOS_LAMBDA(std::int64_t i) { p[i] = 0; });
+}
+
 // The element type tag of `t`, and the code, as template arguments of f.
 template <class F>
 void dispatch_type(DType t, F&& f) {
@@ -216,6 +275,68 @@ void quantize(const ExecStream& on, const void* src, DType src_t, std::int64_t n
         detail::quantize_on<HostExec, S, C>(s.host, in, n, block, codes, scales);
       else
         detail::quantize_on<DeviceExec, S, C>(s.device, in, n, block, codes, scales);
+    });
+  });
+}
+
+std::int64_t quant_packed_bytes(std::int64_t n, std::int64_t block) {
+  return (n + 3) / 4 * 4 + quant_blocks(n, block) * static_cast<std::int64_t>(sizeof(float));
+}
+
+void quantize_packed(const ExecStream& on, const void* src, DType src_t, std::int64_t n,
+                     std::int64_t block, QuantCode code, void* packed) {
+  quant_blocks(n, block);  // checks n and block
+  if (n == 0) return;
+  if (!packed)
+    throw InvalidArgument(
+        "fullshard::kernels::quantize_packed: a null buffer with elements to code");
+  if (reinterpret_cast<std::uintptr_t>(packed) % alignof(float) != 0)
+    throw InvalidArgument(
+        "fullshard::kernels::quantize_packed: the packed slot must be 4-byte aligned");
+  auto* codes = static_cast<std::uint8_t*>(packed);
+  const std::int64_t scales_at = (n + 3) / 4 * 4;
+  if (scales_at > n) {  // the padding: zeros, so every byte the all-gather sends is defined
+    const detail::ExecStreamImpl& s = detail::ExecStreamImpl::of(on);
+    if (s.target == ExecTarget::host)
+      detail::zero_bytes_on<HostExec>(s.host, codes + n, scales_at - n);
+    else
+      detail::zero_bytes_on<DeviceExec>(s.device, codes + n, scales_at - n);
+  }
+  quantize(on, src, src_t, n, block, code, codes, reinterpret_cast<float*>(codes + scales_at));
+}
+
+void run_dequantize_copies(const CopyPlan& plan, const void* packed, std::int64_t slot_numel,
+                           std::int64_t block, QuantCode code, void* dst, DType dst_t,
+                           const ExecStream& on) {
+  const detail::CopyPlanImpl* p = detail::CopyPlanImpl::of(plan);
+  if (!p || p->written == 0) return;
+  if (p->target != on.target())
+    throw InvalidArgument(
+        "fullshard::kernels::run_dequantize_copies: the copy plan and the stream run on different "
+        "targets (host and device)");
+  if (slot_numel < 1 || block < 1)
+    throw InvalidArgument(
+        "fullshard::kernels::run_dequantize_copies: need slot_numel >= 1 and "
+        "block >= 1, got " +
+        std::to_string(slot_numel) + " and " + std::to_string(block));
+  if (!dst || (p->read > 0 && !packed))
+    throw InvalidArgument(
+        "fullshard::kernels::run_dequantize_copies: a null buffer with elements to copy");
+  const auto* in = static_cast<const std::uint8_t*>(packed);
+  const std::int64_t slot_bytes = quant_packed_bytes(slot_numel, block);
+  const std::int64_t scales_at = (slot_numel + 3) / 4 * 4;
+  const detail::ExecStreamImpl& s = detail::ExecStreamImpl::of(on);
+  detail::dispatch_type(dst_t, [&](auto tag) {
+    using D = decltype(tag);
+    auto* out = static_cast<typename D::storage*>(dst);
+    detail::dispatch_code(code, [&](auto c) {
+      constexpr QuantCode C = decltype(c)::value;
+      if (s.target == ExecTarget::host)
+        detail::dequantize_runs_on<HostExec, D, C>(s.host, p->host_runs, in, slot_numel, slot_bytes,
+                                                   scales_at, block, out);
+      else
+        detail::dequantize_runs_on<DeviceExec, D, C>(s.device, p->device_runs, in, slot_numel,
+                                                     slot_bytes, scales_at, block, out);
     });
   });
 }

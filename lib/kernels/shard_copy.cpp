@@ -17,19 +17,6 @@
 
 namespace fullshard::kernels {
 
-namespace detail {
-
-struct CopyPlanImpl {
-  ExecTarget target = ExecTarget::host;
-  std::size_t size = 0;  // runs given (the stored pieces may be more)
-  std::int64_t read = 0;
-  std::int64_t written = 0;
-  Kokkos::View<CopyRun*, HostExec::memory_space> host_runs;      // target host
-  Kokkos::View<CopyRun*, DeviceExec::memory_space> device_runs;  // target device
-};
-
-}  // namespace detail
-
 namespace {
 
 // Splits runs longer than `block` elements (copy and zeros together) into pieces, so that a

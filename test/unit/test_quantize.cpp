@@ -14,6 +14,8 @@
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/kernels/quantize.hpp"
+#include "fullshard/kernels/shard_copy.hpp"
+#include "fullshard/tensor/sharding.hpp"
 
 using namespace fullshard;
 using namespace fullshard::kernels;
@@ -208,4 +210,61 @@ TEST_CASE("quantize: zero and non-finite blocks, accumulation, 16-bit buffers, e
   quantize(ExecStream::host(), nullptr, DType::f32, 0, 1, QuantCode::int8, nullptr, nullptr);
   CHECK(quant_blocks(0, 8) == 0);
   CHECK(std::string(quant_code_name(QuantCode::fp8_e4m3)) == "fp8_e4m3");
+}
+
+TEST_CASE("run_dequantize_copies: the all-gather copy-out with the dequantize fused") {
+  // A group of four parameters over W = 3 ranks (uneven rows: padding in the slots).
+  const int W = 3;
+  std::vector<ShardLayout> layouts;
+  for (const Shape& sh : {Shape{13, 5}, Shape{7}, Shape{3, 4, 6}, Shape{100, 3}})
+    layouts.push_back(shard_layout(sh, Placement::Shard(0), W, 0, "p"));
+  const GroupLayout g = make_group_layout(layouts);
+  const std::int64_t gsn = g.shard_numel, block = 16;
+  const std::int64_t slot = quant_packed_bytes(gsn, block);
+  CHECK(slot == (gsn + 3) / 4 * 4 + quant_blocks(gsn, block) * 4);
+  const std::vector<float> shards = spread(W * gsn, 11);  // rank q's shard at q * gsn
+  for (QuantCode code : {QuantCode::int8, QuantCode::fp8_e4m3})
+    for (ExecTarget t : kTargets) {
+      CAPTURE(std::string(quant_code_name(code)));
+      const ExecStream on = stream_of(t);
+      // What each rank sends (its packed slot), gathered rank-major.
+      std::vector<float> words(static_cast<std::size_t>(W * slot / 4), -1.0f);  // 4-aligned
+      auto* packed = reinterpret_cast<std::uint8_t*>(words.data());
+      for (int q = 0; q < W; ++q)
+        quantize_packed(on, shards.data() + q * gsn, DType::f32, gsn, block, code,
+                        packed + q * slot);
+      // Unfused reference: each slot dequantized into the all-gather buffer, then copied out.
+      std::vector<float> gathered(static_cast<std::size_t>(W * gsn));
+      for (int q = 0; q < W; ++q) {
+        const std::uint8_t* s = packed + q * slot;
+        dequantize(on, s, reinterpret_cast<const float*>(s + (gsn + 3) / 4 * 4), code, gsn, block,
+                   gathered.data() + q * gsn, DType::f32, false);
+      }
+      const CopyPlan plan(t, all_gather_copy_out_runs(g));
+      std::vector<float> want(static_cast<std::size_t>(g.arena_numel), -7.0f);
+      run_copies(plan, gathered.data(), DType::f32, want.data(), DType::f32, on);
+      std::vector<std::uint16_t> got16(static_cast<std::size_t>(g.arena_numel), 0xffffu);
+      std::vector<float> got(static_cast<std::size_t>(g.arena_numel), -7.0f);
+      run_dequantize_copies(plan, packed, gsn, block, code, got.data(), DType::f32, on);
+      run_dequantize_copies(plan, packed, gsn, block, code, got16.data(), DType::bf16, on);
+      on.fence();
+      int bad = 0, bad16 = 0, padding = 0;
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        if (got[i] != want[i]) ++bad;
+        if (got16[i] != float_to_bf16(want[i])) ++bad16;
+      }
+      for (int q = 0; q < W; ++q)  // the bytes between the codes and the scales
+        for (std::int64_t b = gsn; b < (gsn + 3) / 4 * 4; ++b)
+          if (packed[q * slot + b] != 0) ++padding;
+      CHECK(bad == 0);
+      CHECK(bad16 == 0);
+      CHECK(padding == 0);
+    }
+  CHECK(contains(error_of<InvalidArgument>([&] {
+                   const CopyPlan plan(ExecTarget::host, all_gather_copy_out_runs(g));
+                   float d = 0;
+                   run_dequantize_copies(plan, &d, 0, 16, QuantCode::int8, &d, DType::f32,
+                                         ExecStream::host());
+                 }),
+                 "need slot_numel >= 1 and block >= 1, got 0 and 16"));
 }

@@ -45,4 +45,22 @@ void dequantize(const ExecStream& on, const std::uint8_t* codes, const float* sc
                 QuantCode code, std::int64_t n, std::int64_t block, void* dst, DType dst_t,
                 bool accumulate);
 
+/// Bytes of one packed slot of n elements: the n codes, padded to a multiple of 4 bytes, then
+/// quant_blocks(n, block) f32 scales. A compressed all-gather moves W such slots, rank-major.
+std::int64_t quant_packed_bytes(std::int64_t n, std::int64_t block);
+
+/// quantize() into one packed slot at `packed` (4-byte aligned; quant_packed_bytes long; the
+/// padding bytes are written as zeros).
+void quantize_packed(const ExecStream& on, const void* src, DType src_t, std::int64_t n,
+                     std::int64_t block, QuantCode code, void* packed);
+
+/// The all-gather copy-out with the dequantize fused (one pass): run_copies whose source is W
+/// packed slots of `slot_numel` elements back to back, a run's source offsets counted in
+/// elements of that W * slot_numel space. Each element is decoded and scaled as dequantize
+/// does and written as dst_t; padding is written as zeros. The plan's target must be the
+/// stream's.
+void run_dequantize_copies(const CopyPlan& plan, const void* packed, std::int64_t slot_numel,
+                           std::int64_t block, QuantCode code, void* dst, DType dst_t,
+                           const ExecStream& on);
+
 }  // namespace fullshard::kernels

@@ -111,6 +111,7 @@ class CopyPlan {
 
  private:
   friend void run_copies(const CopyPlan&, const void*, DType, void*, DType, const ExecStream&);
+  friend struct detail::CopyPlanImpl;
   std::shared_ptr<const detail::CopyPlanImpl> impl_;
 };
 
