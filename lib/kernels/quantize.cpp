@@ -6,8 +6,10 @@
 #include "fullshard/kernels/quantize.hpp"
 
 #include <Kokkos_Core.hpp>
+#include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "fullshard/base/error.hpp"
 #include "lib/kernels/exec_stream_impl.hpp"
@@ -215,6 +217,42 @@ void dequantize_runs_on(const Exec& exec,
       });
 }
 
+// Per element: the sum over the slots of its decoded value (a block per iteration, so each
+// slot's scale is read once per block).
+template <class Exec, class D, QuantCode C, bool Accumulate>
+void reduce_dequantize_on(const Exec& exec, const std::uint8_t* packed, int nslots, std::int64_t n,
+                          std::int64_t block, std::int64_t slot_bytes, std::int64_t scales_at,
+                          float divisor, bool divide, typename D::storage* dst) {
+  const std::int64_t blocks = (n + block - 1) / block;
+  Kokkos::parallel_for(
+      "fullshard::kernels::reduce_dequantize",
+      Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, blocks),
+      KOKKOS_LAMBDA(std::int64_t b) {
+        const std::int64_t begin = b * block;
+        const std::int64_t end = begin + block < n ? begin + block : n;
+        for (std::int64_t i = begin; i < end; ++i) {
+          float sum = 0.0f;
+          for (int q = 0; q < nslots; ++q) {
+            const std::uint8_t* slot = packed + q * slot_bytes;
+            const float scale = reinterpret_cast<const float*>(slot + scales_at)[b];
+            float v;
+            if constexpr (C == QuantCode::int8)
+              v = mul_rn(decode_int8(slot[i]), scale);
+            else
+              v = mul_rn(decode_e4m3(slot[i]), scale);
+            sum = q == 0 ? v : add_rn(sum, v);
+          }
+          const float t = divide ? sum / divisor : sum;
+          if constexpr (!Accumulate)
+            dst[i] = D::from_float(t);
+          else if constexpr (std::is_same<D, F64>::value)
+            dst[i] = dst[i] + static_cast<double>(t);
+          else
+            dst[i] = D::from_float(add_rn(D::to_float(dst[i]), t));
+        }
+      });
+}
+
 template <class Exec>
 void zero_bytes_on(const Exec& exec, std::uint8_t* p, std::int64_t n) {
   Kokkos::parallel_for(
@@ -337,6 +375,50 @@ void run_dequantize_copies(const CopyPlan& plan, const void* packed, std::int64_
       else
         detail::dequantize_runs_on<DeviceExec, D, C>(s.device, p->device_runs, in, slot_numel,
                                                      slot_bytes, scales_at, block, out);
+    });
+  });
+}
+
+void reduce_dequantize(const ExecStream& on, const void* packed, int nslots, std::int64_t n,
+                       std::int64_t block, QuantCode code, double divisor, void* dst, DType dst_t,
+                       bool accumulate) {
+  quant_blocks(n, block);  // checks n and block
+  if (nslots < 1)
+    throw InvalidArgument("fullshard::kernels::reduce_dequantize: need at least one slot, got " +
+                          std::to_string(nslots));
+  if (!(divisor > 0) || !std::isfinite(divisor))
+    throw InvalidArgument(
+        "fullshard::kernels::reduce_dequantize: the divisor must be finite and "
+        "> 0, got " +
+        std::to_string(divisor));
+  if (n == 0) return;
+  if (!packed || !dst)
+    throw InvalidArgument(
+        "fullshard::kernels::reduce_dequantize: a null buffer with elements to reduce");
+  const auto* in = static_cast<const std::uint8_t*>(packed);
+  const std::int64_t slot_bytes = quant_packed_bytes(n, block);
+  const std::int64_t scales_at = (n + 3) / 4 * 4;
+  const auto div = static_cast<float>(divisor);
+  const bool divide = divisor != 1.0;
+  const detail::ExecStreamImpl& s = detail::ExecStreamImpl::of(on);
+  detail::dispatch_type(dst_t, [&](auto tag) {
+    using D = decltype(tag);
+    auto* out = static_cast<typename D::storage*>(dst);
+    detail::dispatch_code(code, [&](auto c) {
+      constexpr QuantCode C = decltype(c)::value;
+      auto run = [&](const auto& exec) {
+        using E = std::decay_t<decltype(exec)>;
+        if (accumulate)
+          detail::reduce_dequantize_on<E, D, C, true>(exec, in, nslots, n, block, slot_bytes,
+                                                      scales_at, div, divide, out);
+        else
+          detail::reduce_dequantize_on<E, D, C, false>(exec, in, nslots, n, block, slot_bytes,
+                                                       scales_at, div, divide, out);
+      };
+      if (s.target == ExecTarget::host)
+        run(s.host);
+      else
+        run(s.device);
     });
   });
 }

@@ -268,3 +268,76 @@ TEST_CASE("run_dequantize_copies: the all-gather copy-out with the dequantize fu
                  }),
                  "need slot_numel >= 1 and block >= 1, got 0 and 16"));
 }
+
+TEST_CASE("reduce_dequantize: the compressed reduce-scatter's sum of every rank's chunk") {
+  // W = 4 ranks' chunks for this rank (n elements each, the last block short), packed as each
+  // rank sends them; the reference decodes each with dequantize and sums in rank order in f32.
+  const int W = 4;
+  const std::int64_t n = 1000, block = 64;
+  const std::int64_t slot = quant_packed_bytes(n, block);
+  const std::vector<float> grads = spread(W * n, 37);
+  for (QuantCode code : {QuantCode::int8, QuantCode::fp8_e4m3})
+    for (ExecTarget t : kTargets) {
+      CAPTURE(std::string(quant_code_name(code)));
+      const ExecStream on = stream_of(t);
+      std::vector<float> words(static_cast<std::size_t>(W * slot / 4));
+      auto* packed = reinterpret_cast<std::uint8_t*>(words.data());
+      for (int q = 0; q < W; ++q)
+        quantize_packed(on, grads.data() + q * n, DType::f32, n, block, code, packed + q * slot);
+      std::vector<float> decoded(static_cast<std::size_t>(W * n));
+      for (int q = 0; q < W; ++q)
+        dequantize(on, packed + q * slot,
+                   reinterpret_cast<const float*>(packed + q * slot + (n + 3) / 4 * 4), code, n,
+                   block, decoded.data() + q * n, DType::f32, false);
+      std::vector<float> out(static_cast<std::size_t>(n), -1.0f), acc(out.size());
+      std::vector<double> acc64(out.size());
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        acc[i] = 0.25f * float(i % 7);
+        acc64[i] = 1e-9 * double(i);
+      }
+      const std::vector<float> acc0 = acc;
+      const std::vector<double> acc64_0 = acc64;
+      reduce_dequantize(on, packed, W, n, block, code, W, out.data(), DType::f32, false);
+      reduce_dequantize(on, packed, W, n, block, code, W, acc.data(), DType::f32, true);
+      reduce_dequantize(on, packed, W, n, block, code, 1.0, acc64.data(), DType::f64, true);
+      on.fence();
+      int bad = 0, bad_acc = 0, bad64 = 0, far = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        float sum = decoded[std::size_t(i)];
+        for (int q = 1; q < W; ++q)
+          sum = sum + decoded[std::size_t(q * n + i)];
+        const float mean = sum / float(W);
+        if (out[std::size_t(i)] != mean) ++bad;
+        if (acc[std::size_t(i)] != acc0[std::size_t(i)] + mean) ++bad_acc;
+        if (acc64[std::size_t(i)] != acc64_0[std::size_t(i)] + double(sum)) ++bad64;
+        // Against the uncompressed mean: at most the ranks' half steps (int8), summed.
+        double exact = 0, bound = 0;
+        for (int q = 0; q < W; ++q) {
+          exact += grads[std::size_t(q * n + i)];
+          const std::uint8_t* s = packed + q * slot;
+          const double scale =
+              reinterpret_cast<const float*>(s + (n + 3) / 4 * 4)[std::size_t(i / block)];
+          bound += code == QuantCode::int8
+                       ? 0.5 * scale
+                       : e4m3_half_step(std::fabs(grads[std::size_t(q * n + i)]) / scale) * scale;
+        }
+        if (std::fabs(double(out[std::size_t(i)]) - exact / W) > bound / W * (1 + 1e-4) + 1e-6)
+          ++far;
+      }
+      CHECK(bad == 0);
+      CHECK(bad_acc == 0);
+      CHECK(bad64 == 0);  // the f64 gradients keep their precision: the sum added in f64
+      CHECK(far == 0);
+    }
+  float x = 0;
+  CHECK(contains(error_of<InvalidArgument>([&] {
+                   reduce_dequantize(ExecStream::host(), &x, 0, 1, 1, QuantCode::int8, 1.0, &x,
+                                     DType::f32, false);
+                 }),
+                 "need at least one slot, got 0"));
+  CHECK(contains(error_of<InvalidArgument>([&] {
+                   reduce_dequantize(ExecStream::host(), &x, 1, 1, 1, QuantCode::int8, 0.0, &x,
+                                     DType::f32, false);
+                 }),
+                 "the divisor must be finite and > 0"));
+}

@@ -63,4 +63,13 @@ void run_dequantize_copies(const CopyPlan& plan, const void* packed, std::int64_
                            std::int64_t block, QuantCode code, void* dst, DType dst_t,
                            const ExecStream& on);
 
+/// The receive side of a compressed reduce-scatter: `nslots` packed slots of n elements back
+/// to back (quantize_packed's layout; the chunks every rank sent this one, rank-major), each
+/// element decoded and scaled, summed in f32 in slot order, divided by `divisor` (1: none)
+/// in f32, and written as dst_t: dst[i] = accumulate ? dst[i] + t : t, that sum in f32 (f64
+/// for an f64 dst) rounded once to dst_t. One pass over the slots.
+void reduce_dequantize(const ExecStream& on, const void* packed, int nslots, std::int64_t n,
+                       std::int64_t block, QuantCode code, double divisor, void* dst, DType dst_t,
+                       bool accumulate);
+
 }  // namespace fullshard::kernels
