@@ -108,17 +108,42 @@ KOKKOS_INLINE_FUNCTION float decode_e4m3(std::uint8_t c) {
   return (c & 0x80u) ? -v : v;
 }
 
+// An element's code, and a code's value times its block's scale, for code C.
+template <QuantCode C>
+KOKKOS_INLINE_FUNCTION std::uint8_t encode(float y) {
+  if constexpr (C == QuantCode::int8)
+    return encode_int8(y);
+  else
+    return encode_e4m3(y);
+}
+template <QuantCode C>
+KOKKOS_INLINE_FUNCTION float decode(std::uint8_t c, float scale) {
+  if constexpr (C == QuantCode::int8)
+    return mul_rn(decode_int8(c), scale);
+  else
+    return mul_rn(decode_e4m3(c), scale);
+}
+
+// f(b, begin, end) for every block b of n elements, one iteration each, on `exec`.
+template <class Exec, class F>
+void for_each_block(const Exec& exec, const char* name, std::int64_t n, std::int64_t block,
+                    const F& f) {
+  Kokkos::parallel_for(
+      name,
+      Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, (n + block - 1) / block),
+      KOKKOS_LAMBDA(std::int64_t b) {
+        const std::int64_t begin = b * block;
+        f(b, begin, begin + block < n ? begin + block : n);
+      });
+}
+
 template <class Exec, class S, QuantCode C>
 void quantize_on(const Exec& exec, const typename S::storage* src, std::int64_t n,
                  std::int64_t block, std::uint8_t* codes, float* scales) {
-  const std::int64_t blocks = (n + block - 1) / block;
   const float cmax = C == QuantCode::int8 ? 127.0f : 448.0f;
-  Kokkos::parallel_for(
-      "fullshard::kernels::quantize",
-      Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, blocks),
-      KOKKOS_LAMBDA(std::int64_t b) {
-        const std::int64_t begin = b * block;
-        const std::int64_t end = begin + block < n ? begin + block : n;
+  for_each_block(
+      exec, "fullshard::kernels::quantize", n, block,
+      KOKKOS_LAMBDA(std::int64_t b, std::int64_t begin, std::int64_t end) {
         float amax = 0.0f;
         for (std::int64_t i = begin; i < end; ++i) {
           const float x = S::to_float(src[i]);
@@ -131,11 +156,7 @@ void quantize_on(const Exec& exec, const typename S::storage* src, std::int64_t 
         scales[b] = amax / cmax;
         const float inv = finite && amax > 0 ? cmax / amax : 0.0f;
         for (std::int64_t i = begin; i < end; ++i) {
-          const float y = finite ? mul_rn(S::to_float(src[i]), inv) : 0.0f;
-          if constexpr (C == QuantCode::int8)
-            codes[i] = encode_int8(y);
-          else
-            codes[i] = encode_e4m3(y);
+          codes[i] = encode<C>(finite ? mul_rn(S::to_float(src[i]), inv) : 0.0f);
         }
       });
 }
@@ -143,21 +164,13 @@ void quantize_on(const Exec& exec, const typename S::storage* src, std::int64_t 
 template <class Exec, class D, QuantCode C, bool Accumulate>
 void dequantize_on(const Exec& exec, const std::uint8_t* codes, const float* scales, std::int64_t n,
                    std::int64_t block, typename D::storage* dst) {
-  const std::int64_t blocks = (n + block - 1) / block;
   using A = std::conditional_t<std::is_same<D, F64>::value, double, float>;
-  Kokkos::parallel_for(
-      "fullshard::kernels::dequantize",
-      Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, blocks),
-      KOKKOS_LAMBDA(std::int64_t b) {
-        const std::int64_t begin = b * block;
-        const std::int64_t end = begin + block < n ? begin + block : n;
+  for_each_block(
+      exec, "fullshard::kernels::dequantize", n, block,
+      KOKKOS_LAMBDA(std::int64_t b, std::int64_t begin, std::int64_t end) {
         const float scale = scales[b];
         for (std::int64_t i = begin; i < end; ++i) {
-          float v;
-          if constexpr (C == QuantCode::int8)
-            v = mul_rn(decode_int8(codes[i]), scale);
-          else
-            v = mul_rn(decode_e4m3(codes[i]), scale);
+          const float v = decode<C>(codes[i], scale);
           if constexpr (Accumulate)
             dst[i] = store<D, A>(load<D, A>(dst[i]) + static_cast<A>(v));
           else
@@ -203,12 +216,7 @@ void dequantize_runs_on(const Exec& exec,
             in_block = 0;
             scale = scales[b];
           }
-          float v;
-          if constexpr (C == QuantCode::int8)
-            v = mul_rn(decode_int8(slot[k]), scale);
-          else
-            v = mul_rn(decode_e4m3(slot[k]), scale);
-          d[i] = D::from_float(v);
+          d[i] = D::from_float(decode<C>(slot[k], scale));
           ++k;
           ++in_block;
         }
@@ -223,23 +231,14 @@ template <class Exec, class D, QuantCode C, bool Accumulate>
 void reduce_dequantize_on(const Exec& exec, const std::uint8_t* packed, int nslots, std::int64_t n,
                           std::int64_t block, std::int64_t slot_bytes, std::int64_t scales_at,
                           float divisor, bool divide, typename D::storage* dst) {
-  const std::int64_t blocks = (n + block - 1) / block;
-  Kokkos::parallel_for(
-      "fullshard::kernels::reduce_dequantize",
-      Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, blocks),
-      KOKKOS_LAMBDA(std::int64_t b) {
-        const std::int64_t begin = b * block;
-        const std::int64_t end = begin + block < n ? begin + block : n;
+  for_each_block(
+      exec, "fullshard::kernels::reduce_dequantize", n, block,
+      KOKKOS_LAMBDA(std::int64_t b, std::int64_t begin, std::int64_t end) {
         for (std::int64_t i = begin; i < end; ++i) {
           float sum = 0.0f;
           for (int q = 0; q < nslots; ++q) {
             const std::uint8_t* slot = packed + q * slot_bytes;
-            const float scale = reinterpret_cast<const float*>(slot + scales_at)[b];
-            float v;
-            if constexpr (C == QuantCode::int8)
-              v = mul_rn(decode_int8(slot[i]), scale);
-            else
-              v = mul_rn(decode_e4m3(slot[i]), scale);
+            const float v = decode<C>(slot[i], reinterpret_cast<const float*>(slot + scales_at)[b]);
             sum = q == 0 ? v : add_rn(sum, v);
           }
           const float t = divide ? sum / divisor : sum;
@@ -261,24 +260,11 @@ void zero_bytes_on(const Exec& exec, std::uint8_t* p, std::int64_t n) {
       KOKKOS_LAMBDA(std::int64_t i) { p[i] = 0; });
 }
 
-// The element type tag of `t`, and the code, as template arguments of f.
+// The element type tag of `t` as the argument of f (shard_copy_impl.hpp's dispatch), and the
+// code as a template argument.
 template <class F>
 void dispatch_type(DType t, F&& f) {
-  switch (t) {
-    case DType::f32:
-      f(F32{});
-      return;
-    case DType::f64:
-      f(F64{});
-      return;
-    case DType::f16:
-      f(F16{});
-      return;
-    case DType::bf16:
-      f(BF16{});
-      return;
-  }
-  throw InvalidArgument("fullshard::kernels: unknown dtype");
+  dispatch_dst<F32>(t, [&](auto, auto tag) { f(tag); });
 }
 
 template <class F>
@@ -287,6 +273,27 @@ void dispatch_code(QuantCode c, F&& f) {
     f(std::integral_constant<QuantCode, QuantCode::int8>{});
   else
     f(std::integral_constant<QuantCode, QuantCode::fp8_e4m3>{});
+}
+
+// f(exec, tag, code, accumulate): the stream's execution space instance, t's element tag, and
+// the code and `accumulate` as std::integral_constants (template arguments).
+template <class F>
+void dispatch_kernel(const ExecStream& on, DType t, QuantCode code, bool accumulate, F&& f) {
+  const ExecStreamImpl& s = ExecStreamImpl::of(on);
+  auto with_acc = [&](const auto& exec, auto tag, auto c) {
+    if (accumulate)
+      f(exec, tag, c, std::true_type{});
+    else
+      f(exec, tag, c, std::false_type{});
+  };
+  dispatch_type(t, [&](auto tag) {
+    dispatch_code(code, [&](auto c) {
+      if (s.target == ExecTarget::host)
+        with_acc(s.host, tag, c);
+      else
+        with_acc(s.device, tag, c);
+    });
+  });
 }
 
 inline void check_quantized(std::int64_t n, std::int64_t block, const void* data, const void* codes,
@@ -303,17 +310,10 @@ void quantize(const ExecStream& on, const void* src, DType src_t, std::int64_t n
               std::int64_t block, QuantCode code, std::uint8_t* codes, float* scales) {
   detail::check_quantized(n, block, src, codes, scales, "quantize");
   if (n == 0) return;
-  const detail::ExecStreamImpl& s = detail::ExecStreamImpl::of(on);
-  detail::dispatch_type(src_t, [&](auto tag) {
+  detail::dispatch_kernel(on, src_t, code, false, [&](const auto& exec, auto tag, auto c, auto) {
     using S = decltype(tag);
-    const auto* in = static_cast<const typename S::storage*>(src);
-    detail::dispatch_code(code, [&](auto c) {
-      constexpr QuantCode C = decltype(c)::value;
-      if (s.target == ExecTarget::host)
-        detail::quantize_on<HostExec, S, C>(s.host, in, n, block, codes, scales);
-      else
-        detail::quantize_on<DeviceExec, S, C>(s.device, in, n, block, codes, scales);
-    });
+    detail::quantize_on<std::decay_t<decltype(exec)>, S, decltype(c)::value>(
+        exec, static_cast<const typename S::storage*>(src), n, block, codes, scales);
   });
 }
 
@@ -400,27 +400,14 @@ void reduce_dequantize(const ExecStream& on, const void* packed, int nslots, std
   const std::int64_t scales_at = (n + 3) / 4 * 4;
   const auto div = static_cast<float>(divisor);
   const bool divide = divisor != 1.0;
-  const detail::ExecStreamImpl& s = detail::ExecStreamImpl::of(on);
-  detail::dispatch_type(dst_t, [&](auto tag) {
-    using D = decltype(tag);
-    auto* out = static_cast<typename D::storage*>(dst);
-    detail::dispatch_code(code, [&](auto c) {
-      constexpr QuantCode C = decltype(c)::value;
-      auto run = [&](const auto& exec) {
-        using E = std::decay_t<decltype(exec)>;
-        if (accumulate)
-          detail::reduce_dequantize_on<E, D, C, true>(exec, in, nslots, n, block, slot_bytes,
-                                                      scales_at, div, divide, out);
-        else
-          detail::reduce_dequantize_on<E, D, C, false>(exec, in, nslots, n, block, slot_bytes,
-                                                       scales_at, div, divide, out);
-      };
-      if (s.target == ExecTarget::host)
-        run(s.host);
-      else
-        run(s.device);
-    });
-  });
+  detail::dispatch_kernel(
+      on, dst_t, code, accumulate, [&](const auto& exec, auto tag, auto c, auto a) {
+        using D = decltype(tag);
+        detail::reduce_dequantize_on<std::decay_t<decltype(exec)>, D, decltype(c)::value,
+                                     decltype(a)::value>(exec, in, nslots, n, block, slot_bytes,
+                                                         scales_at, div, divide,
+                                                         static_cast<typename D::storage*>(dst));
+      });
 }
 
 void dequantize(const ExecStream& on, const std::uint8_t* codes, const float* scales,
@@ -428,25 +415,13 @@ void dequantize(const ExecStream& on, const std::uint8_t* codes, const float* sc
                 bool accumulate) {
   detail::check_quantized(n, block, dst, codes, scales, "dequantize");
   if (n == 0) return;
-  const detail::ExecStreamImpl& s = detail::ExecStreamImpl::of(on);
-  detail::dispatch_type(dst_t, [&](auto tag) {
-    using D = decltype(tag);
-    auto* out = static_cast<typename D::storage*>(dst);
-    detail::dispatch_code(code, [&](auto c) {
-      constexpr QuantCode C = decltype(c)::value;
-      if (s.target == ExecTarget::host) {
-        if (accumulate)
-          detail::dequantize_on<HostExec, D, C, true>(s.host, codes, scales, n, block, out);
-        else
-          detail::dequantize_on<HostExec, D, C, false>(s.host, codes, scales, n, block, out);
-      } else {
-        if (accumulate)
-          detail::dequantize_on<DeviceExec, D, C, true>(s.device, codes, scales, n, block, out);
-        else
-          detail::dequantize_on<DeviceExec, D, C, false>(s.device, codes, scales, n, block, out);
-      }
-    });
-  });
+  detail::dispatch_kernel(
+      on, dst_t, code, accumulate, [&](const auto& exec, auto tag, auto c, auto a) {
+        using D = decltype(tag);
+        detail::dequantize_on<std::decay_t<decltype(exec)>, D, decltype(c)::value,
+                              decltype(a)::value>(exec, codes, scales, n, block,
+                                                  static_cast<typename D::storage*>(dst));
+      });
 }
 
 }  // namespace fullshard::kernels
