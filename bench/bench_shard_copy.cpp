@@ -16,6 +16,10 @@
 //   reduce_copy_out/<MiB>  reduce_copy_out of the group shard, f32 -> f32, divisor 4, accumulate
 //   memcpy_<kernel>/<MiB>  std::memcpy of half the bytes <kernel> reads plus writes, i.e. the
 //                          same bytes processed (for the kernels whose reads and writes differ)
+//   quantize_<code>/<MiB>  quantize_packed of the group shard (f32) into a compressed
+//                          all-gather's slot (codes and per-block scales, blocks of 256)
+//   copy_out_<code>/<MiB>  run_dequantize_copies: W packed slots -> unsharded arena (f32), the
+//                          compressed all-gather's copy-out (against copy_out)
 // bytes_per_second counts bytes read plus bytes written (accumulate reads the destination
 // too). Every buffer is allocated and written before timing; a single process is enough.
 // Times are CPU times of the calling thread (Kokkos Serial runs there): on a shared machine
@@ -32,6 +36,7 @@
 #include <vector>
 
 #include "fullshard/base/dtype.hpp"
+#include "fullshard/kernels/quantize.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 #include "fullshard/runtime/runtime.hpp"
 #include "fullshard/tensor/sharding.hpp"
@@ -175,6 +180,42 @@ void BM_memcpy_reduce_copy_out(benchmark::State& state) {
   memcpy_bytes(state, 3 * 4 * group(state.range(0)).shard_numel / 2);
 }
 
+constexpr std::int64_t kQuantBlock = 256;
+
+void BM_quantize(benchmark::State& state, QuantCode code) {
+  const auto g = group(state.range(0));
+  const std::int64_t n = g.shard_numel;
+  auto shard = touched<float>(n, 1.5f);
+  auto slot = touched<float>(quant_packed_bytes(n, kQuantBlock) / 4, 0.0f);
+  const ExecStream host = ExecStream::host();
+  for (auto _ : state) {
+    quantize_packed(host, shard.data(), DType::f32, n, kQuantBlock, code, slot.data());
+    host.fence();
+    benchmark::ClobberMemory();
+  }
+  bytes_processed(state, 4 * n + quant_packed_bytes(n, kQuantBlock));
+}
+
+void BM_copy_out_dequantize(benchmark::State& state, QuantCode code) {
+  const auto g = group(state.range(0));
+  const CopyPlan plan(ExecTarget::host, all_gather_copy_out_runs(g));
+  const std::int64_t slot = quant_packed_bytes(g.shard_numel, kQuantBlock);
+  auto packed = touched<float>(kWorld * slot / 4, 0.0f);
+  auto shard = touched<float>(g.shard_numel, 1.5f);
+  const ExecStream host = ExecStream::host();
+  for (int q = 0; q < kWorld; ++q)
+    quantize_packed(host, shard.data(), DType::f32, g.shard_numel, kQuantBlock, code,
+                    reinterpret_cast<unsigned char*>(packed.data()) + q * slot);
+  auto arena = touched<float>(g.arena_numel, 0.0f);
+  for (auto _ : state) {
+    run_dequantize_copies(plan, packed.data(), g.shard_numel, kQuantBlock, code, arena.data(),
+                          DType::f32, host);
+    host.fence();
+    benchmark::ClobberMemory();
+  }
+  bytes_processed(state, kWorld * slot + 4 * plan.elements_written());
+}
+
 void sizes(benchmark::internal::Benchmark* b) {
   for (int mib : kSizesMiB)
     b->Arg(mib);
@@ -193,6 +234,14 @@ BENCHMARK(BM_memcpy_cast_copy_in)->Name("memcpy_cast_copy_in")->Apply(sizes);
 BENCHMARK(BM_cast_copy_in)->Name("cast_copy_in")->Apply(sizes);
 BENCHMARK(BM_memcpy_reduce_copy_out)->Name("memcpy_reduce_copy_out")->Apply(sizes);
 BENCHMARK(BM_reduce_copy_out)->Name("reduce_copy_out")->Apply(sizes);
+BENCHMARK_CAPTURE(BM_quantize, int8, QuantCode::int8)->Name("quantize_int8")->Apply(sizes);
+BENCHMARK_CAPTURE(BM_quantize, fp8, QuantCode::fp8_e4m3)->Name("quantize_fp8")->Apply(sizes);
+BENCHMARK_CAPTURE(BM_copy_out_dequantize, int8, QuantCode::int8)
+    ->Name("copy_out_int8")
+    ->Apply(sizes);
+BENCHMARK_CAPTURE(BM_copy_out_dequantize, fp8, QuantCode::fp8_e4m3)
+    ->Name("copy_out_fp8")
+    ->Apply(sizes);
 
 }  // namespace
 

@@ -56,16 +56,21 @@ KOKKOS_INLINE_FUNCTION float add_rn(float a, float b) {
 #endif
 }
 
-/// y rounded to the nearest integer, ties to even, for |y| < 2^22 (the f32 addition rounds).
+/// y rounded to the nearest integer, ties to even, for |y| < 2^22: y + 1.5 * 2^23 lies where
+/// the f32 step is 1, so the addition rounds (no branch: the loops vectorise).
 KOKKOS_INLINE_FUNCTION float round_even(float y) {
   const float magic = 12582912.0f;  // 1.5 * 2^23
-  return y >= 0 ? add_rn(y, magic) - magic : -(add_rn(-y, magic) - magic);
+  return add_rn(y, magic) - magic;
+}
+
+KOKKOS_INLINE_FUNCTION float quiet_nan() {
+  return bits_float(0x7fc00000u);
 }
 
 KOKKOS_INLINE_FUNCTION std::uint8_t encode_int8(float y) {
-  float r = round_even(y);
-  r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
-  return static_cast<std::uint8_t>(static_cast<std::int8_t>(static_cast<int>(r)));
+  // Clamped first (|y| <= 127 up to the scale's rounding), then rounded: never past 127.
+  const float c = y > 127.0f ? 127.0f : (y < -127.0f ? -127.0f : y);
+  return static_cast<std::uint8_t>(static_cast<std::int8_t>(static_cast<int>(round_even(c))));
 }
 
 KOKKOS_INLINE_FUNCTION float decode_int8(std::uint8_t c) {
@@ -100,7 +105,7 @@ KOKKOS_INLINE_FUNCTION float decode_e4m3(std::uint8_t c) {
   const std::uint32_t q = c & 7u;
   float v;
   if ((c & 0x7fu) == 0x7fu)
-    v = bits_float(0x7fc00000u);  // NaN
+    v = quiet_nan();
   else if (biased == 0)
     v = static_cast<float>(q) * 0.001953125f;  // 2^-9
   else
@@ -145,12 +150,14 @@ void quantize_on(const Exec& exec, const typename S::storage* src, std::int64_t 
       exec, "fullshard::kernels::quantize", n, block,
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t begin, std::int64_t end) {
         float amax = 0.0f;
+        bool nan = false;
         for (std::int64_t i = begin; i < end; ++i) {
           const float x = S::to_float(src[i]);
           const float ax = x < 0 ? -x : x;
-          if (ax > amax || ax != ax) amax = ax;  // NaN sticks
-          if (amax != amax) break;
+          amax = ax > amax ? ax : amax;
+          nan = nan || ax != ax;
         }
+        if (nan) amax = quiet_nan();
         // A non-finite block: its scale says so, its codes are 0.
         const bool finite = amax - amax == 0.0f;
         scales[b] = amax / cmax;
@@ -180,8 +187,7 @@ void dequantize_on(const Exec& exec, const std::uint8_t* codes, const float* sca
 }
 
 // One piece of a plan per index: its elements from W packed slots (slot_bytes each: codes,
-// then the scales at scales_at), counters stepped along the run instead of dividing per
-// element.
+// then the scales at scales_at), a block of a slot at a time.
 template <class Exec, class D, QuantCode C>
 void dequantize_runs_on(const Exec& exec,
                         const Kokkos::View<CopyRun*, typename Exec::memory_space>& runs,
@@ -195,30 +201,21 @@ void dequantize_runs_on(const Exec& exec,
           exec, 0, static_cast<std::int64_t>(runs.extent(0))),
       KOKKOS_LAMBDA(std::int64_t r) {
         const CopyRun run = runs(r);
-        std::int64_t q = run.src_offset / slot_numel;
-        std::int64_t k = run.src_offset - q * slot_numel;
-        std::int64_t b = k / block, in_block = k - b * block;
-        const std::uint8_t* slot = packed + q * slot_bytes;
-        const float* scales = reinterpret_cast<const float*>(slot + scales_at);
-        float scale = run.len > 0 ? scales[b] : 0.0f;  // an empty run may point past the end
         DS* d = dst + run.dst_offset;
-        for (std::int64_t i = 0; i < run.len; ++i) {
-          if (k == slot_numel) {  // the next rank's slot
-            ++q;
-            k = 0;
-            b = 0;
-            in_block = 0;
-            slot = packed + q * slot_bytes;
-            scales = reinterpret_cast<const float*>(slot + scales_at);
-            scale = scales[0];
-          } else if (in_block == block) {
-            ++b;
-            in_block = 0;
-            scale = scales[b];
-          }
-          d[i] = D::from_float(decode<C>(slot[k], scale));
-          ++k;
-          ++in_block;
+        // Segments of one block of one slot: a fixed scale, a branch-free inner loop.
+        for (std::int64_t i = 0; i < run.len;) {
+          const std::int64_t s = run.src_offset + i;
+          const std::int64_t q = s / slot_numel, k = s - q * slot_numel, b = k / block;
+          const std::uint8_t* slot = packed + q * slot_bytes;
+          const float scale = reinterpret_cast<const float*>(slot + scales_at)[b];
+          std::int64_t len = (b + 1) * block - k;  // to the block's end, the slot's, the run's
+          if (len > slot_numel - k) len = slot_numel - k;
+          if (len > run.len - i) len = run.len - i;
+          const std::uint8_t* c = slot + k;
+          DS* out = d + i;
+          for (std::int64_t j = 0; j < len; ++j)
+            out[j] = D::from_float(decode<C>(c[j], scale));
+          i += len;
         }
         for (std::int64_t i = 0; i < run.pad; ++i)
           d[run.len + i] = DS(0);
