@@ -110,8 +110,9 @@ class CostModel {
 
   const AlphaBeta& collective(CollectiveKind k, MeshDim d) const noexcept;
   AlphaBeta& collective(CollectiveKind k, MeshDim d) noexcept;
-  /// alpha + beta * bytes_per_rank. bytes_per_rank: the shard a rank contributes to an
-  /// all-gather, the shard it receives from a reduce-scatter, the buffer of an all-reduce.
+  /// The pair's time_ms(bytes_per_rank) (the line, or its measured points). bytes_per_rank: the
+  /// shard a rank contributes to an all-gather, the shard it receives from a reduce-scatter, the
+  /// buffer of an all-reduce.
   double time_ms(CollectiveKind k, MeshDim d, double bytes_per_rank) const noexcept;
 
   /// The transport of dim `d`'s collectives (default mpi). The planner costs all-gathers and
