@@ -157,7 +157,11 @@ case "$case" in
       ((t++ < 150)) || fail "job $j was not requeued (state $(job_field "$j" JobState), restarts $(job_field "$j" Restarts))" "$out"
       sleep 0.2
     done
-    # Slurm holds a requeued job for a while (BeginTime); let it start now.
+    # Slurm holds a requeued job for a while (BeginTime); let it start now, but not in the
+    # second the first run was killed: slurmd revokes the job's credential at that second and
+    # refuses a credential created in the same second ("Job credential revoked": the job then
+    # FAILS instead of running again).
+    sleep 1.1
     scontrol update jobid="$j" StartTime=now
     wait_line "$j" "$out" "^resumed from $dir/ckpt/step-[0-9]+ at step [0-9]+" 60
     # The rerun must start from the last checkpoint the first run completed.
