@@ -431,7 +431,7 @@ CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostM
       t.push_back(agree(best));
     }
     AlphaBeta ab = fit_alpha_beta(x, t);
-    std::vector<AlphaBeta::Point> points;  // sizes as given: sorted, repeats measured once
+    std::vector<AlphaBeta::Point> points;  // sorted by size; a repeated size keeps its first time
     for (std::size_t i = 0; i < x.size(); ++i)
       points.push_back({x[i], t[i]});
     std::sort(
