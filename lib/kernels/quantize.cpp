@@ -129,6 +129,19 @@ KOKKOS_INLINE_FUNCTION float decode(std::uint8_t c, float scale) {
     return mul_rn(decode_e4m3(c), scale);
 }
 
+// old + v as D, the sum in f32 (f64 for an f64 D) rounded once: dequantize's and the
+// reduce's accumulation (v already rounded: nothing to contract).
+template <class D>
+KOKKOS_INLINE_FUNCTION typename D::storage add_into(typename D::storage old, float v) {
+  using A = std::conditional_t<std::is_same<D, F64>::value, double, float>;
+  return store<D, A>(load<D, A>(old) + static_cast<A>(v));
+}
+
+// Bytes of a packed slot's codes (n, padded to 4): where its scales begin.
+constexpr std::int64_t scales_offset(std::int64_t n) {
+  return (n + 3) / 4 * 4;
+}
+
 // f(b, begin, end) for every block b of n elements, one iteration each, on `exec`.
 template <class Exec, class F>
 void for_each_block(const Exec& exec, const char* name, std::int64_t n, std::int64_t block,
@@ -171,7 +184,6 @@ void quantize_on(const Exec& exec, const typename S::storage* src, std::int64_t 
 template <class Exec, class D, QuantCode C, bool Accumulate>
 void dequantize_on(const Exec& exec, const std::uint8_t* codes, const float* scales, std::int64_t n,
                    std::int64_t block, typename D::storage* dst) {
-  using A = std::conditional_t<std::is_same<D, F64>::value, double, float>;
   for_each_block(
       exec, "fullshard::kernels::dequantize", n, block,
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t begin, std::int64_t end) {
@@ -179,7 +191,7 @@ void dequantize_on(const Exec& exec, const std::uint8_t* codes, const float* sca
         for (std::int64_t i = begin; i < end; ++i) {
           const float v = decode<C>(codes[i], scale);
           if constexpr (Accumulate)
-            dst[i] = store<D, A>(load<D, A>(dst[i]) + static_cast<A>(v));
+            dst[i] = add_into<D>(dst[i], v);
           else
             dst[i] = D::from_float(v);
         }
@@ -222,8 +234,8 @@ void dequantize_runs_on(const Exec& exec,
       });
 }
 
-// Per element: the sum over the slots of its decoded value (a block per iteration, so each
-// slot's scale is read once per block).
+// Per element: the sum over the slots of its decoded value, in slot order (a block per
+// iteration).
 template <class Exec, class D, QuantCode C, bool Accumulate>
 void reduce_dequantize_on(const Exec& exec, const std::uint8_t* packed, int nslots, std::int64_t n,
                           std::int64_t block, std::int64_t slot_bytes, std::int64_t scales_at,
@@ -239,12 +251,10 @@ void reduce_dequantize_on(const Exec& exec, const std::uint8_t* packed, int nslo
             sum = q == 0 ? v : add_rn(sum, v);
           }
           const float t = divide ? sum / divisor : sum;
-          if constexpr (!Accumulate)
-            dst[i] = D::from_float(t);
-          else if constexpr (std::is_same<D, F64>::value)
-            dst[i] = dst[i] + static_cast<double>(t);
+          if constexpr (Accumulate)
+            dst[i] = add_into<D>(dst[i], t);
           else
-            dst[i] = D::from_float(add_rn(D::to_float(dst[i]), t));
+            dst[i] = D::from_float(t);
         }
       });
 }
@@ -315,7 +325,8 @@ void quantize(const ExecStream& on, const void* src, DType src_t, std::int64_t n
 }
 
 std::int64_t quant_packed_bytes(std::int64_t n, std::int64_t block) {
-  return (n + 3) / 4 * 4 + quant_blocks(n, block) * static_cast<std::int64_t>(sizeof(float));
+  return detail::scales_offset(n) +
+         quant_blocks(n, block) * static_cast<std::int64_t>(sizeof(float));
 }
 
 void quantize_packed(const ExecStream& on, const void* src, DType src_t, std::int64_t n,
@@ -329,7 +340,7 @@ void quantize_packed(const ExecStream& on, const void* src, DType src_t, std::in
     throw InvalidArgument(
         "fullshard::kernels::quantize_packed: the packed slot must be 4-byte aligned");
   auto* codes = static_cast<std::uint8_t*>(packed);
-  const std::int64_t scales_at = (n + 3) / 4 * 4;
+  const std::int64_t scales_at = detail::scales_offset(n);
   if (scales_at > n) {  // the padding: zeros, so every byte the all-gather sends is defined
     const detail::ExecStreamImpl& s = detail::ExecStreamImpl::of(on);
     if (s.target == ExecTarget::host)
@@ -359,7 +370,7 @@ void run_dequantize_copies(const CopyPlan& plan, const void* packed, std::int64_
         "fullshard::kernels::run_dequantize_copies: a null buffer with elements to copy");
   const auto* in = static_cast<const std::uint8_t*>(packed);
   const std::int64_t slot_bytes = quant_packed_bytes(slot_numel, block);
-  const std::int64_t scales_at = (slot_numel + 3) / 4 * 4;
+  const std::int64_t scales_at = detail::scales_offset(slot_numel);
   const detail::ExecStreamImpl& s = detail::ExecStreamImpl::of(on);
   detail::dispatch_type(dst_t, [&](auto tag) {
     using D = decltype(tag);
@@ -394,7 +405,7 @@ void reduce_dequantize(const ExecStream& on, const void* packed, int nslots, std
         "fullshard::kernels::reduce_dequantize: a null buffer with elements to reduce");
   const auto* in = static_cast<const std::uint8_t*>(packed);
   const std::int64_t slot_bytes = quant_packed_bytes(n, block);
-  const std::int64_t scales_at = (n + 3) / 4 * 4;
+  const std::int64_t scales_at = detail::scales_offset(n);
   const auto div = static_cast<float>(divisor);
   const bool divide = divisor != 1.0;
   detail::dispatch_kernel(
