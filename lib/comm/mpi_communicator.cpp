@@ -237,12 +237,30 @@ Work MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, in
   return w;
 }
 
+Work MpiCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype,
+                                 Stream& stream) {
+  check_count(count, "all_to_all");
+  const std::size_t bytes = count * dtype_size(dtype) * static_cast<std::size_t>(size_);
+  if (count > 0 && (!send || !recv))
+    throw InvalidArgument("all_to_all on communicator '" + name_ + "': null buffer");
+  if (count > 0 && overlaps(send, bytes, recv, bytes))
+    throw InvalidArgument("all_to_all on communicator '" + name_ + "': send and recv overlap");
+  const MPI_Datatype type = detail::mpi_datatype(dtype);
+  const int n = static_cast<int>(count);
+  Work w = launch("all_to_all", count, dtype, stream, [=, comm = comm_](const std::string& label) {
+    check(MPI_Alltoall(send, n, type, recv, n, type, comm), "MPI_Alltoall", label);
+  });
+  traffic_[4].fetch_add(bytes, std::memory_order_relaxed);
+  return w;
+}
+
 Traffic MpiCommunicator::traffic() const noexcept {
   Traffic t;
   t.all_gather = traffic_[0].load(std::memory_order_relaxed);
   t.reduce_scatter = traffic_[1].load(std::memory_order_relaxed);
   t.all_reduce = traffic_[2].load(std::memory_order_relaxed);
   t.broadcast = traffic_[3].load(std::memory_order_relaxed);
+  t.all_to_all = traffic_[4].load(std::memory_order_relaxed);
   return t;
 }
 
@@ -251,6 +269,7 @@ Traffic& Traffic::operator+=(const Traffic& o) noexcept {
   reduce_scatter += o.reduce_scatter;
   all_reduce += o.all_reduce;
   broadcast += o.broadcast;
+  all_to_all += o.all_to_all;
   return *this;
 }
 

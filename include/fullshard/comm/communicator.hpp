@@ -24,8 +24,9 @@ struct Traffic {
   std::uint64_t reduce_scatter = 0;
   std::uint64_t all_reduce = 0;
   std::uint64_t broadcast = 0;
+  std::uint64_t all_to_all = 0;  ///< size x count elements (what this rank sends)
   std::uint64_t total() const noexcept {
-    return all_gather + reduce_scatter + all_reduce + broadcast;
+    return all_gather + reduce_scatter + all_reduce + broadcast + all_to_all;
   }
   Traffic& operator+=(const Traffic& o) noexcept;
 };
@@ -76,6 +77,10 @@ class Communicator {
                           Stream& stream) = 0;
   virtual Work broadcast(void* buffer, std::size_t count, DType dtype, int root,
                          Stream& stream) = 0;
+  /// recv (size*count) <- chunk `rank` of every rank's send (size*count): the chunk from rank
+  /// q lands at recv + q*count. send and recv must not overlap.
+  virtual Work all_to_all(const void* send, void* recv, std::size_t count, DType dtype,
+                          Stream& stream) = 0;
   virtual Work barrier(Stream& stream) = 0;
 
   /// A new communicator over the same ranks (collective), e.g. one per stream.

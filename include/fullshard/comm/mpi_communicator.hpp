@@ -44,6 +44,8 @@ class MpiCommunicator final : public Communicator {
   Work all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                   Stream& stream) override;
   Work broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override;
+  Work all_to_all(const void* send, void* recv, std::size_t count, DType dtype,
+                  Stream& stream) override;
   Work barrier(Stream& stream) override;
   std::unique_ptr<Communicator> dup(const std::string& name) const override;
   /// The ranks with the same `color`, ordered by `key`, as a new communicator (collective).
@@ -70,8 +72,8 @@ class MpiCommunicator final : public Communicator {
   std::uint64_t owner_stream_ = 0;
   std::string owner_name_;
   std::shared_ptr<std::atomic<int>> in_flight_ = std::make_shared<std::atomic<int>>(0);
-  // Traffic counters: all_gather, reduce_scatter, all_reduce, broadcast.
-  std::atomic<std::uint64_t> traffic_[4] = {};
+  // Traffic counters: all_gather, reduce_scatter, all_reduce, broadcast, all_to_all.
+  std::atomic<std::uint64_t> traffic_[5] = {};
 };
 
 }  // namespace fullshard::comm

@@ -115,6 +115,8 @@ class NcclCommunicator final : public Communicator {
   Work all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                   Stream& stream) override;
   Work broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override;
+  Work all_to_all(const void* send, void* recv, std::size_t count, DType dtype,
+                  Stream& stream) override;
   /// A one-element all-reduce on a scratch device word: completes when every rank reached it.
   Work barrier(Stream& stream) override;
   /// ncclCommSplit(comm, 0, rank) (NCCL >= 2.18; CommError before). Collective.
@@ -138,8 +140,8 @@ class NcclCommunicator final : public Communicator {
   double timeout_s_ = 0.0;
   NcclOptions options_;
   std::uint64_t seq_ = 0;
-  std::shared_ptr<std::array<std::atomic<std::uint64_t>, 4>> traffic_ =
-      std::make_shared<std::array<std::atomic<std::uint64_t>, 4>>();
+  std::shared_ptr<std::array<std::atomic<std::uint64_t>, 5>> traffic_ =
+      std::make_shared<std::array<std::atomic<std::uint64_t>, 5>>();
 };
 
 /// ncclGroupStart on construction, ncclGroupEnd on end() or destruction: collectives issued

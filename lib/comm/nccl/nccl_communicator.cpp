@@ -334,6 +334,7 @@ int traffic_slot(const char* op) noexcept {
   if (std::strncmp(op, "reduce_scatter", 14) == 0) return 1;
   if (std::strcmp(op, "all_reduce") == 0) return 2;
   if (std::strcmp(op, "broadcast") == 0) return 3;
+  if (std::strcmp(op, "all_to_all") == 0) return 4;
   return -1;
 }
 
@@ -354,7 +355,7 @@ Work NcclCommunicator::launch(const char* op, std::size_t count, DType dtype, St
       (static_cast<std::uint64_t>(dtype) << kDtypeShift) | static_cast<std::uint64_t>(count));
   if (const int slot = traffic_slot(op); slot >= 0) {
     const std::uint64_t bytes = count * dtype_size(dtype);
-    const std::uint64_t mult = slot <= 1 ? static_cast<std::uint64_t>(size_) : 1;
+    const std::uint64_t mult = (slot <= 1 || slot == 4) ? static_cast<std::uint64_t>(size_) : 1;
     (*traffic_)[static_cast<std::size_t>(slot)].fetch_add(bytes * mult);
   }
   if (!stream.is_device())
@@ -532,6 +533,33 @@ Work NcclCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, i
                 });
 }
 
+// A send and a receive per peer in one NCCL group (NCCL has no all-to-all call).
+Work NcclCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype,
+                                  Stream& stream) {
+  const std::size_t bytes = count * dtype_size(dtype);
+  require_buffers(count == 0 || (send && recv), "all_to_all", name_);
+  if (count > 0 && detail::overlaps(send, bytes * static_cast<std::size_t>(size_), recv,
+                                    bytes * static_cast<std::size_t>(size_)))
+    throw InvalidArgument("all_to_all on communicator '" + name_ + "': send and recv overlap");
+  const ncclDataType_t t = detail::nccl_dtype(dtype);
+  const int size = size_;
+  auto state = state_;
+  return launch("all_to_all", count, dtype, stream,
+                [=](ncclComm_t c, cudaStream_t s, const LazyLabel& what, bool in_group) {
+                  ncclResult_t r = ncclGroupStart();
+                  for (int q = 0; q < size && r == ncclSuccess; ++q) {
+                    const std::size_t at = static_cast<std::size_t>(q) * bytes;
+                    r = ncclSend(static_cast<const char*>(send) + at, count, t, q, c, s);
+                    if (r == ncclSuccess)
+                      r = ncclRecv(static_cast<char*>(recv) + at, count, t, q, c, s);
+                  }
+                  const ncclResult_t end = ncclGroupEnd();
+                  state->finish_call_locked(r != ncclSuccess ? r : end,
+                                            r != ncclSuccess ? "ncclSend/ncclRecv" : "ncclGroupEnd",
+                                            what, in_group);
+                });
+}
+
 Work NcclCommunicator::barrier(Stream& stream) {
   auto state = state_;
   void* word = state_ ? state_->scratch : nullptr;
@@ -610,6 +638,7 @@ Traffic NcclCommunicator::traffic() const noexcept {
   t.reduce_scatter = (*traffic_)[1].load();
   t.all_reduce = (*traffic_)[2].load();
   t.broadcast = (*traffic_)[3].load();
+  t.all_to_all = (*traffic_)[4].load();
   return t;
 }
 
