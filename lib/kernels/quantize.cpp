@@ -21,6 +21,12 @@ const char* quant_code_name(QuantCode c) noexcept {
   return c == QuantCode::int8 ? "int8" : "fp8_e4m3";
 }
 
+QuantCode parse_quant_code(const std::string& name, const std::string& what) {
+  if (name == "int8") return QuantCode::int8;
+  if (name == "fp8_e4m3" || name == "fp8" || name == "e4m3") return QuantCode::fp8_e4m3;
+  throw ConfigError(what + ": unknown code '" + name + "' (allowed: int8, fp8_e4m3)");
+}
+
 float quant_code_max(QuantCode c) noexcept {
   return c == QuantCode::int8 ? 127.0f : 448.0f;
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
@@ -21,6 +22,9 @@ enum class QuantCode : std::uint8_t {
 };
 /// "int8", "fp8_e4m3".
 const char* quant_code_name(QuantCode c) noexcept;
+/// "int8", "fp8_e4m3" (also "fp8", "e4m3"); ConfigError naming `what` (the option or JSON
+/// path the name came from) for anything else.
+QuantCode parse_quant_code(const std::string& name, const std::string& what);
 /// The code's largest finite magnitude: 127 (int8), 448 (fp8_e4m3).
 float quant_code_max(QuantCode c) noexcept;
 
