@@ -68,12 +68,6 @@ const char* buf_kind_name(BufKind k) noexcept {
   return "?";
 }
 
-std::size_t GroupInfo::gather_bytes() const noexcept {
-  const auto gsn = static_cast<std::size_t>(shard_numel);
-  if (world == 1) return cast() ? gsn * dtype_size(param_dtype) : 0;
-  return static_cast<std::size_t>(world) * gsn * dtype_size(param_dtype);
-}
-
 std::size_t GroupInfo::unsharded_bytes() const noexcept {
   return static_cast<std::size_t>(arena_numel) * dtype_size(param_dtype);
 }

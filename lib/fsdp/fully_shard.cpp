@@ -385,6 +385,70 @@ Placement shard_placement(const FullyShardOptions& options, const std::string& n
   return pl;
 }
 
+std::uint8_t compression_wire(const CompressionPolicy& policy, const std::string& name) {
+  if (!policy.any()) return 0;
+  const int b = policy.block;
+  if (b < 8 || b > (1 << 20) || (b & (b - 1)) != 0)
+    throw InvalidArgument("fully_shard(" + name + "): compression block " + std::to_string(b) +
+                          " must be a power of two from 8 to 1048576 (elements per scale)");
+  if (policy.reduce_scatter && *policy.reduce_scatter != kernels::QuantCode::int8)
+    throw InvalidArgument("fully_shard(" + name +
+                          "): the reduce-scatter's compression must be "
+                          "int8 (got " +
+                          kernels::quant_code_name(*policy.reduce_scatter) +
+                          "; fp8 is for the all-gather)");
+  int log2 = 0;
+  while ((1 << log2) < b)
+    ++log2;
+  return transport::Geometry::make_wire(policy.all_gather, policy.reduce_scatter.has_value(), log2);
+}
+
+nlohmann::json compression_json(const CompressionPolicy& policy) {
+  auto code = [](const std::optional<kernels::QuantCode>& c) {
+    return c ? nlohmann::json(kernels::quant_code_name(*c)) : nlohmann::json(nullptr);
+  };
+  return {{"all_gather", code(policy.all_gather)},
+          {"reduce_scatter", code(policy.reduce_scatter)},
+          {"block", policy.block}};
+}
+
+namespace {
+
+// "compression": {"all_gather": "int8" | "fp8_e4m3" | null, "reduce_scatter": "int8" | null,
+// "block": int}; null or false: none.
+CompressionPolicy compression_from_json(const nlohmann::json& v, const std::string& path) {
+  CompressionPolicy c;
+  if (v.is_null() || (v.is_boolean() && !v.get<bool>())) return c;
+  if (!v.is_object())
+    throw ConfigError(path +
+                      ": expected null, false or an object with all_gather, "
+                      "reduce_scatter, block");
+  for (auto f = v.begin(); f != v.end(); ++f) {
+    const std::string at = path + "." + f.key();
+    const auto& x = f.value();
+    if (f.key() == "all_gather" || f.key() == "reduce_scatter") {
+      auto& code = f.key() == "all_gather" ? c.all_gather : c.reduce_scatter;
+      if (x.is_null())
+        code.reset();
+      else if (x.is_string())
+        code = kernels::parse_quant_code(x.get<std::string>(), at);
+      else
+        throw ConfigError(at + ": expected \"int8\", \"fp8_e4m3\" or null");
+    } else if (f.key() == "block") {
+      if (!x.is_number_integer() || x.get<long long>() < 1 || x.get<long long>() > (1 << 20))
+        throw ConfigError(at + ": expected an integer from 8 to 1048576 (a power of two)");
+      c.block = x.get<int>();
+    } else {
+      throw ConfigError(at +
+                        ": unknown compression field (allowed: all_gather, reduce_scatter, "
+                        "block)");
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
 FullyShardOptions options_from_request(const nlohmann::json& req, const FullyShardOptions& defaults,
                                        const std::string& where) {
   FullyShardOptions o = defaults;
@@ -437,11 +501,13 @@ FullyShardOptions options_from_request(const nlohmann::json& req, const FullySha
       } else {
         throw ConfigError(path + ": expected null, true, false, \"cpu\" or {\"pin_memory\": bool}");
       }
+    } else if (key == "compression") {
+      o.compression = compression_from_json(v, path);
     } else {
       throw ConfigError(path +
                         ": unknown fully_shard option (allowed: reshard_after_forward, "
                         "param_dtype, reduce_dtype, output_dtype, ignored_params, "
-                        "offload_policy)");
+                        "offload_policy, compression)");
     }
   }
   return o;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/tensor/staging.hpp"
 #include "lib/fsdp/running_backend.hpp"
 
@@ -60,6 +61,7 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
                             "so give them separate fully_shard calls");
   I.param_dtype = options.mp_policy.param_dtype.value_or(I.orig_dtype);
   I.reduce_dtype = options.mp_policy.reduce_dtype.value_or(I.param_dtype);
+  I.wire = ::fullshard::fsdp::compression_wire(options.compression, *name_);
   offload_ = options.offload_policy;
 
   layout_ = kernels::make_group_layout(layouts);

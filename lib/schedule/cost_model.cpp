@@ -15,6 +15,7 @@
 #include "fullshard/comm/shm.hpp"
 #include "fullshard/comm/stream.hpp"
 #include "fullshard/kernels/multi_source.hpp"
+#include "fullshard/kernels/quantize.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 
 namespace fullshard::schedule {
@@ -156,6 +157,13 @@ void CostModel::set_copy_gb_per_s(double v) {
   copy_gb_per_s_ = v;
 }
 
+void CostModel::set_quant_ns_per_element(double v) {
+  if (!(v > 0) || !std::isfinite(v))
+    throw InvalidArgument("CostModel: the quantize cost must be > 0 ns per element, got " +
+                          std::to_string(v));
+  quant_ns_per_element_ = v;
+}
+
 bool CostModel::operator==(const CostModel& o) const noexcept {
   for (CollectiveKind k : kKinds)
     for (MeshDim d : kDims)
@@ -165,7 +173,7 @@ bool CostModel::operator==(const CostModel& o) const noexcept {
       if (shm_collective(k, d) != o.shm_collective(k, d)) return false;
   for (MeshDim d : kDims)
     if (transport(d) != o.transport(d)) return false;
-  return copy_gb_per_s_ == o.copy_gb_per_s_;
+  return copy_gb_per_s_ == o.copy_gb_per_s_ && quant_ns_per_element_ == o.quant_ns_per_element_;
 }
 
 namespace {
@@ -201,6 +209,7 @@ nlohmann::json CostModel::to_json() const {
   nlohmann::json j =
       alpha_beta_table(kKinds, [this](CollectiveKind k, MeshDim d) { return collective(k, d); });
   j["copy_gb_per_s"] = copy_gb_per_s_;
+  j["quant_ns_per_element"] = quant_ns_per_element_;
   nlohmann::json transport = nlohmann::json::object();
   for (MeshDim d : kDims)
     transport[mesh_dim_name(d)] = transport_name(this->transport(d));
@@ -280,6 +289,12 @@ CostModel CostModel::from_json(const nlohmann::json& j, const CostModel& base,
       c.copy_gb_per_s_ = v;
       continue;
     }
+    if (key == "quant_ns_per_element") {
+      const double v = non_negative(it.value(), source, path);
+      if (v <= 0) fail(source, path, "expected a time > 0 ns");
+      c.quant_ns_per_element_ = v;
+      continue;
+    }
     if (key == "transport") {
       check_object(it.value(), source, path);
       for (auto dt = it.value().begin(); dt != it.value().end(); ++dt) {
@@ -316,8 +331,8 @@ CostModel CostModel::from_json(const nlohmann::json& j, const CostModel& base,
     if (!kind)
       fail(source, path,
            "unknown key '" + key +
-               "' (allowed: all_gather, reduce_scatter, all_reduce, copy_gb_per_s, transport, "
-               "shm)");
+               "' (allowed: all_gather, reduce_scatter, all_reduce, copy_gb_per_s, "
+               "quant_ns_per_element, transport, shm)");
     read_dims(it.value(), source, path,
               [&](MeshDim d) -> AlphaBeta& { return c.collective(*kind, d); });
   }
@@ -516,6 +531,24 @@ CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostM
   }
   best = agree(std::max(best, 1e-6));
   m.copy_gb_per_s_ = static_cast<double>(bytes) / best / 1e6;
+
+  // Quantize cost: an int8 encode of the largest size into `b` (codes, then scales).
+  {
+    const auto n = static_cast<std::int64_t>(max_count);
+    const std::int64_t block = 256;
+    auto* codes = reinterpret_cast<std::uint8_t*>(b.data());
+    float* scales = b.data() + (max_count + 3) / 4;
+    const kernels::ExecStream host = kernels::ExecStream::host();
+    double q = 1e300;
+    for (int r = 0; r < reps + 1; ++r) {
+      const double t0 = MPI_Wtime();
+      kernels::quantize(host, a.data(), DType::f32, n, block, kernels::QuantCode::int8, codes,
+                        scales);
+      host.fence();
+      q = std::min(q, (MPI_Wtime() - t0) * 1e3);
+    }
+    m.quant_ns_per_element_ = agree(std::max(q, 1e-6)) * 1e6 / static_cast<double>(n);
+  }
   return m;
 }
 

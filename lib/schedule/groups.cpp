@@ -18,11 +18,21 @@ std::size_t PlannedGroup::unsharded_bytes() const noexcept {
   return static_cast<std::size_t>(layout.arena_numel) * dtype_size(param_dtype);
 }
 
-std::size_t PlannedGroup::gather_bytes() const noexcept {
-  const auto gsn = static_cast<std::size_t>(layout.shard_numel);
-  const auto W = static_cast<std::size_t>(layout.world);
-  if (W == 1) return param_dtype == orig_dtype ? 0 : gsn * dtype_size(param_dtype);
-  return W * gsn * dtype_size(param_dtype);
+transport::Geometry PlannedGroup::geometry(int replicate) const {
+  transport::Geometry g;
+  g.shard_numel = layout.shard_numel;
+  g.arena_numel = layout.arena_numel;
+  g.world = layout.world;
+  g.replicate = replicate;
+  g.orig_dtype = orig_dtype;
+  g.param_dtype = param_dtype;
+  g.reduce_dtype = reduce_dtype;
+  g.wire = wire;
+  return g;
+}
+
+std::size_t PlannedGroup::gather_bytes() const {
+  return geometry().gather_bytes();
 }
 
 std::string PlannedGroup::reshard_string() const {
@@ -161,6 +171,7 @@ class GroupBuilder {
     stack_.resize(kept);
     g.param_dtype = options.mp_policy.param_dtype.value_or(g.orig_dtype);
     g.reduce_dtype = options.mp_policy.reduce_dtype.value_or(g.param_dtype);
+    g.wire = fsdp::compression_wire(options.compression, g.name);
     // Byte counts from user shapes, checked here so that shard_bytes(), unsharded_bytes(),
     // gather_bytes() and the scheduler's sums of them over groups cannot wrap: every buffer a
     // group can hold at once (all-gather and reduce-scatter buffers, unsharded parameters and

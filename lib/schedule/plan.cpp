@@ -145,10 +145,12 @@ std::string Plan::to_text() const {
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const PlannedGroup& g = groups[i];
     line("  [" + std::to_string(i) + "] " + g.name + ": params=" + std::to_string(g.params.size()) +
-         " shard=" + std::to_string(g.shard_bytes()) + " B/rank unsharded=" +
-         std::to_string(g.unsharded_bytes()) + " B gather=" + std::to_string(g.gather_bytes()) +
-         " B dtypes=" + dtype_name(g.orig_dtype) + "/" + dtype_name(g.param_dtype) + "/" +
-         dtype_name(g.reduce_dtype) + " reshard_after_forward=" + g.reshard_string() +
+         " shard=" + std::to_string(g.shard_bytes()) +
+         " B/rank unsharded=" + std::to_string(g.unsharded_bytes()) +
+         " B gather=" + std::to_string(g.gather_bytes()) + " B dtypes=" + dtype_name(g.orig_dtype) +
+         "/" + dtype_name(g.param_dtype) + "/" + dtype_name(g.reduce_dtype) +
+         (g.wire ? " compression=" + g.geometry().wire_text() : std::string()) +
+         " reshard_after_forward=" + g.reshard_string() +
          (options.no_unshard_in_backward.count(g.name) ? " unshard_in_backward=false" : "") +
          (g.is_root ? " root" : ""));
     line("      params: " +

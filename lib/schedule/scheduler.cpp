@@ -54,7 +54,9 @@ class PlanningBackend final : public engine::Backend {
     b = engine::Buf();
   }
 
-  engine::Event gather_copy_in(const engine::OpDesc& d, engine::Group&, engine::Buf&) override {
+  engine::Event gather_copy_in(const engine::OpDesc& d, engine::Group& g, engine::Buf&) override {
+    if (g.info.compressed_gather())  // the encode of the shard
+      return emit(d, cost_.quant_ms(double(g.info.shard_numel)));
     return emit(d, cost_.copy_ms(double(d.bytes)));
   }
   engine::Event all_gather(const engine::OpDesc& d, engine::Group& g, engine::Buf&, bool,
@@ -75,6 +77,8 @@ class PlanningBackend final : public engine::Backend {
       return emit(d, cost_.shm_time_ms(
                          CollectiveKind::all_gather, MeshDim::shard,
                          double(g.info.shard_numel) * double(dtype_size(g.info.param_dtype))));
+    if (g.info.compressed_gather())  // the decode fused into the copy-out
+      return emit(d, cost_.quant_ms(double(g.info.arena_numel)));
     return emit(d, cost_.copy_ms(double(d.bytes)));
   }
   engine::Event grad_init(const engine::OpDesc& d, engine::Group&, engine::Buf&) override {
@@ -86,6 +90,14 @@ class PlanningBackend final : public engine::Backend {
   }
   engine::Event reduce_scatter(const engine::OpDesc& d, engine::Group& g, engine::Buf&,
                                engine::Buf&, const transport::ReduceSpec&) override {
+    if (g.info.compressed_reduce()) {
+      // Encode W chunks, an all-to-all of packed slots (a reduce-scatter's traffic), the
+      // decode and sum of W slots (with the copy-out, when fused).
+      const double elements = double(g.info.world) * double(g.info.shard_numel);
+      return emit(
+          d, 2.0 * cost_.quant_ms(elements) +
+                 cost_.time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, double(d.bytes)));
+    }
     if (shm(g))
       return emit(
           d, cost_.shm_time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, double(d.bytes)));
@@ -122,11 +134,14 @@ class PlanningBackend final : public engine::Backend {
   // the running transports follow (transport::fusions). Folded operations cost nothing; the
   // shared-memory collectives carry them (the all-gather is costed on its copy-out, the
   // reduce-scatter includes its copy-in and, without HSDP, its copy-out).
+  transport::Kind kind(const engine::Group& g) const noexcept {
+    return transport::group_kind(cost_.transport(MeshDim::shard), g.info);
+  }
   transport::Fusions fused(const engine::Group& g) const noexcept {
-    return transport::fusions(cost_.transport(MeshDim::shard), g.info);
+    return transport::fusions(kind(g), g.info);
   }
   bool shm(const engine::Group& g) const noexcept {
-    return g.info.world > 1 && cost_.transport(MeshDim::shard) == Transport::shm;
+    return g.info.world > 1 && kind(g) == Transport::shm;
   }
 
   // The op just begun, list-scheduled as it is issued: it starts when its stream is free and
@@ -255,14 +270,7 @@ EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory)
     I.name = pg.name;
     I.module = pg.modules.front();
     I.num_modules = static_cast<int>(pg.modules.size());
-    I.world = pg.shard_size();
-    I.rank = 0;
-    I.replicate = p.mesh.replicate_size;
-    I.shard_numel = pg.layout.shard_numel;
-    I.arena_numel = pg.layout.arena_numel;
-    I.orig_dtype = pg.orig_dtype;
-    I.param_dtype = pg.param_dtype;
-    I.reduce_dtype = pg.reduce_dtype;
+    static_cast<transport::Geometry&>(I) = pg.geometry(p.mesh.replicate_size);
     g.reshard_after_forward = pg.reshard_after_forward;
     g.reshard_after_backward = p.options.reshard_after_backward;
     g.reduce_grads = p.options.requires_gradient_sync;

@@ -1,5 +1,7 @@
 #include "lib/transport/comm_transport.hpp"
 
+#include "fullshard/kernels/quantize.hpp"
+
 namespace fullshard::transport::detail {
 namespace {
 
@@ -32,6 +34,7 @@ void CommTransport::attach(Device& dev) {
 
 // CPUOffloadPolicy: the cast kernel reads pinned host shards in place (the host-to-device copy
 // is fused into the copy-in); pageable ones are copied into a device staging buffer first.
+// A compressed all-gather encodes the shard into its packed slot instead of casting it.
 comm::Work CommTransport::cast_shard(Device& dev, Channel c, void* to) {
   const Geometry I = geo();
   const void* from = store().shards().data();
@@ -41,24 +44,26 @@ comm::Work CommTransport::cast_shard(Device& dev, Channel c, void* to) {
   const kernels::ExecStream& on = dev.exec(c);
   return dev.run(c, stream(dev, c), label("copy_in of group "), [=, &on] {
     const void* src = shard_source(off, *d, c, staged, from);
-    kernels::cast_copy(on, src, I.orig_dtype, to, I.param_dtype, I.shard_numel);
+    if (I.compressed_gather())
+      kernels::quantize_packed(on, src, I.orig_dtype, I.shard_numel, I.quant_block(),
+                               I.gather_code(), to);
+    else
+      kernels::cast_copy(on, src, I.orig_dtype, to, I.param_dtype, I.shard_numel);
   });
 }
 
 comm::Work CommTransport::gather_copy_in(Device& dev, Channel c, Held& dst) {
   const Geometry& I = geo();
   const std::size_t slot =
-      I.world > 1 ? static_cast<std::size_t>(I.rank * I.shard_numel) * dtype_size(I.param_dtype)
-                  : 0;
+      I.world > 1 ? static_cast<std::size_t>(I.rank) * I.gather_slot_bytes() : 0;
   return cast_shard(dev, c, bytes(dst.tensor) + slot);
 }
 
 comm::Work CommTransport::all_gather(Device& dev, Channel c, Held& dst, bool in_place) {
   dev.before_collective(c);  // the copy-in before it (a device orders it by the stream)
   const Geometry& I = geo();
-  const auto gsn = static_cast<std::size_t>(I.shard_numel);
-  void* own =
-      bytes(dst.tensor) + static_cast<std::size_t>(I.rank) * gsn * dtype_size(I.param_dtype);
+  const auto count = static_cast<std::size_t>(I.gather_slot_numel());  // compressed: packed
+  void* own = bytes(dst.tensor) + static_cast<std::size_t>(I.rank) * I.gather_slot_bytes();
   const void* send = in_place ? own : store().shards().data();
   if (offload_ && !in_place) {
     // CPUOffloadPolicy without a cast: NCCL sends device memory, so the host shard is copied
@@ -67,7 +72,7 @@ comm::Work CommTransport::all_gather(Device& dev, Channel c, Held& dst, bool in_
     offload_->copy(dev, c, own, send, "host-to-device copy of the shard");
     send = own;
   }
-  return ag_comm_->all_gather(send, dst.tensor.data(), gsn, I.param_dtype, stream(dev, c));
+  return ag_comm_->all_gather(send, dst.tensor.data(), count, I.gather_dtype(), stream(dev, c));
 }
 
 // Copy-out (and the kept slice). Without a gather buffer (one rank, no cast) the kernel reads
@@ -88,12 +93,16 @@ comm::Work CommTransport::gather_copy_out(Device& dev, Channel c, const Held* sr
   const kernels::ExecStream& on = dev.exec(c);
   return dev.run(c, stream(dev, c), label("copy_out of group "), [=, &on] {
     const void* f = shard_source(off, *d, c, staged, from);
-    kernels::run_copies(*plan, f, I.param_dtype, to, I.param_dtype, on);
-    if (kept)
+    if (I.compressed_gather() && src)  // decode fused into the copy-out
+      kernels::run_dequantize_copies(*plan, f, I.shard_numel, I.quant_block(), I.gather_code(), to,
+                                     I.param_dtype, on);
+    else
+      kernels::run_copies(*plan, f, I.param_dtype, to, I.param_dtype, on);
+    if (kept)  // W/k slots, as gathered (compressed: packed codes)
       kernels::cast_copy(
           on, static_cast<const std::byte*>(f) + static_cast<std::size_t>(I.rank % k) * block,
-          I.param_dtype, kept, I.param_dtype,
-          static_cast<std::int64_t>(block / dtype_size(I.param_dtype)));
+          I.gather_dtype(), kept, I.gather_dtype(),
+          static_cast<std::int64_t>(block / dtype_size(I.gather_dtype())));
   });
 }
 
@@ -117,6 +126,7 @@ comm::Work CommTransport::external_copy_in(Device& dev, Channel c, std::vector<T
 
 comm::Work CommTransport::reduce_scatter(Device& dev, Channel c, Held& input, Held& output,
                                          const ReduceSpec& spec) {
+  if (geo().compressed_reduce()) return compressed_reduce_scatter(dev, c, input, output, spec);
   dev.before_collective(c);  // the copy-in before it (a device orders it by the stream)
   const Geometry& I = geo();
   void* in = input.tensor.data();
@@ -130,12 +140,53 @@ comm::Work CommTransport::reduce_scatter(Device& dev, Channel c, Held& input, He
   return rs_comm_->reduce_scatter(in, out, n, I.reduce_dtype, comm::ReduceOp::sum, stream(dev, c));
 }
 
+// The int8 reduce-scatter (ZeRO++'s qgZ): every chunk of the rank-major input encoded into a
+// packed slot, an all-to-all of the slots, and the slots this rank received decoded and summed
+// in f32 in rank order (kernels::reduce_dequantize). Without HSDP that pass also divides, casts
+// and accumulates into the sharded gradients (the copy-out is fused); with HSDP it writes the
+// sum at the start of `output` for the replicate all-reduce. `output`: [sum | sent | received].
+comm::Work CommTransport::compressed_reduce_scatter(Device& dev, Channel c, Held& input,
+                                                    Held& output, const ReduceSpec& spec) {
+  const Geometry I = geo();
+  const int W = I.world;
+  const std::int64_t slot = I.packed_slot_bytes();
+  const std::size_t rsz = dtype_size(I.reduce_dtype);
+  const std::size_t sum_bytes =
+      I.replicate > 1 ? (static_cast<std::size_t>(I.shard_numel) * rsz + 3) / 4 * 4 : 0;
+  const std::byte* in = bytes(input.tensor);
+  std::byte* sent = bytes(output.tensor) + sum_bytes;
+  std::byte* received = sent + static_cast<std::size_t>(W) * static_cast<std::size_t>(slot);
+  const kernels::ExecStream& on = dev.exec(c);
+  comm::Stream& s = stream(dev, c);
+  dev.run(c, s, label("reduce_scatter encode of group "), [=, &on] {
+    for (int q = 0; q < W; ++q)
+      kernels::quantize_packed(
+          on, in + static_cast<std::size_t>(q) * static_cast<std::size_t>(I.shard_numel) * rsz,
+          I.reduce_dtype, I.shard_numel, I.quant_block(), kernels::QuantCode::int8,
+          sent + static_cast<std::size_t>(q) * static_cast<std::size_t>(slot));
+  });
+  dev.before_collective(c);
+  comm::Work sent_work =
+      rs_comm_->all_to_all(sent, received, static_cast<std::size_t>(slot / 4), DType::f32, s);
+  const bool fused = fusions().copy_out_in_reduce;
+  void* to = fused ? store().gradients_for_write().data() : bytes(output.tensor);
+  const DType to_t = fused ? I.orig_dtype : I.reduce_dtype;
+  const double divisor = fused ? spec.divisor : 1.0;
+  const bool acc = fused && spec.accumulate;
+  return dev.run(c, s, label("reduce_scatter decode of group "), [=, &on] {
+    sent_work.test();  // host: ran before (stream order); its error instead of decoding
+    kernels::reduce_dequantize(on, received, W, I.shard_numel, I.quant_block(),
+                               kernels::QuantCode::int8, divisor, to, to_t, acc);
+  });
+}
+
 // Divide (what the reduction did not), cast and accumulate into the sharded gradients.
 // CPUOffloadPolicy: the kernel writes (and accumulates into) pinned host gradients in place
 // (the device-to-host copy is fused into the copy-out); pageable ones go through a device
 // staging buffer: the old gradients in (when accumulating), the kernel, the result out.
 comm::Work CommTransport::reduce_copy_out(Device& dev, Channel c, Held& src,
                                           const ReduceSpec& spec) {
+  if (fusions().copy_out_in_reduce) return dev.last(c);  // done by the reduce-scatter
   const Geometry I = geo();
   const double divisor = fusions().divide_in_reduce ? 1.0 : spec.divisor;
   const bool acc = spec.accumulate;

@@ -27,8 +27,10 @@ class CommTransport : public GroupTransport {
   comm::Work reduce_copy_out(Device& dev, Channel c, Held& src, const ReduceSpec& spec) override;
 
  protected:
-  /// The shards cast to the parameter dtype into `to`, on channel c.
+  /// The shards cast to the parameter dtype (compressed: encoded) into `to`, on channel c.
   comm::Work cast_shard(Device& dev, Channel c, void* to);
+  comm::Work compressed_reduce_scatter(Device& dev, Channel c, Held& input, Held& output,
+                                       const ReduceSpec& spec);
 
  private:
   std::optional<OffloadedShards> offload_;  // CPUOffloadPolicy (CUDA meshes)

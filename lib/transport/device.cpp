@@ -1,22 +1,9 @@
 #include "fullshard/transport/detail/device.hpp"
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/transport/fusions.hpp"
 #include "lib/transport/devices.hpp"
 
 namespace fullshard::transport {
-
-const char* kind_name(Kind k) noexcept {
-  switch (k) {
-    case Kind::mpi:
-      return "mpi";
-    case Kind::shm:
-      return "shm";
-    case Kind::nccl:
-      return "nccl";
-  }
-  return "?";
-}
 
 comm::Work Device::submit(Channel c, comm::Stream& s, const std::string& label,
                           std::function<void()> op) {

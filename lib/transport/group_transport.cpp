@@ -39,9 +39,9 @@ comm::Work GroupTransport::all_gather_slices(Device& dev, Channel c, Held& dst, 
   dev.before_collective(c);
   const Geometry& I = geo();
   const std::size_t block =
-      static_cast<std::size_t>(I.world / k) * static_cast<std::size_t>(I.shard_numel);
+      static_cast<std::size_t>(I.world / k) * static_cast<std::size_t>(I.gather_slot_numel());
   return post_forward_comm_->all_gather(slices.tensor.data(), dst.tensor.data(), block,
-                                        I.param_dtype, stream(dev, c));
+                                        I.gather_dtype(), stream(dev, c));
 }
 
 comm::Work GroupTransport::zero_grads(Device& dev, Channel c, Held& grads) {
@@ -127,11 +127,27 @@ void GroupTransport::before_shards_change() {}
 
 std::unique_ptr<GroupTransport> make_group_transport(GroupSpec spec) {
   const DeviceMesh& m = *spec.mesh;
-  if (m.device_type() == DeviceType::cuda)
+  if (m.device_type() == DeviceType::cuda) {
+    if (spec.offloaded && !spec.pinned && spec.geometry->compressed_reduce())
+      throw ConfigError(
+          "fully_shard(" + *spec.name +
+          "): an int8 reduce-scatter writes the sharded gradients from its decode "
+          "kernel, which cannot reach pageable host memory; give the "
+          "CPUOffloadPolicy pin_memory=true or drop the reduce-scatter's compression");
     return std::make_unique<detail::CommTransport>(Kind::nccl, std::move(spec));
+  }
   const std::string shard_dim = m.names().back();
   const comm::ShmComm* shm = m.shm(shard_dim);
   const int world = spec.geometry->world;
+  const Geometry& geo = *spec.geometry;
+  const bool compressed = geo.compressed_gather() || geo.compressed_reduce();
+  if (compressed && m.host_collectives() == HostCollectives::shm)
+    throw ConfigError("fully_shard(" + *spec.name +
+                      "): FULLSHARD_HOST_COLLECTIVES=shm, but the group's collectives are "
+                      "compressed, and compressed collectives run on MPI (our shared-memory "
+                      "transport reads each peer's shard where it lies: there is no message to "
+                      "make smaller); use FULLSHARD_HOST_COLLECTIVES=auto or mpi, or drop the "
+                      "compression");
   if (!shm && world > 1 && m.host_collectives() == HostCollectives::shm)
     throw ConfigError("fully_shard(" + *spec.name +
                       "): FULLSHARD_HOST_COLLECTIVES=shm, but the shard dim '" + shard_dim +
@@ -139,7 +155,8 @@ std::unique_ptr<GroupTransport> make_group_transport(GroupSpec spec) {
                       " spans more than one node, so its ranks cannot share memory; use "
                       "FULLSHARD_HOST_COLLECTIVES=auto (MPI across nodes) or mpi, or an HSDP "
                       "mesh whose shard dim lies inside a node");
-  if (shm && world > 1) return detail::make_shm_transport(std::move(spec), *shm);
+  if (shm && world > 1 && group_kind(Kind::shm, geo) == Kind::shm)
+    return detail::make_shm_transport(std::move(spec), *shm);
   return std::make_unique<detail::CommTransport>(Kind::mpi, std::move(spec));
 }
 

@@ -768,6 +768,9 @@ TEST_CASE("cost model: defaults, JSON round trip and errors, one all-gather's ti
   CostModel c = d;
   c.collective(CollectiveKind::reduce_scatter, MeshDim::replicate) = {0.125, 2.5e-7};
   c.set_copy_gb_per_s(42.0);
+  c.set_quant_ns_per_element(2.5);
+  CHECK(c.quant_ms(1e6) == doctest::Approx(2.5));
+  CHECK(c != d);
   const CostModel back = CostModel::from_json(nlohmann::json::parse(c.to_json().dump()), d);
   CHECK(back == c);
   CHECK(CostModel::from_json(nlohmann::json::object(), c) == c);
@@ -783,7 +786,10 @@ TEST_CASE("cost model: defaults, JSON round trip and errors, one all-gather's ti
   };
   CHECK(contains(err(R"({"all_gathr": {}})"),
                  "cost.json: all_gathr: unknown key 'all_gathr' (allowed: all_gather, "
-                 "reduce_scatter, all_reduce, copy_gb_per_s, transport, shm)"));
+                 "reduce_scatter, all_reduce, copy_gb_per_s, quant_ns_per_element, transport, "
+                 "shm)"));
+  CHECK(contains(err(R"({"quant_ns_per_element": 0})"),
+                 "cost.json: quant_ns_per_element: expected a time > 0 ns"));
   CHECK(contains(err(R"({"all_gather": {"shrd": {}}})"),
                  "cost.json: all_gather.shrd: unknown key 'shrd' (allowed: shard, replicate)"));
   CHECK(contains(err(R"({"all_reduce": {"replicate": {"alpha": 1}}})"),

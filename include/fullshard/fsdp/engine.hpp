@@ -248,7 +248,6 @@ struct GroupInfo : transport::Geometry {
   int num_modules = 1;
   std::string_view name;  // "layers.0", "<root>", "a+b" (owned by the group's maker)
 
-  std::size_t gather_bytes() const noexcept;     // the all-gather buffer (0: none needed)
   std::size_t unsharded_bytes() const noexcept;  // arena_numel * param dtype
 };
 

@@ -143,9 +143,20 @@ FSDPModule* fsdp_state(graph::Module& module) noexcept;
 Placement shard_placement(const FullyShardOptions& options, const std::string& name,
                           const graph::Parameter& p);
 
+/// Group `name`'s compression policy as transport::Geometry::wire. InvalidArgument naming the
+/// group for a block that is not a power of two from 8 to 2^20, or a reduce-scatter code
+/// other than int8.
+std::uint8_t compression_wire(const CompressionPolicy& policy, const std::string& name);
+
+/// A compression policy as a graph request's "compression" object (what
+/// options_from_request reads back).
+nlohmann::json compression_json(const CompressionPolicy& policy);
+
 /// The options of one graph request ("fully_shard": true or an object of options):
 /// `defaults` overridden by the keys present: reshard_after_forward (bool, null or int >= 1),
-/// param_dtype, reduce_dtype, output_dtype (dtype names), ignored_params (array of FQNs).
+/// param_dtype, reduce_dtype, output_dtype (dtype names), ignored_params (array of FQNs),
+/// offload_policy, compression ({"all_gather": "int8" | "fp8_e4m3" | null, "reduce_scatter":
+/// "int8" | null, "block": int}).
 /// ConfigError "<where>.<key>: <problem>" for anything else.
 FullyShardOptions options_from_request(const nlohmann::json& request,
                                        const FullyShardOptions& defaults, const std::string& where);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fullshard/base/dtype.hpp"
+#include "fullshard/kernels/quantize.hpp"
 #include "fullshard/tensor/placement.hpp"
 
 namespace fullshard::graph {
@@ -70,6 +71,25 @@ struct CPUOffloadPolicy {
   bool pin_memory = true;
 };
 
+/// Compressed collectives (what DeepSpeed ZeRO++ calls qwZ and qgZ): opt-in, they change the
+/// numbers. The all-gather sends each rank's shard as 8-bit codes with one f32 scale per
+/// `block` elements (int8 or fp8 e4m3; each unsharded parameter is within half a code step of
+/// its block's scale of the uncompressed one); the reduce-scatter sends every gradient chunk as
+/// int8 codes with per-block scales (an all-to-all), and the receiving rank sums the decoded
+/// chunks in f32 (each rank's contribution within half a step of its block). A group whose
+/// shard group has one rank sends nothing and is not compressed. A compressed group runs on
+/// the MPI transport (inside a node, Open MPI's shared memory). docs/compression.md.
+struct CompressionPolicy {
+  /// Code of the parameters' all-gather (unset: uncompressed).
+  std::optional<kernels::QuantCode> all_gather;
+  /// Code of the gradients' reduce-scatter: int8 only (unset: uncompressed).
+  std::optional<kernels::QuantCode> reduce_scatter;
+  /// Elements per scale: a power of two from 8 to 2^20.
+  int block = 256;
+
+  bool any() const noexcept { return all_gather || reduce_scatter; }
+};
+
 struct FullyShardOptions {
   ReshardAfterForward reshard_after_forward = ReshardAfterForward::automatic();
   MixedPrecisionPolicy mp_policy;
@@ -81,6 +101,8 @@ struct FullyShardOptions {
   std::function<std::optional<Placement>(const graph::Parameter&)> shard_placement_fn;
   /// Unset: no offloading (FSDP2's OffloadPolicy()); set: CPUOffloadPolicy.
   std::optional<CPUOffloadPolicy> offload_policy;
+  /// Compressed all-gather and reduce-scatter (default: none).
+  CompressionPolicy compression;
 };
 
 }  // namespace fullshard::fsdp

@@ -135,6 +135,15 @@ class CostModel {
   void set_copy_gb_per_s(double v);
   double copy_ms(double bytes) const noexcept { return bytes / (copy_gb_per_s_ * 1e6); }
 
+  /// Compressed collectives' kernels (encode into 8-bit codes with block scales; decode in the
+  /// copy-out or the reduce-scatter's sum): time per element of one pass, ns (default 0.6,
+  /// this development host's).
+  double quant_ns_per_element() const noexcept { return quant_ns_per_element_; }
+  void set_quant_ns_per_element(double v);
+  double quant_ms(double elements) const noexcept {
+    return elements * quant_ns_per_element_ * 1e-6;
+  }
+
   /// The JSON form (every key written).
   nlohmann::json to_json() const;
   /// Reads `j` over `base`: keys present replace base's values. ConfigError
@@ -153,14 +162,14 @@ class CostModel {
   /// (the fastest counts), agrees on the slowest rank's times (all ranks get the same model),
   /// fits alpha, beta by least squares (clamped at 0) and keeps the measured times as the
   /// pair's points (two or more sizes: time_ms interpolates them). The copy bandwidth is measured
-  /// with a memcpy of the largest size. With `shard_shm` (the shard dim's DeviceMesh::shm,
-  /// over the same ranks) it also measures the shared-memory all-gather and reduce-scatter
-  /// the running backend does (counter publish and wait on a ShmWindow, the Kokkos copy of
-  /// every peer's slot; the fused sum over every peer's chunk with the divide) and sets
-  /// transport(shard) to shm; without it transport(shard) is mpi. With `median` the median
-  /// of the reps counts instead of the fastest (what a training step sees on a shared host:
-  /// fullshard-calibrate --median). Collective over the communicators: every rank calls it
-  /// with the same arguments. Values not measured come from `base`.
+  /// with a memcpy of the largest size, the quantize cost with an int8 encode of it. With
+  /// `shard_shm` (the shard dim's DeviceMesh::shm, over the same ranks) it also measures the
+  /// shared-memory all-gather and reduce-scatter the running backend does (counter publish and wait
+  /// on a ShmWindow, the Kokkos copy of every peer's slot; the fused sum over every peer's chunk
+  /// with the divide) and sets transport(shard) to shm; without it transport(shard) is mpi. With
+  /// `median` the median of the reps counts instead of the fastest (what a training step sees on a
+  /// shared host: fullshard-calibrate --median). Collective over the communicators: every rank
+  /// calls it with the same arguments. Values not measured come from `base`.
   static CostModel calibrate(const comm::Communicator& shard_comm, const CostModel& base,
                              const comm::Communicator* replicate_comm = nullptr,
                              const std::vector<std::size_t>& sizes = {1 << 16, 1 << 20, 1 << 22},
@@ -175,6 +184,7 @@ class CostModel {
   AlphaBeta shm_[2][2];  // [all_gather | reduce_scatter][dim]
   Transport transport_[2] = {Transport::mpi, Transport::mpi};
   double copy_gb_per_s_ = 10.0;
+  double quant_ns_per_element_ = 0.6;
 };
 
 /// A two-level network (cluster scale by simulation): `gpus_per_node` ranks per node joined

@@ -16,6 +16,7 @@
 #include "fullshard/fsdp/options.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
+#include "fullshard/transport/fusions.hpp"
 
 namespace fullshard::schedule {
 
@@ -48,6 +49,8 @@ struct PlannedGroup {
   DType orig_dtype = DType::f32;
   DType param_dtype = DType::f32;
   DType reduce_dtype = DType::f32;
+  /// The compressed collectives (transport::Geometry::wire).
+  std::uint8_t wire = 0;
   /// Resolved reshard_after_forward, as the engine keeps it: -1 true (reshard to the shards),
   /// 1 false (keep unsharded), k in (1, W) keep a 1/k slice and gather backward in k ranks.
   int reshard_after_forward = -1;
@@ -75,10 +78,14 @@ struct PlannedGroup {
   std::size_t shard_bytes() const noexcept;
   /// arena_numel * sizeof(param dtype): the unsharded parameters (and unsharded gradients).
   std::size_t unsharded_bytes() const noexcept;
-  /// The all-gather buffer the engine takes from the pool when it issues the all-gather:
-  /// W * gsn * sizeof(param dtype); with W == 1, gsn * sizeof(param dtype) when a cast is
-  /// needed and 0 (no buffer: the shards are read directly) otherwise.
-  std::size_t gather_bytes() const noexcept;
+  /// The all-gather buffer the engine takes from the pool when it issues the all-gather
+  /// (transport::Geometry::gather_bytes): W * gsn * sizeof(param dtype), or W packed slots
+  /// when compressed; with W == 1, gsn * sizeof(param dtype) when a cast is needed and 0 (no
+  /// buffer: the shards are read directly) otherwise.
+  std::size_t gather_bytes() const;
+  /// The group's sizes and dtypes as its transport sees them (on rank 0 of a mesh with
+  /// `replicate` replicas).
+  transport::Geometry geometry(int replicate = 1) const;
   /// "true", "false" or the int k.
   std::string reshard_string() const;
 };

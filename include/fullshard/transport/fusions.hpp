@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "fullshard/base/dtype.hpp"
+#include "fullshard/kernels/quantize.hpp"
 
 namespace fullshard::transport {
 
@@ -28,8 +31,53 @@ struct Geometry {
   DType orig_dtype = DType::f32;
   DType param_dtype = DType::f32;
   DType reduce_dtype = DType::f32;
+  /// Compressed collectives (set_wire): bits 0-1 the all-gather's code (0 none, 1 int8,
+  /// 2 fp8_e4m3), bit 2 the reduce-scatter's (int8), bits 3-7 log2 of the block.
+  std::uint8_t wire = 0;
 
   bool cast() const noexcept { return param_dtype != orig_dtype; }
+
+  /// The wire byte of a compression: `gather` the all-gather's code (none: uncompressed),
+  /// `reduce_int8` the reduce-scatter's, 2^log2_block elements per scale.
+  static std::uint8_t make_wire(std::optional<kernels::QuantCode> gather, bool reduce_int8,
+                                int log2_block) noexcept {
+    return static_cast<std::uint8_t>((gather ? 1 + static_cast<int>(*gather) : 0) |
+                                     (reduce_int8 ? 4 : 0) |
+                                     ((gather || reduce_int8) ? (log2_block & 31) << 3 : 0));
+  }
+  /// The all-gather sends block-scaled 8-bit codes (a shard group of one rank sends nothing).
+  constexpr bool compressed_gather() const noexcept { return world > 1 && (wire & 3) != 0; }
+  /// The reduce-scatter sends int8 codes, summed in f32 on the receiving rank.
+  constexpr bool compressed_reduce() const noexcept { return world > 1 && (wire & 4) != 0; }
+  kernels::QuantCode gather_code() const noexcept {
+    return (wire & 3) == 2 ? kernels::QuantCode::fp8_e4m3 : kernels::QuantCode::int8;
+  }
+  /// "int8/int8/256": the all-gather's code, the reduce-scatter's ("none" for a plain one)
+  /// and the block; "" without compression.
+  std::string wire_text() const;
+  /// Elements per scale of both compressed collectives.
+  std::int64_t quant_block() const noexcept { return std::int64_t{1} << (wire >> 3); }
+  /// One rank's packed slot of the compressed all-gather / reduce-scatter (codes, scales; a
+  /// multiple of 4 bytes).
+  std::int64_t packed_slot_bytes() const {
+    return kernels::quant_packed_bytes(shard_numel, quant_block());
+  }
+  /// A rank's slot of the all-gather buffer as a collective's (count, dtype): the shard in the
+  /// parameter dtype, or its packed codes as f32 words.
+  std::int64_t gather_slot_numel() const {
+    return compressed_gather() ? packed_slot_bytes() / 4 : shard_numel;
+  }
+  DType gather_dtype() const noexcept { return compressed_gather() ? DType::f32 : param_dtype; }
+  std::size_t gather_slot_bytes() const {
+    return static_cast<std::size_t>(gather_slot_numel()) * dtype_size(gather_dtype());
+  }
+  /// The all-gather buffer: W slots; one rank: the cast shard, or none (the copy-out reads the
+  /// shards themselves).
+  std::size_t gather_bytes() const {
+    if (world == 1)
+      return cast() ? static_cast<std::size_t>(shard_numel) * dtype_size(param_dtype) : 0;
+    return static_cast<std::size_t>(world) * gather_slot_bytes();
+  }
 };
 static_assert(sizeof(Geometry) <= 32, "Geometry: keep the engine's GroupInfo in one cache line");
 
@@ -53,9 +101,25 @@ struct Fusions {
   bool divide_in_reduce = false;
 };
 
+/// The transport a group of `g` runs on when its mesh's shard dim offers `k`: a compressed
+/// group leaves shared memory for MPI (the shared-memory transport reads each peer's shard
+/// where it lies: there is no message to make smaller), which inside a node is Open MPI's own
+/// shared memory.
+constexpr Kind group_kind(Kind k, const Geometry& g) noexcept {
+  return k == Kind::shm && (g.compressed_gather() || g.compressed_reduce()) ? Kind::mpi : k;
+}
+
+/// `k`: the group's transport (group_kind).
 constexpr Fusions fusions(Kind k, const Geometry& g) noexcept {
   Fusions f;
   if (g.world <= 1) return f;  // no collective over the shard group
+  if (g.compressed_reduce()) {
+    // The receiving rank decodes, sums, divides, casts and accumulates in one pass; with HSDP
+    // the sum goes to the all-reduce first.
+    f.copy_out_in_reduce = g.replicate == 1;
+    f.divide_in_reduce = g.replicate == 1;
+    return f;
+  }
   if (k == Kind::shm) {
     f.gather_in_copy_out = true;
     f.reduce_reads_in_place = true;

@@ -56,9 +56,8 @@ struct StateMachine {
     b = Buf();
   }
 
-  static std::size_t shard_bytes_param(const Group& g) {
-    return static_cast<std::size_t>(g.info.shard_numel) * dtype_size(g.info.param_dtype);
-  }
+  // A rank's slot of the all-gather: its shard in the parameter dtype, or its packed codes.
+  static std::size_t shard_bytes_param(const Group& g) { return g.info.gather_slot_bytes(); }
 
   // The hook counters and post-forward positions of one iteration.
   static void clear_counters(Group& g) noexcept {
@@ -68,9 +67,10 @@ struct StateMachine {
     if (!g.post_forward_indices.empty()) g.post_forward_indices.clear();
   }
 
+  // The W/k all-gather slots a rank keeps after forward (reshard_after_forward=k).
   static std::size_t slice_numel(const Group& g) {
     return static_cast<std::size_t>(g.info.world / g.reshard_after_forward) *
-           static_cast<std::size_t>(g.info.shard_numel);
+           static_cast<std::size_t>(g.info.gather_slot_numel());
   }
 
   static void issue_unshard(Group& g, bool own = false) {
@@ -101,26 +101,28 @@ struct StateMachine {
       }
       return;
     }
-    const std::int64_t total = static_cast<std::int64_t>(I.world) * I.shard_numel;
+    // W slots: the shards in the parameter dtype, or (compressed) their packed codes.
+    const std::int64_t total = static_cast<std::int64_t>(I.world) * I.gather_slot_numel();
+    const DType gather_t = I.gather_dtype();
     if (g.state == ShardedState::sharded_post_forward) {
-      // Gather inside the k-rank group from the kept slices: (W/k)*gsn per rank.
+      // Gather inside the k-rank group from the kept slices: W/k slots per rank.
       OpDesc& d = begin(StreamKind::all_gather, OpKind::all_gather, g,
-                        slice_numel(g) * dtype_size(I.param_dtype));
+                        slice_numel(g) * dtype_size(gather_t));
       d.k = g.reshard_after_forward;
-      g.gather = b.acquire(g, BufKind::ag_buffer, total, I.param_dtype);
+      g.gather = b.acquire(g, BufKind::ag_buffer, total, gather_t);
       g.gather_done = b.all_gather(d, g, g.gather, false, &g.post_forward);
       g.gather_done.op = d.id;
       return;
     }
     bool in_place = false;
-    if (I.cast()) {
+    if (I.cast() || I.compressed_gather()) {  // the copy-in casts or encodes into its slot
       OpDesc& d = begin(StreamKind::all_gather, OpKind::copy_in, g, shard);
-      g.gather = b.acquire(g, BufKind::ag_buffer, total, I.param_dtype);
+      g.gather = b.acquire(g, BufKind::ag_buffer, total, gather_t);
       b.gather_copy_in(d, g, g.gather);
       in_place = true;
     }
     OpDesc& d = begin(StreamKind::all_gather, OpKind::all_gather, g, shard);
-    if (!in_place) g.gather = b.acquire(g, BufKind::ag_buffer, total, I.param_dtype);
+    if (!in_place) g.gather = b.acquire(g, BufKind::ag_buffer, total, gather_t);
     g.gather_done = b.all_gather(d, g, g.gather, in_place, nullptr);
     g.gather_done.op = d.id;
   }
@@ -150,7 +152,7 @@ struct StateMachine {
         !g.root->in_backward && g.post_forward_slicing() && g.state == ShardedState::sharded;
     if (keep)
       g.post_forward = b.acquire(g, BufKind::post_forward,
-                                 static_cast<std::int64_t>(slice_numel(g)), I.param_dtype);
+                                 static_cast<std::int64_t>(slice_numel(g)), I.gather_dtype());
     const Buf* src = g.gather.held ? &g.gather : nullptr;
     b.gather_copy_out(d, g, src, g.arena, keep ? &g.post_forward : nullptr);
     release(g, g.gather);
@@ -279,11 +281,26 @@ struct StateMachine {
   static Event reduce_scatter(Group& g, Buf& input, Buf& output,
                               const transport::ReduceSpec& spec) {
     B& b = be(g);
-    if (g.info.world == 1) return record(b, StreamKind::reduce_scatter);
-    OpDesc& d =
-        begin(StreamKind::reduce_scatter, OpKind::reduce_scatter, g,
-              static_cast<std::size_t>(g.info.shard_numel) * dtype_size(g.info.reduce_dtype));
-    output = b.acquire(g, BufKind::rs_output, g.info.shard_numel, g.info.reduce_dtype);
+    const GroupInfo& I = g.info;
+    if (I.world == 1) return record(b, StreamKind::reduce_scatter);
+    if (I.compressed_reduce()) {
+      // A rank's packed chunk per peer: the codes it sends, then those it receives (f32 words),
+      // after the reduced shard when it goes to HSDP's all-reduce (else the copy-out is fused).
+      const std::int64_t slots = static_cast<std::int64_t>(I.world) * I.packed_slot_bytes() / 4;
+      const std::int64_t reduced =
+          I.replicate > 1
+              ? (I.shard_numel * static_cast<std::int64_t>(dtype_size(I.reduce_dtype)) + 3) / 4
+              : 0;
+      OpDesc& d = begin(StreamKind::reduce_scatter, OpKind::reduce_scatter, g,
+                        static_cast<std::size_t>(I.packed_slot_bytes()));
+      output = b.acquire(g, BufKind::rs_output, reduced + 2 * slots, DType::f32);
+      Event e = b.reduce_scatter(d, g, input, output, spec);
+      e.op = d.id;
+      return e;
+    }
+    OpDesc& d = begin(StreamKind::reduce_scatter, OpKind::reduce_scatter, g,
+                      static_cast<std::size_t>(I.shard_numel) * dtype_size(I.reduce_dtype));
+    output = b.acquire(g, BufKind::rs_output, I.shard_numel, I.reduce_dtype);
     Event e = b.reduce_scatter(d, g, input, output, spec);
     e.op = d.id;
     return e;
