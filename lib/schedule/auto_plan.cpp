@@ -14,6 +14,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <limits>
 #include <map>
 #include <optional>
@@ -21,6 +22,7 @@
 #include <sstream>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/fully_shard.hpp"
 
 namespace fullshard::schedule {
 
@@ -513,7 +515,9 @@ std::size_t predicted_memory_bytes(const Plan& plan, double state_bytes_per_para
          reserved_bytes;
 }
 
-AutoPlan auto_plan(graph::Module& root, MeshShape mesh, const AutoPlanOptions& options) {
+namespace {
+
+AutoPlan auto_plan_one(graph::Module& root, MeshShape mesh, const AutoPlanOptions& options) {
   Search s(root, mesh, options);
   AutoPlan out;
   out.space = s.space(options.max_exhaustive);
@@ -555,6 +559,38 @@ AutoPlan auto_plan(graph::Module& root, MeshShape mesh, const AutoPlanOptions& o
   out.memory_bytes =
       predicted_memory_bytes(out.plan, options.state_bytes_per_param_byte, options.reserved_bytes);
   return out;  // ~Search restores the requests
+}
+
+}  // namespace
+
+AutoPlan auto_plan(graph::Module& root, MeshShape mesh, const AutoPlanOptions& options) {
+  if (options.compressions.empty()) return auto_plan_one(root, mesh, options);
+  // base's compression first (it wins ties), then each allowed one, searched alike.
+  std::optional<AutoPlan> best;
+  std::exception_ptr infeasible;
+  for (std::size_t i = 0; i <= options.compressions.size(); ++i) {
+    AutoPlanOptions o = options;
+    o.compressions.clear();
+    if (i > 0) o.base.defaults.compression = options.compressions[i - 1];
+    try {
+      AutoPlan a = auto_plan_one(root, mesh, o);
+      if (!best || a.plan.step_ms < best->plan.step_ms) {
+        if (i > 0)  // the calls carry the chosen policy (applied without base's defaults)
+          for (AutoPlanChoice::Call& c : a.choice.calls) {
+            if (!c.request.is_object()) c.request = nlohmann::json::object();
+            c.request["compression"] = fsdp::compression_json(o.base.defaults.compression);
+          }
+        if (best) a.evaluations += best->evaluations;
+        best = std::move(a);
+      } else {
+        best->evaluations += a.evaluations;
+      }
+    } catch (const AutoPlanInfeasible&) {
+      if (!infeasible) infeasible = std::current_exception();
+    }
+  }
+  if (!best) std::rethrow_exception(infeasible);
+  return std::move(*best);
 }
 
 void apply_auto_plan(graph::Module& root, const AutoPlanChoice& choice) {

@@ -276,6 +276,44 @@ TEST_CASE("auto-plan: the choice as C++ and as graph requests") {
       CHECK(cpp.find("fsdp::fully_shard(root.module(\"" + c.fqn + "\")") != std::string::npos);
 }
 
+TEST_CASE("auto-plan: compression chosen where the plan predicts it faster, only if allowed") {
+  fsdp::CompressionPolicy int8;
+  int8.all_gather = int8.reduce_scatter = kernels::QuantCode::int8;
+  int8.block = 64;
+  for (double quant_ns : {0.6, 1000.0}) {
+    CAPTURE(quant_ns);
+    auto g = load(kFour);
+    AutoPlanOptions o = auto_options(std::size_t(1) << 30);
+    CostModel cost = CostModel::defaults(MeshShape::fsdp(4), 0.02, 0.1);  // a 0.1 GB/s link
+    cost.set_quant_ns_per_element(quant_ns);
+    o.base.cost = cost;
+    const AutoPlan plain = auto_plan(*g, MeshShape::fsdp(4), o);
+    o.compressions = {int8};
+    const auto before = requests(*g);
+    const AutoPlan a = auto_plan(*g, MeshShape::fsdp(4), o);
+    CHECK(requests(*g) == before);  // restored
+    CHECK(a.plan.step_ms <= plain.plan.step_ms);
+    CHECK(a.evaluations > plain.evaluations);  // both searched
+    // The same choice planned again from its requests alone (no defaults) gives its plan.
+    auto g2 = load(kFour);
+    apply_auto_plan(*g2, a.choice);
+    PlanOptions again_options = a.options;
+    again_options.defaults = fsdp::FullyShardOptions();
+    CHECK(Scheduler::plan(*g2, MeshShape::fsdp(4), again_options).fingerprint() ==
+          a.plan.fingerprint());
+    if (quant_ns < 1) {  // 4 B per element over 0.1 GB/s: 40 ns saved, 1-2 ns of kernels
+      CHECK(a.options.defaults.compression.any());
+      CHECK(a.plan.step_ms < 0.8 * plain.plan.step_ms);
+      for (const auto& c : a.choice.calls)
+        CHECK(c.request["compression"]["block"] == 64);
+      CHECK(a.plan.to_text().find("compression=int8/int8/64") != std::string::npos);
+    } else {  // kernels slower than the link: stays uncompressed
+      CHECK_FALSE(a.options.defaults.compression.any());
+      CHECK(a.plan.fingerprint() == plain.plan.fingerprint());
+    }
+  }
+}
+
 TEST_CASE("auto-plan: bad options and sizes") {
   auto g = load(kFour);
   CHECK_THROWS_WITH_AS(auto_plan(*g, MeshShape::fsdp(4), auto_options(0)),

@@ -46,6 +46,11 @@ struct AutoPlanOptions {
   std::size_t max_exhaustive = 20000;
   /// The local search stops after this many plans.
   std::size_t max_evaluations = 4000;
+  /// Compression policies the search may give every group instead of base's (they change
+  /// the numbers: only those the user allows; empty, the default: none). Each is searched
+  /// like base's; the fastest feasible one wins, base's on a tie. The chosen policy is in
+  /// each call's request ("compression") and in AutoPlan::options.
+  std::vector<fsdp::CompressionPolicy> compressions;
 };
 
 /// What the auto-planner chose: the fully_shard calls (bottom-up, as a user writes them) and
