@@ -83,6 +83,14 @@ const char* const kUsage =
     "  --param-dtype T       mixed precision: dtype of the unsharded parameters (bf16, f16)\n"
     "  --reduce-dtype T      dtype of the gradient reduce-scatter (default: f32 with\n"
     "                        --param-dtype, else the parameter dtype)\n"
+    "  --compress-gather C   send the parameters' all-gather as 8-bit codes with a scale per\n"
+    "                        block: int8 or fp8_e4m3 (default: uncompressed; changes the\n"
+    "                        numbers, docs/compression.md)\n"
+    "  --compress-reduce C   send the gradients' reduce-scatter as int8 codes, summed in f32\n"
+    "                        (C: int8; default: uncompressed)\n"
+    "  --compress-block N    elements per scale of both, a power of two (default 256)\n"
+    "  --allow-compression   let --auto-plan choose int8 all-gathers and reduce-scatters\n"
+    "                        when the plan predicts them faster\n"
     "  --reshard true|false|auto|K\n"
     "                        reshard_after_forward of every group (default auto)\n"
     "  --prefetch D          forward prefetch depth (default 1; 0: implicit only)\n"
@@ -162,6 +170,7 @@ struct Config {
   fullshard::checkpoint::Kind checkpoint_kind = fullshard::checkpoint::Kind::sharded;
   bool help = false;
   bool auto_plan = false;
+  bool allow_compression = false;
   std::size_t memory_budget = 0;
   fullshard::DeviceType device = fullshard::DeviceType::cpu;
 };
@@ -211,11 +220,30 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
       c.param_dtype = a.dtype_value();
     else if (f == "--reduce-dtype")
       c.reduce_dtype = a.dtype_value();
-    else if (f == "--reshard")
+    else if (f == "--compress-gather" || f == "--compress-reduce") {
+      const std::string v = a.value();
+      auto& z = c.plan.defaults.compression;
+      try {
+        (f == "--compress-gather" ? z.all_gather : z.reduce_scatter) =
+            fullshard::kernels::parse_quant_code(v, f);
+      } catch (const fullshard::ConfigError& e) {
+        throw apps::UsageError{e.what()};
+      }
+      if (f == "--compress-reduce" && z.reduce_scatter != fullshard::kernels::QuantCode::int8)
+        throw apps::UsageError{"--compress-reduce expects int8 (fp8 is for the all-gather)"};
+    } else if (f == "--compress-block") {
+      const int b = a.int_value(8, 1 << 20);
+      if ((b & (b - 1)) != 0)
+        throw apps::UsageError{"--compress-block expects a power of two, got " + std::to_string(b)};
+      c.plan.defaults.compression.block = b;
+    } else if (f == "--reshard")
       c.plan.defaults.reshard_after_forward = a.reshard_value();
     else if (f == "--prefetch")
       c.plan.forward_prefetch_depth = a.int_value(0, 1 << 20);
-    else if (f == "--auto-plan") {
+    else if (f == "--allow-compression") {
+      a.no_value();
+      c.allow_compression = true;
+    } else if (f == "--auto-plan") {
       a.no_value();
       c.auto_plan = true;
     } else if (f == "--memory-budget") {
@@ -283,6 +311,10 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
     throw apps::UsageError{
         "--init-from and --resume exclude each other (--resume restores the "
         "weights too)"};
+  if (c.allow_compression && !c.auto_plan)
+    throw apps::UsageError{
+        "--allow-compression lets --auto-plan choose compression: give "
+        "--auto-plan too (or --compress-gather / --compress-reduce)"};
   if (c.auto_plan != (c.memory_budget > 0))
     throw apps::UsageError{"--auto-plan and --memory-budget go together"};
   if (c.save_every > 0 && c.checkpoint_dir.empty())
@@ -475,15 +507,22 @@ class Trainer {
     o.state_bytes_per_param_byte = c.optimizer == "sgd" ? 1.0 : 2.0;
     o.base = base;
     o.keep_requests = false;
+    if (c.allow_compression) {  // int8 codes both ways, at the chosen block
+      fullshard::fsdp::CompressionPolicy z;
+      z.all_gather = z.reduce_scatter = fullshard::kernels::QuantCode::int8;
+      z.block = base.defaults.compression.block;
+      o.compressions.push_back(z);
+    }
     const schedule::AutoPlan a = schedule::auto_plan(model_.root(), ms, o);
     schedule::apply_auto_plan(model_.root(), a.choice);
     if (rank_ == 0)
       std::printf(
-          "auto-plan: %zu fully_shard calls, prefetch %d, %d reduce-scatter buffers: predicted "
-          "step %.3f ms, %s per rank (every block + root: %.3f ms, %s); %zu plans\n",
+          "auto-plan: %zu fully_shard calls, prefetch %d, %d reduce-scatter buffers%s: "
+          "predicted step %.3f ms, %s per rank (every block + root: %.3f ms, %s); %zu plans\n",
           a.choice.calls.size(), a.choice.forward_prefetch_depth,
-          a.choice.reduce_scatter_max_input_buffers, a.plan.step_ms,
-          schedule::format_bytes(a.memory_bytes).c_str(), a.baseline.step_ms,
+          a.choice.reduce_scatter_max_input_buffers,
+          a.options.defaults.compression.any() ? ", int8 compressed collectives" : "",
+          a.plan.step_ms, schedule::format_bytes(a.memory_bytes).c_str(), a.baseline.step_ms,
           schedule::format_bytes(a.baseline_memory_bytes).c_str(), a.evaluations);
     return a.options;
   }
@@ -671,7 +710,9 @@ class Trainer {
     // again in backward, and its gradient reduce-scattered once (3x the parameter bytes).
     if (steps_run > 1) {
       const double n = steps_run - 1, pbytes = model_.num_params() * 4.0;
-      const double ag = step_traffic_.all_gather / n, rs = step_traffic_.reduce_scatter / n,
+      // An int8 reduce-scatter (--compress-reduce) is an all-to-all of packed chunks.
+      const double ag = step_traffic_.all_gather / n,
+                   rs = (step_traffic_.reduce_scatter + step_traffic_.all_to_all) / n,
                    ar = step_traffic_.all_reduce / n;
       std::printf(
           "communicated per step (rank 0, steps %d..%d): %.3f MiB = %.3f x the f32 "
@@ -999,6 +1040,7 @@ class Trainer {
     step_traffic_.all_gather += now.all_gather - before.all_gather;
     step_traffic_.reduce_scatter += now.reduce_scatter - before.reduce_scatter;
     step_traffic_.all_reduce += now.all_reduce - before.all_reduce;
+    step_traffic_.all_to_all += now.all_to_all - before.all_to_all;
   }
   fullshard::comm::Traffic step_traffic_;
 };
@@ -1041,6 +1083,9 @@ std::vector<apps::OptionValue> option_values(const Config& c) {
   auto dtype = [](const std::optional<fullshard::DType>& t) {
     return t ? std::string(fullshard::dtype_name(*t)) : std::string("(default)");
   };
+  auto code = [](const std::optional<fullshard::kernels::QuantCode>& q) {
+    return q ? std::string(fullshard::kernels::quant_code_name(*q)) : std::string("off");
+  };
   return {{"--layers", std::to_string(c.shape.blocks)},
           {"--hidden", std::to_string(c.shape.hidden)},
           {"--inputs", std::to_string(c.shape.inputs)},
@@ -1057,9 +1102,13 @@ std::vector<apps::OptionValue> option_values(const Config& c) {
           {"--mesh", std::to_string(c.mesh.first) + "x" + std::to_string(c.mesh.second)},
           {"--param-dtype", dtype(c.param_dtype)},
           {"--reduce-dtype", dtype(c.reduce_dtype)},
+          {"--compress-gather", code(c.plan.defaults.compression.all_gather)},
+          {"--compress-reduce", code(c.plan.defaults.compression.reduce_scatter)},
+          {"--compress-block", std::to_string(c.plan.defaults.compression.block)},
           {"--reshard", c.plan.defaults.reshard_after_forward.to_string()},
           {"--prefetch", std::to_string(c.plan.forward_prefetch_depth)},
           {"--auto-plan", c.auto_plan ? "on" : "off"},
+          {"--allow-compression", c.allow_compression ? "on" : "off"},
           {"--cost", c.cost_file},
           {"--compute", c.compute_file},
           {"--predict", c.predict ? "on" : "off"},
