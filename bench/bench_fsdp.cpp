@@ -143,17 +143,18 @@ int main(int argc, char** argv) {
     for (double mib : {0.25, 1.0, 4.0, 16.0}) {
       const std::string s = mib < 1 ? "0.25" : std::to_string(static_cast<int>(mib));
       const std::optional<fs::DType> f32, bf16 = fs::DType::bf16;
+      const fs::fsdp::CompressionPolicy none;
       benchmark::RegisterBenchmark(("fsdp/all_gather/" + s).c_str(), bench_group_all_gather, &mesh,
-                                   mib, f32, "fsdp/all_gather")
+                                   mib, f32, "fsdp/all_gather", none)
           ->UseManualTime();
       benchmark::RegisterBenchmark(("fsdp/all_gather_bf16/" + s).c_str(), bench_group_all_gather,
-                                   &mesh, mib, bf16, "fsdp/all_gather_bf16")
+                                   &mesh, mib, bf16, "fsdp/all_gather_bf16", none)
           ->UseManualTime();
       benchmark::RegisterBenchmark(("raw/MPI_Allgather/" + s).c_str(), bench_raw_collective, raw,
                                    mib, true)
           ->UseManualTime();
       benchmark::RegisterBenchmark(("fsdp/reduce_scatter/" + s).c_str(), bench_group_reduce_scatter,
-                                   &mesh, mib, "fsdp/reduce_scatter")
+                                   &mesh, mib, "fsdp/reduce_scatter", none)
           ->UseManualTime();
       benchmark::RegisterBenchmark(("raw/MPI_Reduce_scatter_block/" + s).c_str(),
                                    bench_raw_collective, raw, mib, false)

@@ -14,6 +14,10 @@
 //                               input with the divide and the accumulation fused, waited for
 //   mpi/reduce_scatter/<MiB>    the same on MPI: copy-in, reduce-scatter, copy-out
 //   raw/MPI_Reduce_scatter_block/<MiB>
+//   int8/all_gather/<MiB>       the group compressed (CompressionPolicy, docs/compression.md):
+//   fp8/all_gather/<MiB>        int8 or fp8 e4m3 codes with a scale per 256 elements, on MPI
+//   int8/reduce_scatter/<MiB>   (a compressed group leaves shared memory): encode, all-to-all
+//                               of packed slots, decode fused into the copy-out or the sum
 //   memcpy/<MiB>                every rank copies W x <MiB> at once (what an all-gather
 //                               writes, a reduce-scatter reads, per rank)
 //   memcpy_peers/<MiB>          every rank copies (W-1) x <MiB> at once (what an in-place
@@ -41,11 +45,13 @@ using fs::bench::timed_loop;
 
 using fs::bench::bus_counters;
 
-void bench_all_gather(benchmark::State& state, const fs::DeviceMesh* mesh, double mib) {
-  fs::bench::bench_group_all_gather(state, mesh, mib, std::nullopt, "all_gather");
+void bench_all_gather(benchmark::State& state, const fs::DeviceMesh* mesh, double mib,
+                      fs::fsdp::CompressionPolicy z) {
+  fs::bench::bench_group_all_gather(state, mesh, mib, std::nullopt, "all_gather", z);
 }
-void bench_reduce_scatter(benchmark::State& state, const fs::DeviceMesh* mesh, double mib) {
-  fs::bench::bench_group_reduce_scatter(state, mesh, mib, "reduce_scatter");
+void bench_reduce_scatter(benchmark::State& state, const fs::DeviceMesh* mesh, double mib,
+                          fs::fsdp::CompressionPolicy z) {
+  fs::bench::bench_group_reduce_scatter(state, mesh, mib, "reduce_scatter", z);
 }
 using fs::bench::bench_raw_collective;
 
@@ -82,11 +88,18 @@ int main(int argc, char** argv) {
       };
       reg("memcpy/" + s, bench_memcpy, W, mib, W);
       if (W > 1) reg("memcpy_peers/" + s, bench_memcpy, W, mib, W - 1);
-      reg("shm/all_gather/" + s, bench_all_gather, &shm, mib);
-      reg("mpi/all_gather/" + s, bench_all_gather, &mpi, mib);
+      const fs::fsdp::CompressionPolicy none;
+      fs::fsdp::CompressionPolicy int8, fp8;
+      int8.all_gather = int8.reduce_scatter = fs::kernels::QuantCode::int8;
+      fp8.all_gather = fs::kernels::QuantCode::fp8_e4m3;
+      reg("shm/all_gather/" + s, bench_all_gather, &shm, mib, none);
+      reg("mpi/all_gather/" + s, bench_all_gather, &mpi, mib, none);
+      reg("int8/all_gather/" + s, bench_all_gather, &mpi, mib, int8);
+      reg("fp8/all_gather/" + s, bench_all_gather, &mpi, mib, fp8);
       reg("raw/MPI_Allgather/" + s, bench_raw_collective, raw, mib, true);
-      reg("shm/reduce_scatter/" + s, bench_reduce_scatter, &shm, mib);
-      reg("mpi/reduce_scatter/" + s, bench_reduce_scatter, &mpi, mib);
+      reg("shm/reduce_scatter/" + s, bench_reduce_scatter, &shm, mib, none);
+      reg("mpi/reduce_scatter/" + s, bench_reduce_scatter, &mpi, mib, none);
+      reg("int8/reduce_scatter/" + s, bench_reduce_scatter, &mpi, mib, int8);
       reg("raw/MPI_Reduce_scatter_block/" + s, bench_raw_collective, raw, mib, false);
     }
     result = fs::bench::run_benchmarks(argc, argv);

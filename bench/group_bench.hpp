@@ -25,7 +25,8 @@ struct GroupModel {
 
 /// One group of 64 (rows, 256) f32 parameters whose shards total `mib` MiB per rank.
 inline GroupModel make_group_model(const DeviceMesh& mesh, double mib,
-                                   std::optional<DType> param_dtype = std::nullopt) {
+                                   std::optional<DType> param_dtype = std::nullopt,
+                                   const fsdp::CompressionPolicy& compression = {}) {
   constexpr int kParams = 64;
   constexpr std::int64_t kCols = 256;
   const int W = mesh.size();
@@ -39,6 +40,7 @@ inline GroupModel make_group_model(const DeviceMesh& mesh, double mib,
     });
   fsdp::FullyShardOptions o;
   o.mp_policy.param_dtype = param_dtype;
+  o.compression = compression;
   m.state = &fsdp::fully_shard(*m.root, mesh, o);
   m.shard_bytes = m.state->group_layout().shard_numel * 4;
   return m;
@@ -56,9 +58,10 @@ inline void bus_counters(benchmark::State& state, std::int64_t bytes_per_rank, i
 
 /// FSDPModule::unshard() + reshard() of the group (collective + copy-out).
 inline void bench_group_all_gather(benchmark::State& state, const DeviceMesh* mesh, double mib,
-                                   std::optional<DType> param_dtype, const char* name) {
+                                   std::optional<DType> param_dtype, const char* name,
+                                   const fsdp::CompressionPolicy& compression = {}) {
   try {
-    GroupModel m = make_group_model(*mesh, mib, param_dtype);
+    GroupModel m = make_group_model(*mesh, mib, param_dtype, compression);
     auto op = [&] {
       m.state->unshard();
       m.state->reshard();
@@ -75,9 +78,10 @@ inline void bench_group_all_gather(benchmark::State& state, const DeviceMesh* me
 /// The group's post-backward (copy-in, reduce-scatter, copy-out), waited for; the gradient
 /// zeroing of pre-backward is outside the timed region. Counters med_us, min_us.
 inline void bench_group_reduce_scatter(benchmark::State& state, const DeviceMesh* mesh, double mib,
-                                       const char* name) {
+                                       const char* name,
+                                       const fsdp::CompressionPolicy& compression = {}) {
   try {
-    GroupModel m = make_group_model(*mesh, mib);
+    GroupModel m = make_group_model(*mesh, mib, std::nullopt, compression);
     m.state->set_reshard_after_backward(false);
     m.state->unshard();
     auto& root = *m.root;
