@@ -74,49 +74,45 @@ KOKKOS_INLINE_FUNCTION float quiet_nan() {
 }
 
 KOKKOS_INLINE_FUNCTION std::uint8_t encode_int8(float y) {
-  // Clamped first (|y| <= 127 up to the scale's rounding), then rounded: never past 127.
-  const float c = y > 127.0f ? 127.0f : (y < -127.0f ? -127.0f : y);
-  return static_cast<std::uint8_t>(static_cast<std::int8_t>(static_cast<int>(round_even(c))));
+  // Rounded, then clamped (|y| <= 127 up to the scale's rounding): never past 127. Integer
+  // selects: the host loop vectorises.
+  const int q = static_cast<int>(round_even(y));
+  const int c = q > 127 ? 127 : (q < -127 ? -127 : q);
+  return static_cast<std::uint8_t>(c);  // the two's complement byte
 }
 
 KOKKOS_INLINE_FUNCTION float decode_int8(std::uint8_t c) {
   return static_cast<float>(static_cast<std::int8_t>(c));
 }
 
-// float8 e4m3fn: exponent bias 7, subnormals q * 2^-9, largest 448 (0x7e); saturating.
+// float8 e4m3fn: exponent bias 7, subnormals q * 2^-9, largest 448 (0x7e); saturating. y is
+// finite (a non-finite block codes zeros). Selects, no branches: the host loops vectorise.
 KOKKOS_INLINE_FUNCTION std::uint8_t encode_e4m3(float y) {
-  const auto sign = static_cast<std::uint8_t>((float_bits(y) >> 24) & 0x80u);  // -0 too
-  const float a = y < 0 ? -y : y;
-  if (a >= 448.0f) return static_cast<std::uint8_t>(sign | 0x7e);
-  if (a < 0.015625f)  // below 2^-6: subnormal steps of 2^-9 (8 rounds up to the least normal)
-    return static_cast<std::uint8_t>(sign |
-                                     static_cast<std::uint8_t>(round_even(mul_rn(a, 512.0f))));
-  const std::uint32_t u = float_bits(a);
-  int e = static_cast<int>((u >> 23) & 0xffu) - 127;  // -6..8
-  const std::uint32_t m = u & 0x7fffffu;
-  std::uint32_t q = m >> 20;
-  const std::uint32_t rest = m & 0xfffffu;
-  if (rest > 0x80000u || (rest == 0x80000u && (q & 1u))) ++q;
-  if (q == 8) {
-    q = 0;
-    ++e;
-  }
-  const int biased = e + 7;
-  if (biased > 15 || (biased == 15 && q == 7)) return static_cast<std::uint8_t>(sign | 0x7e);
-  return static_cast<std::uint8_t>(sign | (biased << 3) | static_cast<int>(q));
+  const std::uint32_t u = float_bits(y);
+  const std::uint32_t sign = (u >> 24) & 0x80u;  // -0 too
+  const std::uint32_t ua = u & 0x7fffffffu;
+  // Below 2^-6: subnormal steps of 2^-9 (8 rounds up to the least normal, code 8).
+  const std::uint32_t small = ua < 0x3c800000u ? ua : 0u;  // (kept in round_even's range)
+  const auto sub = static_cast<std::uint32_t>(  // via int: x86 converts packed floats to int
+      static_cast<int>(round_even(mul_rn(bits_float(small), 512.0f))));
+  // Normal: the exponent (biased by 7) and 3 mantissa bits, rounded to nearest even on the
+  // 20 dropped bits; a carry out of the mantissa moves into the exponent by the addition.
+  const std::uint32_t q = (ua >> 20) & 7u, rest = ua & 0xfffffu;
+  const std::uint32_t up = (rest > 0x80000u) | ((rest == 0x80000u) & q);
+  const std::uint32_t e = ua >> 23;  // f32-biased exponent; >= 121 for a normal e4m3
+  const std::uint32_t normal = e >= 121u ? ((e - 120u) << 3) + q + up : 0u;
+  const std::uint32_t code = ua < 0x3c800000u ? sub : (normal > 0x7eu ? 0x7eu : normal);
+  return static_cast<std::uint8_t>(sign | code);
 }
 
 KOKKOS_INLINE_FUNCTION float decode_e4m3(std::uint8_t c) {
   const std::uint32_t biased = (c >> 3) & 0xfu;
   const std::uint32_t q = c & 7u;
-  float v;
-  if ((c & 0x7fu) == 0x7fu)
-    v = quiet_nan();
-  else if (biased == 0)
-    v = static_cast<float>(q) * 0.001953125f;  // 2^-9
-  else
-    v = bits_float(((biased - 7u + 127u) << 23) | (q << 20));
-  return (c & 0x80u) ? -v : v;
+  const float sub = static_cast<float>(static_cast<int>(q)) * 0.001953125f;  // 2^-9 (via int:
+                                                                             // packed cvt)
+  const float normal = bits_float(((biased + 120u) << 23) | (q << 20));
+  const float v = (c & 0x7fu) == 0x7fu ? quiet_nan() : (biased == 0 ? sub : normal);
+  return bits_float(float_bits(v) | (static_cast<std::uint32_t>(c & 0x80u) << 24));
 }
 
 // An element's code, and a code's value times its block's scale, for code C.
@@ -168,22 +164,23 @@ void quantize_on(const Exec& exec, const typename S::storage* src, std::int64_t 
   for_each_block(
       exec, "fullshard::kernels::quantize", n, block,
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t begin, std::int64_t end) {
-        float amax = 0.0f;
-        bool nan = false;
+        // The largest |x| as an integer maximum of the magnitudes' bits (their order is the
+        // floats' order, a NaN's above infinity's): a reduction that vectorises.
+        std::uint32_t top = 0;
         for (std::int64_t i = begin; i < end; ++i) {
-          const float x = S::to_float(src[i]);
-          const float ax = x < 0 ? -x : x;
-          amax = ax > amax ? ax : amax;
-          nan = nan || ax != ax;
+          const std::uint32_t a = float_bits(S::to_float(src[i])) & 0x7fffffffu;
+          top = a > top ? a : top;
         }
-        if (nan) amax = quiet_nan();
-        // A non-finite block: its scale says so, its codes are 0.
-        const bool finite = amax - amax == 0.0f;
+        const float amax = top > 0x7f800000u ? quiet_nan() : bits_float(top);
         scales[b] = amax / cmax;
-        const float inv = finite && amax > 0 ? cmax / amax : 0.0f;
-        for (std::int64_t i = begin; i < end; ++i) {
-          codes[i] = encode<C>(finite ? mul_rn(S::to_float(src[i]), inv) : 0.0f);
+        if (top >= 0x7f800000u) {  // a non-finite block: its scale says so, its codes are 0
+          for (std::int64_t i = begin; i < end; ++i)
+            codes[i] = 0;
+          return;
         }
+        const float inv = top > 0 ? cmax / amax : 0.0f;
+        for (std::int64_t i = begin; i < end; ++i)
+          codes[i] = encode<C>(mul_rn(S::to_float(src[i]), inv));
       });
 }
 
@@ -249,18 +246,30 @@ void reduce_dequantize_on(const Exec& exec, const std::uint8_t* packed, int nslo
   for_each_block(
       exec, "fullshard::kernels::reduce_dequantize", n, block,
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t begin, std::int64_t end) {
-        for (std::int64_t i = begin; i < end; ++i) {
-          float sum = 0.0f;
+        // A chunk of the block at a time, slot after slot: contiguous inner loops.
+        constexpr std::int64_t kChunk = 64;
+        float sum[kChunk];
+        for (std::int64_t at = begin; at < end; at += kChunk) {
+          const std::int64_t len = end - at < kChunk ? end - at : kChunk;
           for (int q = 0; q < nslots; ++q) {
             const std::uint8_t* slot = packed + q * slot_bytes;
-            const float v = decode<C>(slot[i], reinterpret_cast<const float*>(slot + scales_at)[b]);
-            sum = q == 0 ? v : add_rn(sum, v);
+            const float scale = reinterpret_cast<const float*>(slot + scales_at)[b];
+            const std::uint8_t* c = slot + at;
+            if (q == 0)
+              for (std::int64_t j = 0; j < len; ++j)
+                sum[j] = decode<C>(c[j], scale);
+            else
+              for (std::int64_t j = 0; j < len; ++j)
+                sum[j] = add_rn(sum[j], decode<C>(c[j], scale));
           }
-          const float t = divide ? sum / divisor : sum;
-          if constexpr (Accumulate)
-            dst[i] = add_into<D>(dst[i], t);
-          else
-            dst[i] = D::from_float(t);
+          const float by = divide ? divisor : 1.0f;  // x / 1 is x: one loop for both
+          for (std::int64_t j = 0; j < len; ++j) {
+            const float t = sum[j] / by;
+            if constexpr (Accumulate)
+              dst[at + j] = add_into<D>(dst[at + j], t);
+            else
+              dst[at + j] = D::from_float(t);
+          }
         }
       });
 }
