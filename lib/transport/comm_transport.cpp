@@ -144,17 +144,16 @@ comm::Work CommTransport::reduce_scatter(Device& dev, Channel c, Held& input, He
 // packed slot, an all-to-all of the slots, and the slots this rank received decoded and summed
 // in f32 in rank order (kernels::reduce_dequantize). Without HSDP that pass also divides, casts
 // and accumulates into the sharded gradients (the copy-out is fused); with HSDP it writes the
-// sum at the start of `output` for the replicate all-reduce. `output`: [sum | sent | received].
+// sum at the start of `output` for the replicate all-reduce. `output`:
+// Geometry::compressed_reduce_bytes.
 comm::Work CommTransport::compressed_reduce_scatter(Device& dev, Channel c, Held& input,
                                                     Held& output, const ReduceSpec& spec) {
   const Geometry I = geo();
   const int W = I.world;
   const std::int64_t slot = I.packed_slot_bytes();
   const std::size_t rsz = dtype_size(I.reduce_dtype);
-  const std::size_t sum_bytes =
-      I.replicate > 1 ? (static_cast<std::size_t>(I.shard_numel) * rsz + 3) / 4 * 4 : 0;
   const std::byte* in = bytes(input.tensor);
-  std::byte* sent = bytes(output.tensor) + sum_bytes;
+  std::byte* sent = bytes(output.tensor) + I.reduce_sum_bytes();
   std::byte* received = sent + static_cast<std::size_t>(W) * static_cast<std::size_t>(slot);
   const kernels::ExecStream& on = dev.exec(c);
   comm::Stream& s = stream(dev, c);

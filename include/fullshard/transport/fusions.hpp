@@ -62,6 +62,18 @@ struct Geometry {
   std::int64_t packed_slot_bytes() const {
     return kernels::quant_packed_bytes(shard_numel, quant_block());
   }
+  /// The int8 reduce-scatter's output buffer: [the reduced shard in the reduce dtype (HSDP
+  /// only: it goes to the replicate all-reduce; 4-byte aligned) | W packed slots sent | W
+  /// received]. reduce_sum_bytes() is where the sent slots begin.
+  std::size_t reduce_sum_bytes() const {
+    return replicate > 1
+               ? (static_cast<std::size_t>(shard_numel) * dtype_size(reduce_dtype) + 3) / 4 * 4
+               : 0;
+  }
+  std::size_t compressed_reduce_bytes() const {
+    return reduce_sum_bytes() +
+           2 * static_cast<std::size_t>(world) * static_cast<std::size_t>(packed_slot_bytes());
+  }
   /// A rank's slot of the all-gather buffer as a collective's (count, dtype): the shard in the
   /// parameter dtype, or its packed codes as f32 words.
   std::int64_t gather_slot_numel() const {

@@ -284,16 +284,12 @@ struct StateMachine {
     const GroupInfo& I = g.info;
     if (I.world == 1) return record(b, StreamKind::reduce_scatter);
     if (I.compressed_reduce()) {
-      // A rank's packed chunk per peer: the codes it sends, then those it receives (f32 words),
-      // after the reduced shard when it goes to HSDP's all-reduce (else the copy-out is fused).
-      const std::int64_t slots = static_cast<std::int64_t>(I.world) * I.packed_slot_bytes() / 4;
-      const std::int64_t reduced =
-          I.replicate > 1
-              ? (I.shard_numel * static_cast<std::int64_t>(dtype_size(I.reduce_dtype)) + 3) / 4
-              : 0;
+      // The packed chunks sent and received (and, with HSDP, the sum for the all-reduce), as
+      // f32 words: Geometry::compressed_reduce_bytes.
       OpDesc& d = begin(StreamKind::reduce_scatter, OpKind::reduce_scatter, g,
                         static_cast<std::size_t>(I.packed_slot_bytes()));
-      output = b.acquire(g, BufKind::rs_output, reduced + 2 * slots, DType::f32);
+      output = b.acquire(g, BufKind::rs_output,
+                         static_cast<std::int64_t>(I.compressed_reduce_bytes() / 4), DType::f32);
       Event e = b.reduce_scatter(d, g, input, output, spec);
       e.op = d.id;
       return e;
