@@ -27,6 +27,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/mpi_wait.hpp"
 #include "fullshard/checkpoint/checksum.hpp"
+#include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/runtime/settings.hpp"
@@ -702,13 +703,14 @@ LoadTargets allocate(const LoadPlan& plan, graph::Module& model,
   std::unordered_map<const graph::Parameter*, std::pair<std::size_t, std::int64_t>> slot_of;
   for (graph::Module* m : model.modules_preorder()) {
     fsdp::FSDPModule* st = fsdp::fsdp_state(*m);
-    if (!st || !st->owns_group()) continue;  // a list group: once, at its first module
+    if (!st || !fsdp::detail::owns_group(*st)) continue;  // a list group: once, at its first module
     fsdp::FSDPModule* g = st;
-    if (g->sharded_storage().space() != MemorySpace::host) continue;
-    Tensor fresh = Tensor::empty(g->sharded_storage().shape(), g->sharded_storage().dtype(),
-                                 MemorySpace::host, "checkpoint.load " + g->group_name());
+    const Tensor& storage = fsdp::detail::sharded_storage(*g);
+    if (storage.space() != MemorySpace::host) continue;
+    Tensor fresh = Tensor::empty(storage.shape(), storage.dtype(), MemorySpace::host,
+                                 "checkpoint.load " + fsdp::detail::group_name(*g));
     advise_huge_pages(fresh);
-    const std::string problem = g->adopt_problem(fresh);
+    const std::string problem = fsdp::detail::adopt_problem(*g, fresh);
     if (!problem.empty()) throw InvalidArgument("checkpoint::load: " + problem);
     const std::size_t es = dtype_size(fresh.dtype());
     std::int64_t covered = 0;
@@ -719,7 +721,7 @@ LoadTargets allocate(const LoadPlan& plan, graph::Module& model,
       if (off > covered)
         std::memset(base + covered * es, 0, static_cast<std::size_t>(off - covered) * es);
       covered = off + numel(members[i].layout.local_shape);
-      slot_of[g->group_params()[i]] = {out.groups.size(), off};
+      slot_of[fsdp::detail::group_params(*g)[i]] = {out.groups.size(), off};
     }
     if (fresh.numel() > covered)
       std::memset(base + covered * es, 0, static_cast<std::size_t>(fresh.numel() - covered) * es);
@@ -784,7 +786,7 @@ std::uint64_t read_shards(const LoadPlan& plan, const std::string& step_dir, Loa
 // Device shards are copied from their pinned staging on `stream` (the compute stream).
 void commit(LoadTargets& targets, optim::Optimizer* optimizer, void* stream) {
   for (GroupTarget& t : targets.groups)
-    t.group->adopt_sharded_storage(std::move(t.storage));
+    fsdp::detail::adopt_sharded_storage(*t.group, std::move(t.storage));
   for (const auto& [p, t] : targets.staged)
     if (p->data().space() == MemorySpace::host)
       copy_bytes(p->data(), t);

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/fsdp/front_end.hpp"
 #include "fullshard/mesh/agreement.hpp"
 #include "lib/fsdp/param_group.hpp"
@@ -191,7 +192,7 @@ void ensure_initialized(FSDPModule& st) {
     items.push_back(std::move(it));
   }
   agree_across_ranks(mesh, items,
-                     "the FSDP configuration of root '" + root_state->group_name() + "'");
+                     "the FSDP configuration of root '" + detail::group_name(*root_state) + "'");
 }
 
 }  // namespace detail
@@ -220,28 +221,8 @@ const kernels::GroupLayout& FSDPModule::group_layout() const {
   return group_->layout();
 }
 
-const std::string& FSDPModule::group_name() const noexcept {
-  return group_->name();
-}
-const std::vector<graph::Parameter*>& FSDPModule::group_params() const noexcept {
-  return group_->params();
-}
 bool FSDPModule::is_sharded() const noexcept {
   return group_->sharded_idle();
-}
-bool FSDPModule::owns_group() const noexcept {
-  return group_->modules().front() == module_;
-}
-const Tensor& FSDPModule::sharded_storage() const noexcept {
-  return group_->sharded_storage();
-}
-std::string FSDPModule::adopt_problem(const Tensor& storage) const {
-  return group_->adopt_problem(storage);
-}
-void FSDPModule::adopt_sharded_storage(Tensor storage) {
-  const std::string problem = group_->adopt_problem(storage);
-  if (!problem.empty()) throw InvalidArgument("adopt_sharded_storage: " + problem);
-  group_->adopt_sharded_storage(std::move(storage));
 }
 
 std::size_t FSDPModule::pool_bytes_in_use() const {
@@ -254,14 +235,6 @@ void FSDPModule::reset_pool_peak() {
   detail::ensure_initialized(*this);
   group_->context()->backend.reset_peak();
 }
-void FSDPModule::record_operations(std::vector<engine::OpDesc>* log) {
-  if (!is_root())
-    throw InvalidArgument("record_operations() must be called on a root FSDP module, not on '" +
-                          module_->fqn() + "'");
-  detail::ensure_initialized(*this);
-  group_->context()->backend.op_log = log;
-}
-
 // ---- Controls -------------------------------------------------------------------------------
 
 void UnshardHandle::wait() {
@@ -368,6 +341,41 @@ void FSDPModule::zero_grad(bool recurse) {
 }
 
 }  // namespace fullshard::fsdp
+
+// ---- The group as checkpoints, front ends and tests reach it (detail/group_access.hpp) ----
+
+namespace fullshard::fsdp::detail {
+
+const std::string& group_name(const FSDPModule& m) noexcept {
+  return group_of(m).name();
+}
+const std::vector<graph::Parameter*>& group_params(const FSDPModule& m) noexcept {
+  return group_of(m).params();
+}
+bool owns_group(const FSDPModule& m) noexcept {
+  return group_of(m).modules().front() == &m.module();
+}
+const Tensor& sharded_storage(const FSDPModule& m) noexcept {
+  return group_of(m).sharded_storage();
+}
+std::string adopt_problem(const FSDPModule& m, const Tensor& storage) {
+  return group_of(m).adopt_problem(storage);
+}
+void adopt_sharded_storage(FSDPModule& m, Tensor storage) {
+  ParamGroup& g = group_of(m);
+  const std::string problem = g.adopt_problem(storage);
+  if (!problem.empty()) throw InvalidArgument("adopt_sharded_storage: " + problem);
+  g.adopt_sharded_storage(std::move(storage));
+}
+void record_operations(FSDPModule& root, std::vector<engine::OpDesc>* log) {
+  if (!root.is_root())
+    throw InvalidArgument("record_operations() must be called on a root FSDP module, not on '" +
+                          root.module().fqn() + "'");
+  ensure_initialized(root);
+  group_of(root).context()->backend.op_log = log;
+}
+
+}  // namespace fullshard::fsdp::detail
 
 // ---- Graph JSON requests --------------------------------------------------------------------
 
@@ -536,7 +544,7 @@ namespace fullshard::fsdp {
 void use_external_gradients(FSDPModule& st) {
   engine::Group& g = detail::group_of(st).engine();
   if (g.grads.held)
-    throw InvalidArgument("use_external_gradients('" + st.group_name() +
+    throw InvalidArgument("use_external_gradients('" + detail::group_name(st) +
                           "'): the group's backward has already begun");
   g.external_grads = true;
 }

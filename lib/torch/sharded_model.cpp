@@ -21,6 +21,7 @@
 #include <unordered_set>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/fsdp/front_end.hpp"
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/schedule/executor.hpp"
@@ -377,7 +378,7 @@ fsdp::FSDPModule& ShardedModel::fully_shard(::torch::nn::Module& module, const D
   s->is_root = gm.is_root();
   const c10::Device device =
       cuda ? c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice() : c10::kCPU;
-  for (graph::Parameter* p : st.group_params()) {
+  for (graph::Parameter* p : fsdp::detail::group_params(st)) {
     m.bindings.push_back(
         std::make_unique<detail::ParameterBinding>(m.param_of.at(p->fqn()), device));
     detail::ParameterBinding* b = m.bindings.back().get();

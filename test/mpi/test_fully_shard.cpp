@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
@@ -576,8 +577,9 @@ TEST_CASE_TEMPLATE("communication groups of the seed's m1..m4 example", D, FULLS
   auto root2 = build();
   auto& pair = fsdp::fully_shard({&root2->module("m2"), &root2->module("m3")}, mesh);
   CHECK(pair.group_fqns() == std::vector<std::string>{"m2.b", "m3.c"});
-  CHECK(fsdp::fsdp_state(root2->module("m3"))->group_name() == pair.group_name());
-  CHECK(pair.group_name() == "m2+m3");
+  CHECK(fsdp::detail::group_name(*fsdp::fsdp_state(root2->module("m3"))) ==
+        fsdp::detail::group_name(pair));
+  CHECK(fsdp::detail::group_name(pair) == "m2+m3");
 }
 
 TEST_CASE_TEMPLATE("list groups run once per pass; reshard policies; explicit prefetch", D,

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
 #include "fullshard/schedule/plan.hpp"
 #include "fullshard/torch.hpp"
@@ -405,7 +406,7 @@ ShardedRun train_sharded(const Setup& su) {
         p.mutable_grad() = torch::Tensor();
     else
       opt.zero_grad();
-    if (s == kSteps - 1) root.record_operations(&run.last_step);
+    if (s == kSteps - 1) fs::fsdp::detail::record_operations(root, &run.last_step);
     for (int mb = 0; mb < su.micro_batches; ++mb) {
       root.set_requires_gradient_sync(mb == su.micro_batches - 1);
       auto [x, y] = micro_batch(s, fs::test::world_rank(), mb, su.micro_batches);
@@ -413,7 +414,7 @@ ShardedRun train_sharded(const Setup& su) {
     }
     opt.step();
   }
-  root.record_operations(nullptr);
+  fs::fsdp::detail::record_operations(root, nullptr);
   return run;
 }
 
@@ -660,12 +661,12 @@ TEST_CASE("torch: the plan of a LibTorch model is its run: the same operations, 
     fs::fsdp::FSDPModule& root = sharded.state(*net);
 
     std::vector<fs::fsdp::engine::OpDesc> ran;  // the first step (op numbers from 0, as planned)
-    root.record_operations(&ran);
+    fs::fsdp::detail::record_operations(root, &ran);
     {
       auto [x, y] = micro_batch(0, world_rank(), 0, 1);
       loss_of(fst::call(net, x), y).backward();
     }
-    root.record_operations(nullptr);
+    fs::fsdp::detail::record_operations(root, nullptr);
     REQUIRE(ran.size() == plan.ops.size());
     for (std::size_t i = 0; i < ran.size(); ++i) {
       const auto& p = plan.ops[i];

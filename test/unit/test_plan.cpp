@@ -17,6 +17,7 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/mpi_communicator.hpp"
+#include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/graph/json_graph.hpp"
@@ -1180,11 +1181,11 @@ void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOpt
 
   std::vector<std::vector<fsdp::engine::OpDesc>> logs(roots.size());
   for (std::size_t i = 0; i < roots.size(); ++i)
-    roots[i]->record_operations(&logs[i]);
+    fsdp::detail::record_operations(*roots[i], &logs[i]);
   fsdp::forward(*g);
   fsdp::backward(*g);
   for (fsdp::FSDPModule* r : roots)
-    r->record_operations(nullptr);
+    fsdp::detail::record_operations(*r, nullptr);
   check_operations_match(plan, logs);
   std::size_t end = 0;
   for (std::size_t i = 0; i < roots.size(); ++i) {

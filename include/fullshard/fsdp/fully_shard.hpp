@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/options.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
@@ -88,29 +87,10 @@ class FSDPModule {
   /// The FSDP modules of this module's subtree, this one first (pre-order).
   std::vector<FSDPModule*> subtree_states();
 
-  // ---- the group's storage (checkpoints load into it without a staging copy) ----
-  /// The group's name ("layers.0", "<root>", "a+b" for a list).
-  const std::string& group_name() const noexcept;
-  /// The parameters of the group, in layout order.
-  const std::vector<graph::Parameter*>& group_params() const noexcept;
-  /// True for the first module of its group (a list group has several FSDPModules).
-  bool owns_group() const noexcept;
-  /// This rank's group shard in slot layout (group_layout()), original dtype, padding zero.
-  const Tensor& sharded_storage() const noexcept;
-  /// Why `storage` cannot replace the sharded storage (empty when it can): same shape, dtype
-  /// and memory space, and the group sharded with no all-gather in flight.
-  std::string adopt_problem(const Tensor& storage) const;
-  /// Replaces the sharded storage (checked with adopt_problem first; padding zero) and
-  /// shows the new shards on the parameters. Views of the old storage keep the old values.
-  void adopt_sharded_storage(Tensor storage);
-
   // ---- the root's buffer pool (the memory Plan::peak_bytes predicts) ----
   std::size_t pool_bytes_in_use() const;
   std::size_t pool_peak_bytes() const;
   void reset_pool_peak();
-  /// Root only: appends every operation the engine issues from now on to `log` (nullptr
-  /// stops), in the format of the planner's operations, for plan-versus-run comparisons.
-  void record_operations(std::vector<engine::OpDesc>* log);
 
   FSDPModule(const detail::Key& key, graph::Module& module, DeviceMesh mesh,
              FullyShardOptions options, std::shared_ptr<detail::ParamGroup> group);
