@@ -56,6 +56,16 @@ void attach_callbacks(graph::Module& root, Callbacks& seen, MemorySpace space) {
   }
 }
 
+// The seed graph's initial values (e % 11), its callbacks, and its 3 fully_shard requests
+// applied on `mesh` with the plan's defaults.
+void shard_seed(graph::Module& graph, const DeviceMesh& mesh, const PlanOptions& o, Callbacks& seen,
+                MemorySpace space) {
+  for (graph::Parameter* p : graph.parameters())
+    p->init([](std::int64_t e) { return double(e % 11); });
+  attach_callbacks(graph, seen, space);
+  CHECK(fsdp::apply_fully_shard_requests(graph, mesh, o.defaults) == 3);
+}
+
 int count_labels(const Timeline& t, StreamKind s, const std::string& prefix) {
   int n = 0;
   for (const MeasuredOp& op : t.ops())
@@ -84,11 +94,8 @@ TEST_CASE_TEMPLATE(
     CHECK(lo == hi);
 
     DeviceMesh mesh = D::mesh({W}, {"dp"});
-    for (graph::Parameter* p : graph->parameters())
-      p->init([](std::int64_t e) { return double(e % 11); });
     Callbacks seen;
-    attach_callbacks(*graph, seen, D::space);
-    CHECK(fsdp::apply_fully_shard_requests(*graph, mesh, o.defaults) == 3);
+    shard_seed(*graph, mesh, o, seen, D::space);
     Executor ex(*graph, mesh, plan);
     ex.step();
     CHECK(ex.measured_peak_bytes() == plan.peak_bytes);
@@ -161,11 +168,8 @@ TEST_CASE_TEMPLATE("executor: compressed groups, measured peak equals the plan's
     DeviceMesh mesh = c.replicate > 1
                           ? D::mesh({c.replicate, W / c.replicate}, {"replicate", "shard"})
                           : D::mesh({W}, {"dp"});
-    for (graph::Parameter* p : graph->parameters())
-      p->init([](std::int64_t e) { return double(e % 11); });
     Callbacks seen;
-    attach_callbacks(*graph, seen, D::space);
-    CHECK(fsdp::apply_fully_shard_requests(*graph, mesh, o.defaults) == 3);
+    shard_seed(*graph, mesh, o, seen, D::space);
     Executor ex(*graph, mesh, plan);
     ex.step();
     CHECK(ex.measured_peak_bytes() == plan.peak_bytes);
