@@ -157,7 +157,7 @@ comm::Work CommTransport::compressed_reduce_scatter(Device& dev, Channel c, Held
   std::byte* received = sent + static_cast<std::size_t>(W) * static_cast<std::size_t>(slot);
   const kernels::ExecStream& on = dev.exec(c);
   comm::Stream& s = stream(dev, c);
-  dev.run(c, s, label("reduce_scatter encode of group "), [=, &on] {
+  const comm::Work encoded = dev.run(c, s, label("reduce_scatter encode of group "), [=, &on] {
     for (int q = 0; q < W; ++q)
       kernels::quantize_packed(
           on, in + static_cast<std::size_t>(q) * static_cast<std::size_t>(I.shard_numel) * rsz,
@@ -173,7 +173,8 @@ comm::Work CommTransport::compressed_reduce_scatter(Device& dev, Channel c, Held
   const double divisor = fused ? spec.divisor : 1.0;
   const bool acc = fused && spec.accumulate;
   return dev.run(c, s, label("reduce_scatter decode of group "), [=, &on] {
-    sent_work.test();  // host: ran before (stream order); its error instead of decoding
+    encoded.test();  // host: both ran before (stream order); their errors instead of decoding
+    sent_work.test();
     kernels::reduce_dequantize(on, received, W, I.shard_numel, I.quant_block(),
                                kernels::QuantCode::int8, divisor, to, to_t, acc);
   });
