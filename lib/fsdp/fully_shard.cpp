@@ -443,7 +443,7 @@ CompressionPolicy compression_from_json(const nlohmann::json& v, const std::stri
       else
         throw ConfigError(at + ": expected \"int8\", \"fp8_e4m3\" or null");
     } else if (f.key() == "block") {
-      if (!x.is_number_integer() || x.get<long long>() < 1 || x.get<long long>() > (1 << 20))
+      if (!x.is_number_integer() || x.get<long long>() < 8 || x.get<long long>() > (1 << 20))
         throw ConfigError(at + ": expected an integer from 8 to 1048576 (a power of two)");
       c.block = x.get<int>();
     } else {
