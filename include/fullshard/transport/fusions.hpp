@@ -31,7 +31,7 @@ struct Geometry {
   DType orig_dtype = DType::f32;
   DType param_dtype = DType::f32;
   DType reduce_dtype = DType::f32;
-  /// Compressed collectives (set_wire): bits 0-1 the all-gather's code (0 none, 1 int8,
+  /// Compressed collectives (make_wire): bits 0-1 the all-gather's code (0 none, 1 int8,
   /// 2 fp8_e4m3), bit 2 the reduce-scatter's (int8), bits 3-7 log2 of the block.
   std::uint8_t wire = 0;
 
