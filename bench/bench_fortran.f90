@@ -8,6 +8,7 @@
 !   mpiexec -n 2 build/bench/fullshard-bench-fortran [pairs (default 40)]
 program bench_fortran
   use, intrinsic :: iso_c_binding
+  use, intrinsic :: ieee_arithmetic, only: ieee_is_nan
   use mpi_f08
   use fullshard
   implicit none
@@ -88,7 +89,7 @@ program bench_fortran
   end do
   call fullshard_mesh_free(mesh)
   call fullshard_finalize()
-  if (rank == 0 .and. sink /= sink) print '(a)', 'NaN'
+  if (rank == 0 .and. ieee_is_nan(sink)) print '(a)', 'NaN'
   call MPI_Finalize()
 
 contains
