@@ -80,7 +80,7 @@ void attach(Root& root, const std::vector<Group*>& groups) {
   root.groups.reserve(root.groups.size() + groups.size());
   for (Group* g : groups) {
     g->root = &root;
-    if (g->reshard_after_forward == 0) g->reshard_after_forward = g == groups.front() ? 1 : -1;
+    g->reshard_after_forward = g->reshard_after_forward.resolved(g == groups.front());
     root.groups.push_back(g);
   }
 }

@@ -1,10 +1,12 @@
 #include "fullshard/fsdp/fully_shard.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/fsdp/detail/group_access.hpp"
+#include "fullshard/fsdp/detail/group_rules.hpp"
 #include "fullshard/fsdp/front_end.hpp"
 #include "fullshard/mesh/agreement.hpp"
 #include "lib/fsdp/param_group.hpp"
@@ -19,6 +21,16 @@ std::string ReshardAfterForward::to_string() const {
   return std::to_string(v_);
 }
 
+ReshardAfterForward ReshardAfterForward::for_shard_group(int world,
+                                                         const std::string& group) const {
+  if (v_ < -1) throw InvalidArgument("fully_shard(" + group + "): bad reshard_after_forward");
+  if (v_ >= 1 && world % v_ != 0)
+    throw InvalidArgument("fully_shard(" + group +
+                          "): reshard_after_forward=" + std::to_string(v_) +
+                          " must divide the shard group size " + std::to_string(world));
+  return v_ == world ? always() : *this;
+}
+
 namespace {
 
 // The per-module slot of graph::Module holds a shared_ptr<FSDPModule>.
@@ -29,7 +41,7 @@ std::shared_ptr<FSDPModule> state_ptr(graph::Module& m) {
 std::string group_name(const std::vector<graph::Module*>& modules) {
   std::string s;
   for (auto* m : modules)
-    s += (s.empty() ? "" : "+") + (m->fqn().empty() ? "<root>" : m->fqn());
+    s += (s.empty() ? "" : "+") + detail::module_group_name(*m);
   return s;
 }
 
@@ -110,9 +122,7 @@ FSDPModule& fully_shard(const std::vector<graph::Module*>& modules, const Device
     const graph::Parameter* p = nullptr;
     for (auto* m : modules)
       if ((p = m->try_find_param(fqn))) break;
-    if (!p)
-      throw InvalidArgument("fully_shard(" + name + "): ignored parameter '" + fqn +
-                            "' does not exist in the module");
+    if (!p) detail::throw_unknown_ignored_param(name, fqn);
     ignored.insert(p);
   }
 
@@ -185,8 +195,7 @@ void ensure_initialized(FSDPModule& st) {
     const engine::Group& e = g->engine();
     std::string it = "group " + g->name() + ": dtypes " + dtype_name(e.info.orig_dtype) + "/" +
                      dtype_name(e.info.param_dtype) + "/" + dtype_name(e.info.reduce_dtype) +
-                     ", reshard_after_forward " + std::to_string(e.reshard_after_forward) +
-                     ", params";
+                     ", reshard_after_forward " + e.reshard_after_forward.to_string() + ", params";
     for (const graph::Parameter* p : g->params())
       it += " " + p->fqn() + " " + shape_string(p->shape()) + " " + dtype_name(p->dtype());
     items.push_back(std::move(it));
@@ -457,6 +466,31 @@ CompressionPolicy compression_from_json(const nlohmann::json& v, const std::stri
 
 }  // namespace
 
+nlohmann::json reshard_json(ReshardAfterForward value) {
+  if (value.is_automatic()) return nullptr;
+  if (value.reshards()) return true;
+  if (value.keeps_unsharded()) return false;
+  return value.value();
+}
+
+ReshardAfterForward reshard_from_json(const nlohmann::json& v, const std::string& path) {
+  if (v.is_null()) return ReshardAfterForward::automatic();
+  if (v.is_boolean()) return ReshardAfterForward(v.get<bool>());
+  if (v.is_number_integer() && v.get<long long>() >= 1 &&
+      v.get<long long>() <= std::numeric_limits<int>::max())
+    return ReshardAfterForward::group_size(v.get<int>());
+  throw ConfigError(path + ": expected true, false, null or an integer >= 1");
+}
+
+bool requests_fully_shard(const nlohmann::json& r) {
+  return !(r.is_null() || (r.is_boolean() && !r.get<bool>()));
+}
+
+std::string request_path(const graph::Module& m) {
+  return (m.json_path().empty() ? (m.is_root() ? std::string("(root)") : m.fqn()) : m.json_path()) +
+         ".fully_shard";
+}
+
 FullyShardOptions options_from_request(const nlohmann::json& req, const FullyShardOptions& defaults,
                                        const std::string& where) {
   FullyShardOptions o = defaults;
@@ -467,14 +501,7 @@ FullyShardOptions options_from_request(const nlohmann::json& req, const FullySha
     const auto& v = it.value();
     const std::string path = where + "." + key;
     if (key == "reshard_after_forward") {
-      if (v.is_null())
-        o.reshard_after_forward = ReshardAfterForward::automatic();
-      else if (v.is_boolean())
-        o.reshard_after_forward = ReshardAfterForward(v.get<bool>());
-      else if (v.is_number_integer() && v.get<long long>() >= 1)
-        o.reshard_after_forward = ReshardAfterForward::group_size(v.get<int>());
-      else
-        throw ConfigError(path + ": expected true, false, null or an integer >= 1");
+      o.reshard_after_forward = reshard_from_json(v, path);
     } else if (key == "param_dtype" || key == "reduce_dtype" || key == "output_dtype") {
       if (!v.is_string()) throw ConfigError(path + ": expected a dtype name such as \"bf16\"");
       const DType t = parse_dtype(v.get<std::string>(), path);
@@ -525,13 +552,9 @@ int apply_fully_shard_requests(graph::Module& root, const DeviceMesh& mesh,
                                const FullyShardOptions& defaults) {
   int calls = 0;
   for (graph::Module* m : root.modules_postorder()) {
-    const nlohmann::json& req = m->fully_shard_request();
-    if (req.is_null() || (req.is_boolean() && !req.get<bool>())) continue;
-    const std::string where =
-        (m->json_path().empty() ? (m->is_root() ? std::string("(root)") : m->fqn())
-                                : m->json_path()) +
-        ".fully_shard";
-    fully_shard(*m, mesh, options_from_request(req, defaults, where));
+    if (!requests_fully_shard(m->fully_shard_request())) continue;
+    fully_shard(*m, mesh,
+                options_from_request(m->fully_shard_request(), defaults, request_path(*m)));
     ++calls;
   }
   return calls;

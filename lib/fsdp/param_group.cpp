@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/detail/group_rules.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/tensor/staging.hpp"
 #include "lib/fsdp/running_backend.hpp"
@@ -53,12 +54,7 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
 
   if (!params_.empty()) I.orig_dtype = params_[0]->dtype();
   for (auto* p : params_)
-    if (p->dtype() != I.orig_dtype)
-      throw InvalidArgument("fully_shard(" + *name_ + "): parameters '" + params_[0]->fqn() +
-                            "' (" + dtype_name(I.orig_dtype) + ") and '" + p->fqn() + "' (" +
-                            dtype_name(p->dtype()) +
-                            ") have different dtypes; one communication group holds one dtype, "
-                            "so give them separate fully_shard calls");
+    check_group_dtype(*name_, *params_[0], *p);
   I.param_dtype = options.mp_policy.param_dtype.value_or(I.orig_dtype);
   I.reduce_dtype = options.mp_policy.reduce_dtype.value_or(I.param_dtype);
   I.wire = ::fullshard::fsdp::compression_wire(options.compression, *name_);
@@ -155,32 +151,24 @@ Tensor ParamGroup::new_shard_tensor(const std::string& label) const {
 }
 
 void ParamGroup::set_reshard_after_forward(ReshardAfterForward v) {
-  const int k = v.value();
-  const int W = engine_.info.world;
-  if (k >= 1) {
-    if (W % k != 0)
-      throw InvalidArgument("fully_shard(" + name() +
-                            "): reshard_after_forward=" + std::to_string(k) +
-                            " must divide the shard group size " + std::to_string(W));
-    if (k > 1 && k < W && post_forward_k_ != k) {
-      if (engine_.state == engine::ShardedState::sharded_post_forward)
-        throw InvalidArgument("group " + name() +
-                              ": reshard_after_forward cannot change between forward and "
-                              "backward; call reshard() first");
-      // The split is a collective on the all-gather communicator: nothing may be in flight on
-      // its stream (every rank makes this call at the same point of the program).
-      if (engine_.gather_in_flight) engine::reshard(engine_);
-      mesh_.device_stream(Channel::all_gather).synchronize();
-      // Consecutive groups of k ranks (e.g. the ranks of a node); collective over the shard
-      // group, made here while every rank makes the same call.
-      transport_->split_post_forward(k);
-      post_forward_k_ = k;
-    }
-  } else if (k < -1) {
-    throw InvalidArgument("fully_shard(" + name() + "): bad reshard_after_forward");
+  const ReshardAfterForward r = v.for_shard_group(engine_.info.world, name());
+  const int k = r.value();
+  if (k > 1 && post_forward_k_ != k) {
+    if (engine_.state == engine::ShardedState::sharded_post_forward)
+      throw InvalidArgument("group " + name() +
+                            ": reshard_after_forward cannot change between forward and "
+                            "backward; call reshard() first");
+    // The split is a collective on the all-gather communicator: nothing may be in flight on
+    // its stream (every rank makes this call at the same point of the program).
+    if (engine_.gather_in_flight) engine::reshard(engine_);
+    mesh_.device_stream(Channel::all_gather).synchronize();
+    // Consecutive groups of k ranks (e.g. the ranks of a node); collective over the shard
+    // group, made here while every rank makes the same call.
+    transport_->split_post_forward(k);
+    post_forward_k_ = k;
   }
-  if (k == 0 && ctx_) return;  // keep the value resolved at attach
-  engine_.reshard_after_forward = (k >= 1 && k == W) ? -1 : k;
+  if (r.is_automatic() && ctx_) return;  // keep the value resolved at attach
+  engine_.reshard_after_forward = r;
 }
 
 void ParamGroup::attach(std::shared_ptr<RootContext> ctx) {

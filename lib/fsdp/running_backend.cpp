@@ -163,7 +163,7 @@ Event RunningBackend::gather_copy_out(const OpDesc& d, engine::Group& g, const B
   const bool from_slices = g.state == engine::ShardedState::sharded_post_forward;
   comm::Work w = transport(g).gather_copy_out(
       *device_, channel(d.stream), src ? &mem(*src) : nullptr, from_slices, mem(arena),
-      keep ? &mem(*keep) : nullptr, g.reshard_after_forward);
+      keep ? &mem(*keep) : nullptr, g.reshard_after_forward.value());
   used(d, arena, w);
   if (src) used(d, *src, w);
   if (keep) used(d, *keep, w);

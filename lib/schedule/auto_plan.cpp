@@ -1,6 +1,6 @@
-// The auto-planner (fullshard/schedule/auto_plan.hpp): a search over fully_shard requests
-// and plan policies, each candidate costed by Scheduler::plan on the caller's graph (its
-// requests are set for the candidate and restored at the end).
+// The auto-planner (fullshard/schedule/auto_plan.hpp): a search over fully_shard calls and
+// plan policies, each candidate costed by the scheduler on the caller's graph with the
+// candidate's calls as a typed table (detail::replan_calls): the graph is not changed.
 //
 // Candidate = (which free modules are fully_shard'ed, reshard_after_forward per sharded
 // module whose value is not fixed, forward prefetch depth, reduce-scatter buffer count).
@@ -30,25 +30,23 @@ namespace {
 
 constexpr std::size_t kNoBound = std::numeric_limits<std::size_t>::max();
 
-bool is_requested(const nlohmann::json& r) {
-  return !(r.is_null() || (r.is_boolean() && !r.get<bool>()));
-}
-
 std::string display_name(const std::string& fqn) {
   return fqn.empty() ? "<root>" : fqn;
 }
 
-nlohmann::json reshard_json(int v) {
-  if (v == -1) return true;
-  if (v == 1) return false;
-  return v;
-}
+using Options = std::shared_ptr<const fsdp::FullyShardOptions>;
 
 // One module of the graph, as the search sees it.
 struct Slot {
-  graph::Module* module = nullptr;
-  nlohmann::json original;  // the request before the search (restored at the end)
+  const graph::Module* module = nullptr;
+  nlohmann::json original;  // the graph's request
   nlohmann::json base;      // the object the call makes, before reshard_after_forward
+  // The options of `base` (the user's object or defaults), and of the request as written
+  // (the baseline's call), parsed once; a plain slot shares the search's defaults.
+  Options parsed, written;
+  // Per value of the search's reshard list: `parsed` with that reshard_after_forward (made
+  // on first use; plain slots use the search's shared list).
+  std::vector<Options> by_value;
   bool can_on = false;
   bool can_off = true;
   bool reshard_fixed = false;
@@ -56,8 +54,8 @@ struct Slot {
 };
 
 struct Config {
-  std::vector<std::uint8_t> on;  // per slot
-  std::vector<int> reshard;      // per slot: the value (-1 true, 1 false, k)
+  std::vector<std::uint8_t> on;                    // per slot
+  std::vector<fsdp::ReshardAfterForward> reshard;  // per slot
   int prefetch = 0;
   int rs = 1;
 };
@@ -84,7 +82,7 @@ bool better(const Score& a, const Score& b) {
 
 class Search {
  public:
-  Search(graph::Module& root, MeshShape mesh, const AutoPlanOptions& o)
+  Search(const graph::Module& root, MeshShape mesh, const AutoPlanOptions& o)
       : root_(root), mesh_(mesh), o_(o) {
     if (o.memory_budget_bytes == 0)
       throw InvalidArgument("auto_plan: the memory budget must be > 0 bytes");
@@ -104,11 +102,11 @@ class Search {
     if (mesh.shard_size < 1 || mesh.replicate_size < 1)
       throw InvalidArgument("auto_plan: mesh sizes must be >= 1");
     const int W = mesh.shard_size;
-    values_.push_back(-1);
-    if (W > 1) values_.push_back(1);
+    values_.push_back(fsdp::ReshardAfterForward::always());
+    if (W > 1) values_.push_back(fsdp::ReshardAfterForward::never());
     if (o.reshard_group_sizes)
       for (int k = 2; k < W; ++k)
-        if (W % k == 0) values_.push_back(k);
+        if (W % k == 0) values_.push_back(fsdp::ReshardAfterForward::group_size(k));
     prefetch_ = o.prefetch_depths;
     rs_ = o.reduce_scatter_buffers;
 
@@ -121,19 +119,21 @@ class Search {
     }
 
     std::map<const graph::Module*, std::size_t> params_below;
-    auto post = root.modules_postorder();
-    for (graph::Module* m : post) {
+    auto& graph = const_cast<graph::Module&>(root);  // (read only: the walks are non-const)
+    auto post = graph.modules_postorder();
+    for (const graph::Module* m : post) {
       std::size_t n = m->num_params();
       for (std::size_t c = 0; c < m->num_children(); ++c)
         n += params_below[&m->child(c)];
       params_below[m] = n;
     }
-    for (graph::Module* m : root.modules_preorder()) {
+    defaults_ = std::make_shared<const fsdp::FullyShardOptions>(o.base.defaults);
+    for (const graph::Module* m : graph.modules_preorder()) {
       Slot s;
       s.module = m;
       s.original = m->fully_shard_request();
       s.depth = m->depth();
-      const bool req = is_requested(s.original);
+      const bool req = fsdp::requests_fully_shard(s.original);
       const bool explicit_false = s.original.is_boolean() && !s.original.get<bool>();
       const bool has_params = params_below[m] > 0;
       s.base = s.original.is_object() ? s.original : nlohmann::json::object();
@@ -154,21 +154,19 @@ class Search {
       s.reshard_fixed =
           fixed && s.original.is_object() && s.original.contains("reshard_after_forward");
       if (s.reshard_fixed) s.base = s.original;
+      // The user's objects, checked here (their errors name the module's request).
+      s.parsed = s.base.empty()
+                     ? defaults_
+                     : std::make_shared<const fsdp::FullyShardOptions>(fsdp::options_from_request(
+                           s.base, o.base.defaults, fsdp::request_path(*m)));
+      s.written = s.original.is_object()
+                      ? std::make_shared<const fsdp::FullyShardOptions>(fsdp::options_from_request(
+                            s.original, o.base.defaults, fsdp::request_path(*m)))
+                      : defaults_;
       slots_.push_back(std::move(s));
     }
     for (std::size_t i = 0; i < slots_.size(); ++i)
       if (slots_[i].can_on && slots_[i].can_off) free_.push_back(i);
-  }
-
-  ~Search() { restore(); }
-
-  void restore() noexcept {
-    for (Slot& s : slots_) {
-      try {
-        s.module->set_fully_shard_request(s.original);
-      } catch (...) {  // the original was accepted once: cannot fail
-      }
-    }
   }
 
   // ---- candidates ----
@@ -186,16 +184,41 @@ class Search {
 
   bool searchable(std::size_t i) const { return !slots_[i].reshard_fixed && values_.size() > 1; }
 
+  // The options of slot i's call with reshard_after_forward v (the slot's own when fixed).
+  const Options& options_for(std::size_t i, fsdp::ReshardAfterForward v) {
+    Slot& s = slots_[i];
+    if (s.reshard_fixed) return s.parsed;
+    const auto at =
+        static_cast<std::size_t>(std::find(values_.begin(), values_.end(), v) - values_.begin());
+    std::vector<Options>& list = s.parsed == defaults_ ? plain_by_value_ : s.by_value;
+    if (list.empty()) list.resize(values_.size());
+    if (!list[at]) {
+      auto o = std::make_shared<fsdp::FullyShardOptions>(*s.parsed);
+      o->reshard_after_forward = v;
+      list[at] = std::move(o);
+    }
+    return list[at];
+  }
+
+  // The candidate's calls as the planner's table (no module's request is touched).
   void apply(const Config& c) {
+    table_.resize(slots_.size());
     for (std::size_t i = 0; i < slots_.size(); ++i)
-      slots_[i].module->set_fully_shard_request(request(c, i));
+      table_[i] = c.on[i] ? &options_for(i, c.reshard[i]) : nullptr;
+  }
+
+  // The baseline's calls: the requests as written.
+  void apply_baseline(const Config& c) {
+    table_.resize(slots_.size());
+    for (std::size_t i = 0; i < slots_.size(); ++i)
+      table_[i] = c.on[i] ? &slots_[i].written : nullptr;
   }
 
   nlohmann::json request(const Config& c, std::size_t i) const {
     const Slot& s = slots_[i];
     if (!c.on[i]) return nullptr;
     nlohmann::json r = s.base;
-    if (!s.reshard_fixed) r["reshard_after_forward"] = reshard_json(c.reshard[i]);
+    if (!s.reshard_fixed) r["reshard_after_forward"] = fsdp::reshard_json(c.reshard[i]);
     return r;
   }
 
@@ -210,8 +233,22 @@ class Search {
   const Plan& plan(const Config& c) {
     apply(c);
     ++evaluations_;
-    Scheduler::replan(scratch_, root_, mesh_, options(c));
+    detail::replan_calls(scratch_, root_, mesh_, options(c), &table_);
     return scratch_;
+  }
+
+  // The plans of the baseline and the choice, each its own (not the search's scratch).
+  Plan baseline_plan(const Config& c, const PlanOptions& options) {
+    apply_baseline(c);
+    Plan p;
+    detail::replan_calls(p, root_, mesh_, options, &table_);
+    return p;
+  }
+  Plan final_plan(const Config& c) {
+    apply(c);
+    Plan p;
+    detail::replan_calls(p, root_, mesh_, options(c), &table_);
+    return p;
   }
 
   Score score(const Plan& p) const {
@@ -374,7 +411,7 @@ class Search {
     }
     if (auto b = baseline_config()) seeds.push_back(*b);
     for (const Config& seed : seeds)
-      for (int v : values_)
+      for (const fsdp::ReshardAfterForward v : values_)
         for (int pf : prefetch_)
           for (int rs : rs_) {
             if (!budget_left()) return;
@@ -397,7 +434,7 @@ class Search {
       };
       for (std::size_t i = 0; i < slots_.size(); ++i) {
         if (!best_.on[i] || !searchable(i)) continue;
-        for (int v : values_) {
+        for (const fsdp::ReshardAfterForward v : values_) {
           if (v == best_.reshard[i]) continue;
           Config c = best_;
           c.reshard[i] = v;
@@ -429,7 +466,7 @@ class Search {
     Config c = base_config();
     bool has_requests = false;
     for (std::size_t i = 1; i < slots_.size(); ++i)
-      if (is_requested(slots_[i].original)) has_requests = true;
+      if (fsdp::requests_fully_shard(slots_[i].original)) has_requests = true;
     std::size_t widest = 0;
     for (std::size_t i = 0; i < slots_.size(); ++i)
       if (slots_[i].module->num_children() > slots_[widest].module->num_children()) widest = i;
@@ -437,7 +474,7 @@ class Search {
       const Slot& s = slots_[i];
       bool want = false;
       if (has_requests)
-        want = is_requested(s.original) || s.module->is_root();
+        want = fsdp::requests_fully_shard(s.original) || s.module->is_root();
       else
         want = s.module->is_root() || s.module->parent() == slots_[widest].module;
       if (want && !s.can_on) return std::nullopt;
@@ -450,11 +487,11 @@ class Search {
   // The baseline's requests: as written (true, the user's objects) and base's policies.
   AutoPlanChoice baseline_choice(const Config& c) const {
     AutoPlanChoice ch;
-    for (graph::Module* m : root_.modules_postorder()) {
+    for (const graph::Module* m : postorder()) {
       const std::size_t i = index_of(m);
       if (!c.on[i]) continue;
       const nlohmann::json& orig = slots_[i].original;
-      ch.calls.push_back({m->fqn(), is_requested(orig) && orig.is_object()
+      ch.calls.push_back({m->fqn(), fsdp::requests_fully_shard(orig) && orig.is_object()
                                         ? orig
                                         : nlohmann::json(nlohmann::json::object())});
     }
@@ -465,13 +502,17 @@ class Search {
 
   AutoPlanChoice choice(const Config& c) const {
     AutoPlanChoice ch;
-    for (graph::Module* m : root_.modules_postorder()) {
+    for (const graph::Module* m : postorder()) {
       const std::size_t i = index_of(m);
       if (c.on[i]) ch.calls.push_back({m->fqn(), request(c, i)});
     }
     ch.forward_prefetch_depth = c.prefetch;
     ch.reduce_scatter_max_input_buffers = c.rs;
     return ch;
+  }
+
+  std::vector<graph::Module*> postorder() const {
+    return const_cast<graph::Module&>(root_).modules_postorder();
   }
 
   std::size_t index_of(const graph::Module* m) const {
@@ -487,12 +528,16 @@ class Search {
   std::size_t min_memory() const noexcept { return min_memory_; }
 
  private:
-  graph::Module& root_;
+  const graph::Module& root_;
   MeshShape mesh_;
   const AutoPlanOptions& o_;
+  Options defaults_;
+  std::vector<Options> plain_by_value_;  // options_for's list for the plain slots
   std::vector<Slot> slots_;
+  detail::RequestTable table_;
   std::vector<std::size_t> free_;
-  std::vector<int> values_, prefetch_, rs_;
+  std::vector<fsdp::ReshardAfterForward> values_;
+  std::vector<int> prefetch_, rs_;
   mutable std::map<const graph::Module*, std::size_t> index_;
   Config best_;
   Score best_score_;
@@ -517,7 +562,7 @@ std::size_t predicted_memory_bytes(const Plan& plan, double state_bytes_per_para
 
 namespace {
 
-AutoPlan auto_plan_one(graph::Module& root, MeshShape mesh, const AutoPlanOptions& options) {
+AutoPlan auto_plan_one(const graph::Module& root, MeshShape mesh, const AutoPlanOptions& options) {
   Search s(root, mesh, options);
   AutoPlan out;
   out.space = s.space(options.max_exhaustive);
@@ -533,8 +578,7 @@ AutoPlan auto_plan_one(graph::Module& root, MeshShape mesh, const AutoPlanOption
   if (auto b = s.baseline_config()) {
     const PlanOptions& bo = options.base;
     out.baseline_choice = s.baseline_choice(*b);
-    apply_auto_plan(root, out.baseline_choice);
-    out.baseline = Scheduler::plan(root, mesh, bo);
+    out.baseline = s.baseline_plan(*b, bo);
     out.baseline_memory_bytes = predicted_memory_bytes(
         out.baseline, options.state_bytes_per_param_byte, options.reserved_bytes);
   }
@@ -554,16 +598,15 @@ AutoPlan auto_plan_one(graph::Module& root, MeshShape mesh, const AutoPlanOption
   }
   out.choice = s.choice(s.best());
   out.options = s.options(s.best());
-  apply_auto_plan(root, out.choice);
-  out.plan = Scheduler::plan(root, mesh, out.options);
+  out.plan = s.final_plan(s.best());
   out.memory_bytes =
       predicted_memory_bytes(out.plan, options.state_bytes_per_param_byte, options.reserved_bytes);
-  return out;  // ~Search restores the requests
+  return out;
 }
 
 }  // namespace
 
-AutoPlan auto_plan(graph::Module& root, MeshShape mesh, const AutoPlanOptions& options) {
+AutoPlan auto_plan(const graph::Module& root, MeshShape mesh, const AutoPlanOptions& options) {
   if (options.compressions.empty()) return auto_plan_one(root, mesh, options);
   // base's compression first (it wins ties), then each allowed one, searched alike.
   std::optional<AutoPlan> best;
@@ -640,11 +683,12 @@ std::string AutoPlanChoice::to_cpp(const Plan& plan, const std::string& root_nam
     std::string r = "fsdp::ReshardAfterForward::automatic()";
     nlohmann::json extra = c.request.is_object() ? c.request : nlohmann::json::object();
     if (extra.contains("reshard_after_forward")) {
-      const nlohmann::json& v = extra["reshard_after_forward"];
-      if (v.is_boolean())
-        r = v.get<bool>() ? "fsdp::ReshardAfterForward(true)" : "fsdp::ReshardAfterForward(false)";
-      else if (v.is_number_integer())
-        r = "fsdp::ReshardAfterForward::group_size(" + v.dump() + ")";
+      const fsdp::ReshardAfterForward v =
+          fsdp::reshard_from_json(extra["reshard_after_forward"], "reshard_after_forward");
+      if (v.reshards() || v.keeps_unsharded())
+        r = v.reshards() ? "fsdp::ReshardAfterForward(true)" : "fsdp::ReshardAfterForward(false)";
+      else if (!v.is_automatic())
+        r = "fsdp::ReshardAfterForward::group_size(" + std::to_string(v.value()) + ")";
       extra.erase("reshard_after_forward");
     }
     s << "fsdp::fully_shard(" << cpp_module(root_name, c.fqn) << ", " << mesh_name << ", opts(" << r

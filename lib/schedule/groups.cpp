@@ -1,5 +1,6 @@
 #include "fullshard/schedule/groups.hpp"
 
+#include "fullshard/fsdp/detail/group_rules.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 
 #include <algorithm>
@@ -35,29 +36,13 @@ std::size_t PlannedGroup::gather_bytes() const {
   return geometry().gather_bytes();
 }
 
-std::string PlannedGroup::reshard_string() const {
-  if (reshard_after_forward == -1) return "true";
-  if (reshard_after_forward == 1) return "false";
-  return std::to_string(reshard_after_forward);
-}
-
 namespace {
 
-bool requested(const graph::Module& m) {
-  const nlohmann::json& r = m.fully_shard_request();
-  return !(r.is_null() || (r.is_boolean() && !r.get<bool>()));
-}
-
 std::size_t count_requests(const graph::Module& m) {
-  std::size_t n = requested(m) ? 1 : 0;
+  std::size_t n = fsdp::requests_fully_shard(m.fully_shard_request()) ? 1 : 0;
   for (std::size_t i = 0; i < m.num_children(); ++i)
     n += count_requests(m.child(i));
   return n;
-}
-
-std::string where_of(const graph::Module& m) {
-  return (m.json_path().empty() ? (m.is_root() ? std::string("(root)") : m.fqn()) : m.json_path()) +
-         ".fully_shard";
 }
 
 // One walk over the graph forms every group (fully_shard's post-order), with no per-parameter
@@ -65,13 +50,20 @@ std::string where_of(const graph::Module& m) {
 // requested module below took, which the walk collects on one stack as it returns.
 class GroupBuilder {
  public:
-  GroupBuilder(int W, const fsdp::FullyShardOptions& defaults, PlannedGroups& out)
-      : W_(W), defaults_(defaults), groups_(out), memory_(out.get_allocator()) {}
+  GroupBuilder(int W, const fsdp::FullyShardOptions& defaults, PlannedGroups& out,
+               const detail::RequestTable* table)
+      : W_(W),
+        defaults_(defaults),
+        groups_(out),
+        memory_(out.get_allocator()),
+        table_(table ? table->data() : nullptr) {}
 
   // Appends to stack_ the parameters of m's subtree no group below took (torch's
   // named_parameters order: own parameters, then each child's), forming the groups on the way.
   void visit(const graph::Module& m, int requesting_ancestors) {
-    const bool req = requested(m);
+    const std::size_t index = preorder_++;
+    const bool req =
+        table_ ? table_[index] != nullptr : fsdp::requests_fully_shard(m.fully_shard_request());
     const std::size_t base = stack_.size();
     const std::size_t first_group = groups_.size();
     int position = -1;
@@ -89,14 +81,14 @@ class GroupBuilder {
       visit(m.child(i), requesting_ancestors);
     }
     if (!req) return;
-    form(m, base, position);
+    form(m, base, position, table_ ? table_[index] : nullptr);
     if (requesting_ancestors == 1) {  // an outermost request: the root of what it formed
       const int root = static_cast<int>(groups_.size()) - 1;
       for (std::size_t g = first_group; g < groups_.size(); ++g) {
         PlannedGroup& pg = groups_[g];
         pg.root_group = root;
         pg.is_root = static_cast<int>(g) == root;
-        if (pg.reshard_after_forward == 0) pg.reshard_after_forward = pg.is_root ? 1 : -1;
+        pg.reshard_after_forward = pg.reshard_after_forward.resolved(pg.is_root);
       }
     }
   }
@@ -104,25 +96,23 @@ class GroupBuilder {
  private:
   // The group of requested module m from the candidates stack_[base...]; its ignored
   // parameters stay on the stack for the groups above.
-  void form(const graph::Module& m, std::size_t base, int position) {
-    const nlohmann::json& req = m.fully_shard_request();
-    if (!req.is_boolean() && !req.is_object())
-      throw ConfigError(where_of(m) + ": expected true, false or an object of options");
+  void form(const graph::Module& m, std::size_t base, int position,
+            const std::shared_ptr<const fsdp::FullyShardOptions>* call) {
+    const nlohmann::json& req = m.fully_shard_request();  // true or an object (a module's rule)
     // In place (a throw discards every group), its lists in the groups' arena.
     PlannedGroup& g = groups_.emplace_back(memory_);
-    if (req.is_boolean()) {
+    if (call) {
+      g.options = *call;
+    } else if (req.is_boolean()) {
       if (!shared_defaults_)
         shared_defaults_ = std::make_shared<const fsdp::FullyShardOptions>(defaults_);
       g.options = shared_defaults_;
     } else {
       g.options = std::make_shared<const fsdp::FullyShardOptions>(
-          fsdp::options_from_request(req, defaults_, where_of(m)));
+          fsdp::options_from_request(req, defaults_, fsdp::request_path(m)));
     }
     const fsdp::FullyShardOptions& options = *g.options;
-    if (m.fqn().empty())  // (not a conditional expression: that copies the name twice)
-      g.name = "<root>";
-    else
-      g.name = m.fqn();
+    g.name = fsdp::detail::module_group_name(m);
     g.modules.push_back(&m);
     g.forward_index = position;
     g.layout.world = W_;
@@ -130,9 +120,7 @@ class GroupBuilder {
     std::vector<const graph::Parameter*> ignored;
     for (const auto& fqn : options.ignored_params) {
       const graph::Parameter* p = m.try_find_param(fqn);
-      if (!p)
-        throw InvalidArgument("fully_shard(" + g.name + "): ignored parameter '" + fqn +
-                              "' does not exist in the module");
+      if (!p) fsdp::detail::throw_unknown_ignored_param(g.name, fqn);
       ignored.push_back(p);
     }
     const auto is_ignored = [&ignored](const graph::Parameter* p) {
@@ -157,13 +145,10 @@ class GroupBuilder {
           !detail::try_shard_extent_dim0(p->first_extent(), p->inner_numel(), W_, e))
         e = shard_extent(p->shape(), pl, W_, [&] { return "parameter '" + p->fqn() + "'"; });
       // The engine's ParamGroup checks, in its order.
-      if (g.params.empty()) g.orig_dtype = p->dtype();
-      if (p->dtype() != g.orig_dtype)
-        throw InvalidArgument(
-            "fully_shard(" + g.name + "): parameters '" + g.params[0]->fqn() + "' (" +
-            dtype_name(g.orig_dtype) + ") and '" + p->fqn() + "' (" + dtype_name(p->dtype()) +
-            ") have different dtypes; one communication group holds one dtype, so give them "
-            "separate fully_shard calls");
+      if (g.params.empty())
+        g.orig_dtype = p->dtype();
+      else
+        fsdp::detail::check_group_dtype(g.name, *g.params[0], *p);
       g.layout.shard_numel = checked_add(g.layout.shard_numel, e.padded_numel, ctx);
       g.layout.arena_numel = checked_add(g.layout.arena_numel, e.numel, ctx);
       g.params.push_back(p);
@@ -190,21 +175,18 @@ class GroupBuilder {
                                  [&] { return ctx() + ": the buffers of all groups together"; });
     }
 
-    const int k = options.reshard_after_forward.value();
-    if (k >= 1 && W_ % k != 0)
-      throw InvalidArgument("fully_shard(" + g.name +
-                            "): reshard_after_forward=" + std::to_string(k) +
-                            " must divide the shard group size " + std::to_string(W_));
-    if (k < -1) throw InvalidArgument("fully_shard(" + g.name + "): bad reshard_after_forward");
-    g.reshard_after_forward = (k >= 1 && k == W_) ? -1 : k;  // 0: resolved by visit()
+    // (automatic: resolved by visit())
+    g.reshard_after_forward = options.reshard_after_forward.for_shard_group(W_, g.name);
   }
 
   const int W_;
   const fsdp::FullyShardOptions& defaults_;
   PlannedGroups& groups_;
-  const ArenaAllocator<const graph::Module*> memory_;               // the groups' allocator
-  std::shared_ptr<const fsdp::FullyShardOptions> shared_defaults_;  // of the `true` requests
+  const ArenaAllocator<const graph::Module*> memory_;                   // the groups' allocator
+  std::shared_ptr<const fsdp::FullyShardOptions> shared_defaults_;      // of the `true` requests
+  const std::shared_ptr<const fsdp::FullyShardOptions>* const* table_;  // or nullptr
   std::vector<const graph::Parameter*> stack_;
+  std::size_t preorder_ = 0;
   int next_forward_ = 0;
   std::int64_t model_bytes_ = 0;
 };
@@ -233,7 +215,7 @@ kernels::GroupLayout PlannedGroup::group_layout(int rank) const {
 }
 
 std::string PlannedGroup::where() const {
-  return modules.empty() ? name : where_of(*modules.front());
+  return modules.empty() ? name : fsdp::request_path(*modules.front());
 }
 
 PlannedGroups plan_groups(const graph::Module& root, int shard_size,
@@ -247,18 +229,25 @@ PlannedGroups plan_groups(const graph::Module& root, int shard_size,
 
 namespace fullshard::detail {
 
-std::size_t count_group_requests(const graph::Module& root) {
-  return schedule::count_requests(root);
+std::size_t count_group_requests(const graph::Module& root, const RequestTable* table) {
+  if (!table) return schedule::count_requests(root);
+  return static_cast<std::size_t>(
+      std::count_if(table->begin(), table->end(), [](const auto* e) { return e != nullptr; }));
 }
 
 void plan_groups_into(schedule::PlannedGroups& out, const graph::Module& root, int shard_size,
-                      const fsdp::FullyShardOptions& defaults, std::size_t requests) {
+                      const fsdp::FullyShardOptions& defaults, std::size_t requests,
+                      const RequestTable* table) {
+  if (table && table->size() != root.num_descendants() + 1)
+    throw InvalidArgument("plan_groups: a request table of " + std::to_string(table->size()) +
+                          " entries for a graph of " + std::to_string(root.num_descendants() + 1) +
+                          " modules");
   if (shard_size < 1)
     throw InvalidArgument("plan_groups: the shard group size must be >= 1, got " +
                           std::to_string(shard_size));
   out.clear();
   out.reserve(requests);
-  schedule::GroupBuilder(shard_size, defaults, out).visit(root, 0);
+  schedule::GroupBuilder(shard_size, defaults, out, table).visit(root, 0);
 }
 
 }  // namespace fullshard::detail

@@ -150,7 +150,7 @@ std::string Plan::to_text() const {
          " B gather=" + std::to_string(g.gather_bytes()) + " B dtypes=" + dtype_name(g.orig_dtype) +
          "/" + dtype_name(g.param_dtype) + "/" + dtype_name(g.reduce_dtype) +
          (g.wire ? " compression=" + g.geometry().wire_text() : std::string()) +
-         " reshard_after_forward=" + g.reshard_string() +
+         " reshard_after_forward=" + g.reshard_after_forward.to_string() +
          (options.no_unshard_in_backward.count(g.name) ? " unshard_in_backward=false" : "") +
          (g.is_root ? " root" : ""));
     line("      params: " +

@@ -307,8 +307,11 @@ Plan Scheduler::plan(const graph::Module& root, MeshShape mesh, const PlanOption
   return p;
 }
 
-void Scheduler::replan(Plan& out, const graph::Module& root, MeshShape mesh,
-                       const PlanOptions& options) {
+namespace {
+
+// Scheduler::replan, with the calls of `calls` when given (detail::replan_calls).
+void replan_with(Plan& out, const graph::Module& root, MeshShape mesh, const PlanOptions& options,
+                 const detail::RequestTable* calls) {
   std::shared_ptr<Arena> arena = out.ops.get_allocator().arena();
   out = Plan();  // its containers let go of the arena
   if (mesh.shard_size < 1 || mesh.replicate_size < 1)
@@ -339,7 +342,7 @@ void Scheduler::replan(Plan& out, const graph::Module& root, MeshShape mesh,
   else
     arena = std::make_shared<Arena>(expected);
   p.groups = PlannedGroups(ArenaAllocator<PlannedGroup>(arena));
-  detail::plan_groups_into(p.groups, root, mesh.shard_size, options.defaults, modules);
+  detail::plan_groups_into(p.groups, root, mesh.shard_size, options.defaults, modules, calls);
   auto require_group = [&p](const std::string& name, const char* option) {
     if (p.group_index(name) >= 0) return;
     std::string names;
@@ -401,4 +404,20 @@ void Scheduler::replan(Plan& out, const graph::Module& root, MeshShape mesh,
   out = std::move(p);
 }
 
+}  // namespace
+
+void Scheduler::replan(Plan& out, const graph::Module& root, MeshShape mesh,
+                       const PlanOptions& options) {
+  replan_with(out, root, mesh, options, nullptr);
+}
+
 }  // namespace fullshard::schedule
+
+namespace fullshard::detail {
+
+void replan_calls(schedule::Plan& out, const graph::Module& root, schedule::MeshShape mesh,
+                  const schedule::PlanOptions& options, const RequestTable* calls) {
+  schedule::replan_with(out, root, mesh, options, calls);
+}
+
+}  // namespace fullshard::detail

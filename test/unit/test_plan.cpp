@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "fullshard/base/error.hpp"
@@ -192,8 +193,8 @@ TEST_CASE("plan_groups forms the groups apply_fully_shard_requests forms") {
   CHECK(groups[2].is_root);
   CHECK(!groups[0].is_root);
   CHECK(groups[0].root_group == 2);
-  CHECK(groups[2].reshard_after_forward == 1);   // root: false
-  CHECK(groups[0].reshard_after_forward == -1);  // others: true
+  CHECK(groups[2].reshard_after_forward == fsdp::ReshardAfterForward::never());   // root: false
+  CHECK(groups[0].reshard_after_forward == fsdp::ReshardAfterForward::always());  // others: true
   CHECK(groups[2].layout.shard_numel == 2 * 16 * 256);
   CHECK(groups[2].layout.arena_numel == 2 * 64 * 256);
   CHECK(groups[2].shard_bytes() == 32768);
@@ -210,7 +211,7 @@ TEST_CASE("plan_groups forms the groups apply_fully_shard_requests forms") {
   CHECK(mg[1].param_fqns() == std::vector<std::string>{"blocks.0.w"});
   CHECK(mg[1].layout.shard_numel == 4 * 7);  // ceil(13/4) = 4 rows of 7
   CHECK(mg[1].layout.arena_numel == 13 * 7);
-  CHECK(mg[0].reshard_after_forward == 1);
+  CHECK(mg[0].reshard_after_forward == fsdp::ReshardAfterForward::never());
   CHECK(mg[0].root_group == 4);
   CHECK(mg[2].name == "blocks.1");
   CHECK(mg[2].param_dtype == DType::bf16);
@@ -228,8 +229,10 @@ TEST_CASE("plan_groups forms the groups apply_fully_shard_requests forms") {
   d.mp_policy.reduce_dtype = DType::f32;
   d.reshard_after_forward = fsdp::ReshardAfterForward(true);
   const auto dg = plan_groups(*mixed, 4, d);
-  CHECK(dg[4].reshard_after_forward == -1);  // root set explicitly: true
-  CHECK(dg[0].reshard_after_forward == 1);   // its request says false
+  CHECK(dg[4].reshard_after_forward ==
+        fsdp::ReshardAfterForward::always());  // root set explicitly: true
+  CHECK(dg[0].reshard_after_forward ==
+        fsdp::ReshardAfterForward::never());  // its request says false
   CHECK(dg[4].param_dtype == DType::bf16);
   CHECK(dg[4].reduce_dtype == DType::f32);
   // The `true` requests (blocks.0, head) share one copy of the defaults; each object request
@@ -244,6 +247,94 @@ TEST_CASE("plan_groups forms the groups apply_fully_shard_requests forms") {
   CHECK(dg[0].options->mp_policy.param_dtype == DType::bf16);  // from the defaults
   CHECK(dg[4].options->ignored_params == std::vector<std::string>{"bias"});
   CHECK(dg[4].options->mp_policy.reduce_dtype == DType::f32);
+}
+
+TEST_CASE("reshard_after_forward: one form, its JSON and its checks") {
+  using R = fsdp::ReshardAfterForward;
+  // An int does not convert (it would have converted to bool: 2 meaning true).
+  static_assert(!std::is_convertible_v<int, R>);
+  static_assert(std::is_convertible_v<bool, R>);
+  CHECK(R::group_size(4).for_shard_group(4, "g") == R::always());
+  CHECK(R::group_size(1).for_shard_group(4, "g") == R::never());
+  CHECK(R::group_size(2).for_shard_group(4, "g").value() == 2);
+  CHECK(R::automatic().for_shard_group(4, "g").is_automatic());
+  CHECK(R::automatic().resolved(true) == R::never());
+  CHECK(R::automatic().resolved(false) == R::always());
+  CHECK(R::group_size(2).resolved(true) == R::group_size(2));
+  CHECK(R::never().resolved(false) == R::never());
+  CHECK(contains(error_of<InvalidArgument>([] { R::group_size(3).for_shard_group(4, "g"); }),
+                 "fully_shard(g): reshard_after_forward=3 must divide the shard group size 4"));
+  CHECK(contains(error_of<InvalidArgument>([] { R::group_size(-2).for_shard_group(4, "g"); }),
+                 "fully_shard(g): bad reshard_after_forward"));
+  CHECK(fsdp::reshard_json(R::always()) == nlohmann::json(true));
+  CHECK(fsdp::reshard_json(R::never()) == nlohmann::json(false));
+  CHECK(fsdp::reshard_json(R::automatic()).is_null());
+  CHECK(fsdp::reshard_json(R::group_size(2)) == nlohmann::json(2));
+  for (const R v : {R::automatic(), R::always(), R::never(), R::group_size(2)})
+    CHECK(fsdp::reshard_from_json(fsdp::reshard_json(v), "x") == v);
+  CHECK(R::group_size(2).to_string() == "2");
+  CHECK(R::never().to_string() == "false");
+  for (const nlohmann::json& bad :
+       {nlohmann::json(0), nlohmann::json(-1), nlohmann::json(1.5), nlohmann::json("2"),
+        nlohmann::json(std::int64_t(1) << 40)})
+    CHECK(contains(error_of<ConfigError>([&] { fsdp::reshard_from_json(bad, "a.b"); }),
+                   "a.b: expected true, false, null or an integer >= 1"));
+}
+
+TEST_CASE("a table of typed calls plans as the graph's requests do, and leaves them alone") {
+  auto g = load(kMixed);
+  const auto before = [&] {
+    std::vector<nlohmann::json> r;
+    for (graph::Module* m : g->modules_preorder())
+      r.push_back(m->fully_shard_request());
+    return r;
+  }();
+  fsdp::FullyShardOptions defaults;
+  defaults.mp_policy.param_dtype = DType::bf16;
+  PlanOptions po;
+  po.defaults = defaults;
+  const MeshShape mesh = MeshShape::hsdp(2, 4);
+  const Plan from_graph = Scheduler::plan(*g, mesh, po);
+
+  // The same calls, typed: one entry per module in pre-order.
+  std::vector<std::shared_ptr<const fsdp::FullyShardOptions>> owned;
+  const std::vector<graph::Module*> modules = g->modules_preorder();
+  owned.reserve(modules.size());
+  detail::RequestTable table;
+  for (graph::Module* m : modules) {
+    if (!fsdp::requests_fully_shard(m->fully_shard_request())) {
+      table.push_back(nullptr);
+      continue;
+    }
+    owned.push_back(std::make_shared<const fsdp::FullyShardOptions>(fsdp::options_from_request(
+        m->fully_shard_request(), defaults, fsdp::request_path(*m))));
+    table.push_back(&owned.back());
+  }
+  Plan typed;
+  detail::replan_calls(typed, *g, mesh, po, &table);
+  CHECK(typed.to_text() == from_graph.to_text());
+  CHECK(typed.fingerprint() == from_graph.fingerprint());
+
+  // Other calls (the root alone, reshard_after_forward 2): planned, the graph untouched.
+  auto two = std::make_shared<fsdp::FullyShardOptions>(defaults);
+  two->reshard_after_forward = fsdp::ReshardAfterForward::group_size(2);
+  const std::shared_ptr<const fsdp::FullyShardOptions> root_call = two;
+  detail::RequestTable only_root(modules.size(), nullptr);
+  only_root[0] = &root_call;
+  detail::replan_calls(typed, *g, mesh, po, &only_root);
+  REQUIRE(typed.groups.size() == 1);
+  CHECK(typed.groups[0].name == "<root>");
+  CHECK(typed.groups[0].reshard_after_forward == fsdp::ReshardAfterForward::group_size(2));
+  CHECK(typed.groups[0].params.size() == g->parameters().size());
+  std::vector<nlohmann::json> after;
+  for (graph::Module* m : g->modules_preorder())
+    after.push_back(m->fully_shard_request());
+  CHECK(after == before);
+
+  detail::RequestTable short_table(2, nullptr);
+  CHECK(contains(
+      error_of<InvalidArgument>([&] { detail::replan_calls(typed, *g, mesh, po, &short_table); }),
+      "a request table of 2 entries for a graph of"));
 }
 
 TEST_CASE("plan_groups reports bad requests like fully_shard") {
@@ -339,7 +430,8 @@ TEST_CASE("seed m1..m4 with the root resharded after forward (the seed's picture
   PlanOptions o;
   o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(true);
   const Plan p = Scheduler::plan(*g, MeshShape::fsdp(4), o);
-  CHECK(p.groups[static_cast<std::size_t>(p.group_index("<root>"))].reshard_after_forward == -1);
+  CHECK(p.groups[static_cast<std::size_t>(p.group_index("<root>"))].reshard_after_forward ==
+        fsdp::ReshardAfterForward::always());
   // The seed draws backward AG(c), AG(b), AG(a,d). m4's parameter d is in the root group, so
   // the root's pre-backward gathers (a,d) before bwd(m4) can run, and prefetches AG(c).
   const auto bwd_ag = phase_ops(p, OpKind::all_gather, Phase::backward);
@@ -685,7 +777,7 @@ TEST_CASE("several FSDP roots: one pool each") {
   CHECK(p.groups[1].is_root);
   CHECK(p.groups[2].is_root);
   CHECK(p.groups[0].root_group == 1);
-  CHECK(p.groups[2].reshard_after_forward == 1);  // a root: kept
+  CHECK(p.groups[2].reshard_after_forward == fsdp::ReshardAfterForward::never());  // a root: kept
   REQUIRE(p.pool_peak_bytes.size() == 2);
   CHECK(p.peak_bytes >= std::max(p.pool_peak_bytes[0], p.pool_peak_bytes[1]));
   CHECK(p.peak_bytes <= p.pool_peak_bytes[0] + p.pool_peak_bytes[1]);

@@ -27,6 +27,7 @@
 
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/comm/stream.hpp"
+#include "fullshard/fsdp/options.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/tensor/tensor.hpp"
 #include "fullshard/transport/fusions.hpp"
@@ -279,7 +280,9 @@ class Group {
   GroupInfo info;
 
   // Policies (FSDPModule setters / plan options).
-  int reshard_after_forward = 0;  // 0 automatic (resolved at attach), -1 true, k >= 1
+  /// Checked for the shard group (ReshardAfterForward::for_shard_group); automatic until
+  /// attach resolves it.
+  ReshardAfterForward reshard_after_forward = ReshardAfterForward::automatic();
   bool reduce_grads = true;
   bool all_reduce_grads = true;
   bool unshard_in_backward = true;
@@ -293,7 +296,7 @@ class Group {
   std::vector<Group*> backward_prefetch;
 
   bool post_forward_slicing() const noexcept {
-    return reshard_after_forward > 1 && reshard_after_forward < info.world;
+    return reshard_after_forward.value() > 1 && reshard_after_forward.value() < info.world;
   }
 };
 

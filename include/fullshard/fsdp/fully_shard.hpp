@@ -132,6 +132,19 @@ std::uint8_t compression_wire(const CompressionPolicy& policy, const std::string
 /// options_from_request reads back).
 nlohmann::json compression_json(const CompressionPolicy& policy);
 
+/// reshard_after_forward as a graph request's value: true, false, null (automatic) or k.
+nlohmann::json reshard_json(ReshardAfterForward value);
+/// The value back from its JSON form; ConfigError "<path>: expected true, false, null or an
+/// integer >= 1" for anything else.
+ReshardAfterForward reshard_from_json(const nlohmann::json& value, const std::string& path);
+
+/// Whether a graph request (graph::Module::fully_shard_request) asks for fully_shard: true or
+/// an object (not null, not false).
+bool requests_fully_shard(const nlohmann::json& request);
+/// Where a module's request is, for messages: "<JSON path>.fully_shard" for a module from a
+/// graph file, else "<fqn>.fully_shard" ("(root).fully_shard" for the root).
+std::string request_path(const graph::Module& module);
+
 /// The options of one graph request ("fully_shard": true or an object of options):
 /// `defaults` overridden by the keys present: reshard_after_forward (bool, null or int >= 1),
 /// param_dtype, reduce_dtype, output_dtype (dtype names), ignored_params (array of FQNs),

@@ -4,6 +4,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "fullshard/base/dtype.hpp"
@@ -19,7 +20,9 @@ namespace fullshard::fsdp {
 /// FSDP2's reshard_after_forward: None (automatic), a bool, or an int k (after forward each
 /// rank keeps a 1/k slice of the unsharded parameters and the backward all-gather runs
 /// inside a k-rank group; k must divide the shard group size; 1 means false, the shard group
-/// size means true).
+/// size means true). The one form of the value: options, the engine's groups, planned groups
+/// and the auto-planner's candidates all hold it (fsdp::reshard_json / options_from_request
+/// are its JSON form).
 class ReshardAfterForward {
  public:
   /// True for every group except the root's (whose parameters are needed again first).
@@ -28,11 +31,37 @@ class ReshardAfterForward {
   static ReshardAfterForward never() { return ReshardAfterForward(1); }
   static ReshardAfterForward group_size(int k) { return ReshardAfterForward(k); }
   ReshardAfterForward(bool b) : ReshardAfterForward(b ? -1 : 1) {}  // NOLINT: implicit on purpose
+  /// An int would convert to bool (2 meaning true): the int form is group_size(k).
+  template <typename Int,
+            typename = std::enable_if_t<std::is_integral_v<Int> && !std::is_same_v<Int, bool>>>
+  ReshardAfterForward(Int) = delete;
 
   bool is_automatic() const noexcept { return v_ == 0; }
+  /// True: after forward each rank keeps only its shard.
+  bool reshards() const noexcept { return v_ == -1; }
+  /// False: the unsharded parameters stay until backward.
+  bool keeps_unsharded() const noexcept { return v_ == 1; }
   /// The int form's k (>= 1), or -1 for true, 0 for automatic.
   int value() const noexcept { return v_; }
+
+  /// The value a group whose shard group has `world` ranks runs with: k == world as true;
+  /// automatic stays automatic (see resolved). InvalidArgument naming `group` when k does not
+  /// divide `world` or the value is not one of the forms above.
+  ReshardAfterForward for_shard_group(int world, const std::string& group) const;
+  /// Automatic resolved as FSDP2 does: false for a root's group, true for the others; any
+  /// other value unchanged.
+  ReshardAfterForward resolved(bool is_root) const noexcept {
+    return v_ != 0 ? *this : ReshardAfterForward(is_root ? 1 : -1);
+  }
+  /// "automatic", "true", "false" or k.
   std::string to_string() const;
+
+  friend bool operator==(ReshardAfterForward a, ReshardAfterForward b) noexcept {
+    return a.v_ == b.v_;
+  }
+  friend bool operator!=(ReshardAfterForward a, ReshardAfterForward b) noexcept {
+    return a.v_ != b.v_;
+  }
 
  private:
   explicit ReshardAfterForward(int v) : v_(v) {}

@@ -110,12 +110,12 @@ struct AutoPlan {
   std::size_t space = 0;
 };
 
-/// Chooses groups and policies for `root` on `mesh` (see AutoPlanOptions). The graph's
-/// fully_shard requests are changed during the search and restored before it returns
-/// (also on an exception); apply_auto_plan applies the choice. Errors: InvalidArgument for
-/// a zero budget or empty candidate lists; AutoPlanInfeasible when no candidate fits; the
-/// errors of Scheduler::plan for a bad graph.
-AutoPlan auto_plan(graph::Module& root, MeshShape mesh, const AutoPlanOptions& options);
+/// Chooses groups and policies for `root` on `mesh` (see AutoPlanOptions). The graph is not
+/// changed: candidates are planned from typed calls; apply_auto_plan applies the choice.
+/// Errors: InvalidArgument for a zero budget or empty candidate lists; AutoPlanInfeasible
+/// when no candidate fits; the errors of Scheduler::plan for a bad graph (a bad request
+/// object before any candidate is planned).
+AutoPlan auto_plan(const graph::Module& root, MeshShape mesh, const AutoPlanOptions& options);
 
 /// No candidate fits the budget: what() says so with the smallest memory the search found
 /// (exact search: the smallest of every candidate).

@@ -51,9 +51,9 @@ struct PlannedGroup {
   DType reduce_dtype = DType::f32;
   /// The compressed collectives (transport::Geometry::wire).
   std::uint8_t wire = 0;
-  /// Resolved reshard_after_forward, as the engine keeps it: -1 true (reshard to the shards),
-  /// 1 false (keep unsharded), k in (1, W) keep a 1/k slice and gather backward in k ranks.
-  int reshard_after_forward = -1;
+  /// reshard_after_forward as the engine runs it (checked for the shard group, automatic
+  /// resolved): true, false, or k in (1, W) (keep a 1/k slice, gather backward in k ranks).
+  fsdp::ReshardAfterForward reshard_after_forward = fsdp::ReshardAfterForward::always();
   /// True for the group of an outermost fully_shard'ed module (FSDP's root: it owns the
   /// buffer pool and the streams of every group under it).
   bool is_root = false;
@@ -86,8 +86,6 @@ struct PlannedGroup {
   /// The group's sizes and dtypes as its transport sees them (on rank 0 of a mesh with
   /// `replicate` replicas).
   transport::Geometry geometry(int replicate = 1) const;
-  /// "true", "false" or the int k.
-  std::string reshard_string() const;
 };
 
 /// The groups fsdp::apply_fully_shard_requests(root, mesh, defaults) forms on a mesh whose
@@ -106,9 +104,16 @@ PlannedGroups plan_groups(const graph::Module& root, int shard_size,
 // The scheduler's way in (kept out of the schedule namespace, whose files name
 // fullshard::detail's helpers as detail::...).
 namespace fullshard::detail {
-/// The number of modules with a fully_shard request (true or an object): plan_groups' size.
-std::size_t count_group_requests(const graph::Module& root);
-/// plan_groups into `out` (emptied; its allocator is kept), with room for `requests` groups.
+/// The fully_shard calls a planner forms groups for instead of the graph's requests: per
+/// module in pre-order (the root first), the options of its call, or null for none. The
+/// auto-planner's candidates, planned without changing the user's graph.
+using RequestTable = std::vector<const std::shared_ptr<const fsdp::FullyShardOptions>*>;
+/// The number of modules with a fully_shard request (true or an object), or of non-null
+/// entries of `table`: plan_groups' size.
+std::size_t count_group_requests(const graph::Module& root, const RequestTable* table = nullptr);
+/// plan_groups into `out` (emptied; its allocator is kept), with room for `requests` groups;
+/// the calls of `table` (one entry per module) instead of the graph's requests when given.
 void plan_groups_into(schedule::PlannedGroups& out, const graph::Module& root, int shard_size,
-                      const fsdp::FullyShardOptions& defaults, std::size_t requests);
+                      const fsdp::FullyShardOptions& defaults, std::size_t requests,
+                      const RequestTable* table = nullptr);
 }  // namespace fullshard::detail

@@ -187,3 +187,10 @@ class Scheduler {
 std::uint64_t fnv1a64(const std::string& s) noexcept;
 
 }  // namespace fullshard::schedule
+
+namespace fullshard::detail {
+/// Scheduler::replan with the fully_shard calls of `calls` (one entry per module, pre-order)
+/// instead of the graph's requests (null: the graph's). The auto-planner's way in.
+void replan_calls(schedule::Plan& out, const graph::Module& root, schedule::MeshShape mesh,
+                  const schedule::PlanOptions& options, const RequestTable* calls);
+}  // namespace fullshard::detail

@@ -69,7 +69,7 @@ struct StateMachine {
 
   // The W/k all-gather slots a rank keeps after forward (reshard_after_forward=k).
   static std::size_t slice_numel(const Group& g) {
-    return static_cast<std::size_t>(g.info.world / g.reshard_after_forward) *
+    return static_cast<std::size_t>(g.info.world / g.reshard_after_forward.value()) *
            static_cast<std::size_t>(g.info.gather_slot_numel());
   }
 
@@ -108,7 +108,7 @@ struct StateMachine {
       // Gather inside the k-rank group from the kept slices: W/k slots per rank.
       OpDesc& d = begin(StreamKind::all_gather, OpKind::all_gather, g,
                         slice_numel(g) * dtype_size(gather_t));
-      d.k = g.reshard_after_forward;
+      d.k = g.reshard_after_forward.value();
       g.gather = b.acquire(g, BufKind::ag_buffer, total, gather_t);
       g.gather_done = b.all_gather(d, g, g.gather, false, &g.post_forward);
       g.gather_done.op = d.id;
@@ -186,7 +186,7 @@ struct StateMachine {
   }
 
   static void post_forward_reshard(Group& g) {
-    const int k = g.reshard_after_forward;
+    const int k = g.reshard_after_forward.value();
     if (k == 1) return;  // keep the unsharded parameters for backward
     if (g.post_forward_slicing() && g.post_forward.held) {
       B& b = be(g);
