@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <set>
+#include <unordered_map>
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/fsdp/detail/group_access.hpp"
@@ -21,14 +22,10 @@ std::string ReshardAfterForward::to_string() const {
   return std::to_string(v_);
 }
 
-ReshardAfterForward ReshardAfterForward::for_shard_group(int world,
-                                                         const std::string& group) const {
+void ReshardAfterForward::refuse(int world, const std::string& group) const {
   if (v_ < -1) throw InvalidArgument("fully_shard(" + group + "): bad reshard_after_forward");
-  if (v_ >= 1 && world % v_ != 0)
-    throw InvalidArgument("fully_shard(" + group +
-                          "): reshard_after_forward=" + std::to_string(v_) +
-                          " must divide the shard group size " + std::to_string(world));
-  return v_ == world ? always() : *this;
+  throw InvalidArgument("fully_shard(" + group + "): reshard_after_forward=" + std::to_string(v_) +
+                        " must divide the shard group size " + std::to_string(world));
 }
 
 namespace {
@@ -538,11 +535,13 @@ FullyShardOptions options_from_request(const nlohmann::json& req, const FullySha
       }
     } else if (key == "compression") {
       o.compression = compression_from_json(v, path);
+    } else if (key == "group_with") {
+      // the call's other modules, not an option (detail::graph_list_groups reads them)
     } else {
       throw ConfigError(path +
                         ": unknown fully_shard option (allowed: reshard_after_forward, "
                         "param_dtype, reduce_dtype, output_dtype, ignored_params, "
-                        "offload_policy, compression)");
+                        "offload_policy, compression, group_with)");
     }
   }
   return o;
@@ -550,11 +549,29 @@ FullyShardOptions options_from_request(const nlohmann::json& req, const FullySha
 
 int apply_fully_shard_requests(graph::Module& root, const DeviceMesh& mesh,
                                const FullyShardOptions& defaults) {
+  // A list group is applied where its last module comes (every request below it first).
+  const std::vector<detail::GraphListGroup> lists = detail::graph_list_groups(root);
+  std::unordered_map<const graph::Module*, const detail::GraphListGroup*> member;
+  for (const detail::GraphListGroup& g : lists)
+    for (const graph::Module* m : g.modules)
+      member.emplace(m, &g);
   int calls = 0;
   for (graph::Module* m : root.modules_postorder()) {
-    if (!requests_fully_shard(m->fully_shard_request())) continue;
-    fully_shard(*m, mesh,
-                options_from_request(m->fully_shard_request(), defaults, request_path(*m)));
+    if (const auto it = member.find(m); it != member.end()) {
+      const detail::GraphListGroup& g = *it->second;
+      if (g.last != m) continue;
+      std::vector<graph::Module*> modules;
+      for (const graph::Module* x : g.modules)
+        modules.push_back(const_cast<graph::Module*>(x));  // (modules of `root`)
+      fully_shard(modules, mesh,
+                  options_from_request(modules[0]->fully_shard_request(), defaults,
+                                       request_path(*modules[0])));
+    } else if (requests_fully_shard(m->fully_shard_request())) {
+      fully_shard(*m, mesh,
+                  options_from_request(m->fully_shard_request(), defaults, request_path(*m)));
+    } else {
+      continue;
+    }
     ++calls;
   }
   return calls;

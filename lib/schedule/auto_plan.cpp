@@ -133,6 +133,11 @@ class Search {
       s.module = m;
       s.original = m->fully_shard_request();
       s.depth = m->depth();
+      if (s.original.is_object() && s.original.contains("group_with"))
+        throw InvalidArgument("auto_plan: " + fsdp::request_path(*m) +
+                              ".group_with: a list group is not searched (the search forms "
+                              "one group per module); plan this graph with Scheduler::plan, or "
+                              "remove the list to let the search choose");
       const bool req = fsdp::requests_fully_shard(s.original);
       const bool explicit_false = s.original.is_boolean() && !s.original.get<bool>();
       const bool has_params = params_below[m] > 0;

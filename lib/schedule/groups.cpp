@@ -4,6 +4,8 @@
 #include "fullshard/fsdp/fully_shard.hpp"
 
 #include <algorithm>
+#include <unordered_map>
+#include <utility>
 
 #include "fullshard/base/checked.hpp"
 #include "fullshard/base/error.hpp"
@@ -47,28 +49,55 @@ std::size_t count_requests(const graph::Module& m) {
 
 // One walk over the graph forms every group (fully_shard's post-order), with no per-parameter
 // lookups: the parameters a requested module's group takes are those of its subtree that no
-// requested module below took, which the walk collects on one stack as it returns.
+// requested module below took, which the walk collects on one stack as it returns. A list
+// group (fsdp::detail::graph_list_groups) sets its modules' candidates aside as the walk
+// leaves each of them and is formed at the last, as apply_fully_shard_requests applies it.
 class GroupBuilder {
  public:
+  using Options = std::shared_ptr<const fsdp::FullyShardOptions>;
+  // A list request met by a walk that assumed none (plan_groups_into walks again with them).
+  struct ListFound {};
+
   GroupBuilder(int W, const fsdp::FullyShardOptions& defaults, PlannedGroups& out,
-               const detail::RequestTable* table)
+               const detail::RequestTable* table,
+               const std::vector<fsdp::detail::GraphListGroup>* lists)
       : W_(W),
         defaults_(defaults),
         groups_(out),
         memory_(out.get_allocator()),
-        table_(table ? table->data() : nullptr) {}
+        table_(table ? table->data() : nullptr) {
+    if (!lists) return;
+    lists_.resize(lists->size());
+    for (std::size_t l = 0; l < lists->size(); ++l) {
+      List& ls = lists_[l];
+      ls.list = &(*lists)[l];
+      ls.taken.resize(ls.list->modules.size());
+      for (std::size_t i = 0; i < ls.list->modules.size(); ++i)
+        member_.emplace(ls.list->modules[i], std::make_pair(l, i));
+    }
+  }
 
   // Appends to stack_ the parameters of m's subtree no group below took (torch's
   // named_parameters order: own parameters, then each child's), forming the groups on the way.
   void visit(const graph::Module& m, int requesting_ancestors) {
     const std::size_t index = preorder_++;
-    const bool req =
-        table_ ? table_[index] != nullptr : fsdp::requests_fully_shard(m.fully_shard_request());
+    List* list = nullptr;
+    std::size_t slot = 0;
+    if (!member_.empty())
+      if (const auto it = member_.find(&m); it != member_.end()) {
+        list = &lists_[it->second.first];
+        slot = it->second.second;
+      }
+    const bool req = list || (table_ ? table_[index] != nullptr
+                                     : fsdp::requests_fully_shard(m.fully_shard_request()));
     const std::size_t base = stack_.size();
     const std::size_t first_group = groups_.size();
     int position = -1;
     if (req) {
-      position = next_forward_++;
+      if (!list)
+        position = next_forward_++;
+      else if (list->position < 0)  // a list's pre-forward: at its first module
+        list->position = next_forward_++;
       ++requesting_ancestors;
     }
     for (std::size_t i = 0; i < m.num_params(); ++i)
@@ -81,44 +110,85 @@ class GroupBuilder {
       visit(m.child(i), requesting_ancestors);
     }
     if (!req) return;
-    form(m, base, position, table_ ? table_[index] : nullptr);
+    if (list) {  // (under a fully_shard'ed module: never a root)
+      set_aside(*list, slot, base);
+      if (list->list->last != &m) return;
+      form_list(*list);
+    } else {
+      form(m, base, position, table_ ? table_[index] : nullptr);
+    }
     if (requesting_ancestors == 1) {  // an outermost request: the root of what it formed
       const int root = static_cast<int>(groups_.size()) - 1;
-      for (std::size_t g = first_group; g < groups_.size(); ++g) {
-        PlannedGroup& pg = groups_[g];
-        pg.root_group = root;
-        pg.is_root = static_cast<int>(g) == root;
-        pg.reshard_after_forward = pg.reshard_after_forward.resolved(pg.is_root);
-      }
+      set_root(first_group, groups_.size(), root);
     }
   }
 
  private:
-  // The group of requested module m from the candidates stack_[base...]; its ignored
-  // parameters stay on the stack for the groups above.
-  void form(const graph::Module& m, std::size_t base, int position,
-            const std::shared_ptr<const fsdp::FullyShardOptions>* call) {
+  // A list group being collected: per module (the list's order) the parameters its subtree
+  // left, and where its first module came in forward order.
+  struct List {
+    const fsdp::detail::GraphListGroup* list = nullptr;
+    Options options;
+    std::vector<const graph::Parameter*> ignored;
+    std::vector<std::vector<const graph::Parameter*>> taken;
+    int position = -1;
+  };
+
+  void set_root(std::size_t from, std::size_t to, int root) {
+    for (std::size_t g = from; g < to; ++g) {
+      PlannedGroup& pg = groups_[g];
+      pg.root_group = root;
+      pg.is_root = static_cast<int>(g) == root;
+      pg.reshard_after_forward = pg.reshard_after_forward.resolved(pg.is_root);
+    }
+  }
+
+  // The options of module m's request (`true`: the shared defaults).
+  Options request_options(const graph::Module& m) {
     const nlohmann::json& req = m.fully_shard_request();  // true or an object (a module's rule)
-    // In place (a throw discards every group), its lists in the groups' arena.
-    PlannedGroup& g = groups_.emplace_back(memory_);
-    if (call) {
-      g.options = *call;
-    } else if (req.is_boolean()) {
+    if (req.is_boolean()) {
       if (!shared_defaults_)
         shared_defaults_ = std::make_shared<const fsdp::FullyShardOptions>(defaults_);
-      g.options = shared_defaults_;
-    } else {
-      g.options = std::make_shared<const fsdp::FullyShardOptions>(
-          fsdp::options_from_request(req, defaults_, fsdp::request_path(m)));
+      return shared_defaults_;
     }
-    const fsdp::FullyShardOptions& options = *g.options;
-    g.name = fsdp::detail::module_group_name(m);
-    g.modules.push_back(&m);
+    if (lists_.empty() && req.contains("group_with")) throw ListFound{};
+    return std::make_shared<const fsdp::FullyShardOptions>(
+        fsdp::options_from_request(req, defaults_, fsdp::request_path(m)));
+  }
+
+  // A new group (in place: a throw discards every group; its lists in the groups' arena).
+  PlannedGroup& start(Options options, int position) {
+    PlannedGroup& g = groups_.emplace_back(memory_);
+    g.options = std::move(options);
     g.forward_index = position;
     g.layout.world = W_;
+    return g;
+  }
 
+  // Appends parameter p to group g (its shard extent, the engine's ParamGroup checks).
+  void add(PlannedGroup& g, const graph::Parameter* p) {
+    const Placement pl = fsdp::shard_placement(*g.options, g.name, *p);
+    ShardExtent e;
+    if (pl.dim() != 0 || !detail::try_shard_extent_dim0(p->first_extent(), p->inner_numel(), W_, e))
+      e = shard_extent(p->shape(), pl, W_, [&] { return "parameter '" + p->fqn() + "'"; });
+    if (g.params.empty())
+      g.orig_dtype = p->dtype();
+    else
+      fsdp::detail::check_group_dtype(g.name, *g.params[0], *p);
+    const auto ctx = [&] { return "fully_shard(" + g.name + ")"; };
+    g.layout.shard_numel = checked_add(g.layout.shard_numel, e.padded_numel, ctx);
+    g.layout.arena_numel = checked_add(g.layout.arena_numel, e.numel, ctx);
+    g.params.push_back(p);
+  }
+
+  // The group of requested module m from the candidates stack_[base...]; its ignored
+  // parameters stay on the stack for the groups above.
+  void form(const graph::Module& m, std::size_t base, int position, const Options* call) {
+    PlannedGroup& g = start(call ? *call : request_options(m), position);
+    g.name = fsdp::detail::module_group_name(m);
+    g.modules.push_back(&m);
     std::vector<const graph::Parameter*> ignored;
-    for (const auto& fqn : options.ignored_params) {
+    for (const auto& fqn : g.options->ignored_params) {
       const graph::Parameter* p = m.try_find_param(fqn);
       if (!p) fsdp::detail::throw_unknown_ignored_param(g.name, fqn);
       ignored.push_back(p);
@@ -126,34 +196,76 @@ class GroupBuilder {
     const auto is_ignored = [&ignored](const graph::Parameter* p) {
       return !ignored.empty() && std::find(ignored.begin(), ignored.end(), p) != ignored.end();
     };
-
     std::size_t kept = base;  // the ignored candidates, compacted in place
     std::size_t n = 0;
     for (std::size_t i = base; i < stack_.size(); ++i)
       n += is_ignored(stack_[i]) ? 0 : 1;
     g.params.reserve(n);
-    const auto ctx = [&] { return "fully_shard(" + g.name + ")"; };
     for (std::size_t i = base; i < stack_.size(); ++i) {
       const graph::Parameter* p = stack_[i];
-      if (is_ignored(p)) {
+      if (is_ignored(p))
         stack_[kept++] = p;
-        continue;
-      }
-      const Placement pl = fsdp::shard_placement(options, g.name, *p);
-      ShardExtent e;
-      if (pl.dim() != 0 ||
-          !detail::try_shard_extent_dim0(p->first_extent(), p->inner_numel(), W_, e))
-        e = shard_extent(p->shape(), pl, W_, [&] { return "parameter '" + p->fqn() + "'"; });
-      // The engine's ParamGroup checks, in its order.
-      if (g.params.empty())
-        g.orig_dtype = p->dtype();
       else
-        fsdp::detail::check_group_dtype(g.name, *g.params[0], *p);
-      g.layout.shard_numel = checked_add(g.layout.shard_numel, e.padded_numel, ctx);
-      g.layout.arena_numel = checked_add(g.layout.arena_numel, e.numel, ctx);
-      g.params.push_back(p);
+        add(g, p);
     }
     stack_.resize(kept);
+    finish(g);
+  }
+
+  // A list's module `slot` is done: its candidates stack_[base...] go to the list (its ignored
+  // parameters, those of the first of the list's modules that has each, stay on the stack).
+  void set_aside(List& ls, std::size_t slot, std::size_t base) {
+    if (!ls.options) {
+      const graph::Module& first = *ls.list->modules.front();
+      ls.options = request_options(first);
+      for (const auto& fqn : ls.options->ignored_params) {
+        const graph::Parameter* p = nullptr;
+        for (const graph::Module* x : ls.list->modules)
+          if ((p = x->try_find_param(fqn))) break;
+        if (!p) fsdp::detail::throw_unknown_ignored_param(list_name(ls), fqn);
+        ls.ignored.push_back(p);
+      }
+    }
+    std::size_t kept = base;
+    for (std::size_t i = base; i < stack_.size(); ++i) {
+      const graph::Parameter* p = stack_[i];
+      if (std::find(ls.ignored.begin(), ls.ignored.end(), p) != ls.ignored.end())
+        stack_[kept++] = p;
+      else
+        ls.taken[slot].push_back(p);
+    }
+    stack_.resize(kept);
+  }
+
+  static std::string list_name(const List& ls) {  // fully_shard's: "a+b"
+    std::string s;
+    for (const graph::Module* m : ls.list->modules)
+      s += (s.empty() ? "" : "+") + fsdp::detail::module_group_name(*m);
+    return s;
+  }
+
+  void form_list(List& ls) {
+    PlannedGroup& g = start(ls.options, ls.position);
+    g.name = list_name(ls);
+    std::size_t n = 0;
+    for (const auto& t : ls.taken)
+      n += t.size();
+    g.modules.reserve(ls.list->modules.size());
+    for (const graph::Module* m : ls.list->modules)
+      g.modules.push_back(m);
+    g.params.reserve(n);
+    for (auto& t : ls.taken) {
+      for (const graph::Parameter* p : t)
+        add(g, p);
+      t.clear();
+    }
+    finish(g);
+  }
+
+  // The group's dtypes, compression, byte bounds and reshard_after_forward.
+  void finish(PlannedGroup& g) {
+    const fsdp::FullyShardOptions& options = *g.options;
+    const auto ctx = [&] { return "fully_shard(" + g.name + ")"; };
     g.param_dtype = options.mp_policy.param_dtype.value_or(g.orig_dtype);
     g.reduce_dtype = options.mp_policy.reduce_dtype.value_or(g.param_dtype);
     g.wire = fsdp::compression_wire(options.compression, g.name);
@@ -174,17 +286,18 @@ class GroupBuilder {
       model_bytes_ = checked_add(model_bytes_, group_total,
                                  [&] { return ctx() + ": the buffers of all groups together"; });
     }
-
-    // (automatic: resolved by visit())
+    // (automatic: resolved when its root is known)
     g.reshard_after_forward = options.reshard_after_forward.for_shard_group(W_, g.name);
   }
 
   const int W_;
   const fsdp::FullyShardOptions& defaults_;
   PlannedGroups& groups_;
-  const ArenaAllocator<const graph::Module*> memory_;                   // the groups' allocator
-  std::shared_ptr<const fsdp::FullyShardOptions> shared_defaults_;      // of the `true` requests
-  const std::shared_ptr<const fsdp::FullyShardOptions>* const* table_;  // or nullptr
+  const ArenaAllocator<const graph::Module*> memory_;  // the groups' allocator
+  Options shared_defaults_;                            // of the `true` requests
+  const Options* const* table_;                        // or nullptr
+  std::vector<List> lists_;
+  std::unordered_map<const graph::Module*, std::pair<std::size_t, std::size_t>> member_;
   std::vector<const graph::Parameter*> stack_;
   std::size_t preorder_ = 0;
   int next_forward_ = 0;
@@ -235,7 +348,7 @@ std::size_t count_group_requests(const graph::Module& root, const RequestTable* 
       std::count_if(table->begin(), table->end(), [](const auto* e) { return e != nullptr; }));
 }
 
-void plan_groups_into(schedule::PlannedGroups& out, const graph::Module& root, int shard_size,
+bool plan_groups_into(schedule::PlannedGroups& out, const graph::Module& root, int shard_size,
                       const fsdp::FullyShardOptions& defaults, std::size_t requests,
                       const RequestTable* table) {
   if (table && table->size() != root.num_descendants() + 1)
@@ -247,7 +360,17 @@ void plan_groups_into(schedule::PlannedGroups& out, const graph::Module& root, i
                           std::to_string(shard_size));
   out.clear();
   out.reserve(requests);
-  schedule::GroupBuilder(shard_size, defaults, out, table).visit(root, 0);
+  try {
+    schedule::GroupBuilder(shard_size, defaults, out, table, nullptr).visit(root, 0);
+    return false;
+  } catch (const schedule::GroupBuilder::ListFound&) {
+    // A graph with list groups (rare): they are found and checked first, then the walk
+    // forms them where fully_shard does. A graph without any pays no extra walk.
+    out.clear();
+    const auto lists = fsdp::detail::graph_list_groups(root);
+    schedule::GroupBuilder(shard_size, defaults, out, nullptr, &lists).visit(root, 0);
+    return !lists.empty();
+  }
 }
 
 }  // namespace fullshard::detail

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -211,12 +212,25 @@ class PlanningBackend final : public engine::Backend {
 // the module with the next group's module: no table, and the groups are read in sequence.
 // A traversal that met a group out of that order leaves groups unvisited, which finish()
 // reports.
+//
+// A plan with list groups (fully_shard({a, b}): one group met at each of its modules) looks
+// its groups up in a table from module to group instead (one class, so that the engine is
+// compiled once for the planner).
 class PlanLookup final : public engine::GroupLookup {
  public:
+  using ByModule = std::unordered_map<const graph::Module*, engine::Group*>;
   /// `order`: the group indices in the order met (nullptr: the reverse of index order).
-  PlanLookup(engine::Backend& b, engine::Group* groups, std::size_t n, const int* order)
-      : backend_(b), groups_(groups), n_(n), order_(order) {}
+  /// `by_module`: the table of a plan with list groups (its `n` the modules in it), or null.
+  PlanLookup(engine::Backend& b, engine::Group* groups, std::size_t n, const int* order,
+             const ByModule* by_module = nullptr)
+      : backend_(b), groups_(groups), n_(n), order_(order), by_module_(by_module) {}
   engine::Group* group_at(const graph::Module& m) const override {
+    if (by_module_) {
+      const auto it = by_module_->find(&m);
+      if (it == by_module_->end()) return nullptr;
+      ++next_;
+      return it->second;
+    }
     if (next_ == n_) return nullptr;
     engine::Group* g = &groups_[at(next_)];
     if (g->info.module != &m) return nullptr;
@@ -245,6 +259,7 @@ class PlanLookup final : public engine::GroupLookup {
   engine::Group* groups_;
   std::size_t n_;
   const int* order_;
+  const ByModule* by_module_;
   mutable std::size_t next_ = 0;
 };
 
@@ -342,7 +357,8 @@ void replan_with(Plan& out, const graph::Module& root, MeshShape mesh, const Pla
   else
     arena = std::make_shared<Arena>(expected);
   p.groups = PlannedGroups(ArenaAllocator<PlannedGroup>(arena));
-  detail::plan_groups_into(p.groups, root, mesh.shard_size, options.defaults, modules, calls);
+  const bool lists =
+      detail::plan_groups_into(p.groups, root, mesh.shard_size, options.defaults, modules, calls);
   auto require_group = [&p](const std::string& name, const char* option) {
     if (p.group_index(name) >= 0) return;
     std::string names;
@@ -382,10 +398,6 @@ void replan_with(Plan& out, const graph::Module& root, MeshShape mesh, const Pla
   for (std::size_t r = 0; r < roots.size(); ++r)
     engine::attach(roots[r], members[r]);
 
-  // plan_groups forms single-module groups, so a group is met at its module: in forward
-  // order by the forward pass, in reverse formation order by the backward pass.
-  PlanLookup forward_lookup(backend, groups.data(), groups.size(), p.forward_order.data());
-  PlanLookup backward_lookup(backend, groups.data(), groups.size(), nullptr);
   const std::size_t n = modules;
   p.events = decltype(p.events)(ArenaAllocator<BufferEvent>(arena));
   p.events.reserve(kReservePerGroup * n);
@@ -395,6 +407,20 @@ void replan_with(Plan& out, const graph::Module& root, MeshShape mesh, const Pla
   // The planning backend never calls a callback nor changes the graph.
   auto& graph = const_cast<graph::Module&>(root);
   using Engine = engine::detail::StateMachine<PlanningBackend>;  // no virtual call per op
+  // A group is met at its module: in forward order by the forward pass, in reverse formation
+  // order by the backward pass; a list group at each of its modules (by table).
+  PlanLookup::ByModule by_module;
+  std::size_t list_modules = 0;
+  if (lists)
+    for (std::size_t j = 0; j < p.groups.size(); ++j)
+      for (const graph::Module* m : p.groups[j].modules) {
+        by_module.emplace(m, &groups[j]);
+        ++list_modules;
+      }
+  const PlanLookup::ByModule* table = lists ? &by_module : nullptr;
+  const std::size_t met = table ? list_modules : groups.size();
+  const PlanLookup forward_lookup(backend, groups.data(), met, p.forward_order.data(), table);
+  const PlanLookup backward_lookup(backend, groups.data(), met, nullptr, table);
   Engine::forward(graph, forward_lookup);
   forward_lookup.finish("forward");
   Engine::begin_backward(backend);

@@ -23,6 +23,7 @@
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/graph/json_graph.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
+#include "fullshard/schedule/auto_plan.hpp"
 #include "fullshard/schedule/executor.hpp"
 #include "fullshard/schedule/plan.hpp"
 #include "test_support.hpp"
@@ -83,6 +84,37 @@ const char* const kTwoRoots = R"({
     {"name": "dec", "fully_shard": true, "params": {"w": {"shape": [17, 4]}},
      "cost": {"forward_ms": 0.2, "backward_ms": 0.4}}
   ]
+})";
+
+// A list group (FSDP2's fully_shard([embed, head]): tied ends of a model) under the root,
+// formed where head comes, after the blocks; embed holds a group of its own below it.
+const char* const kLists = R"({
+  "name": "lm",
+  "fully_shard": true,
+  "params": {"scale": {"shape": [5, 4]}},
+  "modules": [
+    {"name": "embed", "fully_shard": {"group_with": ["head"], "param_dtype": "bf16"},
+     "params": {"e": {"shape": [17, 8]}},
+     "modules": [{"name": "pos", "fully_shard": true, "params": {"p": {"shape": [11, 8]}}}]},
+    {"name": "blocks", "modules": [
+      {"name": "0", "fully_shard": true, "params": {"w": {"shape": [29, 8]}},
+       "cost": {"forward_ms": 0.3, "backward_ms": 0.6}},
+      {"name": "1", "fully_shard": true, "params": {"w": {"shape": [31, 8]}}}]},
+    {"name": "head", "params": {"h": {"shape": [23, 8]}}}
+  ]
+})";
+
+// A list group of two siblings inside a fully_shard'ed module below the root; a group below
+// one of its modules.
+const char* const kListNested = R"({
+  "name": "net",
+  "fully_shard": true,
+  "params": {"free": {"shape": [3]}},
+  "modules": [{"name": "enc", "fully_shard": true, "params": {"x": {"shape": [6, 4]}},
+    "modules": [
+      {"name": "a", "fully_shard": {"group_with": ["enc.b"]}, "params": {"w": {"shape": [13, 4]}}},
+      {"name": "b", "params": {"w": {"shape": [9, 4]}},
+       "modules": [{"name": "c", "fully_shard": true, "params": {"w": {"shape": [7, 4]}}}]}]}]
 })";
 
 std::unique_ptr<graph::Module> load(const char* text) {
@@ -274,9 +306,8 @@ TEST_CASE("reshard_after_forward: one form, its JSON and its checks") {
     CHECK(fsdp::reshard_from_json(fsdp::reshard_json(v), "x") == v);
   CHECK(R::group_size(2).to_string() == "2");
   CHECK(R::never().to_string() == "false");
-  for (const nlohmann::json& bad :
-       {nlohmann::json(0), nlohmann::json(-1), nlohmann::json(1.5), nlohmann::json("2"),
-        nlohmann::json(std::int64_t(1) << 40)})
+  for (const nlohmann::json& bad : {nlohmann::json(0), nlohmann::json(-1), nlohmann::json(1.5),
+                                    nlohmann::json("2"), nlohmann::json(std::int64_t(1) << 40)})
     CHECK(contains(error_of<ConfigError>([&] { fsdp::reshard_from_json(bad, "a.b"); }),
                    "a.b: expected true, false, null or an integer >= 1"));
 }
@@ -306,8 +337,8 @@ TEST_CASE("a table of typed calls plans as the graph's requests do, and leaves t
       table.push_back(nullptr);
       continue;
     }
-    owned.push_back(std::make_shared<const fsdp::FullyShardOptions>(fsdp::options_from_request(
-        m->fully_shard_request(), defaults, fsdp::request_path(*m))));
+    owned.push_back(std::make_shared<const fsdp::FullyShardOptions>(
+        fsdp::options_from_request(m->fully_shard_request(), defaults, fsdp::request_path(*m))));
     table.push_back(&owned.back());
   }
   Plan typed;
@@ -335,6 +366,120 @@ TEST_CASE("a table of typed calls plans as the graph's requests do, and leaves t
   CHECK(contains(
       error_of<InvalidArgument>([&] { detail::replan_calls(typed, *g, mesh, po, &short_table); }),
       "a request table of 2 entries for a graph of"));
+}
+
+TEST_CASE("list groups: formed where fully_shard applies them, their errors") {
+  auto g = load(kLists);
+  const auto groups = plan_groups(*g, 4);
+  std::vector<std::string> names;
+  for (const auto& pg : groups)
+    names.push_back(pg.name);
+  CHECK(names ==
+        std::vector<std::string>{"embed.pos", "blocks.0", "blocks.1", "embed+head", "<root>"});
+  const PlannedGroup& list = groups[3];
+  REQUIRE(list.modules.size() == 2);
+  CHECK(list.modules[0]->fqn() == "embed");
+  CHECK(list.modules[1]->fqn() == "head");
+  CHECK(list.param_fqns() == std::vector<std::string>{"embed.e", "head.h"});
+  CHECK(list.param_dtype == DType::bf16);  // the declaring module's options
+  CHECK(list.forward_index == 1);          // its pre-forward: at embed, after the root's
+  CHECK(!list.is_root);
+  CHECK(list.root_group == 4);
+  CHECK(list.reshard_after_forward == fsdp::ReshardAfterForward::always());
+  CHECK(groups[4].param_fqns() == std::vector<std::string>{"scale"});
+  CHECK(groups[4].reshard_after_forward == fsdp::ReshardAfterForward::never());
+  CHECK(list.layout.shard_numel == 5 * 8 + 6 * 8);  // ceil(17/4) and ceil(23/4) rows
+  CHECK(list.where() == "modules[0].fully_shard");
+
+  auto r = load(kListNested);
+  const auto rg = plan_groups(*r, 2);
+  std::vector<std::string> rnames;
+  for (const auto& pg : rg)
+    rnames.push_back(pg.name);
+  CHECK(rnames == std::vector<std::string>{"enc.b.c", "enc.a+enc.b", "enc", "<root>"});
+  CHECK(rg[1].param_fqns() == std::vector<std::string>{"enc.a.w", "enc.b.w"});
+  CHECK(rg[2].param_fqns() == std::vector<std::string>{"enc.x"});
+  CHECK(rg[1].root_group == 3);
+  CHECK(rg[1].forward_index == 2);  // <root>, enc, then the list at a
+  const Plan p = Scheduler::plan(*r, MeshShape::fsdp(2));
+  CHECK(p.pool_roots == std::vector<int>{3});
+  CHECK(p.find(OpKind::all_gather, 1).size() == 2);  // forward and backward
+
+  // A search forms one group per module: a list is not searched.
+  AutoPlanOptions ao;
+  ao.memory_budget_bytes = std::size_t(1) << 30;
+  CHECK(contains(
+      error_of<InvalidArgument>([&] { auto_plan(*r, MeshShape::fsdp(2), ao); }),
+      "auto_plan: modules[0].modules[0].fully_shard.group_with: a list group is not searched"));
+
+  auto bad = [](const std::string& a_request, const std::string& b_request = "false",
+                const std::string& c_request = "false") {
+    auto gr = graph::parse_graph_json(
+        R"({"name": "m", "fully_shard": true, "modules": [{"name": "a", "fully_shard": )" +
+            a_request + R"(, "params": {"w": {"shape": [8]}}}, {"name": "b", "fully_shard": )" +
+            b_request +
+            R"(, "params": {"w": {"shape": [8]}}, "modules": [{"name": "c", "fully_shard": )" +
+            c_request + R"(, "params": {"w": {"shape": [8]}}}]}]})",
+        "g.json");
+    plan_groups(*gr, 2);
+  };
+  CHECK_NOTHROW(bad(R"({"group_with": ["b"]})"));
+  CHECK(contains(error_of<ConfigError>([&] { bad(R"({"group_with": "b"})"); }),
+                 "modules[0].fully_shard.group_with: expected a non-empty array of module FQNs"));
+  CHECK(contains(error_of<ConfigError>([&] { bad(R"({"group_with": ["x"]})"); }),
+                 "modules[0].fully_shard.group_with[0]: no module \"x\" in the graph"));
+  CHECK(contains(error_of<ConfigError>([&] { bad(R"({"group_with": ["b", "b"]})"); }),
+                 "group_with[1]: module 'b' is listed twice in this group"));
+  CHECK(contains(error_of<ConfigError>([&] { bad(R"({"group_with": ["a"]})"); }),
+                 "group_with[0]: module 'a' is listed twice in this group"));
+  CHECK(contains(error_of<ConfigError>([&] { bad(R"({"group_with": ["b"]})", "true"); }),
+                 "group_with[0]: module 'b' has its own fully_shard request "
+                 "(modules[1].fully_shard)"));
+  CHECK(contains(error_of<ConfigError>([&] { bad(R"({"group_with": ["b", "b.c"]})"); }),
+                 "module 'b.c' is inside module 'b', also in this group"));
+  CHECK(contains(
+      error_of<ConfigError>([&] { bad(R"({"group_with": ["b.c"]})", R"({"group_with": ["a"]})"); }),
+      "module 'a' is already in the list group of 'a'"));
+  // Under no fully_shard'ed module (a list group is never a root).
+  CHECK(contains(error_of<ConfigError>([] {
+                   plan_groups(*graph::parse_graph_json(
+                                   R"({"name": "m", "modules": [
+                                         {"name": "a", "fully_shard": {"group_with": ["b"]}},
+                                         {"name": "b"}]})",
+                                   "g.json"),
+                               2);
+                 }),
+                 "modules[0].fully_shard.group_with: module 'a' is under no fully_shard'ed "
+                 "module"));
+  // fully_shard applies the requests with the same checks.
+  {
+    auto gr = graph::parse_graph_json(
+        R"({"name": "m", "modules": [{"name": "a", "fully_shard": {"group_with": ["b"]}},
+                                      {"name": "b"}]})",
+        "g.json");
+    const DeviceMesh dm(MPI_COMM_WORLD, {test::world_size()}, {"shard"}, 60.0,
+                        HostProgress::inline_);
+    CHECK(contains(error_of<ConfigError>([&] { fsdp::apply_fully_shard_requests(*gr, dm); }),
+                   "modules[0].fully_shard.group_with: module 'a' is under no fully_shard'ed "
+                   "module"));
+  }
+  // a is in b's list under x (fully_shard'ed), b is not: x's group would take a's parameters
+  // before the list is formed at b.
+  CHECK(contains(
+      error_of<ConfigError>([] {
+        plan_groups(*graph::parse_graph_json(
+                        R"({"name": "m", "fully_shard": true, "modules": [
+                              {"name": "x", "fully_shard": true, "modules": [
+                                {"name": "a", "fully_shard": {"group_with": ["b"]},
+                                 "params": {"w": {"shape": [8]}}}]},
+                              {"name": "b", "params": {"w": {"shape": [8]}}}]})",
+                        "g.json"),
+                    2);
+      }),
+      "modules[0].modules[0].fully_shard.group_with: module 'x' is fully_shard'ed and holds "
+      "'x.a' of this group but not 'b'"));
+  CHECK(contains(error_of<ConfigError>([&] { bad("true", R"({"group_with": ["a"]})"); }),
+                 "has its own fully_shard request"));
 }
 
 TEST_CASE("plan_groups reports bad requests like fully_shard") {
@@ -1430,7 +1575,8 @@ TEST_CASE("explicit backward prefetch, and a reshard with its gather in flight: 
 
 TEST_CASE("the engine's measured pool peak equals the plan's, byte for byte") {
   const int W = test::world_size();
-  for (const char* json : {kSeed, kMixed, kTwoRoots}) {
+  for (const char* json : {kSeed, kMixed, kTwoRoots, kLists, kListNested}) {
+    CAPTURE(std::string(json).substr(0, 40));
     PlanOptions o;
     check_engine_matches(json, MeshShape::fsdp(W), o, "default");
     o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(false);

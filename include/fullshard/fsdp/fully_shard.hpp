@@ -156,8 +156,11 @@ FullyShardOptions options_from_request(const nlohmann::json& request,
 
 /// Applies fully_shard, bottom-up, to every module whose graph JSON asked for it
 /// ("fully_shard": true or an object of options: reshard_after_forward (bool or int),
-/// param_dtype, reduce_dtype, output_dtype, ignored_params). Options missing from a module's
-/// object come from `defaults`. Returns the number of calls made.
+/// param_dtype, reduce_dtype, output_dtype, ignored_params, offload_policy, compression).
+/// Options missing from a module's object come from `defaults`. An object with "group_with"
+/// (FQNs of other modules, relative to `root`) makes one list call, fully_shard({module,
+/// ...}), applied where the last of its modules comes in post-order. Returns the number of
+/// calls made.
 int apply_fully_shard_requests(graph::Module& root, const DeviceMesh& mesh,
                                const FullyShardOptions& defaults = {});
 

@@ -47,7 +47,10 @@ class ReshardAfterForward {
   /// The value a group whose shard group has `world` ranks runs with: k == world as true;
   /// automatic stays automatic (see resolved). InvalidArgument naming `group` when k does not
   /// divide `world` or the value is not one of the forms above.
-  ReshardAfterForward for_shard_group(int world, const std::string& group) const;
+  ReshardAfterForward for_shard_group(int world, const std::string& group) const {
+    if (v_ < -1 || (v_ >= 1 && world % v_ != 0)) refuse(world, group);
+    return v_ == world ? always() : *this;
+  }
   /// Automatic resolved as FSDP2 does: false for a root's group, true for the others; any
   /// other value unchanged.
   ReshardAfterForward resolved(bool is_root) const noexcept {
@@ -65,6 +68,7 @@ class ReshardAfterForward {
 
  private:
   explicit ReshardAfterForward(int v) : v_(v) {}
+  [[noreturn]] void refuse(int world, const std::string& group) const;
   int v_;
 };
 

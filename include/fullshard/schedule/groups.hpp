@@ -41,7 +41,8 @@ struct PlannedGroup {
 
   /// The module FQN, "<root>" for the graph's root module (fully_shard's group name).
   std::string name;
-  /// The modules of the group (one: groups from graph requests are single-module groups).
+  /// The modules of the group: one, or a list group's (a request's "group_with": the
+  /// declaring module first, then the modules it names).
   std::vector<const graph::Module*, ArenaAllocator<const graph::Module*>> modules;
   /// The group's parameters, in layout order (pointers into the graph).
   std::vector<const graph::Parameter*, ArenaAllocator<const graph::Parameter*>> params;
@@ -90,8 +91,9 @@ struct PlannedGroup {
 
 /// The groups fsdp::apply_fully_shard_requests(root, mesh, defaults) forms on a mesh whose
 /// shard dim has `shard_size` ranks, in the order it forms them (post-order over modules
-/// whose fully_shard request is true or an object). A group holds the module's parameters
-/// not already grouped by a submodule's group, minus its ignored_params. Errors are those of
+/// whose fully_shard request is true or an object; a list group where its last module
+/// comes). A group holds its modules' parameters not already grouped by a submodule's group,
+/// minus its ignored_params. Errors are those of
 /// fully_shard and of the request parsing: ConfigError naming the JSON path of a bad option,
 /// InvalidArgument naming the group for an unknown ignored parameter, mixed dtypes, a
 /// reshard_after_forward that does not divide `shard_size`, or a bad Shard(d) placement.
@@ -113,7 +115,8 @@ using RequestTable = std::vector<const std::shared_ptr<const fsdp::FullyShardOpt
 std::size_t count_group_requests(const graph::Module& root, const RequestTable* table = nullptr);
 /// plan_groups into `out` (emptied; its allocator is kept), with room for `requests` groups;
 /// the calls of `table` (one entry per module) instead of the graph's requests when given.
-void plan_groups_into(schedule::PlannedGroups& out, const graph::Module& root, int shard_size,
+/// Returns whether a list group was formed (a group with several modules).
+bool plan_groups_into(schedule::PlannedGroups& out, const graph::Module& root, int shard_size,
                       const fsdp::FullyShardOptions& defaults, std::size_t requests,
                       const RequestTable* table = nullptr);
 }  // namespace fullshard::detail
