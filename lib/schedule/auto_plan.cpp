@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/detail/group_rules.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 
 namespace fullshard::schedule {
@@ -128,22 +129,30 @@ class Search {
       params_below[m] = n;
     }
     defaults_ = std::make_shared<const fsdp::FullyShardOptions>(o.base.defaults);
+    // The graph's list groups stay as they are: on, their reshard_after_forward searched
+    // through their first module's call; their other modules make no call of their own.
+    lists_ = fsdp::detail::graph_list_groups(root);
+    table_.lists = &lists_;
+    std::map<const graph::Module*, bool> list_member;  // -> first module of its list
+    for (const auto& l : lists_)
+      for (std::size_t i = 0; i < l.modules.size(); ++i)
+        list_member[l.modules[i]] = i == 0;
     for (const graph::Module* m : graph.modules_preorder()) {
       Slot s;
       s.module = m;
       s.original = m->fully_shard_request();
       s.depth = m->depth();
-      if (s.original.is_object() && s.original.contains("group_with"))
-        throw InvalidArgument("auto_plan: " + fsdp::request_path(*m) +
-                              ".group_with: a list group is not searched (the search forms "
-                              "one group per module); plan this graph with Scheduler::plan, or "
-                              "remove the list to let the search choose");
+      const auto member = list_member.find(m);
       const bool req = fsdp::requests_fully_shard(s.original);
       const bool explicit_false = s.original.is_boolean() && !s.original.get<bool>();
       const bool has_params = params_below[m] > 0;
       s.base = s.original.is_object() ? s.original : nlohmann::json::object();
-      const bool fixed = m->is_root() || o.keep_requests || named.count(display_name(m->fqn()));
-      if (m->is_root() && !(o.keep_requests && explicit_false)) {
+      const bool fixed = m->is_root() || o.keep_requests || named.count(display_name(m->fqn())) ||
+                         member != list_member.end();
+      if (member != list_member.end()) {
+        s.can_on = member->second;
+        s.can_off = !member->second;
+      } else if (m->is_root() && !(o.keep_requests && explicit_false)) {
         s.can_on = true;
         s.can_off = false;
       } else if (named.count(display_name(m->fqn()))) {
@@ -207,16 +216,16 @@ class Search {
 
   // The candidate's calls as the planner's table (no module's request is touched).
   void apply(const Config& c) {
-    table_.resize(slots_.size());
+    table_.calls.resize(slots_.size());
     for (std::size_t i = 0; i < slots_.size(); ++i)
-      table_[i] = c.on[i] ? &options_for(i, c.reshard[i]) : nullptr;
+      table_.calls[i] = c.on[i] ? &options_for(i, c.reshard[i]) : nullptr;
   }
 
   // The baseline's calls: the requests as written.
   void apply_baseline(const Config& c) {
-    table_.resize(slots_.size());
+    table_.calls.resize(slots_.size());
     for (std::size_t i = 0; i < slots_.size(); ++i)
-      table_[i] = c.on[i] ? &slots_[i].written : nullptr;
+      table_.calls[i] = c.on[i] ? &slots_[i].written : nullptr;
   }
 
   nlohmann::json request(const Config& c, std::size_t i) const {
@@ -538,6 +547,7 @@ class Search {
   const AutoPlanOptions& o_;
   Options defaults_;
   std::vector<Options> plain_by_value_;  // options_for's list for the plain slots
+  std::vector<fsdp::detail::GraphListGroup> lists_;
   std::vector<Slot> slots_;
   detail::RequestTable table_;
   std::vector<std::size_t> free_;

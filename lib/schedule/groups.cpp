@@ -65,7 +65,7 @@ class GroupBuilder {
         defaults_(defaults),
         groups_(out),
         memory_(out.get_allocator()),
-        table_(table ? table->data() : nullptr) {
+        table_(table ? table->calls.data() : nullptr) {
     if (!lists) return;
     lists_.resize(lists->size());
     for (std::size_t l = 0; l < lists->size(); ++l) {
@@ -98,6 +98,7 @@ class GroupBuilder {
         position = next_forward_++;
       else if (list->position < 0)  // a list's pre-forward: at its first module
         list->position = next_forward_++;
+      if (list && slot == 0 && table_ && table_[index]) list->call = table_[index];
       ++requesting_ancestors;
     }
     for (std::size_t i = 0; i < m.num_params(); ++i)
@@ -128,7 +129,8 @@ class GroupBuilder {
   // left, and where its first module came in forward order.
   struct List {
     const fsdp::detail::GraphListGroup* list = nullptr;
-    Options options;
+    Options options;                // of its first module's request (its ignored parameters)
+    const Options* call = nullptr;  // a table's options for it, if any
     std::vector<const graph::Parameter*> ignored;
     std::vector<std::vector<const graph::Parameter*>> taken;
     int position = -1;
@@ -245,7 +247,7 @@ class GroupBuilder {
   }
 
   void form_list(List& ls) {
-    PlannedGroup& g = start(ls.options, ls.position);
+    PlannedGroup& g = start(ls.call ? *ls.call : ls.options, ls.position);
     g.name = list_name(ls);
     std::size_t n = 0;
     for (const auto& t : ls.taken)
@@ -342,17 +344,15 @@ PlannedGroups plan_groups(const graph::Module& root, int shard_size,
 
 namespace fullshard::detail {
 
-std::size_t count_group_requests(const graph::Module& root, const RequestTable* table) {
-  if (!table) return schedule::count_requests(root);
-  return static_cast<std::size_t>(
-      std::count_if(table->begin(), table->end(), [](const auto* e) { return e != nullptr; }));
+std::size_t count_group_requests(const graph::Module& root) {
+  return schedule::count_requests(root);
 }
 
 bool plan_groups_into(schedule::PlannedGroups& out, const graph::Module& root, int shard_size,
                       const fsdp::FullyShardOptions& defaults, std::size_t requests,
                       const RequestTable* table) {
-  if (table && table->size() != root.num_descendants() + 1)
-    throw InvalidArgument("plan_groups: a request table of " + std::to_string(table->size()) +
+  if (table && table->calls.size() != root.num_descendants() + 1)
+    throw InvalidArgument("plan_groups: a request table of " + std::to_string(table->calls.size()) +
                           " entries for a graph of " + std::to_string(root.num_descendants() + 1) +
                           " modules");
   if (shard_size < 1)
@@ -360,6 +360,10 @@ bool plan_groups_into(schedule::PlannedGroups& out, const graph::Module& root, i
                           std::to_string(shard_size));
   out.clear();
   out.reserve(requests);
+  if (table && table->lists && !table->lists->empty()) {
+    schedule::GroupBuilder(shard_size, defaults, out, table, table->lists).visit(root, 0);
+    return true;
+  }
   try {
     schedule::GroupBuilder(shard_size, defaults, out, table, nullptr).visit(root, 0);
     return false;

@@ -334,12 +334,12 @@ TEST_CASE("a table of typed calls plans as the graph's requests do, and leaves t
   detail::RequestTable table;
   for (graph::Module* m : modules) {
     if (!fsdp::requests_fully_shard(m->fully_shard_request())) {
-      table.push_back(nullptr);
+      table.calls.push_back(nullptr);
       continue;
     }
     owned.push_back(std::make_shared<const fsdp::FullyShardOptions>(
         fsdp::options_from_request(m->fully_shard_request(), defaults, fsdp::request_path(*m))));
-    table.push_back(&owned.back());
+    table.calls.push_back(&owned.back());
   }
   Plan typed;
   detail::replan_calls(typed, *g, mesh, po, &table);
@@ -350,8 +350,9 @@ TEST_CASE("a table of typed calls plans as the graph's requests do, and leaves t
   auto two = std::make_shared<fsdp::FullyShardOptions>(defaults);
   two->reshard_after_forward = fsdp::ReshardAfterForward::group_size(2);
   const std::shared_ptr<const fsdp::FullyShardOptions> root_call = two;
-  detail::RequestTable only_root(modules.size(), nullptr);
-  only_root[0] = &root_call;
+  detail::RequestTable only_root;
+  only_root.calls.assign(modules.size(), nullptr);
+  only_root.calls[0] = &root_call;
   detail::replan_calls(typed, *g, mesh, po, &only_root);
   REQUIRE(typed.groups.size() == 1);
   CHECK(typed.groups[0].name == "<root>");
@@ -362,7 +363,8 @@ TEST_CASE("a table of typed calls plans as the graph's requests do, and leaves t
     after.push_back(m->fully_shard_request());
   CHECK(after == before);
 
-  detail::RequestTable short_table(2, nullptr);
+  detail::RequestTable short_table;
+  short_table.calls.assign(2, nullptr);
   CHECK(contains(
       error_of<InvalidArgument>([&] { detail::replan_calls(typed, *g, mesh, po, &short_table); }),
       "a request table of 2 entries for a graph of"));
@@ -405,12 +407,28 @@ TEST_CASE("list groups: formed where fully_shard applies them, their errors") {
   CHECK(p.pool_roots == std::vector<int>{3});
   CHECK(p.find(OpKind::all_gather, 1).size() == 2);  // forward and backward
 
-  // A search forms one group per module: a list is not searched.
+  // The auto-planner keeps a list as it is (searching its reshard_after_forward) and the
+  // graph untouched; its choice, applied, plans to the same plan.
   AutoPlanOptions ao;
   ao.memory_budget_bytes = std::size_t(1) << 30;
-  CHECK(contains(
-      error_of<InvalidArgument>([&] { auto_plan(*r, MeshShape::fsdp(2), ao); }),
-      "auto_plan: modules[0].modules[0].fully_shard.group_with: a list group is not searched"));
+  const AutoPlan a = auto_plan(*r, MeshShape::fsdp(2), ao);
+  CHECK(r->module("enc.a").fully_shard_request() ==
+        nlohmann::json::parse(R"({"group_with": ["enc.b"]})"));
+  CHECK(r->module("enc.b").fully_shard_request().is_null());
+  CHECK(a.plan.group_index("enc.a+enc.b") >= 0);
+  int list_calls = 0;
+  for (const auto& c : a.choice.calls) {
+    CHECK(c.fqn != "enc.b");  // no call of its own
+    if (c.fqn == "enc.a") {
+      ++list_calls;
+      CHECK(c.request.at("group_with") == nlohmann::json::parse(R"(["enc.b"])"));
+    }
+  }
+  CHECK(list_calls == 1);
+  auto applied = load(kListNested);
+  apply_auto_plan(*applied, a.choice);
+  CHECK(Scheduler::plan(*applied, MeshShape::fsdp(2), a.options).fingerprint() ==
+        a.plan.fingerprint());
 
   auto bad = [](const std::string& a_request, const std::string& b_request = "false",
                 const std::string& c_request = "false") {

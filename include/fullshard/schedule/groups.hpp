@@ -103,16 +103,24 @@ PlannedGroups plan_groups(const graph::Module& root, int shard_size,
 
 }  // namespace fullshard::schedule
 
+namespace fullshard::fsdp::detail {
+struct GraphListGroup;  // fsdp/detail/group_rules.hpp (not installed)
+}
+
 // The scheduler's way in (kept out of the schedule namespace, whose files name
 // fullshard::detail's helpers as detail::...).
 namespace fullshard::detail {
 /// The fully_shard calls a planner forms groups for instead of the graph's requests: per
-/// module in pre-order (the root first), the options of its call, or null for none. The
-/// auto-planner's candidates, planned without changing the user's graph.
-using RequestTable = std::vector<const std::shared_ptr<const fsdp::FullyShardOptions>*>;
-/// The number of modules with a fully_shard request (true or an object), or of non-null
-/// entries of `table`: plan_groups' size.
-std::size_t count_group_requests(const graph::Module& root, const RequestTable* table = nullptr);
+/// module in pre-order (the root first), the options of its call, or null for none; and the
+/// graph's list groups, kept as they are (their options: their first module's entry; the
+/// entries of their other modules are not read). The auto-planner's candidates, planned
+/// without changing the user's graph.
+struct RequestTable {
+  std::vector<const std::shared_ptr<const fsdp::FullyShardOptions>*> calls;
+  const std::vector<fsdp::detail::GraphListGroup>* lists = nullptr;
+};
+/// The number of modules with a fully_shard request (true or an object): plan_groups' size.
+std::size_t count_group_requests(const graph::Module& root);
 /// plan_groups into `out` (emptied; its allocator is kept), with room for `requests` groups;
 /// the calls of `table` (one entry per module) instead of the graph's requests when given.
 /// Returns whether a list group was formed (a group with several modules).
