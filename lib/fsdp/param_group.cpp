@@ -61,6 +61,7 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
   offload_ = options.offload_policy;
 
   layout_ = kernels::make_group_layout(layouts);
+  layout_.world = I.world;  // also for a group without parameters (as the planner's)
   I.shard_numel = layout_.shard_numel;
   I.arena_numel = layout_.arena_numel;
 

@@ -117,6 +117,18 @@ const char* const kListNested = R"({
        "modules": [{"name": "c", "fully_shard": true, "params": {"w": {"shape": [7, 4]}}}]}]}]
 })";
 
+// A list declared by its later module (an output layer tied to the embedding).
+const char* const kTied = R"({
+  "name": "tied",
+  "fully_shard": true,
+  "modules": [
+    {"name": "embed", "params": {"weight": {"shape": [37, 8]}}},
+    {"name": "block", "fully_shard": true, "params": {"w": {"shape": [19, 8]}}},
+    {"name": "head", "fully_shard": {"group_with": ["embed"]}, "params": {"bias": {"shape": [37]}},
+     "cost": {"forward_ms": 0.1, "backward_ms": 0.2}}
+  ]
+})";
+
 std::unique_ptr<graph::Module> load(const char* text) {
   return graph::parse_graph_json(text, "graph.json");
 }
@@ -392,6 +404,16 @@ TEST_CASE("list groups: formed where fully_shard applies them, their errors") {
   CHECK(groups[4].reshard_after_forward == fsdp::ReshardAfterForward::never());
   CHECK(list.layout.shard_numel == 5 * 8 + 6 * 8);  // ceil(17/4) and ceil(23/4) rows
   CHECK(list.where() == "modules[0].fully_shard");
+
+  // Declared by the later module: its parameters first, gathered where the first module runs.
+  auto t = load(kTied);
+  const auto tg = plan_groups(*t, 2);
+  REQUIRE(tg.size() == 3);
+  CHECK(tg[1].name == "head+embed");
+  CHECK(tg[1].param_fqns() == std::vector<std::string>{"head.bias", "embed.weight"});
+  CHECK(tg[1].forward_index == 1);  // <root>, then the list at embed, then block
+  CHECK(tg[0].forward_index == 2);
+  CHECK(tg[1].where() == "modules[2].fully_shard");
 
   auto r = load(kListNested);
   const auto rg = plan_groups(*r, 2);
@@ -1593,7 +1615,7 @@ TEST_CASE("explicit backward prefetch, and a reshard with its gather in flight: 
 
 TEST_CASE("the engine's measured pool peak equals the plan's, byte for byte") {
   const int W = test::world_size();
-  for (const char* json : {kSeed, kMixed, kTwoRoots, kLists, kListNested}) {
+  for (const char* json : {kSeed, kMixed, kTwoRoots, kLists, kListNested, kTied}) {
     CAPTURE(std::string(json).substr(0, 40));
     PlanOptions o;
     check_engine_matches(json, MeshShape::fsdp(W), o, "default");
