@@ -42,9 +42,9 @@ struct Slot {
   const graph::Module* module = nullptr;
   nlohmann::json original;  // the graph's request
   nlohmann::json base;      // the object the call makes, before reshard_after_forward
-  // The options of `base` (the user's object or defaults), and of the request as written
-  // (the baseline's call), parsed once; a plain slot shares the search's defaults.
-  Options parsed, written;
+  // The options of `base` (the user's object as written, or the defaults: also the
+  // baseline's call), parsed once; a plain slot shares the search's defaults.
+  Options parsed;
   // Per value of the search's reshard list: `parsed` with that reshard_after_forward (made
   // on first use; plain slots use the search's shared list).
   std::vector<Options> by_value;
@@ -167,16 +167,11 @@ class Search {
       }
       s.reshard_fixed =
           fixed && s.original.is_object() && s.original.contains("reshard_after_forward");
-      if (s.reshard_fixed) s.base = s.original;
       // The user's objects, checked here (their errors name the module's request).
       s.parsed = s.base.empty()
                      ? defaults_
                      : std::make_shared<const fsdp::FullyShardOptions>(fsdp::options_from_request(
                            s.base, o.base.defaults, fsdp::request_path(*m)));
-      s.written = s.original.is_object()
-                      ? std::make_shared<const fsdp::FullyShardOptions>(fsdp::options_from_request(
-                            s.original, o.base.defaults, fsdp::request_path(*m)))
-                      : defaults_;
       slots_.push_back(std::move(s));
     }
     for (std::size_t i = 0; i < slots_.size(); ++i)
@@ -221,11 +216,11 @@ class Search {
       table_.calls[i] = c.on[i] ? &options_for(i, c.reshard[i]) : nullptr;
   }
 
-  // The baseline's calls: the requests as written.
+  // The baseline's calls: the requests as written (`base` is the user's object, or none).
   void apply_baseline(const Config& c) {
     table_.calls.resize(slots_.size());
     for (std::size_t i = 0; i < slots_.size(); ++i)
-      table_.calls[i] = c.on[i] ? &slots_[i].written : nullptr;
+      table_.calls[i] = c.on[i] ? &slots_[i].parsed : nullptr;
   }
 
   nlohmann::json request(const Config& c, std::size_t i) const {
