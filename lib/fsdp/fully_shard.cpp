@@ -35,13 +35,6 @@ std::shared_ptr<FSDPModule> state_ptr(graph::Module& m) {
   return std::static_pointer_cast<FSDPModule>(m.extension());
 }
 
-std::string group_name(const std::vector<graph::Module*>& modules) {
-  std::string s;
-  for (auto* m : modules)
-    s += (s.empty() ? "" : "+") + detail::module_group_name(*m);
-  return s;
-}
-
 // Parameters already in a group (from earlier calls on submodules).
 std::set<const graph::Parameter*> grouped_params(graph::Module& m) {
   std::set<const graph::Parameter*> out;
@@ -80,7 +73,7 @@ FSDPModule& fully_shard(graph::Module& module, const DeviceMesh& mesh,
 FSDPModule& fully_shard(const std::vector<graph::Module*>& modules, const DeviceMesh& mesh,
                         const FullyShardOptions& options) {
   if (modules.empty()) throw InvalidArgument("fully_shard: no module given");
-  const std::string name = group_name(modules);
+  const std::string name = detail::group_name(modules);
   if (mesh.ndim() > 2)
     throw InvalidArgument("fully_shard(" + name + "): the mesh has " + std::to_string(mesh.ndim()) +
                           " dims; use a 1-D mesh (FSDP) or a 2-D (replicate, shard) mesh (HSDP)");

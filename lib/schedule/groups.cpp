@@ -240,10 +240,7 @@ class GroupBuilder {
   }
 
   static std::string list_name(const List& ls) {  // fully_shard's: "a+b"
-    std::string s;
-    for (const graph::Module* m : ls.list->modules)
-      s += (s.empty() ? "" : "+") + fsdp::detail::module_group_name(*m);
-    return s;
+    return fsdp::detail::group_name(ls.list->modules);
   }
 
   void form_list(List& ls) {

@@ -12,6 +12,14 @@ namespace fullshard::fsdp::detail {
 
 /// The name of the group fully_shard(m) forms: m's FQN, "<root>" for a root module.
 const std::string& module_group_name(const graph::Module& m);
+/// The name of the group fully_shard(modules) forms: their group names joined by '+'.
+template <class ModulePtr>
+std::string group_name(const std::vector<ModulePtr>& modules) {
+  std::string s;
+  for (const auto* m : modules)
+    s += (s.empty() ? "" : "+") + module_group_name(*m);
+  return s;
+}
 
 /// One communication group holds one dtype: InvalidArgument naming the group and both
 /// parameters (`p`'s dtype is not that of the group's first parameter `first`).
