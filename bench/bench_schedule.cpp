@@ -62,10 +62,10 @@ std::unique_ptr<Module> make_plan_graph(int n) {
     m.add_param("weight", {16, 16});
     m.add_param("bias", {16});
     m.cost() = fs::graph::Cost{0.1, 0.2, true};
-    m.set_fully_shard_request(nlohmann::json(true));
+    m.set_fully_shard_request(true);
   }
   root->add_param("head", {16});
-  root->set_fully_shard_request(nlohmann::json(true));
+  root->set_fully_shard_request(true);
   return root;
 }
 

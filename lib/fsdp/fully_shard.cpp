@@ -1,7 +1,6 @@
 #include "fullshard/fsdp/fully_shard.hpp"
 
 #include <algorithm>
-#include <limits>
 #include <set>
 #include <unordered_map>
 
@@ -14,19 +13,6 @@
 #include "lib/fsdp/running_backend.hpp"
 
 namespace fullshard::fsdp {
-
-std::string ReshardAfterForward::to_string() const {
-  if (v_ == 0) return "automatic";
-  if (v_ == -1) return "true";
-  if (v_ == 1) return "false";
-  return std::to_string(v_);
-}
-
-void ReshardAfterForward::refuse(int world, const std::string& group) const {
-  if (v_ < -1) throw InvalidArgument("fully_shard(" + group + "): bad reshard_after_forward");
-  throw InvalidArgument("fully_shard(" + group + "): reshard_after_forward=" + std::to_string(v_) +
-                        " must divide the shard group size " + std::to_string(world));
-}
 
 namespace {
 
@@ -410,133 +396,21 @@ std::uint8_t compression_wire(const CompressionPolicy& policy, const std::string
   return transport::Geometry::make_wire(policy.all_gather, policy.reduce_scatter.has_value(), log2);
 }
 
-nlohmann::json compression_json(const CompressionPolicy& policy) {
-  auto code = [](const std::optional<kernels::QuantCode>& c) {
-    return c ? nlohmann::json(kernels::quant_code_name(*c)) : nlohmann::json(nullptr);
-  };
-  return {{"all_gather", code(policy.all_gather)},
-          {"reduce_scatter", code(policy.reduce_scatter)},
-          {"block", policy.block}};
-}
-
-namespace {
-
-// "compression": {"all_gather": "int8" | "fp8_e4m3" | null, "reduce_scatter": "int8" | null,
-// "block": int}; null or false: none.
-CompressionPolicy compression_from_json(const nlohmann::json& v, const std::string& path) {
-  CompressionPolicy c;
-  if (v.is_null() || (v.is_boolean() && !v.get<bool>())) return c;
-  if (!v.is_object())
-    throw ConfigError(path +
-                      ": expected null, false or an object with all_gather, "
-                      "reduce_scatter, block");
-  for (auto f = v.begin(); f != v.end(); ++f) {
-    const std::string at = path + "." + f.key();
-    const auto& x = f.value();
-    if (f.key() == "all_gather" || f.key() == "reduce_scatter") {
-      auto& code = f.key() == "all_gather" ? c.all_gather : c.reduce_scatter;
-      if (x.is_null())
-        code.reset();
-      else if (x.is_string())
-        code = kernels::parse_quant_code(x.get<std::string>(), at);
-      else
-        throw ConfigError(at + ": expected \"int8\", \"fp8_e4m3\" or null");
-    } else if (f.key() == "block") {
-      if (!x.is_number_integer() || x.get<long long>() < 8 || x.get<long long>() > (1 << 20))
-        throw ConfigError(at + ": expected an integer from 8 to 1048576 (a power of two)");
-      c.block = x.get<int>();
-    } else {
-      throw ConfigError(at +
-                        ": unknown compression field (allowed: all_gather, reduce_scatter, "
-                        "block)");
-    }
-  }
-  return c;
-}
-
-}  // namespace
-
-nlohmann::json reshard_json(ReshardAfterForward value) {
-  if (value.is_automatic()) return nullptr;
-  if (value.reshards()) return true;
-  if (value.keeps_unsharded()) return false;
-  return value.value();
-}
-
-ReshardAfterForward reshard_from_json(const nlohmann::json& v, const std::string& path) {
-  if (v.is_null()) return ReshardAfterForward::automatic();
-  if (v.is_boolean()) return ReshardAfterForward(v.get<bool>());
-  if (v.is_number_integer() && v.get<long long>() >= 1 &&
-      v.get<long long>() <= std::numeric_limits<int>::max())
-    return ReshardAfterForward::group_size(v.get<int>());
-  throw ConfigError(path + ": expected true, false, null or an integer >= 1");
-}
-
-bool requests_fully_shard(const nlohmann::json& r) {
-  return !(r.is_null() || (r.is_boolean() && !r.get<bool>()));
-}
-
 std::string request_path(const graph::Module& m) {
   return (m.json_path().empty() ? (m.is_root() ? std::string("(root)") : m.fqn()) : m.json_path()) +
          ".fully_shard";
 }
 
-FullyShardOptions options_from_request(const nlohmann::json& req, const FullyShardOptions& defaults,
-                                       const std::string& where) {
+FullyShardOptions options_from_request(const graph::ShardRequest& r,
+                                       const FullyShardOptions& defaults) {
   FullyShardOptions o = defaults;
-  if (req.is_boolean()) return o;
-  if (!req.is_object()) throw ConfigError(where + ": expected true, false or an object of options");
-  for (auto it = req.begin(); it != req.end(); ++it) {
-    const std::string& key = it.key();
-    const auto& v = it.value();
-    const std::string path = where + "." + key;
-    if (key == "reshard_after_forward") {
-      o.reshard_after_forward = reshard_from_json(v, path);
-    } else if (key == "param_dtype" || key == "reduce_dtype" || key == "output_dtype") {
-      if (!v.is_string()) throw ConfigError(path + ": expected a dtype name such as \"bf16\"");
-      const DType t = parse_dtype(v.get<std::string>(), path);
-      (key == "param_dtype"    ? o.mp_policy.param_dtype
-       : key == "reduce_dtype" ? o.mp_policy.reduce_dtype
-                               : o.mp_policy.output_dtype) = t;
-    } else if (key == "ignored_params") {
-      if (!v.is_array()) throw ConfigError(path + ": expected an array of parameter FQNs");
-      o.ignored_params.clear();
-      for (std::size_t i = 0; i < v.size(); ++i) {
-        if (!v[i].is_string())
-          throw ConfigError(path + "[" + std::to_string(i) + "]: expected a parameter FQN string");
-        o.ignored_params.push_back(v[i].get<std::string>());
-      }
-    } else if (key == "offload_policy") {
-      // null or false: none; true or "cpu": CPUOffloadPolicy(); {"pin_memory": bool}.
-      if (v.is_null() || (v.is_boolean() && !v.get<bool>())) {
-        o.offload_policy.reset();
-      } else if ((v.is_boolean() && v.get<bool>()) || (v.is_string() && v == "cpu")) {
-        o.offload_policy = CPUOffloadPolicy{};
-      } else if (v.is_object()) {
-        CPUOffloadPolicy c;
-        for (auto f = v.begin(); f != v.end(); ++f) {
-          if (f.key() != "pin_memory")
-            throw ConfigError(path + "." + f.key() +
-                              ": unknown CPUOffloadPolicy field (allowed: pin_memory)");
-          if (!f.value().is_boolean())
-            throw ConfigError(path + ".pin_memory: expected true or false");
-          c.pin_memory = f.value().get<bool>();
-        }
-        o.offload_policy = c;
-      } else {
-        throw ConfigError(path + ": expected null, true, false, \"cpu\" or {\"pin_memory\": bool}");
-      }
-    } else if (key == "compression") {
-      o.compression = compression_from_json(v, path);
-    } else if (key == "group_with") {
-      // the call's other modules, not an option (detail::graph_list_groups reads them)
-    } else {
-      throw ConfigError(path +
-                        ": unknown fully_shard option (allowed: reshard_after_forward, "
-                        "param_dtype, reduce_dtype, output_dtype, ignored_params, "
-                        "offload_policy, compression, group_with)");
-    }
-  }
+  if (r.reshard_after_forward) o.reshard_after_forward = *r.reshard_after_forward;
+  if (r.param_dtype) o.mp_policy.param_dtype = r.param_dtype;
+  if (r.reduce_dtype) o.mp_policy.reduce_dtype = r.reduce_dtype;
+  if (r.output_dtype) o.mp_policy.output_dtype = r.output_dtype;
+  if (r.ignored_params) o.ignored_params = *r.ignored_params;
+  if (r.offload_policy) o.offload_policy = *r.offload_policy;
+  if (r.compression) o.compression = *r.compression;
   return o;
 }
 
@@ -557,11 +431,9 @@ int apply_fully_shard_requests(graph::Module& root, const DeviceMesh& mesh,
       for (const graph::Module* x : g.modules)
         modules.push_back(const_cast<graph::Module*>(x));  // (modules of `root`)
       fully_shard(modules, mesh,
-                  options_from_request(modules[0]->fully_shard_request(), defaults,
-                                       request_path(*modules[0])));
-    } else if (requests_fully_shard(m->fully_shard_request())) {
-      fully_shard(*m, mesh,
-                  options_from_request(m->fully_shard_request(), defaults, request_path(*m)));
+                  options_from_request(*modules[0]->fully_shard_request(), defaults));
+    } else if (m->requests_fully_shard()) {
+      fully_shard(*m, mesh, options_from_request(*m->fully_shard_request(), defaults));
     } else {
       continue;
     }

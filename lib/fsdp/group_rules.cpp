@@ -31,8 +31,8 @@ void throw_unknown_ignored_param(const std::string& group, const std::string& fq
 namespace {
 
 bool declares_list(const graph::Module& m) {
-  const nlohmann::json& r = m.fully_shard_request();
-  return r.is_object() && r.contains("group_with");
+  const graph::ShardRequest* r = m.fully_shard_request();
+  return r && r->shard && !r->group_with.empty();
 }
 
 bool any_list(const graph::Module& m) {
@@ -59,10 +59,7 @@ std::vector<GraphListGroup> graph_list_groups(const graph::Module& root) {
   for (graph::Module* m : graph.modules_preorder()) {
     if (!declares_list(*m)) continue;
     const std::string path = request_path(*m) + ".group_with";
-    const nlohmann::json& with = m->fully_shard_request().at("group_with");
-    if (!with.is_array() || with.empty())
-      throw ConfigError(path +
-                        ": expected a non-empty array of module FQNs (relative to the root)");
+    const std::vector<std::string>& with = m->fully_shard_request()->group_with;
     GraphListGroup g;
     g.modules.push_back(m);
     if (list_of.count(m))
@@ -72,8 +69,7 @@ std::vector<GraphListGroup> graph_list_groups(const graph::Module& root) {
     list_of.emplace(m, lists.size());
     for (std::size_t i = 0; i < with.size(); ++i) {
       const std::string at = path + "[" + std::to_string(i) + "]";
-      if (!with[i].is_string()) throw ConfigError(at + ": expected a module FQN string");
-      const std::string fqn = with[i].get<std::string>();
+      const std::string& fqn = with[i];
       const graph::Module* w = graph.find_module(fqn);
       if (!w) throw ConfigError(at + ": no module " + graph::quoted_name(fqn) + " in the graph");
       if (std::find(g.modules.begin(), g.modules.end(), w) != g.modules.end())
@@ -83,7 +79,7 @@ std::vector<GraphListGroup> graph_list_groups(const graph::Module& root) {
         throw ConfigError(at + ": module '" + module_group_name(*w) +
                           "' is already in the list group of '" +
                           module_group_name(*lists[list_of.at(w)].modules.front()) + "'");
-      if (requests_fully_shard(w->fully_shard_request()))
+      if (w->requests_fully_shard())
         throw ConfigError(at + ": module '" + module_group_name(*w) +
                           "' has its own fully_shard request (" + request_path(*w) +
                           "); a module is in one fully_shard call");
@@ -101,7 +97,7 @@ std::vector<GraphListGroup> graph_list_groups(const graph::Module& root) {
       if (list_of.count(m)) post.emplace(m, i++);
   }
   const auto requesting = [&](const graph::Module& m) {
-    return requests_fully_shard(m.fully_shard_request()) || list_of.count(&m) != 0;
+    return m.requests_fully_shard() || list_of.count(&m) != 0;
   };
   for (std::size_t l = 0; l < lists.size(); ++l) {
     GraphListGroup& g = lists[l];

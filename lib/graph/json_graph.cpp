@@ -199,7 +199,16 @@ class Reader {
       if (!f->is_boolean() && !f->is_object())
         fail(here / "fully_shard",
              "expected true, false or an object of options, got " + describe(*f));
-      m.set_fully_shard_request(nlohmann::json(*f));
+      if (f->is_boolean()) {
+        m.set_fully_shard_request(f->get<bool>());  // shared by every module
+      } else {
+        try {
+          m.set_fully_shard_request(
+              shard_request_from_json(nlohmann::json(*f), (here / "fully_shard").str()));
+        } catch (const ConfigError& e) {
+          throw ConfigError(source_ + ": " + e.message());
+        }
+      }
     }
     if (const auto c = j.find("cost"); c != j.end()) {
       const Where at = here / "cost";
@@ -264,7 +273,8 @@ class Reader {
 
 void module_to_json(const Module& m, ojson& out) {
   out["name"] = m.name();
-  if (!m.fully_shard_request().is_null()) out["fully_shard"] = ojson(m.fully_shard_request());
+  if (const ShardRequest* r = m.fully_shard_request())
+    out["fully_shard"] = ojson(shard_request_json(*r));
   const Cost& c = m.cost();
   if (c.declared || c.forward_ms != 0.0 || c.backward_ms != 0.0)
     out["cost"] = ojson{{"forward_ms", c.forward_ms}, {"backward_ms", c.backward_ms}};

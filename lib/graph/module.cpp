@@ -426,13 +426,15 @@ Module& Module::on_backward(const std::string& relative_fqn, Callback fn) {
   return *this;
 }
 
-void Module::set_fully_shard_request(nlohmann::json r) {
-  if (!r.is_null() && !r.is_boolean() && !r.is_object())
-    throw InvalidArgument(describe() +
-                          ": the fully_shard request must be null, a boolean or an "
-                          "object of options, got " +
-                          std::string(r.type_name()));
-  fully_shard_request_ = std::move(r);
+void Module::set_fully_shard_request(ShardRequest r) {
+  fully_shard_request_ = std::make_shared<const ShardRequest>(std::move(r));
+}
+
+void Module::set_fully_shard_request(bool shard) {
+  // The two requests without options are shared by every module that makes them.
+  static const auto yes = std::make_shared<const ShardRequest>();
+  static const auto no = std::make_shared<const ShardRequest>(ShardRequest::never());
+  fully_shard_request_ = shard ? yes : no;
 }
 
 }  // namespace fullshard::graph

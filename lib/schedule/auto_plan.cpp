@@ -24,6 +24,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/fsdp/detail/group_rules.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
+#include "fullshard/graph/json_graph.hpp"
 
 namespace fullshard::schedule {
 
@@ -37,11 +38,15 @@ std::string display_name(const std::string& fqn) {
 
 using Options = std::shared_ptr<const fsdp::FullyShardOptions>;
 
+const graph::ShardRequest kNoOptions;  // `true`: fully_shard with the defaults
+
 // One module of the graph, as the search sees it.
 struct Slot {
   const graph::Module* module = nullptr;
-  nlohmann::json original;  // the graph's request
-  nlohmann::json base;      // the object the call makes, before reshard_after_forward
+  const graph::ShardRequest* original = nullptr;  // the graph's request (null: none)
+  // The request the call makes, before reshard_after_forward: the graph's when it asks for
+  // fully_shard, else kNoOptions.
+  const graph::ShardRequest* base = &kNoOptions;
   // The options of `base` (the user's object as written, or the defaults: also the
   // baseline's call), parsed once; a plain slot shares the search's defaults.
   Options parsed;
@@ -143,10 +148,10 @@ class Search {
       s.original = m->fully_shard_request();
       s.depth = m->depth();
       const auto member = list_member.find(m);
-      const bool req = fsdp::requests_fully_shard(s.original);
-      const bool explicit_false = s.original.is_boolean() && !s.original.get<bool>();
+      const bool req = m->requests_fully_shard();
+      const bool explicit_false = s.original && !s.original->shard;
       const bool has_params = params_below[m] > 0;
-      s.base = s.original.is_object() ? s.original : nlohmann::json::object();
+      if (req) s.base = s.original;
       const bool fixed = m->is_root() || o.keep_requests || named.count(display_name(m->fqn())) ||
                          member != list_member.end();
       if (member != list_member.end()) {
@@ -165,13 +170,12 @@ class Search {
         s.can_on = has_params;
         s.can_off = true;
       }
-      s.reshard_fixed =
-          fixed && s.original.is_object() && s.original.contains("reshard_after_forward");
-      // The user's objects, checked here (their errors name the module's request).
-      s.parsed = s.base.empty()
+      s.reshard_fixed = fixed && req && s.original->reshard_after_forward.has_value();
+      // The options of the user's requests, once.
+      s.parsed = s.base->sets_no_option()
                      ? defaults_
-                     : std::make_shared<const fsdp::FullyShardOptions>(fsdp::options_from_request(
-                           s.base, o.base.defaults, fsdp::request_path(*m)));
+                     : std::make_shared<const fsdp::FullyShardOptions>(
+                           fsdp::options_from_request(*s.base, o.base.defaults));
       slots_.push_back(std::move(s));
     }
     for (std::size_t i = 0; i < slots_.size(); ++i)
@@ -223,11 +227,11 @@ class Search {
       table_.calls[i] = c.on[i] ? &slots_[i].parsed : nullptr;
   }
 
-  nlohmann::json request(const Config& c, std::size_t i) const {
+  // The request of slot i's call (the slot is on in c).
+  graph::ShardRequest request(const Config& c, std::size_t i) const {
     const Slot& s = slots_[i];
-    if (!c.on[i]) return nullptr;
-    nlohmann::json r = s.base;
-    if (!s.reshard_fixed) r["reshard_after_forward"] = fsdp::reshard_json(c.reshard[i]);
+    graph::ShardRequest r = *s.base;
+    if (!s.reshard_fixed) r.reshard_after_forward = c.reshard[i];
     return r;
   }
 
@@ -475,7 +479,7 @@ class Search {
     Config c = base_config();
     bool has_requests = false;
     for (std::size_t i = 1; i < slots_.size(); ++i)
-      if (fsdp::requests_fully_shard(slots_[i].original)) has_requests = true;
+      if (slots_[i].module->requests_fully_shard()) has_requests = true;
     std::size_t widest = 0;
     for (std::size_t i = 0; i < slots_.size(); ++i)
       if (slots_[i].module->num_children() > slots_[widest].module->num_children()) widest = i;
@@ -483,7 +487,7 @@ class Search {
       const Slot& s = slots_[i];
       bool want = false;
       if (has_requests)
-        want = fsdp::requests_fully_shard(s.original) || s.module->is_root();
+        want = s.module->requests_fully_shard() || s.module->is_root();
       else
         want = s.module->is_root() || s.module->parent() == slots_[widest].module;
       if (want && !s.can_on) return std::nullopt;
@@ -499,10 +503,7 @@ class Search {
     for (const graph::Module* m : postorder()) {
       const std::size_t i = index_of(m);
       if (!c.on[i]) continue;
-      const nlohmann::json& orig = slots_[i].original;
-      ch.calls.push_back({m->fqn(), fsdp::requests_fully_shard(orig) && orig.is_object()
-                                        ? orig
-                                        : nlohmann::json(nlohmann::json::object())});
+      ch.calls.push_back({m->fqn(), *slots_[i].base});
     }
     ch.forward_prefetch_depth = o_.base.forward_prefetch_depth;
     ch.reduce_scatter_max_input_buffers = o_.base.reduce_scatter_max_input_buffers;
@@ -630,8 +631,7 @@ AutoPlan auto_plan(const graph::Module& root, MeshShape mesh, const AutoPlanOpti
       if (!best || a.plan.step_ms < best->plan.step_ms) {
         if (i > 0)  // the calls carry the chosen policy (applied without base's defaults)
           for (AutoPlanChoice::Call& c : a.choice.calls) {
-            if (!c.request.is_object()) c.request = nlohmann::json::object();
-            c.request["compression"] = fsdp::compression_json(o.base.defaults.compression);
+            c.request.compression = o.base.defaults.compression;
           }
         if (best) a.evaluations += best->evaluations;
         best = std::move(a);
@@ -647,7 +647,7 @@ AutoPlan auto_plan(const graph::Module& root, MeshShape mesh, const AutoPlanOpti
 }
 
 void apply_auto_plan(graph::Module& root, const AutoPlanChoice& choice) {
-  std::vector<std::pair<graph::Module*, const nlohmann::json*>> set;
+  std::vector<std::pair<graph::Module*, const graph::ShardRequest*>> set;
   for (std::size_t i = 0; i < choice.calls.size(); ++i) {
     graph::Module* m = root.find_module(choice.calls[i].fqn);
     if (!m)
@@ -656,9 +656,9 @@ void apply_auto_plan(graph::Module& root, const AutoPlanChoice& choice) {
     set.emplace_back(m, &choice.calls[i].request);
   }
   for (graph::Module* m : root.modules_preorder())
-    m->set_fully_shard_request(nullptr);
+    m->clear_fully_shard_request();
   for (const auto& [m, r] : set)
-    m->set_fully_shard_request(r->is_null() ? nlohmann::json(true) : *r);
+    m->set_fully_shard_request(*r);
 }
 
 bool AutoPlanChoice::operator==(const AutoPlanChoice& o) const {
@@ -673,7 +673,8 @@ bool AutoPlanChoice::operator==(const AutoPlanChoice& o) const {
 nlohmann::json AutoPlanChoice::to_json() const {
   nlohmann::json calls_json = nlohmann::json::array();
   for (const Call& c : calls)
-    calls_json.push_back({{"module", display_name(c.fqn)}, {"fully_shard", c.request}});
+    calls_json.push_back(
+        {{"module", display_name(c.fqn)}, {"fully_shard", graph::shard_request_json(c.request)}});
   return {{"fully_shard", calls_json},
           {"forward_prefetch_depth", forward_prefetch_depth},
           {"reduce_scatter_max_input_buffers", reduce_scatter_max_input_buffers}};
@@ -691,19 +692,19 @@ std::string AutoPlanChoice::to_cpp(const Plan& plan, const std::string& root_nam
     << "};\n";
   for (const Call& c : calls) {
     std::string r = "fsdp::ReshardAfterForward::automatic()";
-    nlohmann::json extra = c.request.is_object() ? c.request : nlohmann::json::object();
-    if (extra.contains("reshard_after_forward")) {
-      const fsdp::ReshardAfterForward v =
-          fsdp::reshard_from_json(extra["reshard_after_forward"], "reshard_after_forward");
+    graph::ShardRequest extra = c.request;
+    if (extra.reshard_after_forward) {
+      const fsdp::ReshardAfterForward v = *extra.reshard_after_forward;
       if (v.reshards() || v.keeps_unsharded())
         r = v.reshards() ? "fsdp::ReshardAfterForward(true)" : "fsdp::ReshardAfterForward(false)";
       else if (!v.is_automatic())
         r = "fsdp::ReshardAfterForward::group_size(" + std::to_string(v.value()) + ")";
-      extra.erase("reshard_after_forward");
+      extra.reshard_after_forward.reset();
     }
     s << "fsdp::fully_shard(" << cpp_module(root_name, c.fqn) << ", " << mesh_name << ", opts(" << r
       << "));";
-    if (!extra.empty()) s << "  // and the request's " << extra.dump();
+    if (!extra.sets_no_option() || !extra.group_with.empty())
+      s << "  // and the request's " << graph::shard_request_json(extra).dump();
     s << "\n";
   }
   for (std::size_t g = 0; g < plan.groups.size(); ++g) {

@@ -41,7 +41,7 @@ std::size_t PlannedGroup::gather_bytes() const {
 namespace {
 
 std::size_t count_requests(const graph::Module& m) {
-  std::size_t n = fsdp::requests_fully_shard(m.fully_shard_request()) ? 1 : 0;
+  std::size_t n = m.requests_fully_shard() ? 1 : 0;
   for (std::size_t i = 0; i < m.num_children(); ++i)
     n += count_requests(m.child(i));
   return n;
@@ -88,8 +88,7 @@ class GroupBuilder {
         list = &lists_[it->second.first];
         slot = it->second.second;
       }
-    const bool req = list || (table_ ? table_[index] != nullptr
-                                     : fsdp::requests_fully_shard(m.fully_shard_request()));
+    const bool req = list || (table_ ? table_[index] != nullptr : m.requests_fully_shard());
     const std::size_t base = stack_.size();
     const std::size_t first_group = groups_.size();
     int position = -1;
@@ -145,17 +144,17 @@ class GroupBuilder {
     }
   }
 
-  // The options of module m's request (`true`: the shared defaults).
+  // The options of module m's request (one that sets none: the shared defaults).
   Options request_options(const graph::Module& m) {
-    const nlohmann::json& req = m.fully_shard_request();  // true or an object (a module's rule)
-    if (req.is_boolean()) {
+    const graph::ShardRequest& req = *m.fully_shard_request();  // one asking for fully_shard
+    if (lists_.empty() && !req.group_with.empty()) throw ListFound{};
+    if (req.sets_no_option()) {
       if (!shared_defaults_)
         shared_defaults_ = std::make_shared<const fsdp::FullyShardOptions>(defaults_);
       return shared_defaults_;
     }
-    if (lists_.empty() && req.contains("group_with")) throw ListFound{};
     return std::make_shared<const fsdp::FullyShardOptions>(
-        fsdp::options_from_request(req, defaults_, fsdp::request_path(m)));
+        fsdp::options_from_request(req, defaults_));
   }
 
   // A new group (in place: a throw discards every group; its lists in the groups' arena).

@@ -15,9 +15,15 @@
 
 namespace {
 
+bool same_request(const fullshard::graph::ShardRequest* a,
+                  const fullshard::graph::ShardRequest* b) {
+  return a == nullptr ? b == nullptr : b != nullptr && *a == *b;
+}
+
 void same_tree(const fullshard::graph::Module& a, const fullshard::graph::Module& b) {
   if (a.name() != b.name() || a.num_params() != b.num_params() ||
-      a.num_children() != b.num_children() || a.fully_shard_request() != b.fully_shard_request())
+      a.num_children() != b.num_children() ||
+      !same_request(a.fully_shard_request(), b.fully_shard_request()))
     std::abort();
   for (std::size_t i = 0; i < a.num_params(); ++i)
     if (a.param(i).fqn() != b.param(i).fqn() || a.param(i).shape() != b.param(i).shape() ||

@@ -18,6 +18,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
+#include "fullshard/graph/json_graph.hpp"
 #include "fullshard/kernels/quantize.hpp"
 #include "test_devices.hpp"
 #include "test_support.hpp"
@@ -374,18 +375,23 @@ TEST_CASE("a bad compression policy is refused naming the group and the JSON pat
   const FullyShardOptions none;
   CHECK_THROWS_WITH_AS(
       fsdp::options_from_request(
-          nlohmann::json::parse(R"({"compression": {"all_gather": "int4"}})"), none,
-          "modules[0].fully_shard"),
+          graph::shard_request_from_json(
+              nlohmann::json::parse(R"({"compression": {"all_gather": "int4"}})"),
+              "modules[0].fully_shard"),
+          none),
       doctest::Contains("modules[0].fully_shard.compression.all_gather: unknown code 'int4'"),
       ConfigError);
-  CHECK_THROWS_WITH_AS(fsdp::options_from_request(
-                           nlohmann::json::parse(R"({"compression": {"bits": 8}})"), none, "x"),
-                       doctest::Contains("x.compression.bits: unknown compression field"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(
+      fsdp::options_from_request(graph::shard_request_from_json(
+                                     nlohmann::json::parse(R"({"compression": {"bits": 8}})"), "x"),
+                                 none),
+      doctest::Contains("x.compression.bits: unknown compression field"), ConfigError);
   const FullyShardOptions o = fsdp::options_from_request(
-      nlohmann::json::parse(
-          R"({"compression": {"all_gather": "fp8_e4m3", "reduce_scatter": "int8", "block": 64}})"),
-      none, "x");
+      graph::shard_request_from_json(
+          nlohmann::json::parse(
+              R"({"compression": {"all_gather": "fp8_e4m3", "reduce_scatter": "int8", "block": 64}})"),
+          "x"),
+      none);
   CHECK(o.compression.all_gather == QuantCode::fp8_e4m3);
   CHECK(o.compression.reduce_scatter == QuantCode::int8);
   CHECK(o.compression.block == 64);

@@ -403,26 +403,40 @@ TEST_CASE_TEMPLATE("CPUOffloadPolicy: sharded state in host memory, the host pat
   }
   // From a graph request: true, "cpu", {"pin_memory": false}; bad values name the path.
   FullyShardOptions d;
-  CHECK(fsdp::options_from_request(nlohmann::json::parse(R"({"offload_policy": true})"), d, "m")
+  CHECK(fsdp::options_from_request(graph::shard_request_from_json(
+                                       nlohmann::json::parse(R"({"offload_policy": true})"), "m"),
+                                   d)
             .offload_policy->pin_memory);
-  CHECK(fsdp::options_from_request(nlohmann::json::parse(R"({"offload_policy": "cpu"})"), d, "m")
+  CHECK(fsdp::options_from_request(graph::shard_request_from_json(
+                                       nlohmann::json::parse(R"({"offload_policy": "cpu"})"), "m"),
+                                   d)
             .offload_policy.has_value());
   CHECK_FALSE(fsdp::options_from_request(
-                  nlohmann::json::parse(R"({"offload_policy": {"pin_memory": false}})"), d, "m")
+                  graph::shard_request_from_json(
+                      nlohmann::json::parse(R"({"offload_policy": {"pin_memory": false}})"), "m"),
+                  d)
                   .offload_policy->pin_memory);
   CHECK_FALSE(
-      fsdp::options_from_request(nlohmann::json::parse(R"({"offload_policy": null})"), d, "m")
+      fsdp::options_from_request(
+          graph::shard_request_from_json(nlohmann::json::parse(R"({"offload_policy": null})"), "m"),
+          d)
           .offload_policy.has_value());
   CHECK_THROWS_WITH_AS(fsdp::options_from_request(
-                           nlohmann::json::parse(R"({"offload_policy": {"pin": true}})"), d, "m"),
+                           graph::shard_request_from_json(
+                               nlohmann::json::parse(R"({"offload_policy": {"pin": true}})"), "m"),
+                           d),
                        doctest::Contains("m.offload_policy.pin: unknown CPUOffloadPolicy field"),
                        ConfigError);
   CHECK_THROWS_WITH_AS(
-      fsdp::options_from_request(nlohmann::json::parse(R"({"offload_policy": "gpu"})"), d, "m"),
+      fsdp::options_from_request(graph::shard_request_from_json(
+                                     nlohmann::json::parse(R"({"offload_policy": "gpu"})"), "m"),
+                                 d),
       doctest::Contains("m.offload_policy: expected null, true, false, \"cpu\""), ConfigError);
   CHECK_THROWS_WITH_AS(
-      fsdp::options_from_request(nlohmann::json::parse(R"({"offload_policy": {"pin_memory": 1}})"),
-                                 d, "m"),
+      fsdp::options_from_request(
+          graph::shard_request_from_json(
+              nlohmann::json::parse(R"({"offload_policy": {"pin_memory": 1}})"), "m"),
+          d),
       doctest::Contains("m.offload_policy.pin_memory: expected true or false"), ConfigError);
 }
 
@@ -909,12 +923,13 @@ TEST_CASE_TEMPLATE("errors name the module and the parameter", D, FULLSHARD_TEST
   CHECK_THROWS_WITH_AS(fsdp::fully_shard(*r2, mesh), doctest::Contains("bottom-up"),
                        InvalidArgument);
 
-  auto bad_json = graph::parse_graph_json(
-      R"({"modules": [{"name": "x", "fully_shard": {"reshard": true}, "params": {"w": {"shape": [2]}}}]})",
-      "bad.json");
+  // A bad request is refused where the graph is read, naming the file and the JSON path.
   CHECK_THROWS_WITH_AS(
-      fsdp::apply_fully_shard_requests(*bad_json, mesh),
-      doctest::Contains("modules[0].fully_shard.reshard: unknown fully_shard option"), ConfigError);
+      graph::parse_graph_json(
+          R"({"modules": [{"name": "x", "fully_shard": {"reshard": true}, "params": {"w": {"shape": [2]}}}]})",
+          "bad.json"),
+      doctest::Contains("bad.json: modules[0].fully_shard.reshard: unknown fully_shard option"),
+      ConfigError);
 }
 
 TEST_CASE_TEMPLATE("ranks that declare different models are told so before the first collective", D,

@@ -81,10 +81,10 @@ struct Best {
   }
 };
 
-nlohmann::json reshard(int v) {
+fsdp::ReshardAfterForward reshard(int v) {
   if (v == -1) return true;
   if (v == 1) return false;
-  return v;
+  return fsdp::ReshardAfterForward::group_size(v);
 }
 
 // Exhaustive search over the modules that have no request in the graph (root: reshard only).
@@ -111,11 +111,12 @@ Best exhaustive(const char* json, MeshShape mesh) {
       combos *= values.size();
     for (std::size_t idx = 0; idx < combos; ++idx) {
       for (graph::Module* m : g->modules_preorder())
-        m->set_fully_shard_request(nullptr);
+        m->clear_fully_shard_request();
       std::size_t rest = idx;
       for (graph::Module* m : on) {
-        m->set_fully_shard_request(
-            nlohmann::json{{"reshard_after_forward", reshard(values[rest % values.size()])}});
+        graph::ShardRequest r;
+        r.reshard_after_forward = reshard(values[rest % values.size()]);
+        m->set_fully_shard_request(r);
         rest /= values.size();
       }
       for (int pf : {0, 1, 2})
@@ -145,10 +146,12 @@ AutoPlanOptions auto_options(std::size_t budget) {
   return o;
 }
 
+// Every module's request as the graph file writes it (null: none).
 std::vector<nlohmann::json> requests(graph::Module& root) {
   std::vector<nlohmann::json> out;
   for (graph::Module* m : root.modules_preorder())
-    out.push_back(m->fully_shard_request());
+    out.push_back(m->fully_shard_request() ? graph::shard_request_json(*m->fully_shard_request())
+                                           : nlohmann::json());
   return out;
 }
 
@@ -237,7 +240,9 @@ TEST_CASE("auto-plan: deterministic, and the user's requests are kept") {
 
   // m2 fixed as a group that is not resharded, m3 never a group.
   auto g = load(kFour);
-  g->module("m2").set_fully_shard_request(nlohmann::json{{"reshard_after_forward", false}});
+  graph::ShardRequest keep;
+  keep.reshard_after_forward = false;
+  g->module("m2").set_fully_shard_request(keep);
   g->module("m3").set_fully_shard_request(false);
   const AutoPlan k = auto_plan(*g, mesh, auto_options(std::size_t(1) << 30));
   bool m2 = false;
@@ -245,7 +250,7 @@ TEST_CASE("auto-plan: deterministic, and the user's requests are kept") {
     CHECK(c.fqn != "m3");
     if (c.fqn == "m2") {
       m2 = true;
-      CHECK(c.request == nlohmann::json{{"reshard_after_forward", false}});
+      CHECK(c.request == keep);
     }
   }
   CHECK(m2);
@@ -305,7 +310,7 @@ TEST_CASE("auto-plan: compression chosen where the plan predicts it faster, only
       CHECK(a.options.defaults.compression.any());
       CHECK(a.plan.step_ms < 0.8 * plain.plan.step_ms);
       for (const auto& c : a.choice.calls)
-        CHECK(c.request["compression"]["block"] == 64);
+        CHECK(c.request.compression.value().block == 64);
       CHECK(a.plan.to_text().find("compression=int8/int8/64") != std::string::npos);
     } else {  // kernels slower than the link: stays uncompressed
       CHECK_FALSE(a.options.defaults.compression.any());
@@ -332,7 +337,7 @@ TEST_CASE("auto-plan: bad options and sizes") {
   CHECK_THROWS_AS(parse_byte_size("GiB"), InvalidArgument);
   CHECK(format_bytes(1536) == "1.50 KiB");
   AutoPlanChoice c;
-  c.calls.push_back({"nope", nlohmann::json::object()});
+  c.calls.push_back({"nope", graph::ShardRequest()});
   CHECK_THROWS_WITH_AS(apply_auto_plan(*g, c), doctest::Contains("calls[0]: no module 'nope'"),
                        InvalidArgument);
 }

@@ -66,12 +66,26 @@ const char* const kExample = R"({
   ]
 })";
 
+/// Whether Module::set_fully_shard_request accepts a T.
+template <typename T, typename = void>
+struct can_set_request : std::false_type {};
+template <typename T>
+struct can_set_request<
+    T, std::void_t<decltype(std::declval<Module&>().set_fully_shard_request(std::declval<T>()))>>
+    : std::true_type {};
+
+/// A `"fully_shard": true` request: fully_shard with the defaults.
+bool is_true(const ShardRequest* r) {
+  return r != nullptr && *r == ShardRequest();
+}
+
 /// Two trees are equal in everything the JSON format describes.
 void check_same_tree(const Module& a, const Module& b) {
   INFO("module '" << a.fqn() << "'");
   CHECK(a.name() == b.name());
   CHECK(a.fqn() == b.fqn());
-  CHECK(a.fully_shard_request() == b.fully_shard_request());
+  REQUIRE((a.fully_shard_request() == nullptr) == (b.fully_shard_request() == nullptr));
+  if (a.fully_shard_request()) CHECK(*a.fully_shard_request() == *b.fully_shard_request());
   CHECK(a.cost().forward_ms == b.cost().forward_ms);
   CHECK(a.cost().backward_ms == b.cost().backward_ms);
   CHECK(a.cost().declared == b.cost().declared);
@@ -266,10 +280,21 @@ TEST_CASE("builder: name and shape errors") {
   CHECK(l0.num_children() == 0);
   CHECK_THROWS_AS(Module::make_root(""), InvalidArgument);
 
-  msg = error_of<InvalidArgument>([&] { l0.set_fully_shard_request(3); });
-  CHECK(contains(msg, "module 'layers.0'"));
-  l0.set_fully_shard_request({{"reshard_after_forward", false}});
-  CHECK(l0.fully_shard_request().is_object());
+  // A request is typed: an int (which would convert to bool) does not compile.
+  static_assert(can_set_request<bool>::value && can_set_request<ShardRequest>::value);
+  static_assert(!can_set_request<int>::value && !can_set_request<std::string>::value);
+  CHECK(l0.fully_shard_request() == nullptr);
+  ShardRequest r;
+  r.reshard_after_forward = false;
+  l0.set_fully_shard_request(r);
+  REQUIRE(l0.fully_shard_request() != nullptr);
+  CHECK(l0.requests_fully_shard());
+  CHECK(l0.fully_shard_request()->reshard_after_forward == ReshardAfterForward(false));
+  l0.set_fully_shard_request(false);
+  CHECK(!l0.requests_fully_shard());
+  CHECK(*l0.fully_shard_request() == ShardRequest::never());
+  l0.clear_fully_shard_request();
+  CHECK(l0.fully_shard_request() == nullptr);
 }
 
 TEST_CASE("Parameter::init, set_data, set_grad, extension") {
@@ -305,7 +330,7 @@ TEST_CASE("Parameter::init, set_data, set_grad, extension") {
 TEST_CASE("JSON: the documented example") {
   auto root = parse_graph_json(kExample, "graph.json");
   CHECK(root->name() == "model");
-  CHECK(root->fully_shard_request() == true);
+  CHECK(is_true(root->fully_shard_request()));
   CHECK(fqns(root->modules_preorder()) ==
         std::vector<std::string>{"", "embed", "layers", "layers.0", "layers.1", "head"});
   CHECK(fqns(root->parameters()) ==
@@ -321,15 +346,15 @@ TEST_CASE("JSON: the documented example") {
   }
 
   const Module& embed = root->module("embed");
-  CHECK(embed.fully_shard_request().is_null());
+  CHECK(embed.fully_shard_request() == nullptr);
   CHECK(embed.cost().declared);
   CHECK(embed.cost().forward_ms == 0.2);
   CHECK(embed.cost().backward_ms == 0.4);
   CHECK(!root->module("head").cost().declared);
   CHECK(root->module("head").cost().forward_ms == 0.0);
-  CHECK(root->module("layers").fully_shard_request().is_null());
-  CHECK(root->module("layers.0").fully_shard_request() == true);
-  CHECK(root->module("layers.1").fully_shard_request() == true);
+  CHECK(root->module("layers").fully_shard_request() == nullptr);
+  CHECK(is_true(root->module("layers.0").fully_shard_request()));
+  CHECK(is_true(root->module("layers.1").fully_shard_request()));
 
   CHECK(root->json_path() == "");
   CHECK(embed.json_path() == "modules[0]");
@@ -346,7 +371,7 @@ TEST_CASE("JSON: defaults, options and parameter order") {
                  "params": {"w2": {"shape": [4, 0]}, "w1": {"shape": [1]}}}]
   })");
   CHECK(root->name() == "model");
-  CHECK(root->fully_shard_request().is_null());
+  CHECK(root->fully_shard_request() == nullptr);
   CHECK(root->param(0).name() == "z");
   CHECK(root->param(1).name() == "a");
   CHECK(root->param("a").dtype() == DType::bf16);
@@ -355,15 +380,18 @@ TEST_CASE("JSON: defaults, options and parameter order") {
   CHECK(blk.param(0).fqn() == "blk.w2");  // declared first, stays first (not sorted)
   CHECK(blk.param(1).fqn() == "blk.w1");
   CHECK(blk.param(0).shape() == Shape{4, 0});
-  CHECK(blk.fully_shard_request().is_object());
-  CHECK(blk.fully_shard_request().at("reshard_after_forward") == false);
+  ShardRequest keep;
+  keep.reshard_after_forward = false;
+  REQUIRE(blk.fully_shard_request() != nullptr);
+  CHECK(*blk.fully_shard_request() == keep);
   CHECK(blk.cost().declared);
   CHECK(blk.cost().forward_ms == 0.0);
   CHECK(blk.cost().backward_ms == 1.5);
   CHECK(fqns(root->parameters()) == std::vector<std::string>{"z", "a", "blk.w2", "blk.w1"});
 
-  CHECK(parse_graph_json(R"({"name": "net", "fully_shard": false})")->fully_shard_request() ==
-        false);
+  const auto never = parse_graph_json(R"({"name": "net", "fully_shard": false})");
+  REQUIRE(never->fully_shard_request() != nullptr);
+  CHECK(*never->fully_shard_request() == ShardRequest::never());
 }
 
 TEST_CASE("JSON: round trip") {
@@ -377,7 +405,17 @@ TEST_CASE("JSON: round trip") {
   }
   SUBCASE("a C++-built tree") {
     auto a = build_model();
-    a->module("layers.0").set_fully_shard_request({{"reshard_after_forward", 2}});
+    ShardRequest two;
+    two.reshard_after_forward = ReshardAfterForward::group_size(2);
+    two.param_dtype = DType::bf16;
+    two.ignored_params = std::vector<std::string>{"w2"};
+    two.offload_policy = CPUOffloadPolicy{false};
+    two.compression = CompressionPolicy{kernels::QuantCode::fp8_e4m3, std::nullopt, 64};
+    a->module("layers.0").set_fully_shard_request(two);
+    ShardRequest none_offloaded;
+    none_offloaded.offload_policy = std::optional<CPUOffloadPolicy>();
+    none_offloaded.group_with = {"layers.0"};
+    a->module("head").set_fully_shard_request(none_offloaded);
     a->set_fully_shard_request(true);
     a->module("layers.1").cost() = Cost{1.0, 2.5, true};
     a->module("layers.1").add_param("a", {1});  // after w1, w2

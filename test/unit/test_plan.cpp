@@ -310,28 +310,23 @@ TEST_CASE("reshard_after_forward: one form, its JSON and its checks") {
                  "fully_shard(g): reshard_after_forward=3 must divide the shard group size 4"));
   CHECK(contains(error_of<InvalidArgument>([] { R::group_size(-2).for_shard_group(4, "g"); }),
                  "fully_shard(g): bad reshard_after_forward"));
-  CHECK(fsdp::reshard_json(R::always()) == nlohmann::json(true));
-  CHECK(fsdp::reshard_json(R::never()) == nlohmann::json(false));
-  CHECK(fsdp::reshard_json(R::automatic()).is_null());
-  CHECK(fsdp::reshard_json(R::group_size(2)) == nlohmann::json(2));
+  CHECK(graph::reshard_json(R::always()) == nlohmann::json(true));
+  CHECK(graph::reshard_json(R::never()) == nlohmann::json(false));
+  CHECK(graph::reshard_json(R::automatic()).is_null());
+  CHECK(graph::reshard_json(R::group_size(2)) == nlohmann::json(2));
   for (const R v : {R::automatic(), R::always(), R::never(), R::group_size(2)})
-    CHECK(fsdp::reshard_from_json(fsdp::reshard_json(v), "x") == v);
+    CHECK(graph::reshard_from_json(graph::reshard_json(v), "x") == v);
   CHECK(R::group_size(2).to_string() == "2");
   CHECK(R::never().to_string() == "false");
   for (const nlohmann::json& bad : {nlohmann::json(0), nlohmann::json(-1), nlohmann::json(1.5),
                                     nlohmann::json("2"), nlohmann::json(std::int64_t(1) << 40)})
-    CHECK(contains(error_of<ConfigError>([&] { fsdp::reshard_from_json(bad, "a.b"); }),
+    CHECK(contains(error_of<ConfigError>([&] { graph::reshard_from_json(bad, "a.b"); }),
                    "a.b: expected true, false, null or an integer >= 1"));
 }
 
 TEST_CASE("a table of typed calls plans as the graph's requests do, and leaves them alone") {
   auto g = load(kMixed);
-  const auto before = [&] {
-    std::vector<nlohmann::json> r;
-    for (graph::Module* m : g->modules_preorder())
-      r.push_back(m->fully_shard_request());
-    return r;
-  }();
+  const std::string before = graph::graph_to_json(*g).dump();  // with its requests
   fsdp::FullyShardOptions defaults;
   defaults.mp_policy.param_dtype = DType::bf16;
   PlanOptions po;
@@ -345,12 +340,12 @@ TEST_CASE("a table of typed calls plans as the graph's requests do, and leaves t
   owned.reserve(modules.size());
   detail::RequestTable table;
   for (graph::Module* m : modules) {
-    if (!fsdp::requests_fully_shard(m->fully_shard_request())) {
+    if (!m->requests_fully_shard()) {
       table.calls.push_back(nullptr);
       continue;
     }
     owned.push_back(std::make_shared<const fsdp::FullyShardOptions>(
-        fsdp::options_from_request(m->fully_shard_request(), defaults, fsdp::request_path(*m))));
+        fsdp::options_from_request(*m->fully_shard_request(), defaults)));
     table.calls.push_back(&owned.back());
   }
   Plan typed;
@@ -370,10 +365,7 @@ TEST_CASE("a table of typed calls plans as the graph's requests do, and leaves t
   CHECK(typed.groups[0].name == "<root>");
   CHECK(typed.groups[0].reshard_after_forward == fsdp::ReshardAfterForward::group_size(2));
   CHECK(typed.groups[0].params.size() == g->parameters().size());
-  std::vector<nlohmann::json> after;
-  for (graph::Module* m : g->modules_preorder())
-    after.push_back(m->fully_shard_request());
-  CHECK(after == before);
+  CHECK(graph::graph_to_json(*g).dump() == before);
 
   detail::RequestTable short_table;
   short_table.calls.assign(2, nullptr);
@@ -434,16 +426,18 @@ TEST_CASE("list groups: formed where fully_shard applies them, their errors") {
   AutoPlanOptions ao;
   ao.memory_budget_bytes = std::size_t(1) << 30;
   const AutoPlan a = auto_plan(*r, MeshShape::fsdp(2), ao);
-  CHECK(r->module("enc.a").fully_shard_request() ==
-        nlohmann::json::parse(R"({"group_with": ["enc.b"]})"));
-  CHECK(r->module("enc.b").fully_shard_request().is_null());
+  graph::ShardRequest declared;
+  declared.group_with = {"enc.b"};
+  REQUIRE(r->module("enc.a").fully_shard_request() != nullptr);
+  CHECK(*r->module("enc.a").fully_shard_request() == declared);
+  CHECK(r->module("enc.b").fully_shard_request() == nullptr);
   CHECK(a.plan.group_index("enc.a+enc.b") >= 0);
   int list_calls = 0;
   for (const auto& c : a.choice.calls) {
     CHECK(c.fqn != "enc.b");  // no call of its own
     if (c.fqn == "enc.a") {
       ++list_calls;
-      CHECK(c.request.at("group_with") == nlohmann::json::parse(R"(["enc.b"])"));
+      CHECK(c.request.group_with == std::vector<std::string>{"enc.b"});
     }
   }
   CHECK(list_calls == 1);
@@ -531,7 +525,7 @@ TEST_CASE("plan_groups reports bad requests like fully_shard") {
     plan_groups(*g, W);
   };
   CHECK(contains(error_of<ConfigError>([&] { bad(R"({"reshard_aftr_forward": true})"); }),
-                 "modules[0].fully_shard.reshard_aftr_forward: unknown fully_shard option"));
+                 "g.json: modules[0].fully_shard.reshard_aftr_forward: unknown fully_shard option"));
   CHECK(contains(error_of<ConfigError>([&] { bad(R"({"reshard_after_forward": 0})"); }),
                  "modules[0].fully_shard.reshard_after_forward: expected true, false, null or "
                  "an integer >= 1"));
@@ -1779,7 +1773,7 @@ TEST_CASE("plan_groups' extents equal the full shard layouts (dim 0 fast path an
     m.add_param("w", shapes[i]);
     CHECK(m.param(0).numel() == numel(shapes[i]));
     CHECK(m.param(0).first_extent() == shapes[i][0]);
-    m.set_fully_shard_request(nlohmann::json(true));
+    m.set_fully_shard_request(true);
   }
   // A zero dim 0 with other dims whose product does not fit int64: no elements.
   auto& z = g->add_module("zero");
@@ -1845,9 +1839,9 @@ TEST_CASE("replan reuses the plan's memory and plans what plan() plans; copies s
     auto& m = wide->add_module("l" + std::to_string(i));
     m.add_param("w", {8, 4});
     m.cost() = graph::Cost{0.1, 0.2, true};
-    m.set_fully_shard_request(nlohmann::json(true));
+    m.set_fully_shard_request(true);
   }
-  wide->set_fully_shard_request(nlohmann::json(true));
+  wide->set_fully_shard_request(true);
   CHECK(wide->num_descendants() == 3000);
   const Arena* small = p.ops.get_allocator().arena().get();
   Scheduler::replan(p, *wide, MeshShape::fsdp(4));

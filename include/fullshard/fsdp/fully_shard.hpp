@@ -128,39 +128,21 @@ Placement shard_placement(const FullyShardOptions& options, const std::string& n
 /// other than int8.
 std::uint8_t compression_wire(const CompressionPolicy& policy, const std::string& name);
 
-/// A compression policy as a graph request's "compression" object (what
-/// options_from_request reads back).
-nlohmann::json compression_json(const CompressionPolicy& policy);
-
-/// reshard_after_forward as a graph request's value: true, false, null (automatic) or k.
-nlohmann::json reshard_json(ReshardAfterForward value);
-/// The value back from its JSON form; ConfigError "<path>: expected true, false, null or an
-/// integer >= 1" for anything else.
-ReshardAfterForward reshard_from_json(const nlohmann::json& value, const std::string& path);
-
-/// Whether a graph request (graph::Module::fully_shard_request) asks for fully_shard: true or
-/// an object (not null, not false).
-bool requests_fully_shard(const nlohmann::json& request);
 /// Where a module's request is, for messages: "<JSON path>.fully_shard" for a module from a
 /// graph file, else "<fqn>.fully_shard" ("(root).fully_shard" for the root).
 std::string request_path(const graph::Module& module);
 
-/// The options of one graph request ("fully_shard": true or an object of options):
-/// `defaults` overridden by the keys present: reshard_after_forward (bool, null or int >= 1),
-/// param_dtype, reduce_dtype, output_dtype (dtype names), ignored_params (array of FQNs),
-/// offload_policy, compression ({"all_gather": "int8" | "fp8_e4m3" | null, "reduce_scatter":
-/// "int8" | null, "block": int}).
-/// ConfigError "<where>.<key>: <problem>" for anything else.
-FullyShardOptions options_from_request(const nlohmann::json& request,
-                                       const FullyShardOptions& defaults, const std::string& where);
+/// The options of a module's request (graph::ShardRequest): `defaults` with the options the
+/// request sets replacing theirs.
+FullyShardOptions options_from_request(const graph::ShardRequest& request,
+                                       const FullyShardOptions& defaults);
 
-/// Applies fully_shard, bottom-up, to every module whose graph JSON asked for it
-/// ("fully_shard": true or an object of options: reshard_after_forward (bool or int),
-/// param_dtype, reduce_dtype, output_dtype, ignored_params, offload_policy, compression).
-/// Options missing from a module's object come from `defaults`. An object with "group_with"
-/// (FQNs of other modules, relative to `root`) makes one list call, fully_shard({module,
-/// ...}), applied where the last of its modules comes in post-order. Returns the number of
-/// calls made.
+/// Applies fully_shard, bottom-up, to every module whose request asks for it
+/// (graph::Module::requests_fully_shard: a graph file's "fully_shard": true or an object of
+/// options), with options_from_request(request, defaults). A request with group_with (FQNs of
+/// other modules, relative to `root`) makes one list call, fully_shard({module, ...}),
+/// applied where the last of its modules comes in post-order (ConfigError naming the
+/// request's path for a list that cannot be formed). Returns the number of calls made.
 int apply_fully_shard_requests(graph::Module& root, const DeviceMesh& mesh,
                                const FullyShardOptions& defaults = {});
 

@@ -10,13 +10,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/base/prefetch.hpp"
+#include "fullshard/graph/shard_request.hpp"
 #include "fullshard/tensor/shape.hpp"
 #include "fullshard/tensor/tensor.hpp"
 
@@ -239,11 +239,25 @@ class Module {
   Cost& cost() noexcept { return cost_; }
   const Cost& cost() const noexcept { return cost_; }
 
-  /// What the graph file asked of fully_shard for this module: null when absent, true/false, or
-  /// an object of options (validated by the fsdp layer, which names json_path() in its errors).
-  const nlohmann::json& fully_shard_request() const noexcept { return fully_shard_request_; }
-  /// Sets the request: null, a boolean or an object; InvalidArgument for anything else.
-  void set_fully_shard_request(nlohmann::json r);
+  /// What this module asks of fully_shard (graph/shard_request.hpp): null when nothing (a
+  /// graph file's module without "fully_shard"). Requests are applied by
+  /// fsdp::apply_fully_shard_requests and planned by the schedule layer.
+  const ShardRequest* fully_shard_request() const noexcept { return fully_shard_request_.get(); }
+  /// Sets (replaces) the request.
+  void set_fully_shard_request(ShardRequest r);
+  /// true: fully_shard with the defaults (a graph file's `"fully_shard": true`); false: never
+  /// a group of its own (`false`).
+  void set_fully_shard_request(bool shard);
+  /// An int would convert to bool (3 meaning true).
+  template <typename Int,
+            typename = std::enable_if_t<std::is_integral_v<Int> && !std::is_same_v<Int, bool>>>
+  void set_fully_shard_request(Int) = delete;
+  /// Removes the request.
+  void clear_fully_shard_request() noexcept { fully_shard_request_.reset(); }
+  /// Whether this module asks for fully_shard (a request whose `shard` is true).
+  bool requests_fully_shard() const noexcept {
+    return fully_shard_request_ && fully_shard_request_->shard;
+  }
 
   /// JSON path of this module in the file it came from, e.g. "modules[1].modules[0]"; "" for
   /// the root or a module built in C++. Built on demand from the indices set by the loader (a
@@ -277,7 +291,7 @@ class Module {
   static constexpr std::size_t kWalkedBytes = 144;
   std::vector<std::unique_ptr<Module>> children_;
   std::vector<std::unique_ptr<Parameter>> params_;
-  nlohmann::json fully_shard_request_;
+  std::shared_ptr<const ShardRequest> fully_shard_request_;  // shared: see set_..._request(bool)
   Cost cost_;
   Module* parent_;
   std::size_t depth_ = 0;

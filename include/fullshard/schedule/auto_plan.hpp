@@ -59,9 +59,9 @@ struct AutoPlanChoice {
   struct Call {
     /// The module's FQN, "" for the graph's root.
     std::string fqn;
-    /// The request object the call makes (the user's keys, reshard_after_forward chosen):
-    /// fsdp::options_from_request(request, base.defaults, ...) gives its options.
-    nlohmann::json request;
+    /// The request the call makes (the user's options, reshard_after_forward chosen):
+    /// fsdp::options_from_request(request, base.defaults) gives its options.
+    graph::ShardRequest request;
   };
   /// Post-order (children before parents, as apply_fully_shard_requests calls them).
   std::vector<Call> calls;
@@ -73,7 +73,8 @@ struct AutoPlanChoice {
   std::string to_cpp(const Plan& plan, const std::string& root_name = "root",
                      const std::string& mesh_name = "mesh",
                      const std::string& defaults_name = "defaults") const;
-  /// {"fully_shard": {"<fqn or <root>>": request, ...}, "forward_prefetch_depth": d,
+  /// {"fully_shard": [{"module": "<fqn or <root>>", "fully_shard": request as in a graph
+  /// file}, ...], "forward_prefetch_depth": d,
   ///  "reduce_scatter_max_input_buffers": k}.
   nlohmann::json to_json() const;
   bool operator==(const AutoPlanChoice& o) const;

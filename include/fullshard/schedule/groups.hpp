@@ -9,8 +9,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "fullshard/base/arena.hpp"
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/fsdp/options.hpp"
