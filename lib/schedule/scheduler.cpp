@@ -16,6 +16,7 @@
 #include "fullshard/fsdp/detail/state_machine.hpp"
 #include "fullshard/fsdp/engine.hpp"
 #include "fullshard/schedule/plan.hpp"
+#include "fullshard/transport/detail/charges.hpp"
 
 namespace fullshard::schedule {
 
@@ -55,66 +56,43 @@ class PlanningBackend final : public engine::Backend {
     b = engine::Buf();
   }
 
+  // Each operation's work as the group's transport describes it (transport::charges), priced.
   engine::Event gather_copy_in(const engine::OpDesc& d, engine::Group& g, engine::Buf&) override {
-    if (g.info.compressed_gather())  // the encode of the shard
-      return emit(d, cost_.quant_ms(double(g.info.shard_numel)));
-    return emit(d, cost_.copy_ms(double(d.bytes)));
+    return emit(d, price(transport::charges::gather_copy_in(g.info, double(d.bytes))));
   }
   engine::Event all_gather(const engine::OpDesc& d, engine::Group& g, engine::Buf&, bool,
                            engine::Buf* slices) override {
-    double bytes = double(d.bytes);
-    if (slices) {  // inside the k-rank group: the share a W-rank all-gather would move
-      const double W = g.info.world;
-      bytes = bytes * (d.k - 1) / (W - 1);
-    } else if (fused(g).gather_in_copy_out) {
-      return emit(d, 0.0);  // a publish; the copy-out does the gather
-    }
-    return emit(d, cost_.time_ms(CollectiveKind::all_gather, MeshDim::shard, bytes));
+    return emit(d, price(transport::charges::all_gather(kind(g), g.info, double(d.bytes),
+                                                        slices ? d.k : 0)));
   }
   engine::Event gather_copy_out(const engine::OpDesc& d, engine::Group& g, const engine::Buf*,
                                 engine::Buf&, engine::Buf*) override {
-    if (fused(g).gather_in_copy_out &&
-        g.state != engine::ShardedState::sharded_post_forward)  // not a k-rank gather
-      return emit(d, cost_.shm_time_ms(
-                         CollectiveKind::all_gather, MeshDim::shard,
-                         double(g.info.shard_numel) * double(dtype_size(g.info.param_dtype))));
-    if (g.info.compressed_gather())  // the decode fused into the copy-out
-      return emit(d, cost_.quant_ms(double(g.info.arena_numel)));
-    return emit(d, cost_.copy_ms(double(d.bytes)));
+    // From the kept slices when the group was resharded to k after forward.
+    const bool from_slices = g.state == engine::ShardedState::sharded_post_forward;
+    return emit(d, price(transport::charges::gather_copy_out(kind(g), g.info, double(d.bytes),
+                                                             from_slices)));
   }
   engine::Event grad_init(const engine::OpDesc& d, engine::Group&, engine::Buf&) override {
-    return emit(d, cost_.copy_ms(double(d.bytes)));
+    return emit(d, price(transport::charges::copy(double(d.bytes))));
   }
   engine::Event reduce_copy_in(const engine::OpDesc& d, engine::Group& g, engine::Buf&,
                                engine::Buf&) override {
-    return emit(d, fused(g).reduce_reads_in_place ? 0.0 : cost_.copy_ms(double(d.bytes)));
+    return emit(d, price(transport::charges::reduce_copy_in(kind(g), g.info, double(d.bytes))));
   }
   engine::Event reduce_scatter(const engine::OpDesc& d, engine::Group& g, engine::Buf&,
                                engine::Buf&, const transport::ReduceSpec&) override {
-    if (g.info.compressed_reduce()) {
-      // Encode W chunks, an all-to-all of packed slots (a reduce-scatter's traffic), the
-      // decode and sum of W slots (with the copy-out, when fused).
-      const double elements = double(g.info.world) * double(g.info.shard_numel);
-      return emit(
-          d, 2.0 * cost_.quant_ms(elements) +
-                 cost_.time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, double(d.bytes)));
-    }
-    if (shm(g))
-      return emit(
-          d, cost_.shm_time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, double(d.bytes)));
-    return emit(d, cost_.time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, double(d.bytes)));
+    return emit(d, price(transport::charges::reduce_scatter(kind(g), g.info, double(d.bytes))));
   }
   engine::Event all_reduce(const engine::OpDesc& d, engine::Group&, engine::Buf&) override {
-    return emit(d, cost_.time_ms(CollectiveKind::all_reduce, MeshDim::replicate, double(d.bytes)));
+    return emit(d, price(transport::charges::all_reduce(double(d.bytes))));
   }
   engine::Event accumulate(const engine::OpDesc& d, engine::Group&, engine::Buf&, engine::Buf&,
                            bool) override {
-    return emit(d, cost_.copy_ms(double(d.bytes)));
+    return emit(d, price(transport::charges::copy(double(d.bytes))));
   }
   engine::Event reduce_copy_out(const engine::OpDesc& d, engine::Group& g, const engine::Buf&,
                                 const transport::ReduceSpec&) override {
-    if (fused(g).copy_out_in_reduce) return emit(d, 0.0);  // done by the reduce-scatter
-    return emit(d, cost_.copy_ms(double(d.bytes)));
+    return emit(d, price(transport::charges::reduce_copy_out(kind(g), g.info, double(d.bytes))));
   }
   engine::Event reshard(const engine::OpDesc& d, engine::Group&) override { return emit(d, 0.0); }
   engine::Event compute(const engine::OpDesc& d, graph::Module& m, engine::Phase ph) override {
@@ -131,18 +109,24 @@ class PlanningBackend final : public engine::Backend {
   void show_sharded_grads(engine::Group&) override {}
 
  private:
-  // What the group's transport (CostModel::transport) folds into its collectives: the rules
-  // the running transports follow (transport::fusions). Folded operations cost nothing; the
-  // shared-memory collectives carry them (the all-gather is costed on its copy-out, the
-  // reduce-scatter includes its copy-in and, without HSDP, its copy-out).
+  // The group's transport: the shard dim's (CostModel::transport), or MPI for a compressed
+  // group (transport::group_kind), as the running side chooses.
   transport::Kind kind(const engine::Group& g) const noexcept {
     return transport::group_kind(cost_.transport(MeshDim::shard), g.info);
   }
-  transport::Fusions fused(const engine::Group& g) const noexcept {
-    return transport::fusions(kind(g), g.info);
-  }
-  bool shm(const engine::Group& g) const noexcept {
-    return g.info.world > 1 && kind(g) == Transport::shm;
+  // A charge's time: copies and codec passes at the model's rates, a collective by its dim's
+  // alpha-beta (shared memory: the shard dim's shared-memory one).
+  double price(const transport::Charge& c) const noexcept {
+    double ms = 0.0;
+    if (c.copy_bytes > 0.0) ms += cost_.copy_ms(c.copy_bytes);
+    if (c.quant_elements > 0.0) ms += cost_.quant_ms(c.quant_elements);
+    if (c.collective) {
+      const MeshDim dim =
+          c.kind == CollectiveKind::all_reduce ? MeshDim::replicate : MeshDim::shard;
+      ms += c.shared_memory ? cost_.shm_time_ms(c.kind, dim, c.bytes_per_rank)
+                            : cost_.time_ms(c.kind, dim, c.bytes_per_rank);
+    }
+    return ms;
   }
 
   // The op just begun, list-scheduled as it is issued: it starts when its stream is free and

@@ -19,8 +19,8 @@ class ShmComm;
 
 namespace fullshard::schedule {
 
-/// The collectives a plan uses.
-enum class CollectiveKind { all_gather, reduce_scatter, all_reduce };
+/// The collectives a plan uses (a group's transport's).
+using CollectiveKind = transport::CollectiveKind;
 /// The mesh dims: shard (FSDP's dim) and replicate (HSDP's outer dim).
 enum class MeshDim { shard, replicate };
 

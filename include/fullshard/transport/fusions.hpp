@@ -1,6 +1,7 @@
 // What a communication group's transport folds into its collectives. The rules are written
-// once, here: the running transports (lib/transport) follow them and the planner
-// (lib/schedule) costs by them, without a virtual call per planned operation.
+// once, here: the running transports (lib/transport) follow them, and the work each operation
+// does (transport/detail/charges.hpp), which the planner (lib/schedule) prices without a
+// virtual call per planned operation, is derived from them.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,10 @@ enum class Kind : std::uint8_t {
   nccl,  ///< device memory, NCCL
 };
 const char* kind_name(Kind k) noexcept;
+
+/// The collectives of a group: all-gather and reduce-scatter over its shard dim, all-reduce
+/// over HSDP's replicate dim.
+enum class CollectiveKind { all_gather, reduce_scatter, all_reduce };
 
 /// One communication group as its transport sees it.
 /// (32 bytes: the engine's GroupInfo extends it, and a plan holds 100,000 of them.)
