@@ -111,15 +111,16 @@ std::vector<fsdp::FSDPModule*> apply_plan_policies(graph::Module& root, const Pl
     if (!targets.empty()) states[i]->set_modules_to_forward_prefetch(targets);
     if (plan.options.backward_prefetch == BackwardPrefetch::none)
       states[i]->set_modules_to_backward_prefetch({});
-    states[i]->set_unshard_in_backward(
-        plan.options.no_unshard_in_backward.count(plan.groups[i].name) == 0);
-    if (auto it = plan.options.backward_prefetch_targets.find(plan.groups[i].name);
-        it != plan.options.backward_prefetch_targets.end()) {
-      std::vector<graph::Module*> targets;
-      for (const std::string& t : it->second)
-        targets.push_back(&states[static_cast<std::size_t>(plan.group_index(t))]->module());
-      states[i]->set_modules_to_backward_prefetch(targets);
-    }
+    states[i]->set_unshard_in_backward(true);
+  }
+  // The plan's resolved policies (group indices; the options' names were checked by it).
+  for (int g : plan.no_unshard_in_backward)
+    states[static_cast<std::size_t>(g)]->set_unshard_in_backward(false);
+  for (const auto& [group, to] : plan.backward_prefetch_targets) {
+    std::vector<graph::Module*> targets;
+    for (int t : to)
+      targets.push_back(&states[static_cast<std::size_t>(t)]->module());
+    states[static_cast<std::size_t>(group)]->set_modules_to_backward_prefetch(targets);
   }
   for (fsdp::FSDPModule* r : roots_of(root)) {
     r->set_reduce_scatter_max_input_buffers(plan.options.reduce_scatter_max_input_buffers);

@@ -274,7 +274,6 @@ EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory)
     g.reshard_after_backward = p.options.reshard_after_backward;
     g.reduce_grads = p.options.requires_gradient_sync;
     g.all_reduce_grads = p.options.requires_all_reduce;
-    g.unshard_in_backward = p.options.no_unshard_in_backward.count(pg.name) == 0;
     g.external_grads = p.options.external_gradients;
     if (p.options.backward_prefetch == BackwardPrefetch::none) g.explicit_backward_prefetch = true;
   }
@@ -288,12 +287,14 @@ EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory)
         p.forward_prefetch[from].push_back(order[j]);
         out[from].forward_prefetch.push_back(&out[static_cast<std::size_t>(order[j])]);
       }
-  for (const auto& [name, targets] : p.options.backward_prefetch_targets) {
-    engine::Group& g = out[static_cast<std::size_t>(p.group_index(name))];
+  for (int g : p.no_unshard_in_backward)
+    out[static_cast<std::size_t>(g)].unshard_in_backward = false;
+  for (const auto& [group, targets] : p.backward_prefetch_targets) {
+    engine::Group& g = out[static_cast<std::size_t>(group)];
     g.explicit_backward_prefetch = true;
     g.backward_prefetch.clear();
-    for (const std::string& t : targets)
-      g.backward_prefetch.push_back(&out[static_cast<std::size_t>(p.group_index(t))]);
+    for (int t : targets)
+      g.backward_prefetch.push_back(&out[static_cast<std::size_t>(t)]);
   }
   return out;
 }
@@ -343,21 +344,28 @@ void replan_with(Plan& out, const graph::Module& root, MeshShape mesh, const Pla
   p.groups = PlannedGroups(ArenaAllocator<PlannedGroup>(arena));
   const bool lists =
       detail::plan_groups_into(p.groups, root, mesh.shard_size, options.defaults, modules, calls);
-  auto require_group = [&p](const std::string& name, const char* option) {
-    if (p.group_index(name) >= 0) return;
+  // The policies' group names, resolved once (the engine's groups and an executor read the
+  // indices).
+  auto resolve = [&p](const std::string& name, const char* option) {
+    if (const int g = p.group_index(name); g >= 0) return g;
     std::string names;
     for (const auto& g : p.groups)
       names += (names.empty() ? "" : ", ") + g.name;
     throw InvalidArgument(std::string("Scheduler::plan: ") + option + ": no group named '" + name +
                           "' (groups: " + (names.empty() ? "none" : names) + ")");
   };
+  p.no_unshard_in_backward.clear();
   for (const std::string& name : options.no_unshard_in_backward)
-    require_group(name, "no_unshard_in_backward");
+    p.no_unshard_in_backward.push_back(resolve(name, "no_unshard_in_backward"));
+  std::sort(p.no_unshard_in_backward.begin(), p.no_unshard_in_backward.end());
+  p.backward_prefetch_targets.clear();
   for (const auto& [name, targets] : options.backward_prefetch_targets) {
-    require_group(name, "backward_prefetch_targets");
+    auto& [group, to] = p.backward_prefetch_targets.emplace_back();
+    group = resolve(name, "backward_prefetch_targets");
     for (const std::string& t : targets)
-      require_group(t, "backward_prefetch_targets");
+      to.push_back(resolve(t, "backward_prefetch_targets"));
   }
+  std::sort(p.backward_prefetch_targets.begin(), p.backward_prefetch_targets.end());
   // The engine, on the planning backend: one root per root group (one pool each).
   auto groups = engine_groups(p, ArenaAllocator<engine::Group>(arena));
   const CostModel cost = *p.options.cost;

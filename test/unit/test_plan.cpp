@@ -889,6 +889,10 @@ TEST_CASE("unshard_in_backward false: no backward all-gather, never prefetched i
       base_names.end());
   CHECK(bwd_names == base_names);
   CHECK(mp.backward_peak_bytes <= mbase.backward_peak_bytes);
+  // The names resolved once, to the groups' indices (what an executor applies).
+  CHECK(mp.no_unshard_in_backward ==
+        std::vector<int>{mp.group_index("blocks.0"), mp.group_index("head")});
+  CHECK(mbase.no_unshard_in_backward.empty());
 
   // Unknown names are errors.
   m.no_unshard_in_backward = {"blocks.7"};
@@ -1585,6 +1589,10 @@ TEST_CASE("explicit backward prefetch, and a reshard with its gather in flight: 
     if (W > 1)
       CHECK(group_names(p, phase_ops(p, OpKind::all_gather, Phase::backward)) ==
             std::vector<std::string>{"m3", "m2"});
+    REQUIRE(p.backward_prefetch_targets.size() == 1);
+    CHECK(p.backward_prefetch_targets[0].first == p.group_index("<root>"));
+    CHECK(p.backward_prefetch_targets[0].second ==
+          std::vector<int>{p.group_index("m3"), p.group_index("m2")});
   }
   // m2's pre-backward prefetches m3, whose backward already ran: its gather is still in
   // flight when the root's backward ends, which reshards it unused.

@@ -56,8 +56,9 @@ struct PlanOptions {
   /// gradient accumulation (no_sync): no reduce-scatter or all-reduce; each group's unsharded
   /// gradients stay in the pool at the end.
   bool requires_gradient_sync = true;
-  /// Groups (names as in Plan::groups: module FQN, "<root>", "a+b" for a list) on whose
-  /// module set_unshard_in_backward(false) is called: no backward all-gather for them (a
+  /// Groups (names as in Plan::groups: module FQN, "<root>", "a+b" for a list; the plan
+  /// resolves them once, Plan::no_unshard_in_backward) on whose module
+  /// set_unshard_in_backward(false) is called: no backward all-gather for them (a
   /// group resharded after forward runs its backward without parameters) and they are never
   /// prefetched in backward. An unknown name is an InvalidArgument.
   std::set<std::string> no_unshard_in_backward;
@@ -128,6 +129,12 @@ class Plan {
   PlannedGroups groups;
   /// Per group: the groups its pre-forward prefetches (the forward_prefetch_depth targets).
   std::vector<std::vector<int>> forward_prefetch;
+  /// options.no_unshard_in_backward resolved: the indices of the groups whose modules get
+  /// set_unshard_in_backward(false), ascending.
+  std::vector<int> no_unshard_in_backward;
+  /// options.backward_prefetch_targets resolved: per named group (ascending index), the
+  /// groups its pre-backward prefetches (set_modules_to_backward_prefetch).
+  std::vector<std::pair<int, std::vector<int>>> backward_prefetch_targets;
   /// Group indices in forward order (order of their first pre-forward).
   std::vector<int> forward_order;
   /// Every op in issue (program) order; ids are indices.
