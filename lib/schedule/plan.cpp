@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <string>
 
+#include "fullshard/base/error.hpp"
 #include "fullshard/base/hash.hpp"
 #include "fullshard/schedule/plan.hpp"
 
@@ -281,3 +282,30 @@ std::uint64_t Plan::fingerprint() const {
 }
 
 }  // namespace fullshard::schedule
+
+namespace fullshard::detail {
+
+void resolve_policy_groups(schedule::Plan& p) {
+  auto resolve = [&p](const std::string& name, const char* option) {
+    if (const int g = p.group_index(name); g >= 0) return g;
+    std::string names;
+    for (const auto& g : p.groups)
+      names += (names.empty() ? "" : ", ") + g.name;
+    throw InvalidArgument(std::string("Scheduler::plan: ") + option + ": no group named '" + name +
+                          "' (groups: " + (names.empty() ? "none" : names) + ")");
+  };
+  p.no_unshard_in_backward.clear();
+  for (const std::string& name : p.options.no_unshard_in_backward)
+    p.no_unshard_in_backward.push_back(resolve(name, "no_unshard_in_backward"));
+  std::sort(p.no_unshard_in_backward.begin(), p.no_unshard_in_backward.end());
+  p.backward_prefetch_targets.clear();
+  for (const auto& [name, targets] : p.options.backward_prefetch_targets) {
+    auto& [group, to] = p.backward_prefetch_targets.emplace_back();
+    group = resolve(name, "backward_prefetch_targets");
+    for (const std::string& t : targets)
+      to.push_back(resolve(t, "backward_prefetch_targets"));
+  }
+  std::sort(p.backward_prefetch_targets.begin(), p.backward_prefetch_targets.end());
+}
+
+}  // namespace fullshard::detail

@@ -27,9 +27,24 @@ namespace engine = fsdp::engine;
 constexpr std::size_t kReservePerGroup = 16;  // operations and buffer events
 
 // The planning backend: every operation becomes an Op of the plan with its cost.
+// The cost model's prices of the pieces a transport's operation is made of
+// (transport::charges).
+struct Prices {
+  const CostModel& cost;
+  double copy(double bytes) const noexcept { return cost.copy_ms(bytes); }
+  double codec(double elements) const noexcept { return cost.quant_ms(elements); }
+  double collective(CollectiveKind k, double bytes_per_rank) const noexcept {
+    return cost.time_ms(k, k == CollectiveKind::all_reduce ? MeshDim::replicate : MeshDim::shard,
+                        bytes_per_rank);
+  }
+  double shm_collective(CollectiveKind k, double bytes_per_rank) const {
+    return cost.shm_time_ms(k, MeshDim::shard, bytes_per_rank);
+  }
+};
+
 class PlanningBackend final : public engine::Backend {
  public:
-  PlanningBackend(Plan& plan, const CostModel& cost) : p_(plan), cost_(cost) {
+  PlanningBackend(Plan& plan, const CostModel& cost) : p_(plan), cost_(cost), prices_{cost} {
     pool_in_use_.assign(p_.pool_roots.size(), 0);
     p_.pool_peak_bytes.assign(p_.pool_roots.size(), 0);
   }
@@ -56,43 +71,44 @@ class PlanningBackend final : public engine::Backend {
     b = engine::Buf();
   }
 
-  // Each operation's work as the group's transport describes it (transport::charges), priced.
+  // Each operation's time: its work as the group's transport describes it
+  // (transport::charges), at the cost model's prices.
   engine::Event gather_copy_in(const engine::OpDesc& d, engine::Group& g, engine::Buf&) override {
-    return emit(d, price(transport::charges::gather_copy_in(g.info, double(d.bytes))));
+    return emit(d, transport::charges::gather_copy_in(g.info, double(d.bytes), prices_));
   }
   engine::Event all_gather(const engine::OpDesc& d, engine::Group& g, engine::Buf&, bool,
                            engine::Buf* slices) override {
-    return emit(d, price(transport::charges::all_gather(kind(g), g.info, double(d.bytes),
-                                                        slices ? d.k : 0)));
+    return emit(d, transport::charges::all_gather(kind(g), g.info, double(d.bytes),
+                                                  slices ? d.k : 0, prices_));
   }
   engine::Event gather_copy_out(const engine::OpDesc& d, engine::Group& g, const engine::Buf*,
                                 engine::Buf&, engine::Buf*) override {
     // From the kept slices when the group was resharded to k after forward.
     const bool from_slices = g.state == engine::ShardedState::sharded_post_forward;
-    return emit(d, price(transport::charges::gather_copy_out(kind(g), g.info, double(d.bytes),
-                                                             from_slices)));
+    return emit(d, transport::charges::gather_copy_out(kind(g), g.info, double(d.bytes),
+                                                       from_slices, prices_));
   }
   engine::Event grad_init(const engine::OpDesc& d, engine::Group&, engine::Buf&) override {
-    return emit(d, price(transport::charges::copy(double(d.bytes))));
+    return emit(d, cost_.copy_ms(double(d.bytes)));
   }
   engine::Event reduce_copy_in(const engine::OpDesc& d, engine::Group& g, engine::Buf&,
                                engine::Buf&) override {
-    return emit(d, price(transport::charges::reduce_copy_in(kind(g), g.info, double(d.bytes))));
+    return emit(d, transport::charges::reduce_copy_in(kind(g), g.info, double(d.bytes), prices_));
   }
   engine::Event reduce_scatter(const engine::OpDesc& d, engine::Group& g, engine::Buf&,
                                engine::Buf&, const transport::ReduceSpec&) override {
-    return emit(d, price(transport::charges::reduce_scatter(kind(g), g.info, double(d.bytes))));
+    return emit(d, transport::charges::reduce_scatter(kind(g), g.info, double(d.bytes), prices_));
   }
   engine::Event all_reduce(const engine::OpDesc& d, engine::Group&, engine::Buf&) override {
-    return emit(d, price(transport::charges::all_reduce(double(d.bytes))));
+    return emit(d, transport::charges::all_reduce(double(d.bytes), prices_));
   }
   engine::Event accumulate(const engine::OpDesc& d, engine::Group&, engine::Buf&, engine::Buf&,
                            bool) override {
-    return emit(d, price(transport::charges::copy(double(d.bytes))));
+    return emit(d, cost_.copy_ms(double(d.bytes)));
   }
   engine::Event reduce_copy_out(const engine::OpDesc& d, engine::Group& g, const engine::Buf&,
                                 const transport::ReduceSpec&) override {
-    return emit(d, price(transport::charges::reduce_copy_out(kind(g), g.info, double(d.bytes))));
+    return emit(d, transport::charges::reduce_copy_out(kind(g), g.info, double(d.bytes), prices_));
   }
   engine::Event reshard(const engine::OpDesc& d, engine::Group&) override { return emit(d, 0.0); }
   engine::Event compute(const engine::OpDesc& d, graph::Module& m, engine::Phase ph) override {
@@ -113,20 +129,6 @@ class PlanningBackend final : public engine::Backend {
   // group (transport::group_kind), as the running side chooses.
   transport::Kind kind(const engine::Group& g) const noexcept {
     return transport::group_kind(cost_.transport(MeshDim::shard), g.info);
-  }
-  // A charge's time: copies and codec passes at the model's rates, a collective by its dim's
-  // alpha-beta (shared memory: the shard dim's shared-memory one).
-  double price(const transport::Charge& c) const noexcept {
-    double ms = 0.0;
-    if (c.copy_bytes > 0.0) ms += cost_.copy_ms(c.copy_bytes);
-    if (c.quant_elements > 0.0) ms += cost_.quant_ms(c.quant_elements);
-    if (c.collective) {
-      const MeshDim dim =
-          c.kind == CollectiveKind::all_reduce ? MeshDim::replicate : MeshDim::shard;
-      ms += c.shared_memory ? cost_.shm_time_ms(c.kind, dim, c.bytes_per_rank)
-                            : cost_.time_ms(c.kind, dim, c.bytes_per_rank);
-    }
-    return ms;
   }
 
   // The op just begun, list-scheduled as it is issued: it starts when its stream is free and
@@ -186,6 +188,7 @@ class PlanningBackend final : public engine::Backend {
 
   Plan& p_;
   const CostModel& cost_;
+  const Prices prices_;
   std::vector<std::size_t> pool_in_use_;
   double free_at_[engine::kNumStreams] = {0, 0, 0, 0};  // when each stream is next free
 };
@@ -346,26 +349,7 @@ void replan_with(Plan& out, const graph::Module& root, MeshShape mesh, const Pla
       detail::plan_groups_into(p.groups, root, mesh.shard_size, options.defaults, modules, calls);
   // The policies' group names, resolved once (the engine's groups and an executor read the
   // indices).
-  auto resolve = [&p](const std::string& name, const char* option) {
-    if (const int g = p.group_index(name); g >= 0) return g;
-    std::string names;
-    for (const auto& g : p.groups)
-      names += (names.empty() ? "" : ", ") + g.name;
-    throw InvalidArgument(std::string("Scheduler::plan: ") + option + ": no group named '" + name +
-                          "' (groups: " + (names.empty() ? "none" : names) + ")");
-  };
-  p.no_unshard_in_backward.clear();
-  for (const std::string& name : options.no_unshard_in_backward)
-    p.no_unshard_in_backward.push_back(resolve(name, "no_unshard_in_backward"));
-  std::sort(p.no_unshard_in_backward.begin(), p.no_unshard_in_backward.end());
-  p.backward_prefetch_targets.clear();
-  for (const auto& [name, targets] : options.backward_prefetch_targets) {
-    auto& [group, to] = p.backward_prefetch_targets.emplace_back();
-    group = resolve(name, "backward_prefetch_targets");
-    for (const std::string& t : targets)
-      to.push_back(resolve(t, "backward_prefetch_targets"));
-  }
-  std::sort(p.backward_prefetch_targets.begin(), p.backward_prefetch_targets.end());
+  detail::resolve_policy_groups(p);
   // The engine, on the planning backend: one root per root group (one pool each).
   auto groups = engine_groups(p, ArenaAllocator<engine::Group>(arena));
   const CostModel cost = *p.options.cost;

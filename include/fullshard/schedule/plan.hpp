@@ -200,4 +200,9 @@ namespace fullshard::detail {
 /// instead of the graph's requests (null: the graph's). The auto-planner's way in.
 void replan_calls(schedule::Plan& out, const graph::Module& root, schedule::MeshShape mesh,
                   const schedule::PlanOptions& options, const RequestTable* calls);
+/// Resolves the group names of p.options' policies (no_unshard_in_backward,
+/// backward_prefetch_targets) into p's indices; InvalidArgument "Scheduler::plan: <option>: no
+/// group named '<name>' (groups: ...)". Out of the scheduler's file: its code there would
+/// change how GCC inlines the state machine.
+void resolve_policy_groups(schedule::Plan& p);
 }  // namespace fullshard::detail

@@ -18,6 +18,12 @@
 
 namespace fullshard::fsdp::engine::detail {
 
+#if defined(__GNUC__) || defined(__clang__)
+#define FULLSHARD_ENGINE_INLINE [[gnu::always_inline]] inline
+#else
+#define FULLSHARD_ENGINE_INLINE inline
+#endif
+
 template <class B>
 struct StateMachine {
   // The traversal asks the cache for the module this many children ahead (a large graph's
@@ -29,13 +35,16 @@ struct StateMachine {
   static B& be(const Group& g) { return static_cast<B&>(*g.root->backend); }
   static B& be(const Root& r) { return static_cast<B&>(*r.backend); }
 
-  // Starts an operation in the backend's record (Backend::op_record).
-  static OpDesc& begin(B& b, StreamKind s, OpKind k, int group, const graph::Module* source,
-                       std::size_t bytes) {
+  // Starts an operation in the backend's record (Backend::op_record). Always inlined: about
+  // thirty call sites, each a few stores on the planner's path, where GCC's unit-growth limit
+  // would otherwise decide by the size of the whole file.
+  FULLSHARD_ENGINE_INLINE static OpDesc& begin(B& b, StreamKind s, OpKind k, int group,
+                                               const graph::Module* source, std::size_t bytes) {
     return b.begin(b.op_record(), s, k, group, source, bytes);
   }
   // Starts an operation of group g.
-  static OpDesc& begin(StreamKind s, OpKind k, const Group& g, std::size_t bytes) {
+  FULLSHARD_ENGINE_INLINE static OpDesc& begin(StreamKind s, OpKind k, const Group& g,
+                                               std::size_t bytes) {
     return begin(be(g), s, k, g.id, g.info.module, bytes);
   }
   // The event after the last operation issued on `s`.
