@@ -62,6 +62,8 @@ struct MeshState {
   std::vector<std::array<std::unique_ptr<comm::MpiCommunicator>, kChannels>> dims;
   // shm[d]: the dim's node-local shared memory, or null (MPI).
   std::vector<std::unique_ptr<comm::ShmComm>> shm;
+  // split[d]: the dim's ranks grouped by node (a dim spanning nodes), or null.
+  std::vector<std::unique_ptr<NodeSplit>> split;
   // Declared after the communicators: destroyed (drained) before them. Created on first use
   // (mutable: a const mesh hands out its streams).
   mutable std::mutex stream_mutex;
@@ -165,6 +167,61 @@ bool on_one_node(MPI_Comm dim_comm, int ranks_per_node) {
     local = local && lo == hi;
   }
   return local;
+}
+
+// An MPI communicator freed with its scope.
+struct OwnedComm {
+  MPI_Comm c = MPI_COMM_NULL;
+  ~OwnedComm() {
+    if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+  }
+};
+
+// The ranks of `dim_comm` grouped by node, or null (a dim inside one node, uneven nodes, one
+// rank per node). Nodes are real (MPI_Comm_split_type) and, with the FULLSHARD_RANKS_PER_NODE
+// override, also split by the pretended node of the world rank, as on_one_node does.
+// Collective over dim_comm.
+std::unique_ptr<NodeSplit> split_by_node(MPI_Comm dim_comm, const std::string& dim_name,
+                                         double timeout_s, int ranks_per_node) {
+  int rank = 0, size = 0;
+  MPI_Comm_rank(dim_comm, &rank);
+  MPI_Comm_size(dim_comm, &size);
+  OwnedComm real, local;
+  MPI_Comm_split_type(dim_comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &real.c);
+  int pretend = 0;
+  if (ranks_per_node > 0) {
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    pretend = world_rank / ranks_per_node;
+  }
+  MPI_Comm_split(real.c, pretend, rank, &local.c);
+  int per_node = 0, local_rank = 0;
+  MPI_Comm_size(local.c, &per_node);
+  MPI_Comm_rank(local.c, &local_rank);
+  int lo = 0, hi = 0;
+  MPI_Allreduce(&per_node, &lo, 1, MPI_INT, MPI_MIN, dim_comm);
+  MPI_Allreduce(&per_node, &hi, 1, MPI_INT, MPI_MAX, dim_comm);
+  if (lo != hi || lo < 2 || lo == size) return nullptr;
+  // A node is numbered by its lowest rank in the dim: the same order in every column.
+  int node_key = 0;
+  MPI_Allreduce(&rank, &node_key, 1, MPI_INT, MPI_MIN, local.c);
+  OwnedComm across;
+  MPI_Comm_split(dim_comm, local_rank, node_key, &across.c);
+  int node = 0;
+  MPI_Comm_rank(across.c, &node);
+  const int place = node * per_node + local_rank;
+  std::vector<int> places(static_cast<std::size_t>(size));
+  MPI_Allgather(&place, 1, MPI_INT, places.data(), 1, MPI_INT, dim_comm);
+  std::vector<int> dim_ranks(static_cast<std::size_t>(size), -1);
+  for (int q = 0; q < size; ++q)
+    dim_ranks.at(static_cast<std::size_t>(places[static_cast<std::size_t>(q)])) = q;
+  auto shm = std::make_unique<comm::ShmComm>(local.c, dim_name + ".node", timeout_s);
+  std::vector<std::unique_ptr<comm::Communicator>> channels;
+  for (int c = 0; c < detail::kChannels; ++c)
+    channels.push_back(comm::MpiCommunicator::duplicate(
+        across.c, dim_name + ".across." + channel_name(static_cast<Channel>(c)), timeout_s));
+  return std::make_unique<NodeSplit>(std::move(shm), std::move(channels), node,
+                                     std::move(dim_ranks));
 }
 
 // What a CUDA mesh needs of the build ("" when it has it).
@@ -278,6 +335,7 @@ std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
   s->world = comm::MpiCommunicator::duplicate(base, mesh_name, timeout_s);
   s->dims.resize(nd);
   s->shm.resize(nd);
+  s->split.resize(nd);
   for (int d = 0; d < nd; ++d) {
     // Ranks that agree on every other coordinate share the dim's communicator; within it
     // they are ordered by their coordinate along d.
@@ -296,18 +354,12 @@ std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
     if (device == DeviceType::cpu && s->shape[d] > 1 && collectives != HostCollectives::mpi &&
         on_one_node(split, ranks_per_node))
       s->shm[d] = std::make_unique<comm::ShmComm>(split, dim_name, timeout_s);
+    else if (device == DeviceType::cpu && s->shape[d] > 2 && collectives != HostCollectives::mpi)
+      s->split[d] = split_by_node(split, dim_name, timeout_s, ranks_per_node);
   }
   if (device == DeviceType::cuda) build_cuda(*s, base, mesh_name);
   return s;
 }
-
-// A communicator over `base` with ranks reordered by `key` (collective).
-struct OwnedComm {
-  MPI_Comm c = MPI_COMM_NULL;
-  ~OwnedComm() {
-    if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
-  }
-};
 
 }  // namespace
 
@@ -508,6 +560,33 @@ const comm::ShmComm* DeviceMesh::shm(const std::string& dim) const {
   return s_->shm[static_cast<std::size_t>(dim_index(dim))].get();
 }
 
+const NodeSplit* DeviceMesh::node_split(const std::string& dim) const {
+  return s_->split[static_cast<std::size_t>(dim_index(dim))].get();
+}
+
+NodeSplit::NodeSplit(std::unique_ptr<comm::ShmComm> local,
+                     std::vector<std::unique_ptr<comm::Communicator>> across, int node,
+                     std::vector<int> dim_ranks)
+    : local_(std::move(local)),
+      across_(std::move(across)),
+      node_(node),
+      dim_ranks_(std::move(dim_ranks)) {
+  nodes_ = static_cast<int>(dim_ranks_.size()) / local_->size();
+}
+
+NodeSplit::~NodeSplit() = default;
+
+comm::Communicator& NodeSplit::across(Channel channel) const {
+  return *across_.at(static_cast<std::size_t>(channel));
+}
+
+comm::Traffic NodeSplit::traffic() const {
+  comm::Traffic t = local_->traffic();
+  for (const auto& c : across_)
+    t += c->traffic();
+  return t;
+}
+
 HostCollectives DeviceMesh::host_collectives() const noexcept {
   return s_->collectives;
 }
@@ -531,6 +610,8 @@ comm::Traffic DeviceMesh::traffic() const {
       t += c->traffic();
   for (const auto& shm : s_->shm)
     if (shm) t += shm->traffic();
+  for (const auto& split : s_->split)
+    if (split) t += split->traffic();
   std::lock_guard<std::mutex> lock(s_->device_mutex);
   for (const auto& dim : s_->device_dims)
     for (const auto& c : dim)

@@ -305,8 +305,10 @@ CostModel CostModel::from_json(const nlohmann::json& j, const CostModel& base,
           c.set_transport(dim, Transport::mpi);
         else if (v == "shm")
           c.set_transport(dim, Transport::shm);
+        else if (v == "shm+mpi")
+          c.set_transport(dim, Transport::two_level);
         else
-          fail(source, dpath, "expected \"mpi\" or \"shm\", got " + v.dump());
+          fail(source, dpath, "expected \"mpi\", \"shm\" or \"shm+mpi\", got " + v.dump());
       }
       continue;
     }

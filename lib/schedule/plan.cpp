@@ -135,7 +135,7 @@ std::string Plan::to_text() const {
         parts.push_back(std::string(collective_kind_name(k)) + "." + mesh_dim_name(d) + "=" +
                         alpha_beta_text(c.collective(k, d)));
     parts.push_back("copy=" + fmt("%.6g", c.copy_gb_per_s()) + "GB/s");
-    if (c.transport(MeshDim::shard) == Transport::shm)  // (mpi: the text as before)
+    if (c.transport(MeshDim::shard) != Transport::mpi)  // (mpi: the text as before)
       for (CollectiveKind k : {CollectiveKind::all_gather, CollectiveKind::reduce_scatter})
         parts.push_back(std::string("shm.") + collective_kind_name(k) +
                         ".shard=" + alpha_beta_text(c.shm_collective(k, MeshDim::shard)));

@@ -10,6 +10,8 @@ const char* kind_name(Kind k) noexcept {
       return "shm";
     case Kind::nccl:
       return "nccl";
+    case Kind::two_level:
+      return "shm+mpi";
   }
   return "?";
 }

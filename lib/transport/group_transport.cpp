@@ -148,15 +148,20 @@ std::unique_ptr<GroupTransport> make_group_transport(GroupSpec spec) {
                       "transport reads each peer's shard where it lies: there is no message to "
                       "make smaller); use FULLSHARD_HOST_COLLECTIVES=auto or mpi, or drop the "
                       "compression");
-  if (!shm && world > 1 && m.host_collectives() == HostCollectives::shm)
+  const NodeSplit* split = m.node_split(shard_dim);
+  if (!shm && !split && world > 1 && m.host_collectives() == HostCollectives::shm)
     throw ConfigError("fully_shard(" + *spec.name +
                       "): FULLSHARD_HOST_COLLECTIVES=shm, but the shard dim '" + shard_dim +
                       "' of mesh " + m.describe() +
-                      " spans more than one node, so its ranks cannot share memory; use "
-                      "FULLSHARD_HOST_COLLECTIVES=auto (MPI across nodes) or mpi, or an HSDP "
-                      "mesh whose shard dim lies inside a node");
+                      " spans nodes that do not each hold the same number (two or more) of its "
+                      "ranks, so they cannot share memory inside each node; use "
+                      "FULLSHARD_HOST_COLLECTIVES=auto (MPI across nodes) or mpi, launch the "
+                      "same number of ranks on every node, or use an HSDP mesh whose shard dim "
+                      "lies inside a node");
   if (shm && world > 1 && group_kind(Kind::shm, geo) == Kind::shm)
     return detail::make_shm_transport(std::move(spec), *shm);
+  if (split && world > 1 && group_kind(Kind::two_level, geo) == Kind::two_level)
+    return detail::make_shm_transport(std::move(spec), split->local(), split);
   return std::make_unique<detail::CommTransport>(Kind::mpi, std::move(spec));
 }
 

@@ -14,38 +14,74 @@ namespace {
 constexpr int kPublished = 0;
 constexpr int kRead = 1;
 
+// Two levels (a shard dim spanning nodes, NodeSplit): each rank's segment of the all-gather
+// window holds one slot per node, the shards of the ranks with its place on every node; the
+// all-gather across nodes (MPI, in place) fills them and the copy-out reads all W slots where
+// they lie in the node's segments. The reduce-scatter first sums, for each node, the chunk of
+// the rank with this rank's place there over the node's gradients (read in place), into the
+// rank-major input; MPI reduce-scatters those sums across nodes and the copy-out divides.
 class ShmTransport final : public CommTransport {
  public:
-  ShmTransport(GroupSpec spec, const comm::ShmComm& shm)
-      : CommTransport(Kind::shm, std::move(spec)), shm_(shm) {}
-
-  // The cast shard goes to this rank's segment, where peers read it.
-  comm::Work gather_copy_in(Device& dev, Channel c, Held&) override {
-    ensure_gather();
-    return cast_shard(dev, c, ag_.local());
+  ShmTransport(GroupSpec spec, const comm::ShmComm& shm, const NodeSplit* split)
+      : CommTransport(split ? Kind::two_level : Kind::shm, std::move(spec)),
+        shm_(shm),
+        split_(split) {
+    // Where each rank of the shard dim has its slot: (segment, slot in it).
+    const int W = geo().world;
+    where_.resize(static_cast<std::size_t>(W));
+    for (int q = 0; q < W; ++q)
+      where_[static_cast<std::size_t>(q)] = {q, 0};
+    if (split_)
+      for (int n = 0; n < split_->nodes(); ++n)
+        for (int l = 0; l < split_->ranks_per_node(); ++l)
+          where_.at(static_cast<std::size_t>(split_->dim_rank(n, l))) = {l, n};
   }
 
-  // Publishes this rank's shard (the copy-out reads every peer's directly). Without a cast
-  // the shard is published where it is stored; a storage adopted since (checkpoint load) is
-  // copied to the segment first.
+  // The cast shard goes to this rank's slot, where peers read it.
+  comm::Work gather_copy_in(Device& dev, Channel c, Held&) override {
+    ensure_gather();
+    return cast_shard(dev, c, slot(geo().rank));
+  }
+
+  // Publishes this rank's shard (the copy-out reads every peer's directly); two levels: after
+  // the all-gather across nodes into this rank's segment. Without a cast the shard is
+  // published where it is stored; a storage adopted since (checkpoint load) is copied to the
+  // slot first.
   comm::Work all_gather(Device& dev, Channel c, Held&, bool in_place) override {
     dev.before_collective(c);
     ensure_gather();
     const Geometry& I = geo();
     const comm::ShmWindow win = ag_;
+    if (split_ && ag_read_ < ag_round_) {  // a gather dropped unread counts as read
+      ag_read_ = ag_round_;
+      win.publish(kRead, ag_round_);
+    }
     const std::uint64_t round = ++ag_round_;
     count(&comm::Traffic::all_gather, I.param_dtype);
+    std::byte* own = slot(I.rank);
     const void* stored = in_place ? nullptr : store().shards().data();
-    const bool copy = stored && stored != win.local();
+    const bool copy = stored && stored != own;
     const DType t = I.param_dtype;
     const std::int64_t n = I.shard_numel;
     const Tensor keep = copy ? store().shards() : Tensor();
     const kernels::ExecStream& on = dev.exec(c);
-    return dev.submit(c, stream(dev, c), ag_label_, [=, &on] {
-      if (copy) kernels::cast_copy(on, keep.data(), t, win.local(), t, n);
+    const bool across = split_ != nullptr;
+    const std::string* about = &ag_detail_;
+    comm::Work w = dev.submit(c, stream(dev, c), ag_label_, [=, &on] {
+      if (copy) kernels::cast_copy(on, keep.data(), t, own, t, n);
       on.fence();
-      win.publish(kPublished, round);
+      if (!across) {
+        win.publish(kPublished, round);
+        return;
+      }
+      // The gather across nodes rewrites the other nodes' slots: the node's peers have read
+      // the last round's.
+      win.wait_all(kRead, round - 1, "all_gather (peers still reading)", *about);
     });
+    if (!across) return w;
+    split_->across(c).all_gather(own, win.local(), static_cast<std::size_t>(n), t, stream(dev, c));
+    return dev.submit(c, stream(dev, c), ag_publish_label_,
+                      [=] { win.publish(kPublished, round); });
   }
 
   // The all-gather and its copy-out in one pass: every peer's slot straight into the arena.
@@ -58,16 +94,16 @@ class ShmTransport final : public CommTransport {
     win.wait_all(kPublished, round, "all_gather", ag_detail_);
     const kernels::ExecStream& on = dev.exec(c);
     for (int q = 0; q < I.world; ++q)
-      kernels::run_copies(copy_out_from_[static_cast<std::size_t>(q)], win.segment(q),
-                          I.param_dtype, arena.tensor.data(), I.param_dtype, on);
+      kernels::run_copies(copy_out_from_[static_cast<std::size_t>(q)], slot(q), I.param_dtype,
+                          arena.tensor.data(), I.param_dtype, on);
     if (keep) {
       // reshard_after_forward=k: the W/k slots this rank serves in its k-rank group.
       const int per = I.world / k;
-      const std::size_t slot = static_cast<std::size_t>(I.shard_numel) * dtype_size(I.param_dtype);
+      const std::size_t bytes = static_cast<std::size_t>(I.shard_numel) * dtype_size(I.param_dtype);
       for (int j = 0; j < per; ++j)
         std::memcpy(
-            static_cast<std::byte*>(keep->tensor.data()) + static_cast<std::size_t>(j) * slot,
-            win.segment((I.rank % k) * per + j), slot);
+            static_cast<std::byte*>(keep->tensor.data()) + static_cast<std::size_t>(j) * bytes,
+            slot((I.rank % k) * per + j), bytes);
     }
     on.fence();
     ag_read_ = round;
@@ -105,8 +141,9 @@ class ShmTransport final : public CommTransport {
   // Sums this rank's chunk of every peer's gradients. Without HSDP the divide, the cast and
   // the accumulation into the sharded gradients are fused in (fusions().copy_out_in_reduce:
   // reduce_copy_out has nothing left to do); with HSDP the sum goes to `output` for the
-  // all-reduce.
-  comm::Work reduce_scatter(Device& dev, Channel c, Held&, Held& output,
+  // all-reduce. Two levels: the node's sums of the chunks of this rank's place on every node
+  // go to `input`, reduce-scattered across nodes into `output`.
+  comm::Work reduce_scatter(Device& dev, Channel c, Held& input, Held& output,
                             const ReduceSpec& spec) override {
     const Geometry I = geo();
     const comm::ShmWindow win = grads_;
@@ -115,37 +152,45 @@ class ShmTransport final : public CommTransport {
     DType out_t = I.reduce_dtype;
     double divisor = 1.0;
     bool acc = false;
-    Tensor out = output.tensor;
+    Tensor out = split_ ? input.tensor : output.tensor;
     if (fusions().copy_out_in_reduce) {
       out = store().gradients_for_write();
       out_t = I.orig_dtype;
       divisor = spec.divisor;
       acc = spec.accumulate;
     }
-    const std::vector<kernels::CopyRun>* runs = &rs_runs_;
+    const std::vector<std::vector<kernels::CopyRun>>* runs = &rs_runs_;
     const std::string* about = &rs_detail_;
-    return dev.submit(c, stream(dev, c), rs_label_, [=] {
+    const int peers = shm_.size();
+    comm::Work w = dev.submit(c, stream(dev, c), rs_label_, [=] {
       // The backward compute has written the gradients (the engine ordered this stream after
       // the compute stream); peers may read them from here on.
       win.publish(kPublished, round);
       win.wait_all(kPublished, round, "reduce_scatter", *about);
       const std::size_t in_size = dtype_size(I.param_dtype);
       const std::size_t out_size = dtype_size(out_t);
-      std::vector<const void*> sources(static_cast<std::size_t>(I.world));
-      auto* to_base = static_cast<std::byte*>(out.data());
-      for (const kernels::CopyRun& r : *runs) {
-        for (int q = 0; q < I.world; ++q)
-          sources[static_cast<std::size_t>(q)] =
-              win.segment(q) + static_cast<std::size_t>(r.src_offset) * in_size;
-        std::byte* to = to_base + static_cast<std::size_t>(r.dst_offset) * out_size;
-        kernels::reduce_sources(sources.data(), I.world, I.param_dtype, I.reduce_dtype, to, out_t,
-                                r.len, divisor, acc);
-        if (r.pad > 0 && !acc)  // padding stays zero (+0 is all zero bits in every dtype)
-          std::memset(to + static_cast<std::size_t>(r.len) * out_size, 0,
-                      static_cast<std::size_t>(r.pad) * out_size);
+      std::vector<const void*> sources(static_cast<std::size_t>(peers));
+      const std::size_t per_target = static_cast<std::size_t>(I.shard_numel) * out_size;
+      for (std::size_t n = 0; n < runs->size(); ++n) {  // one target per node
+        auto* to_base = static_cast<std::byte*>(out.data()) + n * per_target;
+        for (const kernels::CopyRun& r : (*runs)[n]) {
+          for (int q = 0; q < peers; ++q)
+            sources[static_cast<std::size_t>(q)] =
+                win.segment(q) + static_cast<std::size_t>(r.src_offset) * in_size;
+          std::byte* to = to_base + static_cast<std::size_t>(r.dst_offset) * out_size;
+          kernels::reduce_sources(sources.data(), peers, I.param_dtype, I.reduce_dtype, to, out_t,
+                                  r.len, divisor, acc);
+          if (r.pad > 0 && !acc)  // padding stays zero (+0 is all zero bits in every dtype)
+            std::memset(to + static_cast<std::size_t>(r.len) * out_size, 0,
+                        static_cast<std::size_t>(r.pad) * out_size);
+        }
       }
       win.publish(kRead, round);
     });
+    if (!split_) return w;
+    return split_->across(c).reduce_scatter(input.tensor.data(), output.tensor.data(),
+                                            static_cast<std::size_t>(I.shard_numel), I.reduce_dtype,
+                                            comm::ReduceOp::sum, stream(dev, c));
   }
 
   comm::Work reduce_copy_out(Device& dev, Channel c, Held& src, const ReduceSpec& spec) override {
@@ -180,22 +225,39 @@ class ShmTransport final : public CommTransport {
   }
 
  private:
-  const comm::ShmComm& shm_;
-  comm::ShmWindow ag_;     // per rank: the group shard in param dtype (the storage without a cast)
-  comm::ShmWindow grads_;  // per rank: the unsharded gradients (arena layout, param dtype)
-  Tensor grads_pool_;      // the pool buffer standing for grads_ while the engine holds it
+  const comm::ShmComm& shm_;                // the node's ranks of the shard dim
+  const NodeSplit* split_;                  // two levels: the shard dim's ranks by node; else null
+  std::vector<std::pair<int, int>> where_;  // per rank of the dim: (segment, slot)
+  comm::ShmWindow ag_;          // per rank: a slot per node, the group shard in param dtype (this
+                                // rank's: the storage without a cast)
+  comm::ShmWindow grads_;       // per rank: the unsharded gradients (arena layout, param dtype)
+  Tensor grads_pool_;           // the pool buffer standing for grads_ while the engine holds it
   std::uint64_t ag_round_ = 0;  // all-gathers published
   std::uint64_t ag_read_ = 0;   // all-gathers whose peers' shards this rank has read
   std::uint64_t rs_round_ = 0;  // reduce-scatters published
   std::vector<kernels::CopyPlan> copy_out_from_;  // per rank: the copy-out runs of its slot
-  std::vector<kernels::CopyRun> rs_runs_;         // this rank's chunks: arena -> shard offset
-  std::string ag_detail_, rs_detail_;             // "<gsn> x <dtype>, group <name>"
-  std::string ag_label_, rs_label_;  // "all_gather on shared memory of '<comm>' (<detail>)"
+  // Per node: the chunks of the rank with this rank's place there (one node: this rank's),
+  // arena -> shard offset.
+  std::vector<std::vector<kernels::CopyRun>> rs_runs_;
+  std::string ag_detail_, rs_detail_;  // "<gsn> x <dtype>, group <name>"
+  std::string ag_label_, rs_label_;    // "all_gather on shared memory of '<comm>' (<detail>)"
+  std::string ag_publish_label_;       // two levels: after the gather across nodes
 
-  // Counts one collective (the whole buffer: W shards of dtype t) in the shared memory's traffic.
+  // Rank q's slot of the all-gather window.
+  std::byte* slot(int q) const {
+    const auto& [segment, index] = where_[static_cast<std::size_t>(q)];
+    return ag_.segment(segment) + static_cast<std::size_t>(index) *
+                                      static_cast<std::size_t>(geo().shard_numel) *
+                                      dtype_size(geo().param_dtype);
+  }
+
+  // Counts one collective (the whole buffer: W shards of dtype t) in the shared memory's
+  // traffic; two levels: the W - N shards that do not cross nodes (the communicator across
+  // nodes counts its N), so that the sum is what MPI's collective would count.
   void count(std::uint64_t comm::Traffic::*kind, DType t) const {
     comm::Traffic traffic;
-    traffic.*kind = static_cast<std::uint64_t>(geo().world) *
+    const int nodes = split_ ? split_->nodes() : 0;
+    traffic.*kind = static_cast<std::uint64_t>(geo().world - nodes) *
                     static_cast<std::uint64_t>(geo().shard_numel) * dtype_size(t);
     shm_.count(traffic);
   }
@@ -214,15 +276,19 @@ class ShmTransport final : public CommTransport {
   void ensure_gather();
   // Allocates the gradient window on first use (collective, the first pre-backward).
   void ensure_grads();
+  // Rank t's chunks of the unsharded gradients: arena -> shard offset, valid and padded.
+  std::vector<kernels::CopyRun> runs_of(int t) const;
 };
 
 void ShmTransport::ensure_gather() {
   if (ag_.valid()) return;
   const Geometry& I = geo();
   const auto gsn = static_cast<std::size_t>(I.shard_numel);
-  ag_ = shm_.allocate(gsn * dtype_size(I.param_dtype), "fsdp.all_gather:" + name());
+  const std::size_t nodes = split_ ? static_cast<std::size_t>(split_->nodes()) : 1;
+  ag_ = shm_.allocate(nodes * gsn * dtype_size(I.param_dtype), "fsdp.all_gather:" + name());
   ag_detail_ = std::to_string(gsn) + " x " + dtype_name(I.param_dtype) + ", group " + name();
   ag_label_ = "all_gather on shared memory of '" + shm_.name() + "' (" + ag_detail_ + ")";
+  ag_publish_label_ = "publish of " + ag_label_;
   // The copy-out runs by the slot they read, rebased to it (a run that crosses a slot
   // boundary is split there).
   std::vector<std::vector<kernels::CopyRun>> by_slot(static_cast<std::size_t>(I.world));
@@ -260,8 +326,8 @@ void ShmTransport::ensure_gather() {
     // The shards move into the window once; the parameters show them there from the next
     // reshard on (until then they show the same values in the old storage).
     Tensor& shards = store().shards();
-    std::memcpy(ag_.local(), shards.data(), gsn * dtype_size(I.orig_dtype));
-    shards = Tensor::from_owner(ag_.owner(), ag_.local(), {I.shard_numel}, I.orig_dtype,
+    std::memcpy(slot(I.rank), shards.data(), gsn * dtype_size(I.orig_dtype));
+    shards = Tensor::from_owner(ag_.owner(), slot(I.rank), {I.shard_numel}, I.orig_dtype,
                                 MemorySpace::host);
   }
 }
@@ -274,21 +340,29 @@ void ShmTransport::ensure_grads() {
   rs_detail_ =
       std::to_string(I.shard_numel) + " x " + dtype_name(I.reduce_dtype) + ", group " + name();
   rs_label_ = "reduce_scatter on shared memory of '" + shm_.name() + "' (" + rs_detail_ + ")";
-  // This rank's block of every member and outer index (the copy-in runs of its slot): where
-  // it lies in the arena, where in the shard, its valid and padded elements.
+  // The block of rank t (this rank; two levels: the rank of its place on each node) of every
+  // member and outer index (the copy-in runs of t's slot): where it lies in the arena, where
+  // in the shard, its valid and padded elements.
   rs_runs_.clear();
+  const int nodes = split_ ? split_->nodes() : 1;
+  for (int n = 0; n < nodes; ++n)
+    rs_runs_.push_back(runs_of(split_ ? split_->dim_rank(n, shm_.rank()) : I.rank));
+}
+
+std::vector<kernels::CopyRun> ShmTransport::runs_of(int t) const {
+  std::vector<kernels::CopyRun> runs;
   for (const kernels::GroupMember& m : layout().members) {
     const ShardLayout& l = m.layout;
     const std::int64_t D = l.global_shape[static_cast<std::size_t>(l.placement.dim())];
     for (std::int64_t o = 0; o < l.outer; ++o) {
       kernels::CopyRun r;
-      r.src_offset = m.arena_offset + (o * D + std::min(I.rank * l.chunk, D)) * l.inner;
+      r.src_offset = m.arena_offset + (o * D + std::min(t * l.chunk, D)) * l.inner;
       r.dst_offset = m.slot_offset + o * l.chunk * l.inner;
-      r.len = l.rows_of(I.rank) * l.inner;
+      r.len = l.rows_of(t) * l.inner;
       r.pad = l.chunk * l.inner - r.len;
       if (r.len == 0 && r.pad == 0) continue;
-      if (!rs_runs_.empty()) {
-        kernels::CopyRun& last = rs_runs_.back();
+      if (!runs.empty()) {
+        kernels::CopyRun& last = runs.back();
         if (last.pad == 0 && last.dst_offset + last.len == r.dst_offset &&
             last.src_offset + last.len == r.src_offset) {
           last.len += r.len;
@@ -296,15 +370,17 @@ void ShmTransport::ensure_grads() {
           continue;
         }
       }
-      rs_runs_.push_back(r);
+      runs.push_back(r);
     }
   }
+  return runs;
 }
 
 }  // namespace
 
-std::unique_ptr<GroupTransport> make_shm_transport(GroupSpec spec, const comm::ShmComm& shm) {
-  return std::make_unique<ShmTransport>(std::move(spec), shm);
+std::unique_ptr<GroupTransport> make_shm_transport(GroupSpec spec, const comm::ShmComm& shm,
+                                                   const NodeSplit* split) {
+  return std::make_unique<ShmTransport>(std::move(spec), shm, split);
 }
 
 }  // namespace fullshard::transport::detail

@@ -14,8 +14,9 @@
 # columns of losses.
 #       two-level     node detection sees 2 nodes of 2 ranks with no FULLSHARD_RANKS_PER_NODE
 #                     (fullshard-tour), and rank 0's trace (--trace) shows where each host
-#                     collective ran: FSDP over 4 ranks on shared memory on one node but on
-#                     MPI across the nodes; HSDP 2x2 across the nodes on shared memory inside
+#                     collective ran: FSDP over 4 ranks on shared memory on one node, on
+#                     shared memory inside each node and MPI across them (the two-level
+#                     transport) on two; HSDP 2x2 across the nodes on shared memory inside
 #                     the node (shard dim) and on MPI across (replicate dim), whose bytes the
 #                     node's link carried
 #       checkpoint-reshard  saved on 2 nodes x 2 ranks (HSDP 2x2, --stop-after), resumed on
@@ -232,7 +233,7 @@ case "$case" in
     done
     echo "ok: node detection (no FULLSHARD_RANKS_PER_NODE): $(grep '^runtime:' tour.log | cut -d, -f1)"
     # FSDP over 4 ranks: on one node the shard dim is node-local (shared memory); across the
-    # nodes it spans both, so its collectives go through MPI.
+    # nodes it spans both: shared memory among each node's 2 ranks, MPI across the nodes.
     one_node fsdp1 --trace fsdp1.json
     trace_ops fsdp1.json >fsdp1.ops
     b0="$(link_bytes)"
@@ -247,9 +248,10 @@ case "$case" in
       [[ $(count_op fsdp1.ops $op "shared memory of" "mesh(shard).shard") -gt 0 \
          && $(grep -c "communicator" fsdp1.ops) -eq 0 ]] \
         || fail "one node, FSDP over 4: $op is not all on shared memory" fsdp1.ops
-      [[ $(count_op fsdp2.ops $op communicator "mesh(shard).shard.$op") -gt 0 \
-         && $(grep -c "shared memory" fsdp2.ops) -eq 0 ]] \
-        || fail "two nodes, FSDP over 4 (the shard dim spans the nodes): $op is not all on MPI" fsdp2.ops
+      [[ $(count_op fsdp2.ops $op "shared memory of" "mesh(shard).shard.node") -gt 0 \
+         && $(count_op fsdp2.ops $op communicator "mesh(shard).shard.across.$op") -gt 0 \
+         && $(grep -c "communicator 'mesh(shard).shard.$op'" fsdp2.ops) -eq 0 ]] \
+        || fail "two nodes, FSDP over 4 (the shard dim spans the nodes): $op is not on shared memory inside the node and MPI across" fsdp2.ops
       [[ $(count_op hsdp2.ops $op "shared memory of" "mesh(replicate,shard).shard") -gt 0 \
          && $(grep -c "$op on communicator" hsdp2.ops) -eq 0 ]] \
         || fail "two nodes, HSDP 2x2: $op of the shard dim (inside a node) is not all on shared memory" hsdp2.ops
@@ -257,7 +259,7 @@ case "$case" in
     [[ $(count_op hsdp2.ops all_reduce communicator "mesh(replicate,shard).replicate.all_reduce") -gt 0 \
        && $(grep -c "all_reduce on shared memory" hsdp2.ops) -eq 0 ]] \
       || fail "two nodes, HSDP 2x2: the replicate dim's all_reduce (across the nodes) is not on MPI" hsdp2.ops
-    echo "ok: FSDP 4 ranks: shared memory on one node, MPI across 2 nodes; HSDP 2x2 across 2 nodes: shard dim on shared memory, replicate dim on MPI"
+    echo "ok: FSDP 4 ranks: shared memory on one node, shared memory inside and MPI across 2 nodes; HSDP 2x2 across 2 nodes: shard dim on shared memory, replicate dim on MPI"
     # The replicate all-reduce crossed fsnode2's link: at least rank 0's all-reduce bytes of
     # steps 2..10 went through it (ranks 2 and 3 each exchange as much with ranks 0 and 1).
     ar="$(awk '/^fullshard-train: [0-9]+ parameters/ { p = $2 }

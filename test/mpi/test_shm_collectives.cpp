@@ -226,14 +226,27 @@ DeviceMesh mesh_1d(HostCollectives c, HostProgress progress = HostProgress::inli
   return DeviceMesh(MPI_COMM_WORLD, {W()}, {"dp"}, 60.0, progress, c, ranks_per_node);
 }
 
-void compare(const DeviceMesh& shm_mesh, const DeviceMesh& mpi_mesh, const Case& c,
-             bool expect_shm) {
+// `two_level`: the shard dim spans nodes (node_split): shared memory inside, MPI across.
+void compare(const DeviceMesh& shm_mesh, const DeviceMesh& mpi_mesh, const Case& c, bool expect_shm,
+             bool two_level = false) {
   CAPTURE(name_of(c.dt));
   CAPTURE(c.reshard);
   const std::string shard_dim = shm_mesh.names().back();
   REQUIRE((shm_mesh.shm(shard_dim) != nullptr) == expect_shm);
+  REQUIRE((shm_mesh.node_split(shard_dim) != nullptr) == two_level);
   REQUIRE(mpi_mesh.shm(shard_dim) == nullptr);
+  const NodeSplit* split = shm_mesh.node_split(shard_dim);
+  auto across = [split] {
+    comm::Traffic t;
+    for (Channel ch : {Channel::all_gather, Channel::reduce_scatter})
+      t += split->across(ch).traffic();
+    return t;
+  };
+  const comm::Traffic across_before = split ? across() : comm::Traffic();
+  const comm::Traffic shm_before = shm_mesh.traffic();
   const Run a = run(shm_mesh, c);
+  const comm::Traffic across_after = split ? across() : comm::Traffic();
+  const comm::Traffic mpi_before = mpi_mesh.traffic();
   const Run b = run(mpi_mesh, c);
   CHECK(a.forward_mismatch == 0);
   CHECK(a.backward_mismatch == 0);
@@ -248,8 +261,26 @@ void compare(const DeviceMesh& shm_mesh, const DeviceMesh& mpi_mesh, const Case&
     // path's would.
     CHECK(a.mpi_traffic.all_gather == 0);
     CHECK(a.mpi_traffic.reduce_scatter == 0);
-    CHECK(a.traffic.all_gather == b.traffic.all_gather);
-    CHECK(a.traffic.reduce_scatter == b.traffic.reduce_scatter);
+    CHECK(a.traffic.all_gather - shm_before.all_gather ==
+          b.traffic.all_gather - mpi_before.all_gather);
+    CHECK(a.traffic.reduce_scatter - shm_before.reduce_scatter ==
+          b.traffic.reduce_scatter - mpi_before.reduce_scatter);
+  }
+  if (two_level && c.reshard <= 1) {
+    // Nothing on the dim's own communicators: the node's shared memory and the communicators
+    // across nodes carried it, each node's part sent across once per node.
+    CHECK(a.mpi_traffic.all_gather == 0);
+    CHECK(a.mpi_traffic.reduce_scatter == 0);
+    const auto L = static_cast<std::uint64_t>(split->ranks_per_node());
+    CHECK((across_after.all_gather - across_before.all_gather) * L ==
+          b.traffic.all_gather - mpi_before.all_gather);
+    CHECK((across_after.reduce_scatter - across_before.reduce_scatter) * L ==
+          b.traffic.reduce_scatter - mpi_before.reduce_scatter);
+    // In all (the node's part and the part across), what MPI's collectives count.
+    CHECK(a.traffic.all_gather - shm_before.all_gather ==
+          b.traffic.all_gather - mpi_before.all_gather);
+    CHECK(a.traffic.reduce_scatter - shm_before.reduce_scatter ==
+          b.traffic.reduce_scatter - mpi_before.reduce_scatter);
   }
   if (shm_mesh.size(shard_dim) > 1) {
     CHECK(b.traffic.all_gather > 0);
@@ -433,10 +464,15 @@ TEST_CASE("shm: HSDP, shard dim on shared memory, replicate all-reduce over MPI"
 
 TEST_CASE("shm: two levels (FULLSHARD_RANKS_PER_NODE=2 on 4 ranks)") {
   if (W() != 4) return;
-  // A flat mesh spans the two pretended nodes: MPI. HSDP with the shard dim inside a node:
-  // shared memory inside, MPI across.
+  // A flat mesh spans the two pretended nodes: shared memory inside each, MPI across
+  // (node_split). HSDP with the shard dim inside a node: shared memory inside, MPI across.
   const DeviceMesh flat = mesh_1d(HostCollectives::auto_, HostProgress::inline_, 2);
   CHECK(flat.shm("dp") == nullptr);
+  REQUIRE(flat.node_split("dp") != nullptr);
+  CHECK(flat.node_split("dp")->nodes() == 2);
+  CHECK(flat.node_split("dp")->ranks_per_node() == 2);
+  CHECK(flat.node_split("dp")->node() == test::world_rank() / 2);
+  CHECK(flat.node_split("dp")->dim_rank(1, 0) == 2);
   const DeviceMesh hsdp(MPI_COMM_WORLD, {2, 2}, {"replicate", "shard"}, 60.0, HostProgress::inline_,
                         HostCollectives::auto_, 2);
   CHECK(hsdp.shm("shard") != nullptr);
@@ -449,12 +485,41 @@ TEST_CASE("shm: two levels (FULLSHARD_RANKS_PER_NODE=2 on 4 ranks)") {
   compare(hsdp, mpi_mesh, {{DType::f32, DType::f32, DType::f32}, 0}, true);
   compare(hsdp, mpi_mesh, {{DType::f32, DType::bf16, DType::bf16}, 0}, true);
   const DeviceMesh flat_mpi = mesh_1d(HostCollectives::mpi, HostProgress::inline_, 2);
-  compare(flat, flat_mpi, {{DType::f32, DType::f32, DType::f32}, 0}, false);
-  // Forcing shared memory on a dim that spans nodes is refused at fully_shard.
+  CHECK(flat_mpi.node_split("dp") == nullptr);
+  for (const Dtypes& dt : kDtypes)
+    compare(flat, flat_mpi, {dt, 0}, false, true);
+  const Dtypes mixed{DType::f32, DType::bf16, DType::f32};
+  for (int reshard : {-1, 1, 2})
+    compare(flat, flat_mpi, {mixed, reshard}, false, true);
+  const DeviceMesh threads = mesh_1d(HostCollectives::auto_, HostProgress::thread, 2);
+  compare(threads, flat_mpi, {mixed, 0}, false, true);
+  // Nodes whose ranks are not consecutive in the dim: dim ranks 0..3 are world ranks
+  // 0, 2, 1, 3, so nodes {0, 1} and {2, 3} of the world hold dim ranks {0, 2} and {1, 3}.
+  MPI_Comm shuffled = MPI_COMM_NULL;
+  const int me = test::world_rank();
+  MPI_Comm_split(MPI_COMM_WORLD, 0, (me % 2) * 2 + me / 2, &shuffled);
+  {
+    const DeviceMesh crossed(shuffled, {4}, {"dp"}, 60.0, HostProgress::inline_,
+                             HostCollectives::auto_, 2);
+    const DeviceMesh crossed_mpi(shuffled, {4}, {"dp"}, 60.0, HostProgress::inline_,
+                                 HostCollectives::mpi, 2);
+    REQUIRE(crossed.node_split("dp") != nullptr);
+    CHECK(crossed.node_split("dp")->dim_rank(0, 1) == 2);
+    CHECK(crossed.node_split("dp")->dim_rank(1, 0) == 1);
+    for (const Dtypes& dt : {Dtypes{DType::f32, DType::f32, DType::f32}, mixed})
+      compare(crossed, crossed_mpi, {dt, 0}, false, true);
+    compare(crossed, crossed_mpi, {mixed, 2}, false, true);
+  }
+  MPI_Comm_free(&shuffled);
+  // Forcing shared memory on a dim that spans nodes runs two levels; with one rank per node
+  // it is refused at fully_shard.
   const DeviceMesh forced = mesh_1d(HostCollectives::shm, HostProgress::inline_, 2);
+  CHECK(forced.node_split("dp") != nullptr);
+  const DeviceMesh single = mesh_1d(HostCollectives::shm, HostProgress::inline_, 1);
+  CHECK(single.node_split("dp") == nullptr);
   auto root = Module::make_root("model");
   root->add_param("w", {4});
-  CHECK_THROWS_WITH_AS(fsdp::fully_shard(*root, forced),
+  CHECK_THROWS_WITH_AS(fsdp::fully_shard(*root, single),
                        doctest::Contains("FULLSHARD_HOST_COLLECTIVES=shm, but the shard dim "
                                          "'dp'"),
                        ConfigError);

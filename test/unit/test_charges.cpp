@@ -4,6 +4,7 @@
 // behaviour written out here (docs/architecture.md, "transports").
 #include <doctest/doctest.h>
 
+#include <string>
 #include <vector>
 
 #include "fullshard/transport/detail/charges.hpp"
@@ -87,6 +88,27 @@ TEST_CASE(
   CHECK(r.take(charges::reduce_copy_out(Kind::shm, group(2), 400, r)) == V{{Piece::copy, AG, 400}});
   CHECK(r.take(charges::all_reduce(400, r)) ==
         V{{Piece::collective, CollectiveKind::all_reduce, 400}});
+}
+
+TEST_CASE("two levels: the gather across nodes fills the windows, the node sums, MPI across") {
+  Recorder r;
+  const Geometry g = group();
+  const Kind k = Kind::two_level;
+  CHECK(r.take(charges::gather_copy_in(g, 400, r)) == V{{Piece::copy, AG, 400}});
+  CHECK(r.take(charges::all_gather(k, g, 1600, 0, r)) == V{{Piece::collective, AG, 1600}});
+  CHECK(r.take(charges::gather_copy_out(k, g, 1600, false, r)) ==
+        V{{Piece::shm_collective, AG, 400}});  // every slot read from the node's windows
+  CHECK(r.take(charges::reduce_copy_in(k, g, 1600, r)).empty());  // read in place
+  CHECK(r.take(charges::reduce_scatter(k, g, 400, r)) ==
+        (V{{Piece::shm_collective, RS, 400}, {Piece::collective, RS, 400}}));
+  // MPI's sum across nodes leaves the divide to the copy-out, with or without HSDP.
+  CHECK(r.take(charges::reduce_copy_out(k, g, 400, r)) == V{{Piece::copy, AG, 400}});
+  CHECK(r.take(charges::reduce_copy_out(k, group(2), 400, r)) == V{{Piece::copy, AG, 400}});
+  // Compressed groups leave it for MPI, as they leave shared memory.
+  CHECK(group_kind(k, group(1, Geometry::make_wire(kernels::QuantCode::int8, false, 8))) ==
+        Kind::mpi);
+  CHECK(group_kind(k, g) == k);
+  CHECK(std::string(kind_name(k)) == "shm+mpi");
 }
 
 TEST_CASE("MPI and NCCL: collectives with separate copies") {

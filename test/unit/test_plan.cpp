@@ -524,8 +524,9 @@ TEST_CASE("plan_groups reports bad requests like fully_shard") {
         "g.json");
     plan_groups(*g, W);
   };
-  CHECK(contains(error_of<ConfigError>([&] { bad(R"({"reshard_aftr_forward": true})"); }),
-                 "g.json: modules[0].fully_shard.reshard_aftr_forward: unknown fully_shard option"));
+  CHECK(
+      contains(error_of<ConfigError>([&] { bad(R"({"reshard_aftr_forward": true})"); }),
+               "g.json: modules[0].fully_shard.reshard_aftr_forward: unknown fully_shard option"));
   CHECK(contains(error_of<ConfigError>([&] { bad(R"({"reshard_after_forward": 0})"); }),
                  "modules[0].fully_shard.reshard_after_forward: expected true, false, null or "
                  "an integer >= 1"));
@@ -1222,8 +1223,9 @@ TEST_CASE("cost model: shared-memory transport, JSON keys and the defaults of ol
   auto err = [&](const std::string& text) {
     return error_of<ConfigError>([&] { CostModel::parse_json(text, d, "cost.json"); });
   };
-  CHECK(contains(err(R"({"transport": {"shard": "nccl"}})"),
-                 "cost.json: transport.shard: expected \"mpi\" or \"shm\", got \"nccl\""));
+  CHECK(contains(
+      err(R"({"transport": {"shard": "nccl"}})"),
+      "cost.json: transport.shard: expected \"mpi\", \"shm\" or \"shm+mpi\", got \"nccl\""));
   CHECK(contains(err(R"({"transport": {"node": "shm"}})"),
                  "cost.json: transport.node: unknown key 'node' (allowed: shard, replicate)"));
   CHECK(contains(err(R"({"transport": "shm"})"), "cost.json: transport: expected an object"));

@@ -36,6 +36,42 @@ struct MeshState;
 enum class Channel { main, all_gather, reduce_scatter, all_reduce };
 const char* channel_name(Channel c) noexcept;
 
+/// A mesh dim whose ranks span nodes, every node holding the same number (more than one) of
+/// them, grouped by node for the two-level host transport: shared memory among the dim's ranks
+/// of a node, MPI across nodes among the ranks with the same place in their node. Nodes are
+/// numbered by their lowest rank in the dim, local ranks by their rank in the dim; a rank's
+/// place need not follow its rank in the dim (any rank layout works). Made with the mesh
+/// (DeviceMesh::node_split).
+class NodeSplit {
+ public:
+  NodeSplit(std::unique_ptr<comm::ShmComm> local,
+            std::vector<std::unique_ptr<comm::Communicator>> across, int node,
+            std::vector<int> dim_ranks);
+  ~NodeSplit();
+  /// The dim's ranks on this rank's node (local rank: the place on the node).
+  const comm::ShmComm& local() const noexcept { return *local_; }
+  /// The dim's ranks with this rank's local rank, one per node (rank n: node n), for
+  /// `channel`'s stream.
+  comm::Communicator& across(Channel channel) const;
+  int nodes() const noexcept { return nodes_; }
+  /// This rank's node (its rank in across()).
+  int node() const noexcept { return node_; }
+  int ranks_per_node() const noexcept { return local_->size(); }
+  /// The rank in the dim of local rank `local` on node `node`.
+  int dim_rank(int node, int local) const {
+    return dim_ranks_.at(static_cast<std::size_t>(node * ranks_per_node() + local));
+  }
+  /// Traffic of the shared memory and of the communicators across nodes.
+  comm::Traffic traffic() const;
+
+ private:
+  std::unique_ptr<comm::ShmComm> local_;
+  std::vector<std::unique_ptr<comm::Communicator>> across_;  // per channel
+  int nodes_ = 1;
+  int node_ = 0;
+  std::vector<int> dim_ranks_;  // [node * ranks_per_node + local]
+};
+
 /// Where a mesh's FSDP state lives and its collectives run.
 enum class DeviceType {
   cpu,   ///< host memory; MPI (or node-local shared memory) collectives on host streams
@@ -140,9 +176,13 @@ class DeviceMesh {
   comm::Stream& stream(Channel channel) const;
   /// The node-local shared memory of a dim (fullshard/comm/shm.hpp), over the same ranks in
   /// the same order as its communicators; nullptr when the dim's FSDP host collectives go
-  /// through MPI: a dim of size 1, a dim whose ranks span nodes, or
-  /// FULLSHARD_HOST_COLLECTIVES=mpi.
+  /// through MPI or the two-level transport: a dim of size 1, a dim whose ranks span nodes
+  /// (node_split), or FULLSHARD_HOST_COLLECTIVES=mpi.
   const comm::ShmComm* shm(const std::string& dim) const;
+  /// The dim's ranks grouped by node (the two-level host transport), or nullptr: a dim inside
+  /// one node, nodes holding different numbers of the dim's ranks or one each, a CUDA mesh,
+  /// FULLSHARD_HOST_COLLECTIVES=mpi.
+  const NodeSplit* node_split(const std::string& dim) const;
   /// The transport choice the mesh was made with (FULLSHARD_HOST_COLLECTIVES).
   HostCollectives host_collectives() const noexcept;
   /// Communicator over all ranks of the mesh.

@@ -18,6 +18,9 @@ enum class Kind : std::uint8_t {
   mpi,   ///< host memory, MPI (inside a node and across nodes)
   shm,   ///< host memory, node-local shared memory (a shard dim inside one node)
   nccl,  ///< device memory, NCCL
+  /// host memory, a shard dim spanning nodes (DeviceMesh::node_split): shared memory inside
+  /// each node, MPI across nodes ("shm+mpi")
+  two_level,
 };
 const char* kind_name(Kind k) noexcept;
 
@@ -123,7 +126,10 @@ struct Fusions {
 /// where it lies: there is no message to make smaller), which inside a node is Open MPI's own
 /// shared memory.
 constexpr Kind group_kind(Kind k, const Geometry& g) noexcept {
-  return k == Kind::shm && (g.compressed_gather() || g.compressed_reduce()) ? Kind::mpi : k;
+  return (k == Kind::shm || k == Kind::two_level) &&
+                 (g.compressed_gather() || g.compressed_reduce())
+             ? Kind::mpi
+             : k;
 }
 
 /// `k`: the group's transport (group_kind).
@@ -141,6 +147,12 @@ constexpr Fusions fusions(Kind k, const Geometry& g) noexcept {
     f.gather_in_copy_out = true;
     f.reduce_reads_in_place = true;
     f.copy_out_in_reduce = g.replicate == 1;  // with HSDP the sum goes to the all-reduce first
+  } else if (k == Kind::two_level) {
+    // The all-gather across nodes fills the node's windows, the copy-out reads every slot
+    // where it lies; the node's sum reads the gradients in place, MPI sums across nodes and
+    // the copy-out divides.
+    f.gather_in_copy_out = true;
+    f.reduce_reads_in_place = true;
   } else if (k == Kind::nccl) {
     // 16-bit reductions sum in NCCL and divide in the copy-out: NCCL would round 1/divisor to
     // the reduce dtype (1/3 -> 0.3340 in bf16) where the host path divides in f32.

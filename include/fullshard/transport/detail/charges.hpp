@@ -24,14 +24,16 @@ template <typename P>
 constexpr double gather_copy_in(const Geometry& g, double bytes, const P& p) {
   return g.compressed_gather() ? p.codec(double(g.shard_numel)) : p.copy(bytes);
 }
-/// The all-gather over the shard dim; `slice_group` k > 0: inside the k-rank group from the
+/// The all-gather over the shard dim (shm+mpi: its part across nodes, priced as the shard
+/// dim's collective of the cost model); `slice_group` k > 0: inside the k-rank group from the
 /// kept slices (reshard_after_forward=k), which moves the share a W-rank gather would.
 template <typename P>
 constexpr double all_gather(Kind k, const Geometry& g, double bytes, int slice_group, const P& p) {
   if (slice_group > 0)
     return p.collective(CollectiveKind::all_gather,
                         bytes * (slice_group - 1) / (double(g.world) - 1));
-  if (fusions(k, g).gather_in_copy_out) return 0.0;  // a publish; the copy-out gathers
+  // shm: a publish, the copy-out gathers; shm+mpi: the gather across nodes fills the windows
+  if (fusions(k, g).gather_in_copy_out && k == Kind::shm) return 0.0;
   return p.collective(CollectiveKind::all_gather, bytes);
 }
 /// The gathered slots into the unsharded parameters: the shared-memory gather itself (every
@@ -59,6 +61,11 @@ constexpr double reduce_scatter(Kind k, const Geometry& g, double bytes, const P
     return p.codec(2.0 * double(g.world) * double(g.shard_numel)) +
            p.collective(CollectiveKind::reduce_scatter, bytes);
   if (g.world > 1 && k == Kind::shm) return p.shm_collective(CollectiveKind::reduce_scatter, bytes);
+  // shm+mpi: the node's sum reads every peer's chunks for the ranks of the same place on each
+  // node (W chunks, as the one-node sum), then the reduce-scatter across nodes.
+  if (g.world > 1 && k == Kind::two_level)
+    return p.shm_collective(CollectiveKind::reduce_scatter, bytes) +
+           p.collective(CollectiveKind::reduce_scatter, bytes);
   return p.collective(CollectiveKind::reduce_scatter, bytes);
 }
 /// The reduced shard into the sharded gradients (nothing: done by the reduce-scatter).

@@ -1,8 +1,9 @@
 // One communication group's transport: its all-gather and reduce-scatter pairs with the copy
-// kernels fused around them, the communicators and buffers they need. Three exist
+// kernels fused around them, the communicators and buffers they need. Four kinds exist
 // (lib/transport): MPI on the host, node-local shared memory on the host (with HSDP its
-// replicate all-reduce goes over MPI across nodes: the two-level composition), NCCL on a CUDA
-// device (CPUOffloadPolicy's host shards are a concern of that one alone). What each folds
+// replicate all-reduce goes over MPI across nodes), shared memory inside each node with MPI
+// across for a shard dim spanning nodes (two levels), NCCL on a CUDA device
+// (CPUOffloadPolicy's host shards are a concern of that one alone). What each folds
 // into its collectives is transport::fusions (fusions.hpp), the rule the planner costs by.
 //
 // Each operation is one engine operation (fullshard/fsdp/engine.hpp): it is issued through
@@ -135,8 +136,9 @@ class GroupTransport {
 };
 
 /// The transport of a group on its mesh: NCCL on a CUDA mesh; on a CPU mesh shared memory
-/// when the shard dim lies inside a node (DeviceMesh::shm), else MPI. ConfigError when
-/// FULLSHARD_HOST_COLLECTIVES=shm asks for shared memory across nodes.
+/// when the shard dim lies inside a node (DeviceMesh::shm), shared memory inside each node and
+/// MPI across when it spans nodes evenly (DeviceMesh::node_split), else MPI; compressed groups
+/// go over MPI. ConfigError when FULLSHARD_HOST_COLLECTIVES=shm cannot be had.
 std::unique_ptr<GroupTransport> make_group_transport(GroupSpec spec);
 
 }  // namespace fullshard::transport
