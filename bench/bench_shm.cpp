@@ -6,6 +6,8 @@
 //   shm/all_gather/<MiB>        FSDPModule::unshard() + reshard() on a mesh whose dim uses
 //                               shared memory: every peer's shard straight into the
 //                               unsharded parameters (collective and copy-out in one pass)
+//                               (ranks spanning nodes, or FULLSHARD_RANKS_PER_NODE: the
+//                               two-level transport, MPI across nodes into the windows)
 //   mpi/all_gather/<MiB>        the same group on FULLSHARD_HOST_COLLECTIVES=mpi: all-gather
 //                               into a pooled buffer, then the copy-out
 //   raw/MPI_Allgather/<MiB>     MPI_Allgather(MPI_IN_PLACE) of the same f32 bytes, no copy-out
@@ -73,11 +75,18 @@ int main(int argc, char** argv) {
   int result = 0;
   {
     const int W = rt.world_size();
+    // FULLSHARD_RANKS_PER_NODE pretends nodes, as the runtime's meshes do.
+    const int per_node = rt.settings().ranks_per_node;
     fs::DeviceMesh shm(MPI_COMM_WORLD, {W}, {"dp"}, rt.settings().timeout_s,
-                       fs::HostProgress::inline_, fs::HostCollectives::auto_);
+                       fs::HostProgress::inline_, fs::HostCollectives::auto_, per_node);
     fs::DeviceMesh mpi(MPI_COMM_WORLD, {W}, {"dp"}, rt.settings().timeout_s,
-                       fs::HostProgress::inline_, fs::HostCollectives::mpi);
-    if (rt.rank() == 0 && W > 1 && !shm.shm("dp"))
+                       fs::HostProgress::inline_, fs::HostCollectives::mpi, per_node);
+    if (rt.rank() == 0 && W > 1 && shm.node_split("dp"))
+      std::printf(
+          "note: the ranks span %d nodes: shm/ runs on two levels (shared memory "
+          "inside each node, MPI across)\n",
+          shm.node_split("dp")->nodes());
+    else if (rt.rank() == 0 && W > 1 && !shm.shm("dp"))
       std::printf("note: the ranks do not share a node: shm/ runs on MPI\n");
     MPI_Comm raw = MPI_COMM_NULL;
     MPI_Comm_dup(MPI_COMM_WORLD, &raw);

@@ -524,3 +524,20 @@ TEST_CASE("shm: two levels (FULLSHARD_RANKS_PER_NODE=2 on 4 ranks)") {
                                          "'dp'"),
                        ConfigError);
 }
+
+TEST_CASE("shm: two levels with HSDP (FULLSHARD_RANKS_PER_NODE=2 on 8 ranks)") {
+  if (W() != 8) return;
+  // Two shard groups of 4, each over two pretended nodes of 2: shared memory inside each
+  // node, MPI across, then the replicate all-reduce over MPI.
+  const DeviceMesh hsdp(MPI_COMM_WORLD, {2, 4}, {"replicate", "shard"}, 60.0, HostProgress::inline_,
+                        HostCollectives::auto_, 2);
+  const DeviceMesh mpi_mesh(MPI_COMM_WORLD, {2, 4}, {"replicate", "shard"}, 60.0,
+                            HostProgress::inline_, HostCollectives::mpi, 2);
+  REQUIRE(hsdp.node_split("shard") != nullptr);
+  CHECK(hsdp.node_split("replicate") == nullptr);  // one rank per node
+  for (const Dtypes& dt :
+       {Dtypes{DType::f32, DType::f32, DType::f32}, Dtypes{DType::f32, DType::bf16, DType::f32},
+        Dtypes{DType::bf16, DType::bf16, DType::bf16}})
+    compare(hsdp, mpi_mesh, {dt, 0}, false, true);
+  compare(hsdp, mpi_mesh, {{DType::f32, DType::f32, DType::f32}, 2}, false, true);
+}
