@@ -1,7 +1,9 @@
 // fullshard-calibrate: measures the alpha-beta cost model of this machine's collectives and
 // writes it as JSON for `fullshard-plan --cost`. Where the shard dim runs on node-local shared
 // memory (FULLSHARD_HOST_COLLECTIVES=auto on one node, or shm) it measures that path too and
-// writes "transport": {"shard": "shm"} with the "shm" coefficients.
+// writes "transport": {"shard": "shm"} with the "shm" coefficients; where it spans nodes that
+// each hold the same number (two or more) of its ranks, the two-level path ("shm+mpi": MPI
+// across the nodes, the "shm" coefficients over the node's ranks).
 //   mpirun -n 8 fullshard-calibrate --mesh 8 --out cost.json        (FSDP)
 //   mpirun -n 8 fullshard-calibrate --mesh 2x4 --out cost.json      (HSDP: replicate x shard)
 // With --compute-out it also measures the compute rates (schedule::ComputeRates: SGEMM at the
@@ -189,7 +191,8 @@ int main(int argc, char** argv) {
     if (out.empty()) return 0;
     const auto model = fullshard::schedule::CostModel::calibrate(
         mesh.comm("shard"), fullshard::schedule::CostModel::defaults(shape),
-        replicate > 1 ? &mesh.comm("replicate") : nullptr, sizes, reps, mesh.shm("shard"), median);
+        replicate > 1 ? &mesh.comm("replicate") : nullptr, sizes, reps, mesh.shm("shard"), median,
+        mesh.node_split("shard"));
     if (rt.rank() == 0) {
       std::ofstream f(out);
       f << model.to_json().dump(2) << "\n";

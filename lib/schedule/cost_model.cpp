@@ -17,6 +17,7 @@
 #include "fullshard/kernels/multi_source.hpp"
 #include "fullshard/kernels/quantize.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
+#include "fullshard/mesh/device_mesh.hpp"
 
 namespace fullshard::schedule {
 
@@ -399,16 +400,29 @@ double agree_max(comm::Communicator& c, comm::Stream& s, double v) {
 CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostModel& base,
                                const comm::Communicator* replicate_comm,
                                const std::vector<std::size_t>& sizes, int reps,
-                               const comm::ShmComm* shard_shm, bool median) {
+                               const comm::ShmComm* shard_shm, bool median,
+                               const NodeSplit* shard_split) {
   if (sizes.empty() || reps < 1)
     throw InvalidArgument("CostModel::calibrate: need at least one size and one repetition");
+  if (shard_shm && shard_split)
+    throw InvalidArgument(
+        "CostModel::calibrate: pass the shard dim's shared memory (one node) or "
+        "its node split (across nodes), not both");
   if (shard_shm && shard_shm->size() != shard_comm.size())
     throw InvalidArgument("CostModel::calibrate: the shared memory '" + shard_shm->name() +
                           "' has " + std::to_string(shard_shm->size()) +
                           " ranks, the shard communicator '" + shard_comm.name() + "' " +
                           std::to_string(shard_comm.size()) + " (pass the shard dim's)");
+  if (shard_split && shard_split->nodes() * shard_split->ranks_per_node() != shard_comm.size())
+    throw InvalidArgument("CostModel::calibrate: the node split has " +
+                          std::to_string(shard_split->nodes() * shard_split->ranks_per_node()) +
+                          " ranks, the shard communicator '" + shard_comm.name() + "' " +
+                          std::to_string(shard_comm.size()) + " (pass the shard dim's)");
   comm::Stream s = comm::Stream::caller("fullshard.calibrate");
-  std::unique_ptr<comm::Communicator> sc = shard_comm.dup(shard_comm.name() + ".calibrate");
+  // Two levels: the shard dim's MPI part runs across nodes, among one rank per node.
+  const comm::Communicator& shard_mpi =
+      shard_split ? shard_split->across(Channel::main) : shard_comm;
+  std::unique_ptr<comm::Communicator> sc = shard_mpi.dup(shard_mpi.name() + ".calibrate");
   std::unique_ptr<comm::Communicator> rc =
       replicate_comm ? replicate_comm->dup(replicate_comm->name() + ".calibrate") : nullptr;
   auto agree = [&](double v) {
@@ -421,7 +435,7 @@ CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostM
   for (std::size_t b : sizes)
     largest = std::max(largest, b);
   const std::size_t max_count = (largest + 3) / 4;
-  const int n = std::max(sc->size(), rc ? rc->size() : 1);
+  const int n = std::max(shard_comm.size(), rc ? rc->size() : 1);
   std::vector<float> a(max_count * static_cast<std::size_t>(n), 1.0f);
   std::vector<float> b(max_count * static_cast<std::size_t>(n), 0.0f);
 
@@ -478,44 +492,55 @@ CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostM
           c.all_reduce(a.data(), b.data(), count, DType::f32, comm::ReduceOp::sum, s).wait();
         });
 
-  m.set_transport(MeshDim::shard, shard_shm ? Transport::shm : Transport::mpi);
-  if (shard_shm && shard_shm->size() > 1) {
-    // What the running backend does on shared memory (lib/fsdp/running_backend.cpp). Each
-    // rank's segment holds W shards (the unsharded gradients of a reduce-scatter; the
-    // all-gather publishes the first). Counters 0/1: all-gather published/read, 2/3: the
-    // reduce-scatter's.
-    const int W = shard_shm->size();
-    const int me = shard_shm->rank();
+  m.set_transport(MeshDim::shard, shard_split ? Transport::two_level
+                                  : shard_shm ? Transport::shm
+                                              : Transport::mpi);
+  const comm::ShmComm* node_shm = shard_split ? &shard_split->local() : shard_shm;
+  if (node_shm && node_shm->size() > 1) {
+    // What the shared-memory transport does (lib/transport/shm_transport.cpp), over the node's
+    // L ranks of the shard dim's W (one node: L = W). Each rank's segment holds W shards (the
+    // unsharded gradients of a reduce-scatter; the all-gather's slots are the first N, one per
+    // node). Counters 0/1: all-gather published/read, 2/3: the reduce-scatter's.
+    const int L = node_shm->size();
+    const int nodes = shard_split ? shard_split->nodes() : 1;
+    const int W = L * nodes;
+    const int me = node_shm->rank();
     const std::size_t seg_count = max_count * static_cast<std::size_t>(W);
-    comm::ShmWindow win = shard_shm->allocate(seg_count * 4, "fullshard.calibrate");
+    comm::ShmWindow win = node_shm->allocate(seg_count * 4, "fullshard.calibrate");
     std::fill_n(reinterpret_cast<float*>(win.local()), seg_count, 1.0f);
     const kernels::ExecStream host = kernels::ExecStream::host();
     std::uint64_t ag_round = 0, rs_round = 0;
-    std::vector<const void*> sources(static_cast<std::size_t>(W));
-    // All-gather: publish, wait for every peer's, copy every slot (this rank's too) into the
-    // "unsharded parameters" (b), then tell the peers their shards were read.
-    m.shm_collective(CollectiveKind::all_gather, MeshDim::shard) =
-        measure(*sc, [&](comm::Communicator&, std::size_t count) {
-          win.publish(0, ++ag_round);
-          win.wait_all(0, ag_round, "all_gather", "calibration");
-          for (int q = 0; q < W; ++q)
-            kernels::cast_copy(host, win.segment(q), DType::f32,
-                               b.data() + static_cast<std::size_t>(q) * count, DType::f32,
-                               static_cast<std::int64_t>(count));
-          host.fence();
-          win.publish(1, ag_round);
-        });
+    std::vector<const void*> sources(static_cast<std::size_t>(L));
+    // All-gather: publish, wait for every peer's, copy every slot (this rank's too; two levels:
+    // N per peer's segment) into the "unsharded parameters" (b), then tell the peers their
+    // shards were read.
+    m.shm_collective(CollectiveKind::all_gather,
+                     MeshDim::shard) = measure(*sc, [&](comm::Communicator&, std::size_t count) {
+      win.publish(0, ++ag_round);
+      win.wait_all(0, ag_round, "all_gather", "calibration");
+      for (int q = 0; q < W; ++q)
+        kernels::cast_copy(host, win.segment(q % L) + static_cast<std::size_t>(q / L) * count * 4,
+                           DType::f32, b.data() + static_cast<std::size_t>(q) * count, DType::f32,
+                           static_cast<std::int64_t>(count));
+      host.fence();
+      win.publish(1, ag_round);
+    });
     // Reduce-scatter: publish the gradients, wait for every peer's, sum this rank's chunk of
-    // each with the divide fused (into the "sharded gradients", a), then release the chunks.
+    // each with the divide fused (into the "sharded gradients", a; two levels: a chunk per
+    // node, undivided, into the input of the reduce-scatter across), then release the chunks.
     m.shm_collective(CollectiveKind::reduce_scatter, MeshDim::shard) =
         measure(*sc, [&](comm::Communicator&, std::size_t count) {
           win.publish(2, ++rs_round);
           win.wait_all(2, rs_round, "reduce_scatter", "calibration");
-          for (int q = 0; q < W; ++q)
-            sources[static_cast<std::size_t>(q)] =
-                win.segment(q) + static_cast<std::size_t>(me) * count * 4;
-          kernels::reduce_sources(sources.data(), W, DType::f32, DType::f32, a.data(), DType::f32,
-                                  static_cast<std::int64_t>(count), static_cast<double>(W), false);
+          for (int node = 0; node < nodes; ++node) {
+            for (int q = 0; q < L; ++q)
+              sources[static_cast<std::size_t>(q)] =
+                  win.segment(q) + static_cast<std::size_t>(node * L + me) * count * 4;
+            kernels::reduce_sources(sources.data(), L, DType::f32, DType::f32,
+                                    a.data() + static_cast<std::size_t>(node) * count, DType::f32,
+                                    static_cast<std::int64_t>(count),
+                                    shard_split ? 1.0 : static_cast<double>(W), false);
+          }
           win.publish(3, rs_round);
         });
     // The window is freed (collectively) only after every rank's last read.

@@ -1322,6 +1322,41 @@ TEST_CASE("cost model calibration on shared memory") {
   }
 }
 
+TEST_CASE("cost model calibration of the two-level path (2 pretended nodes of 2 ranks)") {
+  if (test::world_size() != 4) return;
+  const DeviceMesh mesh(MPI_COMM_WORLD, {4}, {"shard"}, 60.0, HostProgress::inline_,
+                        HostCollectives::auto_, 2);
+  const NodeSplit* split = mesh.node_split("shard");
+  REQUIRE(split);
+  const CostModel base = CostModel::defaults(MeshShape::fsdp(4));
+  const CostModel c = CostModel::calibrate(mesh.comm("shard"), base, nullptr, {4096, 1 << 20}, 2,
+                                           nullptr, false, split);
+  CHECK(c.transport(MeshDim::shard) == Transport::two_level);
+  for (CollectiveKind k : {CollectiveKind::all_gather, CollectiveKind::reduce_scatter}) {
+    CAPTURE(collective_kind_name(k));
+    // Both parts measured: the shared-memory pair and the collective across the nodes.
+    CHECK(c.shm_collective(k, MeshDim::shard) != base.shm_collective(k, MeshDim::shard));
+    CHECK(c.collective(k, MeshDim::shard) != base.collective(k, MeshDim::shard));
+    CHECK(c.collective(k, MeshDim::shard).points.size() == 2);
+  }
+  const std::string j = c.to_json().dump();
+  CHECK(contains(j, "\"shard\":\"shm+mpi\""));
+  CHECK(CostModel::parse_json(j, base) == c);
+  // Not with the one-node shared memory as well, and only over the shard dim's ranks.
+  CHECK(contains(error_of<InvalidArgument>([&] {
+                   CostModel::calibrate(mesh.comm("shard"), base, nullptr, {4096}, 1,
+                                        split ? &split->local() : nullptr, false, split);
+                 }),
+                 "not both"));
+  const DeviceMesh pairs(MPI_COMM_WORLD, {2, 2}, {"a", "b"}, 60.0, HostProgress::inline_,
+                         HostCollectives::auto_, 2);
+  CHECK(contains(error_of<InvalidArgument>([&] {
+                   CostModel::calibrate(pairs.comm("b"), base, nullptr, {4096}, 1, nullptr, false,
+                                        split);
+                 }),
+                 "the node split has 4 ranks"));
+}
+
 TEST_CASE("Scheduler::plan rejects bad meshes and options") {
   auto g = load(kSeed);
   CHECK(contains(error_of<InvalidArgument>([&] { Scheduler::plan(*g, MeshShape::fsdp(0)); }),

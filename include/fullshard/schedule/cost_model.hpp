@@ -12,6 +12,9 @@
 
 #include "fullshard/transport/fusions.hpp"
 
+namespace fullshard {
+class NodeSplit;
+}
 namespace fullshard::comm {
 class Communicator;
 class ShmComm;
@@ -167,6 +170,11 @@ class CostModel {
   /// shared-memory all-gather and reduce-scatter the running backend does (counter publish and wait
   /// on a ShmWindow, the Kokkos copy of every peer's slot; the fused sum over every peer's chunk
   /// with the divide) and sets transport(shard) to shm; without it transport(shard) is mpi. With
+  /// `shard_split` instead (the shard dim's DeviceMesh::node_split: it spans nodes) it measures
+  /// the two-level path: the shard dim's all-gather and reduce-scatter on the communicator
+  /// across nodes (the MPI part), the shared-memory pair on the node's ranks reading all W
+  /// slots (the copy-out) and summing a chunk per node (the node's sum), and sets
+  /// transport(shard) to shm+mpi. With
   /// `median` the median of the reps counts instead of the fastest (what a training step sees on a
   /// shared host: fullshard-calibrate --median). Collective over the communicators: every rank
   /// calls it with the same arguments. Values not measured come from `base`.
@@ -174,7 +182,7 @@ class CostModel {
                              const comm::Communicator* replicate_comm = nullptr,
                              const std::vector<std::size_t>& sizes = {1 << 16, 1 << 20, 1 << 22},
                              int reps = 3, const comm::ShmComm* shard_shm = nullptr,
-                             bool median = false);
+                             bool median = false, const NodeSplit* shard_split = nullptr);
 
   bool operator==(const CostModel& o) const noexcept;
   bool operator!=(const CostModel& o) const noexcept { return !(*this == o); }
