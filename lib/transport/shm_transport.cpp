@@ -79,9 +79,15 @@ class ShmTransport final : public CommTransport {
       win.wait_all(kRead, round - 1, "all_gather (peers still reading)", *about);
     });
     if (!across) return w;
-    split_->across(c).all_gather(own, win.local(), static_cast<std::size_t>(n), t, stream(dev, c));
-    return dev.submit(c, stream(dev, c), ag_publish_label_,
-                      [=] { win.publish(kPublished, round); });
+    const comm::Work gathered = split_->across(c).all_gather(
+        own, win.local(), static_cast<std::size_t>(n), t, stream(dev, c));
+    // Published only when both parts succeeded (their errors instead: peers would read slots
+    // the gather did not fill).
+    return dev.submit(c, stream(dev, c), ag_publish_label_, [=] {
+      w.test();
+      gathered.test();
+      win.publish(kPublished, round);
+    });
   }
 
   // The all-gather and its copy-out in one pass: every peer's slot straight into the arena.
@@ -188,9 +194,14 @@ class ShmTransport final : public CommTransport {
       win.publish(kRead, round);
     });
     if (!split_) return w;
-    return split_->across(c).reduce_scatter(input.tensor.data(), output.tensor.data(),
-                                            static_cast<std::size_t>(I.shard_numel), I.reduce_dtype,
-                                            comm::ReduceOp::sum, stream(dev, c));
+    const comm::Work reduced = split_->across(c).reduce_scatter(
+        input.tensor.data(), output.tensor.data(), static_cast<std::size_t>(I.shard_numel),
+        I.reduce_dtype, comm::ReduceOp::sum, stream(dev, c));
+    // The reduction completes with both parts (the node's sum's error is not lost).
+    return dev.submit(c, stream(dev, c), rs_done_label_, [=] {
+      w.test();
+      reduced.test();
+    });
   }
 
   comm::Work reduce_copy_out(Device& dev, Channel c, Held& src, const ReduceSpec& spec) override {
@@ -242,6 +253,7 @@ class ShmTransport final : public CommTransport {
   std::string ag_detail_, rs_detail_;  // "<gsn> x <dtype>, group <name>"
   std::string ag_label_, rs_label_;    // "all_gather on shared memory of '<comm>' (<detail>)"
   std::string ag_publish_label_;       // two levels: after the gather across nodes
+  std::string rs_done_label_;          // two levels: after the reduce-scatter across nodes
 
   // Rank q's slot of the all-gather window.
   std::byte* slot(int q) const {
@@ -340,6 +352,7 @@ void ShmTransport::ensure_grads() {
   rs_detail_ =
       std::to_string(I.shard_numel) + " x " + dtype_name(I.reduce_dtype) + ", group " + name();
   rs_label_ = "reduce_scatter on shared memory of '" + shm_.name() + "' (" + rs_detail_ + ")";
+  rs_done_label_ = "end of " + rs_label_;
   // The block of rank t (this rank; two levels: the rank of its place on each node) of every
   // member and outer index (the copy-in runs of t's slot): where it lies in the arena, where
   // in the shard, its valid and padded elements.
