@@ -138,6 +138,51 @@ TEST_CASE_TEMPLATE(
   }
 }
 
+TEST_CASE_TEMPLATE("executor: two levels (2 pretended nodes of 2 ranks), the plan's collectives", D,
+                   FULLSHARD_TEST_DEVICE) {
+  if (D::space != MemorySpace::host || test::world_size() != 4) return;
+  auto graph = graph::parse_graph_json(kSeed, "seed.json");
+  PlanOptions o;
+  o.forward_prefetch_depth = 1;
+  const Plan plan = Scheduler::plan(*graph, MeshShape::fsdp(4), o);
+  const DeviceMesh mesh(MPI_COMM_WORLD, {4}, {"dp"}, 60.0, HostProgress::inline_,
+                        HostCollectives::auto_, 2);
+  REQUIRE(mesh.node_split("dp") != nullptr);
+  Callbacks seen;
+  shard_seed(*graph, mesh, o, seen, D::space);
+  Executor ex(*graph, mesh, plan);
+  for (int step = 0; step < 2; ++step) {
+    CAPTURE(step);
+    ex.reset_measurement();
+    ex.step();
+    CHECK(ex.measured_peak_bytes() == plan.peak_bytes);
+    CHECK(seen.mismatches == 0);
+    // Each planned collective runs once inside the node and once across the nodes.
+    const int ag = static_cast<int>(plan.find(OpKind::all_gather).size());
+    const int rs = static_cast<int>(plan.find(OpKind::reduce_scatter).size());
+    CHECK(count_labels(ex.timeline(), StreamKind::all_gather,
+                       "all_gather on shared memory of "
+                       "'mesh(dp).dp.node'") == ag);
+    CHECK(count_labels(ex.timeline(), StreamKind::all_gather,
+                       "all_gather on communicator 'mesh(dp).dp.across.all_gather'") == ag);
+    CHECK(count_labels(ex.timeline(), StreamKind::reduce_scatter,
+                       "reduce_scatter on shared memory of 'mesh(dp).dp.node'") == rs);
+    CHECK(count_labels(ex.timeline(), StreamKind::reduce_scatter,
+                       "reduce_scatter on communicator 'mesh(dp).dp.across.reduce_scatter'") == rs);
+    // Gradients: the mean over ranks of (r + 1) * value, exactly.
+    int bad = 0;
+    const auto sd = fsdp::sharded_state_dict(*graph);
+    for (graph::Parameter* p : graph->parameters()) {
+      const ShardedTensor& st = sd.at(p->fqn());
+      const std::int64_t off = st.global_offset()[0] * p->shape()[1];
+      for (std::int64_t e = 0; e < p->grad().numel(); ++e)
+        bad += p->grad().at(e) != float(5 * double((off + e) % 11) / 2.0);
+    }
+    CHECK(bad == 0);
+    fsdp::fsdp_state(*graph)->zero_grad();
+  }
+}
+
 TEST_CASE_TEMPLATE("executor: compressed groups, measured peak equals the plan's", D,
                    FULLSHARD_TEST_DEVICE) {
   const int W = test::world_size();
