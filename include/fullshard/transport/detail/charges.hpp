@@ -33,7 +33,7 @@ constexpr double all_gather(Kind k, const Geometry& g, double bytes, int slice_g
     return p.collective(CollectiveKind::all_gather,
                         bytes * (slice_group - 1) / (double(g.world) - 1));
   // shm: a publish, the copy-out gathers; shm+mpi: the gather across nodes fills the windows
-  if (fusions(k, g).gather_in_copy_out && k == Kind::shm) return 0.0;
+  if (k == Kind::shm && fusions(k, g).gather_in_copy_out) return 0.0;
   return p.collective(CollectiveKind::all_gather, bytes);
 }
 /// The gathered slots into the unsharded parameters: the shared-memory gather itself (every
