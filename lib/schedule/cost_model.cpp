@@ -482,9 +482,20 @@ CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostM
       measure(*sc, [&](comm::Communicator& c, std::size_t count) {
         c.all_gather(a.data(), b.data(), count, DType::f32, s).wait();
       });
+  // Two levels: the reduce-scatter's part across the nodes is an all-to-all of the nodes' sums
+  // and the sum of the N received (what the transport runs).
   m.collective(CollectiveKind::reduce_scatter, MeshDim::shard) =
       measure(*sc, [&](comm::Communicator& c, std::size_t count) {
-        c.reduce_scatter(a.data(), b.data(), count, DType::f32, comm::ReduceOp::sum, s).wait();
+        if (!shard_split) {
+          c.reduce_scatter(a.data(), b.data(), count, DType::f32, comm::ReduceOp::sum, s).wait();
+          return;
+        }
+        c.all_to_all(a.data(), b.data(), count, DType::f32, s).wait();
+        std::vector<const void*> sums(static_cast<std::size_t>(c.size()));
+        for (int q = 0; q < c.size(); ++q)
+          sums[static_cast<std::size_t>(q)] = b.data() + static_cast<std::size_t>(q) * count;
+        kernels::reduce_sources(sums.data(), c.size(), DType::f32, DType::f32, a.data(), DType::f32,
+                                static_cast<std::int64_t>(count), 1.0, false);
       });
   if (rc)
     m.collective(CollectiveKind::all_reduce, MeshDim::replicate) =

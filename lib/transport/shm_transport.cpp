@@ -148,23 +148,32 @@ class ShmTransport final : public CommTransport {
   // the accumulation into the sharded gradients are fused in (fusions().copy_out_in_reduce:
   // reduce_copy_out has nothing left to do); with HSDP the sum goes to `output` for the
   // all-reduce. Two levels: the node's sums of the chunks of this rank's place on every node
-  // go to `input`, reduce-scattered across nodes into `output`.
+  // go to `input`; an all-to-all across the nodes brings each rank the N sums of its own chunk
+  // (each crosses the network once, to its owner; MPI's reduce-scatter of 2 ranks sends the
+  // whole buffer to one of them), which it sums in node order with the same fusions.
   comm::Work reduce_scatter(Device& dev, Channel c, Held& input, Held& output,
                             const ReduceSpec& spec) override {
     const Geometry I = geo();
     const comm::ShmWindow win = grads_;
     const std::uint64_t round = ++rs_round_;
     count(&comm::Traffic::reduce_scatter, I.reduce_dtype);
+    // Where the final sum goes: the sharded gradients, divided, cast and accumulated
+    // (fusions().copy_out_in_reduce), or `output` for HSDP's all-reduce.
     DType out_t = I.reduce_dtype;
     double divisor = 1.0;
     bool acc = false;
-    Tensor out = split_ ? input.tensor : output.tensor;
+    Tensor out = output.tensor;
     if (fusions().copy_out_in_reduce) {
       out = store().gradients_for_write();
       out_t = I.orig_dtype;
       divisor = spec.divisor;
       acc = spec.accumulate;
     }
+    // Two levels: the node's sums go to `input` first, in the reduce dtype.
+    const Tensor node_out = split_ ? input.tensor : out;
+    const DType node_t = split_ ? I.reduce_dtype : out_t;
+    const double node_divisor = split_ ? 1.0 : divisor;
+    const bool node_acc = split_ ? false : acc;
     const std::vector<std::vector<kernels::CopyRun>>* runs = &rs_runs_;
     const std::string* about = &rs_detail_;
     const int peers = shm_.size();
@@ -174,19 +183,19 @@ class ShmTransport final : public CommTransport {
       win.publish(kPublished, round);
       win.wait_all(kPublished, round, "reduce_scatter", *about);
       const std::size_t in_size = dtype_size(I.param_dtype);
-      const std::size_t out_size = dtype_size(out_t);
+      const std::size_t out_size = dtype_size(node_t);
       std::vector<const void*> sources(static_cast<std::size_t>(peers));
       const std::size_t per_target = static_cast<std::size_t>(I.shard_numel) * out_size;
       for (std::size_t n = 0; n < runs->size(); ++n) {  // one target per node
-        auto* to_base = static_cast<std::byte*>(out.data()) + n * per_target;
+        auto* to_base = static_cast<std::byte*>(node_out.data()) + n * per_target;
         for (const kernels::CopyRun& r : (*runs)[n]) {
           for (int q = 0; q < peers; ++q)
             sources[static_cast<std::size_t>(q)] =
                 win.segment(q) + static_cast<std::size_t>(r.src_offset) * in_size;
           std::byte* to = to_base + static_cast<std::size_t>(r.dst_offset) * out_size;
-          kernels::reduce_sources(sources.data(), peers, I.param_dtype, I.reduce_dtype, to, out_t,
-                                  r.len, divisor, acc);
-          if (r.pad > 0 && !acc)  // padding stays zero (+0 is all zero bits in every dtype)
+          kernels::reduce_sources(sources.data(), peers, I.param_dtype, I.reduce_dtype, to, node_t,
+                                  r.len, node_divisor, node_acc);
+          if (r.pad > 0 && !node_acc)  // padding stays zero (+0 is all zero bits in every dtype)
             std::memset(to + static_cast<std::size_t>(r.len) * out_size, 0,
                         static_cast<std::size_t>(r.pad) * out_size);
         }
@@ -194,13 +203,23 @@ class ShmTransport final : public CommTransport {
       win.publish(kRead, round);
     });
     if (!split_) return w;
-    const comm::Work reduced = split_->across(c).reduce_scatter(
-        input.tensor.data(), output.tensor.data(), static_cast<std::size_t>(I.shard_numel),
-        I.reduce_dtype, comm::ReduceOp::sum, stream(dev, c));
-    // The reduction completes with both parts (the node's sum's error is not lost).
+    // The N sums received into the second half of `input` (W = N L chunks, L >= 2).
+    const int nodes = split_->nodes();
+    const auto gsn = static_cast<std::size_t>(I.shard_numel);
+    std::byte* sent = static_cast<std::byte*>(input.tensor.data());
+    std::byte* received = sent + static_cast<std::size_t>(nodes) * gsn * dtype_size(I.reduce_dtype);
+    const comm::Work exchanged =
+        split_->across(c).all_to_all(sent, received, gsn, I.reduce_dtype, stream(dev, c));
+    // The reduction completes with every part (the node's sum's error is not lost).
     return dev.submit(c, stream(dev, c), rs_done_label_, [=] {
       w.test();
-      reduced.test();
+      exchanged.test();
+      std::vector<const void*> sums(static_cast<std::size_t>(nodes));
+      for (int n = 0; n < nodes; ++n)
+        sums[static_cast<std::size_t>(n)] =
+            received + static_cast<std::size_t>(n) * gsn * dtype_size(I.reduce_dtype);
+      kernels::reduce_sources(sums.data(), nodes, I.reduce_dtype, I.reduce_dtype, out.data(), out_t,
+                              I.shard_numel, divisor, acc);
     });
   }
 

@@ -166,7 +166,7 @@ trap cleanup_case EXIT
 # "COUNT OP on communicator 'DIM.CHANNEL'" lines (the measured events of pid 1 carry these
 # names; the plan's are AG(...), RS(...), AR(...)).
 trace_ops() {  # trace_ops TRACE.json
-  grep -oE "\"(all_gather|reduce_scatter|all_reduce) on (shared memory of|communicator) '[^']*'" "$1" \
+  grep -oE "\"(all_gather|reduce_scatter|all_reduce|all_to_all) on (shared memory of|communicator) '[^']*'" "$1" \
     | tr -d '"' | sort | uniq -c | awk '{ $1 = $1; print }'
 }
 count_op() {  # count_op OPS_FILE OP TRANSPORT DIM: the count of that line (0 when absent)
@@ -249,7 +249,7 @@ case "$case" in
          && $(grep -c "communicator" fsdp1.ops) -eq 0 ]] \
         || fail "one node, FSDP over 4: $op is not all on shared memory" fsdp1.ops
       [[ $(count_op fsdp2.ops $op "shared memory of" "mesh(shard).shard.node") -gt 0 \
-         && $(count_op fsdp2.ops $op communicator "mesh(shard).shard.across.$op") -gt 0 \
+         && $(count_op fsdp2.ops $([[ $op == all_gather ]] && echo all_gather || echo all_to_all) communicator "mesh(shard).shard.across.$op") -gt 0 \
          && $(grep -c "communicator 'mesh(shard).shard.$op'" fsdp2.ops) -eq 0 ]] \
         || fail "two nodes, FSDP over 4 (the shard dim spans the nodes): $op is not on shared memory inside the node and MPI across" fsdp2.ops
       [[ $(count_op hsdp2.ops $op "shared memory of" "mesh(replicate,shard).shard") -gt 0 \

@@ -157,7 +157,8 @@ TEST_CASE_TEMPLATE("executor: two levels (2 pretended nodes of 2 ranks), the pla
     ex.step();
     CHECK(ex.measured_peak_bytes() == plan.peak_bytes);
     CHECK(seen.mismatches == 0);
-    // Each planned collective runs once inside the node and once across the nodes.
+    // Each planned collective runs once inside the node and once across the nodes (the
+    // reduce-scatter's part across: an all-to-all of the nodes' sums).
     const int ag = static_cast<int>(plan.find(OpKind::all_gather).size());
     const int rs = static_cast<int>(plan.find(OpKind::reduce_scatter).size());
     CHECK(count_labels(ex.timeline(), StreamKind::all_gather,
@@ -168,7 +169,7 @@ TEST_CASE_TEMPLATE("executor: two levels (2 pretended nodes of 2 ranks), the pla
     CHECK(count_labels(ex.timeline(), StreamKind::reduce_scatter,
                        "reduce_scatter on shared memory of 'mesh(dp).dp.node'") == rs);
     CHECK(count_labels(ex.timeline(), StreamKind::reduce_scatter,
-                       "reduce_scatter on communicator 'mesh(dp).dp.across.reduce_scatter'") == rs);
+                       "all_to_all on communicator 'mesh(dp).dp.across.reduce_scatter'") == rs);
     // Gradients: the mean over ranks of (r + 1) * value, exactly.
     int bad = 0;
     const auto sd = fsdp::sharded_state_dict(*graph);

@@ -274,12 +274,15 @@ void compare(const DeviceMesh& shm_mesh, const DeviceMesh& mpi_mesh, const Case&
     const auto L = static_cast<std::uint64_t>(split->ranks_per_node());
     CHECK((across_after.all_gather - across_before.all_gather) * L ==
           b.traffic.all_gather - mpi_before.all_gather);
-    CHECK((across_after.reduce_scatter - across_before.reduce_scatter) * L ==
+    // (the reduce-scatter across the nodes is an all-to-all of the nodes' sums)
+    CHECK((across_after.all_to_all - across_before.all_to_all) * L ==
           b.traffic.reduce_scatter - mpi_before.reduce_scatter);
+    CHECK(across_after.reduce_scatter == across_before.reduce_scatter);
     // In all (the node's part and the part across), what MPI's collectives count.
     CHECK(a.traffic.all_gather - shm_before.all_gather ==
           b.traffic.all_gather - mpi_before.all_gather);
-    CHECK(a.traffic.reduce_scatter - shm_before.reduce_scatter ==
+    CHECK(a.traffic.reduce_scatter - shm_before.reduce_scatter + a.traffic.all_to_all -
+              shm_before.all_to_all ==
           b.traffic.reduce_scatter - mpi_before.reduce_scatter);
   }
   if (shm_mesh.size(shard_dim) > 1) {

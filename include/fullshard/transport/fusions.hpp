@@ -149,10 +149,11 @@ constexpr Fusions fusions(Kind k, const Geometry& g) noexcept {
     f.copy_out_in_reduce = g.replicate == 1;  // with HSDP the sum goes to the all-reduce first
   } else if (k == Kind::two_level) {
     // The all-gather across nodes fills the node's windows, the copy-out reads every slot
-    // where it lies; the node's sum reads the gradients in place, MPI sums across nodes and
-    // the copy-out divides.
+    // where it lies; the node's sum reads the gradients in place, and the sum of the nodes'
+    // sums (after an all-to-all across them) divides, casts and accumulates as on one node.
     f.gather_in_copy_out = true;
     f.reduce_reads_in_place = true;
+    f.copy_out_in_reduce = g.replicate == 1;
   } else if (k == Kind::nccl) {
     // 16-bit reductions sum in NCCL and divide in the copy-out: NCCL would round 1/divisor to
     // the reduce dtype (1/3 -> 0.3340 in bf16) where the host path divides in f32.
