@@ -354,7 +354,8 @@ std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
     if (device == DeviceType::cpu && s->shape[d] > 1 && collectives != HostCollectives::mpi &&
         on_one_node(split, ranks_per_node))
       s->shm[d] = std::make_unique<comm::ShmComm>(split, dim_name, timeout_s);
-    else if (device == DeviceType::cpu && s->shape[d] > 2 && collectives != HostCollectives::mpi)
+    else if (device == DeviceType::cpu && d == nd - 1 && s->shape[d] > 2 &&
+             collectives != HostCollectives::mpi)  // FSDP's shard dim only (communicators)
       s->split[d] = split_by_node(split, dim_name, timeout_s, ranks_per_node);
   }
   if (device == DeviceType::cuda) build_cuda(*s, base, mesh_name);

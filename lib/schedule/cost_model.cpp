@@ -425,8 +425,13 @@ CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostM
   std::unique_ptr<comm::Communicator> sc = shard_mpi.dup(shard_mpi.name() + ".calibrate");
   std::unique_ptr<comm::Communicator> rc =
       replicate_comm ? replicate_comm->dup(replicate_comm->name() + ".calibrate") : nullptr;
+  // Two levels: the whole shard dim starts each measurement together (every column at once,
+  // as in a step) and agrees on the slowest rank's time, so every rank gets the same model.
+  std::unique_ptr<comm::Communicator> whole =
+      shard_split ? shard_comm.dup(shard_comm.name() + ".calibrate") : nullptr;
   auto agree = [&](double v) {
     v = agree_max(*sc, s, v);
+    if (whole) v = agree_max(*whole, s, v);
     if (rc) v = agree_max(*rc, s, v);
     return v;
   };
@@ -448,7 +453,7 @@ CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostM
       std::vector<double> times;
       op(c, count);  // warm-up
       for (int r = 0; r < reps; ++r) {
-        c.barrier(s).wait();
+        (whole ? *whole : c).barrier(s).wait();
         const double t0 = MPI_Wtime();
         op(c, count);
         times.push_back((MPI_Wtime() - t0) * 1e3);
@@ -538,7 +543,7 @@ CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostM
     });
     // Reduce-scatter: publish the gradients, wait for every peer's, sum this rank's chunk of
     // each with the divide fused (into the "sharded gradients", a; two levels: a chunk per
-    // node, undivided, into the input of the reduce-scatter across), then release the chunks.
+    // node, undivided, into the input of the all-to-all across), then release the chunks.
     m.shm_collective(CollectiveKind::reduce_scatter, MeshDim::shard) =
         measure(*sc, [&](comm::Communicator&, std::size_t count) {
           win.publish(2, ++rs_round);

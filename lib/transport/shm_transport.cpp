@@ -19,7 +19,8 @@ constexpr int kRead = 1;
 // all-gather across nodes (MPI, in place) fills them and the copy-out reads all W slots where
 // they lie in the node's segments. The reduce-scatter first sums, for each node, the chunk of
 // the rank with this rank's place there over the node's gradients (read in place), into the
-// rank-major input; MPI reduce-scatters those sums across nodes and the copy-out divides.
+// rank-major input; an all-to-all across the nodes brings each rank the nodes' sums of its
+// chunk, summed as on one node (divided, cast and accumulated into the sharded gradients).
 class ShmTransport final : public CommTransport {
  public:
   ShmTransport(GroupSpec spec, const comm::ShmComm& shm, const NodeSplit* split)
@@ -84,8 +85,8 @@ class ShmTransport final : public CommTransport {
     // Published only when both parts succeeded (their errors instead: peers would read slots
     // the gather did not fill).
     return dev.submit(c, stream(dev, c), ag_publish_label_, [=] {
-      w.test();
-      gathered.test();
+      w.wait();  // both ran before (stream order): their errors instead of publishing
+      gathered.wait();
       win.publish(kPublished, round);
     });
   }
@@ -212,8 +213,8 @@ class ShmTransport final : public CommTransport {
         split_->across(c).all_to_all(sent, received, gsn, I.reduce_dtype, stream(dev, c));
     // The reduction completes with every part (the node's sum's error is not lost).
     return dev.submit(c, stream(dev, c), rs_done_label_, [=] {
-      w.test();
-      exchanged.test();
+      w.wait();  // both ran before (stream order): their errors instead of summing
+      exchanged.wait();
       std::vector<const void*> sums(static_cast<std::size_t>(nodes));
       for (int n = 0; n < nodes; ++n)
         sums[static_cast<std::size_t>(n)] =
@@ -272,7 +273,7 @@ class ShmTransport final : public CommTransport {
   std::string ag_detail_, rs_detail_;  // "<gsn> x <dtype>, group <name>"
   std::string ag_label_, rs_label_;    // "all_gather on shared memory of '<comm>' (<detail>)"
   std::string ag_publish_label_;       // two levels: after the gather across nodes
-  std::string rs_done_label_;          // two levels: after the reduce-scatter across nodes
+  std::string rs_done_label_;          // two levels: the sum of the nodes' sums
 
   // Rank q's slot of the all-gather window.
   std::byte* slot(int q) const {

@@ -179,8 +179,9 @@ class DeviceMesh {
   /// through MPI or the two-level transport: a dim of size 1, a dim whose ranks span nodes
   /// (node_split), or FULLSHARD_HOST_COLLECTIVES=mpi.
   const comm::ShmComm* shm(const std::string& dim) const;
-  /// The dim's ranks grouped by node (the two-level host transport), or nullptr: a dim inside
-  /// one node, nodes holding different numbers of the dim's ranks or one each, a CUDA mesh,
+  /// The dim's ranks grouped by node (the two-level host transport), or nullptr: a dim other
+  /// than the last (FSDP's shard dim; made for it alone), a dim inside one node, nodes holding
+  /// different numbers of the dim's ranks or one each, a CUDA mesh,
   /// FULLSHARD_HOST_COLLECTIVES=mpi.
   const NodeSplit* node_split(const std::string& dim) const;
   /// The transport choice the mesh was made with (FULLSHARD_HOST_COLLECTIVES).

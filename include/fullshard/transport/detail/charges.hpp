@@ -62,7 +62,8 @@ constexpr double reduce_scatter(Kind k, const Geometry& g, double bytes, const P
            p.collective(CollectiveKind::reduce_scatter, bytes);
   if (g.world > 1 && k == Kind::shm) return p.shm_collective(CollectiveKind::reduce_scatter, bytes);
   // shm+mpi: the node's sum reads every peer's chunks for the ranks of the same place on each
-  // node (W chunks, as the one-node sum), then the reduce-scatter across nodes.
+  // node (W chunks, as the one-node sum), then the part across nodes (an all-to-all of the
+  // nodes' sums and their sum, which the shard dim's calibrated pair prices).
   if (g.world > 1 && k == Kind::two_level)
     return p.shm_collective(CollectiveKind::reduce_scatter, bytes) +
            p.collective(CollectiveKind::reduce_scatter, bytes);
