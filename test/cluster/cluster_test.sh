@@ -145,6 +145,22 @@ submit() {  # submit SBATCH-ARGS...: sets $job
   job="${job%%;*}"
   jobs_started+=("$job")
 }
+# Waits for job J (output PREFIX-J.out, submitted with SBATCH-ARGS); a job that Open MPI's
+# startup race crashed (startup_crash) is submitted once more. Sets $job, $out and $state.
+wait_job() {  # wait_job J PREFIX SBATCH-ARGS...
+  local j="$1" prefix="$2"
+  shift 2
+  out="$prefix-$j.out"
+  wait_ended "$j" 120 "$out"
+  if [[ "$state" != COMPLETED ]] && startup_crash "$out"; then
+    echo "NOTE: job $j: Open MPI crashed inside MPI_Init (its startup race under srun, see startup_crash); submitted once more"
+    submit "$@"
+    j="$job"
+    out="$prefix-$j.out"
+    wait_ended "$j" 120 "$out"
+  fi
+  job="$j"
+}
 wait_line() {  # wait_line FILE ERE S WHAT: until FILE has a line matching ERE, at most S seconds
   local t=0
   until grep -qE "$2" "$1" 2>/dev/null; do
@@ -309,13 +325,15 @@ case "$case" in
     }
     run_n ref 20 "$mpiexec" "${across[@]}" "$train" "${small[@]}" --steps 20 --mesh 2x2
     # Both jobs queued at once: they run one after the other (each takes both nodes' CPUs).
-    submit "${nodes2[@]}" "$root/scripts/slurm/fullshard-train.sbatch" "${small[@]}" --steps 20 --log-every 1
+    train_job=("${nodes2[@]}" "$root/scripts/slurm/fullshard-train.sbatch" "${small[@]}" --steps 20 --log-every 1)
+    heat_job=("${nodes2[@]}" "$root/scripts/slurm/heat-surrogate.sbatch" --nx 96 --ny 96 --steps 600
+      --interval 4 --radius 2 --samples 256 --eval-points 256 --hidden 64 --blocks 2 --batch 128 --report-every 50)
+    submit "${train_job[@]}"
     jt="$job"
-    submit "${nodes2[@]}" "$root/scripts/slurm/heat-surrogate.sbatch" --nx 96 --ny 96 --steps 600 \
-      --interval 4 --radius 2 --samples 256 --eval-points 256 --hidden 64 --blocks 2 --batch 128 --report-every 50
+    submit "${heat_job[@]}"
     jh="$job"
-    out="fullshard-train-$jt.out"
-    wait_ended "$jt" 120 "$out"
+    wait_job "$jt" fullshard-train "${train_job[@]}"
+    jt="$job"
     [[ "$state" == COMPLETED ]] || fail "job $jt ended $state (exit code $(job_field "$jt" ExitCode))" "$out"
     grep -q "run 0 of this job on fsnode\[1-2\], 4 ranks" "$out" || fail "job $jt: not 4 ranks on fsnode[1-2]" "$out"
     grep -q "on (replicate=2, shard=2) rank 0" "$out" || fail "job $jt: the script did not pick HSDP 2x2 on 2 nodes" "$out"
@@ -325,8 +343,8 @@ case "$case" in
     done
     losses "$out" >job
     bitwise "sbatch -N 2 fullshard-train.sbatch against mpirun --mesh 2x2" ref job
-    out="heat-surrogate-$jh.out"
-    wait_ended "$jh" 120 "$out"
+    wait_job "$jh" heat-surrogate "${heat_job[@]}"
+    jh="$job"
     [[ "$state" == COMPLETED ]] || fail "job $jh ended $state (exit code $(job_field "$jh" ExitCode))" "$out"
     grep -q "^ranks: 2 simulate .*, 2 train (ranks 0-1)" "$out" \
       || fail "job $jh: heat-surrogate did not split 2 simulating + 2 training ranks (--train-ranks 2)" "$out"
