@@ -51,6 +51,7 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
   // CPUOffloadPolicy: the sharded parameters and gradients stay in host memory (on a CPU
   // mesh they are host memory anyway: the policy changes nothing there).
   shard_space_ = options.offload_policy ? MemorySpace::host : space;
+  engine_.shards_offloaded = shard_space_ != space;
 
   if (!params_.empty()) I.orig_dtype = params_[0]->dtype();
   for (auto* p : params_)

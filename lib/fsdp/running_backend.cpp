@@ -171,6 +171,12 @@ Event RunningBackend::gather_copy_out(const OpDesc& d, engine::Group& g, const B
 }
 
 Event RunningBackend::grad_init(const OpDesc& d, engine::Group& g, Buf& grads) {
+  if (!grads.held) {  // the sharded gradients stand for the unsharded ones
+    pg(g).ensure_sharded_grads();
+    transport::Held sharded;
+    sharded.tensor = pg(g).sharded_grads();
+    return done(d, transport(g).zero_grads(*device_, channel(d.stream), sharded));
+  }
   comm::Work w = transport(g).zero_grads(*device_, channel(d.stream), mem(grads));
   used(d, grads, w);
   return done(d, std::move(w));
@@ -286,7 +292,7 @@ void RunningBackend::show_sharded(engine::Group& g) {
 // finished first.
 void RunningBackend::show_unsharded(engine::Group& g) {
   device_->host_reads(Channel::main);
-  pg(g).show_unsharded(mem(g.arena).tensor);
+  pg(g).show_unsharded(g.arena.held ? mem(g.arena).tensor : pg(g).sharded());
 }
 void RunningBackend::show_unsharded_grads(engine::Group& g) {
   if (g.external_grads) {
@@ -294,7 +300,7 @@ void RunningBackend::show_unsharded_grads(engine::Group& g) {
     return;
   }
   device_->host_reads(Channel::main);
-  pg(g).show_unsharded_grads(mem(g.grads).tensor);
+  pg(g).show_unsharded_grads(g.sharded_grads_live ? pg(g).sharded_grads() : mem(g.grads).tensor);
 }
 void RunningBackend::show_sharded_grads(engine::Group& g) {
   pg(g).show_sharded_grads();

@@ -744,6 +744,68 @@ TEST_CASE_TEMPLATE("reset_iter_state after an exception in a backward callback",
   check_shards_and_grads(bag, {{0}}, W());
 }
 
+TEST_CASE_TEMPLATE(
+    "one rank: the shards are the parameters, backward adds into the sharded gradients, and a "
+    "failed backward drops only gradients that started from zero",
+    D, FULLSHARD_TEST_DEVICE) {
+  Bag bag(D::space);
+  Module& l0 = bag.add("l0", {{"w", {6, 3}}});
+  Module& l1 = bag.add("l1", {{"w", {4}}});
+  auto mesh = world_mesh<D>();
+  fsdp::fully_shard(l0, mesh);
+  fsdp::fully_shard(l1, mesh);
+  auto& root = fsdp::fully_shard(*bag.root, mesh);
+  Parameter& w = l0.param(0);
+  const void* seen_data = nullptr;
+  const void* seen_grad = nullptr;
+  bool fail = false;
+  auto forward = l0.forward_callback();
+  auto backward = l0.backward_callback();
+  l0.on_forward([&](Module& m) {
+    seen_data = w.data().data();
+    forward(m);
+  });
+  l0.on_backward([&](Module& m) {
+    if (fail) throw std::runtime_error("backward failed");
+    seen_grad = w.grad().data();
+    backward(m);
+  });
+  bag.step(0);
+  CHECK(bag.forward_mismatches == 0);
+  check_shards_and_grads(bag, {{0}}, W());
+  // One rank: no unsharded copy of either (W > 1: the gathered parameters and the unsharded
+  // gradients are buffers of their own).
+  CHECK((seen_data == w.data().data()) == (W() == 1));
+  CHECK((seen_grad == w.grad().data()) == (W() == 1));
+  bag.step(1);  // no zero_grad: gradients that hold values take the buffered path
+  check_shards_and_grads(bag, {{0}, {1}}, W());
+  CHECK(seen_grad != w.grad().data());
+
+  // A failed backward into gradients that held values leaves them as they were.
+  const Tensor before = test::host_copy(w.grad());
+  fail = true;
+  fsdp::forward(*bag.root);
+  CHECK_THROWS_WITH(fsdp::backward(*bag.root), "backward failed");
+  root.reset_iter_state();
+  REQUIRE(w.grad().defined());
+  const Tensor after = test::host_copy(w.grad());
+  for (std::int64_t e = 0; e < before.numel(); ++e)
+    CHECK(after.at(e) == before.at(e));
+
+  // From zero, a failed backward drops what it added into (one rank: l0's sharded gradients).
+  root.zero_grad();
+  fsdp::forward(*bag.root);
+  CHECK_THROWS_WITH(fsdp::backward(*bag.root), "backward failed");
+  root.reset_iter_state();
+  CHECK(!w.grad().defined());
+  CHECK(l1.param(0).grad().defined());  // reduced before l0's backward failed
+  root.zero_grad();
+  fail = false;
+  bag.step(2);
+  check_shards_and_grads(bag, {{2}}, W());
+  CHECK((seen_grad == w.grad().data()) == (W() == 1));
+}
+
 TEST_CASE_TEMPLATE("a group prefetched in backward but never used is resharded at the end", D,
                    FULLSHARD_TEST_DEVICE) {
   Bag bag(D::space);

@@ -53,7 +53,8 @@ enum class OpKind : std::uint8_t {
                     // accumulation and its add-back (stream of the last collective)
   reshard,          // frees unsharded parameters after forward / backward (compute, 0 ms)
   grad_init,        // zeroes the unsharded gradient arena at pre-backward (compute; not with
-                    // external gradients)
+                    // external gradients), or the sharded gradients that stand for it
+                    // (Group::grads_are_sharded)
   wait,             // the host waits for pending reductions (compute)
 };
 const char* op_kind_name(OpKind k) noexcept;
@@ -274,6 +275,9 @@ class Group {
   // parameters' grad() shows; a no_sync backward kept them registered on the parameters.
   bool external_grads_pending = false;
   bool external_grads_kept = false;
+  // grads_are_sharded: this backward (or no_sync run of backwards) adds into the sharded
+  // gradients, which stand for the unsharded ones until its reduction.
+  bool sharded_grads_live = false;
   Event gather_done;
   Buf gather, arena, post_forward, grads, partial;
 
@@ -292,11 +296,30 @@ class Group {
   /// the reduce-scatter copy-in reads them where they are (an undefined grad() reads as zeros).
   bool external_grads = false;
   double divide_factor = 0.0;  // 0: the data-parallel size
+  /// CPUOffloadPolicy on a device mesh: the shards are in host memory, the unsharded
+  /// parameters in the device's.
+  bool shards_offloaded = false;
   std::vector<Group*> forward_prefetch;
   std::vector<Group*> backward_prefetch;
 
   bool post_forward_slicing() const noexcept {
     return reshard_after_forward.value() > 1 && reshard_after_forward.value() < info.world;
+  }
+  /// A shard group of one rank without a cast, its shards where the compute reads: the
+  /// sharded storage (one slot, the arena's layout) is the unsharded parameters; no
+  /// unsharded buffer, no copy-out.
+  bool shards_are_params() const noexcept {
+    return info.world == 1 && !info.cast() && info.shard_numel == info.arena_numel &&
+           !shards_offloaded;
+  }
+  /// ... and its reduction would only copy (no replicate all-reduce, no reduce-dtype cast,
+  /// a divisor of 1, gradients the engine owns): backward adds into the sharded gradients
+  /// themselves; no gradient buffer, copy-in, reduce-scatter or copy-out. Taken when the
+  /// sharded gradients start from zero (after zero_grad), so that a failed backward never
+  /// touches gradients accumulated before it.
+  bool grads_are_sharded() const noexcept {
+    return shards_are_params() && !external_grads && info.replicate == 1 &&
+           info.reduce_dtype == info.orig_dtype && (divide_factor <= 0 || divide_factor == 1);
   }
 };
 
@@ -386,6 +409,8 @@ class Backend {
   /// with `keep`, also keep this rank's k-group slice of `src` for the backward all-gather.
   virtual Event gather_copy_out(const OpDesc& d, Group& g, const Buf* src, Buf& arena,
                                 Buf* keep) = 0;
+  /// grads <- 0; without a held buffer, the sharded gradients (made when missing) <- 0
+  /// (Group::grads_are_sharded).
   virtual Event grad_init(const OpDesc& d, Group& g, Buf& grads) = 0;
   virtual Event reduce_copy_in(const OpDesc& d, Group& g, Buf& grads, Buf& input) = 0;
   /// The reduction's divisor and accumulation (`spec`) are the copy-out's, for a transport
@@ -414,9 +439,9 @@ class Backend {
   // ---- what the parameters show (running backend only) ----
   /// data() the shards, grad() the sharded gradients (or none).
   virtual void show_sharded(Group& g) = 0;
-  /// data() the unsharded parameters.
+  /// data() the unsharded parameters (the shards when Group::shards_are_params).
   virtual void show_unsharded(Group& g) = 0;
-  /// grad() the unsharded gradients.
+  /// grad() the unsharded gradients (the sharded ones while Group::sharded_grads_live).
   virtual void show_unsharded_grads(Group& g) = 0;
   /// grad() the sharded gradients (or none).
   virtual void show_sharded_grads(Group& g) = 0;

@@ -154,6 +154,13 @@ struct StateMachine {
     B& b = be(g);
     await_gather(g);
     const GroupInfo& I = g.info;
+    if (g.shards_are_params()) {  // the shards are shown as the unsharded parameters
+      g.gather_in_flight = false;
+      g.gather_done = Event();
+      g.state = ShardedState::unsharded;
+      b.show_unsharded(g);
+      return;
+    }
     wait(b, StreamKind::compute, g.gather_done);
     OpDesc& d = begin(StreamKind::compute, OpKind::copy_out, g, I.unsharded_bytes());
     g.arena = b.acquire(g, BufKind::unsharded, I.arena_numel, I.param_dtype);
@@ -216,7 +223,15 @@ struct StateMachine {
       be(g).show_unsharded_grads(g);
       return;
     }
-    if (!g.grads.held) {
+    if (!g.sharded_grads_live && !g.grads.held && !g.has_sharded_grads && g.grads_are_sharded()) {
+      // Backward adds into the sharded gradients (zeroed here): the reduction is a no-op.
+      B& b = be(g);
+      OpDesc& d = begin(StreamKind::compute, OpKind::grad_init, g, g.info.unsharded_bytes());
+      Buf none;
+      b.grad_init(d, g, none);
+      g.sharded_grads_live = true;
+    }
+    if (!g.grads.held && !g.sharded_grads_live) {
       B& b = be(g);
       OpDesc& d = begin(StreamKind::compute, OpKind::grad_init, g, g.info.unsharded_bytes());
       g.grads = b.acquire(g, BufKind::grads, g.info.arena_numel, g.info.param_dtype);
@@ -316,13 +331,20 @@ struct StateMachine {
   }
 
   static void reduce_gradients(Group& g) {
-    if (!g.grads.held && !g.external_grads_pending) return;  // its backward did not run
+    // Its backward did not run.
+    if (!g.grads.held && !g.external_grads_pending && !g.sharded_grads_live) return;
     if (!g.reduce_grads) {  // no_sync: the unsharded gradients keep accumulating
       if (g.external_grads_pending) {
         g.external_grads_kept = true;
         g.external_grads_pending = false;
         be(g).keep_external_grads(g, true);
       }
+      return;
+    }
+    if (g.sharded_grads_live) {  // backward wrote the reduced shard itself
+      g.sharded_grads_live = false;
+      g.has_sharded_grads = true;
+      be(g).show_sharded_grads(g);
       return;
     }
     B& b = be(g);
@@ -393,6 +415,11 @@ struct StateMachine {
       g->state = ShardedState::sharded;
       if (g->external_grads_kept) be(r).keep_external_grads(*g, false);
       g->external_grads_pending = g->external_grads_kept = false;
+      if (g->sharded_grads_live) {  // partial sums in gradients that started from zero
+        g->sharded_grads_live = false;
+        g->has_sharded_grads = false;
+        be(r).drop_sharded_grads(*g);
+      }
       be(r).show_sharded(*g);
       release(*g, g->gather);
       release(*g, g->arena);
@@ -406,6 +433,7 @@ struct StateMachine {
 
   static void zero_grad(Group& g) {
     g.has_sharded_grads = false;
+    g.sharded_grads_live = false;
     if (!g.root) return;
     B& b = be(g);
     if (g.external_grads_kept) b.keep_external_grads(g, false);
