@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <fstream>
 #include <map>
@@ -691,7 +692,67 @@ class Trainer {
       save(step + 1, loss);
   }
 
+  /// Collective: every rank copies at once (as many busy cores as ranks), so each sees the
+  /// memory bandwidth it shares with the others during a step. Bytes read plus written per
+  /// second, fastest of five 64 MiB memcpy calls (GB/s).
+  static double shared_memcpy_gb_per_s() {
+    const std::size_t bytes = std::size_t{64} << 20;
+    std::vector<char> a(bytes, 1), b(bytes, 0);  // written first: no page faults in the timing
+    MPI_Barrier(MPI_COMM_WORLD);
+    double best = 1e300;
+    for (int r = 0; r < 5; ++r) {
+      const auto t0 = Clock::now();
+      std::memcpy(b.data(), a.data(), bytes);
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    return 2.0 * static_cast<double>(bytes) / std::max(best, 1e-9) / 1e9;
+  }
+
+  /// The bytes a step must move per rank (docs/plan-format.md, "The byte floor"): the
+  /// backward's gradient writes (F, the unsharded parameters in the compute dtype), the
+  /// optimizer's reads and writes of this rank's f32 shards (P: SGD 3P, with momentum 5P,
+  /// AdamW 7P) and, on a shard group of more than one rank, each all-gather's writes of the
+  /// unsharded parameters and the reduce-scatter's reads of the gradients (F each).
+  void print_floor(double step_ms, double gb_per_s) const {
+    const schedule::Plan& plan = model_.plan();
+    const double F =
+        static_cast<double>(model_.num_params()) *
+        static_cast<double>(fullshard::dtype_size(c_.param_dtype.value_or(fullshard::DType::f32)));
+    const double P = static_cast<double>(plan.sharded_bytes);
+    const int passes = c_.optimizer == "adamw" ? 7 : (c_.momentum > 0 ? 5 : 3);
+    const int W = mesh_.shape().back();
+    double gather = 0.0;  // each all-gather writes W slots of its shard (op.bytes)
+    for (const schedule::Op& op : plan.ops)
+      if (op.kind == schedule::OpKind::all_gather)
+        gather += static_cast<double>(op.bytes) * (op.k > 0 ? op.k : W);
+    const double reduce = W > 1 ? F : 0.0;
+    const double total = F + passes * P + gather + reduce;
+    const double floor_ms = total / (gb_per_s * 1e6);
+    std::printf(
+        "byte floor per rank and step: %.1f MiB = gradient writes %.1f + optimizer %.1f (%dP) + "
+        "all-gather writes %.1f (%.2f x F) + reduce-scatter reads %.1f; %.2f ms at %.1f GB/s "
+        "(memcpy, bytes read + written, every one of the %d ranks copying); measured median step "
+        "%.3f ms "
+        "= %.2f x the floor's time\n",
+        total / kMiB, F / kMiB, passes * P / kMiB, passes, gather / kMiB, F > 0 ? gather / F : 0.0,
+        reduce / kMiB, floor_ms, gb_per_s, static_cast<int>(dp_), step_ms,
+        floor_ms > 0 ? step_ms / floor_ms : 0.0);
+    if (c_.predict && measured_steps_ > 0) {  // the callbacks stand for the GEMMs
+      const auto of = [&](const char* k) {
+        const auto it = measured_kind_ms_.find(k);
+        return it == measured_kind_ms_.end() ? 0.0 : it->second / measured_steps_;
+      };
+      const double fixed = step_ms - of("fwd") - of("bwd");
+      std::printf(
+          "fixed cost: %.3f ms (the step minus its forward and backward callbacks, %.3f ms) = "
+          "%.2f x the floor's time\n",
+          fixed, of("fwd") + of("bwd"), floor_ms > 0 ? fixed / floor_ms : 0.0);
+    }
+  }
+
   void summary(int first_step, double total_s) {
+    const double memcpy_gb_per_s = shared_memcpy_gb_per_s();
     if (rank_ != 0) return;
     const int steps_run = std::max(0, last_step_ - first_step);
     auto median = [](std::vector<double> v) {
@@ -705,6 +766,10 @@ class Trainer {
         steps_run, total_s, first_loss_, last_loss_, median(step_ms_), median(comm_ms_),
         model_.executor().measured_peak_bytes() / kMiB, model_.plan().peak_bytes / kMiB,
         peak_rss_mib());
+    if (steps_run > 1) {
+      std::vector<double> after_first(step_ms_.begin() + 1, step_ms_.end());
+      print_floor(median(after_first), memcpy_gb_per_s);
+    }
     if (c_.predict) print_prediction(median);
     // Bytes per step against FSDP's reference: every parameter all-gathered in forward and
     // again in backward, and its gradient reduce-scattered once (3x the parameter bytes).
