@@ -161,6 +161,26 @@ wait_job() {  # wait_job J PREFIX SBATCH-ARGS...
   fi
   job="$j"
 }
+# As wait_line, for job J's output PREFIX-J.out (submitted with SBATCH-ARGS); a job that Open
+# MPI's startup race crashed first (startup_crash) is submitted once more. Sets $job and $out.
+wait_job_line() {  # wait_job_line J PREFIX ERE S SBATCH-ARGS...
+  local j="$1" prefix="$2" re="$3" s="$4" t=0 st retried=0
+  shift 4
+  out="$prefix-$j.out"
+  until grep -qE "$re" "$out" 2>/dev/null; do
+    st="$(job_field "$j" JobState)"
+    if ((retried == 0)) && [[ -n "$st" && ! "$st" =~ ^(PENDING|CONFIGURING|RUNNING|COMPLETING)$ ]] \
+      && startup_crash "$out"; then
+      echo "NOTE: job $j: Open MPI crashed inside MPI_Init (its startup race under srun, see startup_crash); submitted once more"
+      submit "$@"
+      j="$job" out="$prefix-$job.out" retried=1 t=0
+      continue
+    fi
+    ((t++ < s * 5)) || fail "no line matching '$re' in $out within $s s (job $j: $st)" "$out"
+    sleep 0.2
+  done
+  job="$j"
+}
 wait_line() {  # wait_line FILE ERE S WHAT: until FILE has a line matching ERE, at most S seconds
   local t=0
   until grep -qE "$2" "$1" 2>/dev/null; do
@@ -404,11 +424,11 @@ case "$case" in
     unset TRAIN_MAX_REQUEUES SLURM_DEBUG
     export TRAIN_CHECKPOINT_DIR="$dir/ckpt" TRAIN_SAVE_EVERY=100
     small=(--layers 2 --hidden 64 --inputs 16 --outputs 4 --batch 32 --seed 3 --steps 100000000)
-    submit -N 2 --ntasks-per-node=2 -c1 --gpus-per-node=0 "$root/scripts/slurm/fullshard-train.sbatch" \
-      "${small[@]}" --log-every 100
+    killed_job=(-N 2 --ntasks-per-node=2 -c1 --gpus-per-node=0 "$root/scripts/slurm/fullshard-train.sbatch"
+      "${small[@]}" --log-every 100)
+    submit "${killed_job[@]}"
+    wait_job_line "$job" fullshard-train "^checkpoint: step [0-9]+ saved" 90 "${killed_job[@]}"
     j="$job"
-    out="fullshard-train-$j.out"
-    wait_line "$out" "^checkpoint: step [0-9]+ saved" 90 "job $j: $(job_field "$j" JobState)"
     victims="$(node_procs fullshard-train | tr ' ' '\n' | awk -F: '$1 == "fsnode2" { print $2 }')"
     [[ $(wc -w <<<"$victims") -eq 2 ]] || fail "expected 2 fullshard-train ranks on fsnode2, found: $(node_procs fullshard-train)" "$out"
     # (not `pkill -f` inside the node: the nodes share this machine's PID namespace)
