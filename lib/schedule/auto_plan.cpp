@@ -345,7 +345,8 @@ class Search {
   // the all-gather stream every group's forward all-gather; the reduce-scatter stream every
   // reduce-scatter. Memory: the persistent bytes
   // plus, for each group, its gather buffer and unsharded parameters (held together at its
-  // forward copy-out).
+  // forward copy-out; a one-rank group without a cast holds neither: its shards are its
+  // parameters, engine::Group::shards_are_params).
   std::pair<double, std::size_t> bounds(const Plan& p) const {
     double compute = 0, ag = 0, rs = 0;
     for (const Op& op : p.ops) {
@@ -361,7 +362,8 @@ class Search {
     }
     std::size_t group = 0;
     for (const PlannedGroup& g : p.groups)
-      if (g.layout.arena_numel > 0) group = std::max(group, g.gather_bytes() + g.unsharded_bytes());
+      if (g.layout.arena_numel > 0 && !(g.shard_size() == 1 && g.param_dtype == g.orig_dtype))
+        group = std::max(group, g.gather_bytes() + g.unsharded_bytes());
     const std::size_t persistent =
         predicted_memory_bytes(p, o_.state_bytes_per_param_byte, o_.reserved_bytes) - p.peak_bytes;
     return {std::max({compute, ag, rs}), persistent + group};
