@@ -281,7 +281,16 @@ void FSDPModule::set_gradient_divide_factor(double factor) {
   if (!(factor > 0))
     throw InvalidArgument("set_gradient_divide_factor(" + std::to_string(factor) + ") on '" +
                           module_->fqn() + "': the factor must be > 0");
-  group_->engine().divide_factor = factor;
+  engine::Group& g = group_->engine();
+  // One rank, no_sync: the micro-batches' gradients are summed in the sharded gradients,
+  // which their reduction will not divide (engine::Group::grads_are_sharded).
+  if (g.sharded_grads_live && factor != (g.divide_factor > 0 ? g.divide_factor : 1.0))
+    throw InvalidArgument("set_gradient_divide_factor(" + std::to_string(factor) + ") on '" +
+                          module_->fqn() +
+                          "': its one-rank group is accumulating gradients without sync; set "
+                          "the factor before the first micro-batch or after the synchronised "
+                          "backward");
+  g.divide_factor = factor;
 }
 void FSDPModule::set_modules_to_forward_prefetch(const std::vector<graph::Module*>& modules) {
   group_->engine().forward_prefetch =
@@ -448,7 +457,7 @@ namespace fullshard::fsdp {
 
 void use_external_gradients(FSDPModule& st) {
   engine::Group& g = detail::group_of(st).engine();
-  if (g.grads.held)
+  if (g.grads.held || g.sharded_grads_live)
     throw InvalidArgument("use_external_gradients('" + detail::group_name(st) +
                           "'): the group's backward has already begun");
   g.external_grads = true;

@@ -51,7 +51,7 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
   // CPUOffloadPolicy: the sharded parameters and gradients stay in host memory (on a CPU
   // mesh they are host memory anyway: the policy changes nothing there).
   shard_space_ = options.offload_policy ? MemorySpace::host : space;
-  engine_.shards_offloaded = shard_space_ != space;
+  engine_.shards_offloaded = options.offload_policy.has_value();
 
   if (!params_.empty()) I.orig_dtype = params_[0]->dtype();
   for (auto* p : params_)
@@ -277,11 +277,13 @@ void ParamGroup::show_sharded() {
 }
 
 void ParamGroup::show_sharded_grads() {
+  // Gradients that micro-batches without sync are still summing into (one rank) are not
+  // shown until their reduction, as the unsharded ones of a larger group are not.
+  const bool shown = sharded_grads_.data() && !engine_.sharded_grads_live;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& m = layout_.members[i];
-    params_[i]->set_grad(sharded_grads_.data()
-                             ? sharded_grads_.flat_view(m.slot_offset, m.layout.local_shape)
-                             : Tensor());
+    params_[i]->set_grad(shown ? sharded_grads_.flat_view(m.slot_offset, m.layout.local_shape)
+                               : Tensor());
     if (auto* b = params_[i]->binding()) b->grad_shown(*params_[i], true);
   }
 }

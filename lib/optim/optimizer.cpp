@@ -84,7 +84,7 @@ void for_each_element(const char* label, const Kernel& k, std::int64_t n, Memory
   (void)label, (void)space, (void)stream, (void)execs;
 #endif
   // The kernels' arrays never overlap: no run-time alias check.
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #pragma GCC ivdep
 #endif
   for (std::int64_t e = 0; e < n; ++e)

@@ -278,6 +278,7 @@ EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory)
     g.reduce_grads = p.options.requires_gradient_sync;
     g.all_reduce_grads = p.options.requires_all_reduce;
     g.external_grads = p.options.external_gradients;
+    g.shards_offloaded = pg.options && pg.options->offload_policy.has_value();
     if (p.options.backward_prefetch == BackwardPrefetch::none) g.explicit_backward_prefetch = true;
   }
   p.forward_prefetch.assign(n, {});

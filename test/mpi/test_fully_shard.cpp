@@ -804,6 +804,19 @@ TEST_CASE_TEMPLATE(
   bag.step(2);
   check_shards_and_grads(bag, {{2}}, W());
   CHECK((seen_grad == w.grad().data()) == (W() == 1));
+
+  // Micro-batches without sync: no gradient is shown until the synchronised backward (one
+  // rank: the sums are in the sharded gradients, whose divide factor cannot change then).
+  root.zero_grad();
+  root.set_requires_gradient_sync(false);
+  bag.step(0);
+  CHECK(!w.grad().defined());
+  if (W() == 1)
+    CHECK_THROWS_WITH_AS(fsdp::fsdp_state(l0)->set_gradient_divide_factor(2.0),
+                         doctest::Contains("accumulating gradients without sync"), InvalidArgument);
+  root.set_requires_gradient_sync(true);
+  bag.step(1);
+  check_shards_and_grads(bag, {{0, 1}}, W());
 }
 
 TEST_CASE_TEMPLATE("a group prefetched in backward but never used is resharded at the end", D,

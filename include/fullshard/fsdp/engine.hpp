@@ -296,8 +296,9 @@ class Group {
   /// the reduce-scatter copy-in reads them where they are (an undefined grad() reads as zeros).
   bool external_grads = false;
   double divide_factor = 0.0;  // 0: the data-parallel size
-  /// CPUOffloadPolicy on a device mesh: the shards are in host memory, the unsharded
-  /// parameters in the device's.
+  /// CPUOffloadPolicy (on a device mesh the shards are in host memory, the unsharded
+  /// parameters in the device's; set on any mesh, so that a plan, which knows no device,
+  /// takes the same path as the run).
   bool shards_offloaded = false;
   std::vector<Group*> forward_prefetch;
   std::vector<Group*> backward_prefetch;
