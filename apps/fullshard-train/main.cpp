@@ -73,6 +73,10 @@ const char* const kUsage =
     "  --warmup N            linear warm-up steps, then cosine decay to 0 at S (default: no\n"
     "                        schedule, constant lr)\n"
     "  --clip X              clip the global gradient norm to X (default: off)\n"
+    "  --optimizer-in-backward\n"
+    "                        each group's update runs inside backward, as soon as its\n"
+    "                        reduction lands, on the reduction's stream (the same values; no\n"
+    "                        gradient is kept; not with --clip)\n"
     "device:\n"
     "  --device cpu|cuda     where the model trains: cpu (host memory, MPI collectives,\n"
     "                        OpenBLAS; the default) or cuda (one GPU per rank: a CUDA mesh,\n"
@@ -162,6 +166,7 @@ struct Config {
   std::string trace;
   std::string cost_file, compute_file, graph_out;
   bool predict = false;
+  bool optimizer_in_backward = false;
   int log_every = 1;
   std::string checkpoint_dir, resume_dir, init_from;
   int save_every = 0;
@@ -273,6 +278,9 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
     else if (f == "--predict") {
       a.no_value();
       c.predict = true;
+    } else if (f == "--optimizer-in-backward") {
+      a.no_value();
+      c.optimizer_in_backward = true;
     } else if (f == "--log-every")
       c.log_every = a.int_value(1);
     else if (f == "--checkpoint-dir")
@@ -332,6 +340,12 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
     throw apps::UsageError{"--warmup " + std::to_string(c.warmup) + " must be below --steps " +
                            std::to_string(c.steps)};
   if (!c.cost_file.empty() || !c.compute_file.empty()) c.predict = true;
+  if (c.optimizer_in_backward && c.clip > 0)
+    throw apps::UsageError{
+        "--clip and --optimizer-in-backward: a global norm needs every gradient before any "
+        "update, and the updates inside backward consume each group's gradient as it lands"};
+  if (c.optimizer_in_backward)  // the plan has each group's update (its state arrays)
+    c.plan.optimizer_in_backward_states = c.optimizer == "adamw" ? 2 : (c.momentum > 0 ? 1 : 0);
   auto& mp = c.plan.defaults.mp_policy;
   mp.param_dtype = c.param_dtype;
   mp.reduce_dtype = c.reduce_dtype
@@ -483,6 +497,7 @@ class Trainer {
       adamw_ = o.get();
       opt_ = std::move(o);
     }
+    if (c.optimizer_in_backward) opt_->run_in_backward();
     if (c.warmup >= 0) schedule_.emplace(c.lr, c.warmup, c.steps);
     // This rank's slice of every global batch: rows split as evenly as possible.
     const std::int64_t dp_rank = mesh_.rank();
@@ -797,7 +812,8 @@ class Trainer {
     const schedule::Plan& plan = model_.plan();
     const double serial = schedule::serial_step_ms(plan);
     const double elements = static_cast<double>(plan.sharded_bytes) / sizeof(float);
-    const double opt = rates_.optimizer_ms(c_.optimizer, elements);
+    // Inside backward the updates are the plan's (its update operations).
+    const double opt = c_.optimizer_in_backward ? 0.0 : rates_.optimizer_ms(c_.optimizer, elements);
     // More ranks than cores: a rank also waits for its core-mates' modules (beyond one
     // scheduler slice, or where they do not fit into its collectives) and optimizer
     // (schedule::core_wait_ms; whole-core rates only).
@@ -1177,6 +1193,7 @@ std::vector<apps::OptionValue> option_values(const Config& c) {
           {"--cost", c.cost_file},
           {"--compute", c.compute_file},
           {"--predict", c.predict ? "on" : "off"},
+          {"--optimizer-in-backward", c.optimizer_in_backward ? "on" : "off"},
           {"--memory-budget", std::to_string(c.memory_budget)},
           {"--checkpoint-dir", c.checkpoint_dir},
           {"--save-every", std::to_string(c.save_every)},

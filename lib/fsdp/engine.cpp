@@ -44,6 +44,8 @@ const char* op_kind_name(OpKind k) noexcept {
       return "grad_init";
     case OpKind::wait:
       return "wait";
+    case OpKind::update:
+      return "update";
   }
   return "?";
 }

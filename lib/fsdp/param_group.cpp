@@ -226,6 +226,15 @@ void ParamGroup::drop_sharded_grads() noexcept {
   sharded_grads_ = Tensor();
 }
 
+Tensor& ParamGroup::gradients_for_write() {
+  if (engine_.updates_in_backward() && ctx_ && !sharded_grads_.data()) {
+    sharded_grads_ = ctx_->reduced_for(*this);
+    return sharded_grads_;
+  }
+  ensure_sharded_grads();
+  return sharded_grads_;
+}
+
 void ParamGroup::ensure_sharded_grads() {
   if (sharded_grads_.data()) return;
   // Reused only while no one else refers to it: a gradient the user kept (or a view of it)

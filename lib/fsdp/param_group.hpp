@@ -9,6 +9,7 @@
 
 #include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/options.hpp"
+#include "fullshard/fsdp/shard_update.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
@@ -77,6 +78,9 @@ class ParamGroup final : private transport::ShardStore {
   RootContext* context() const noexcept { return ctx_.get(); }
 
   void set_reshard_after_forward(ReshardAfterForward v);
+  /// The optimizer update its reductions end with (fsdp/shard_update.hpp), or null.
+  ShardUpdate* shard_update() const noexcept { return update_.get(); }
+  void set_shard_update(std::shared_ptr<ShardUpdate> u) noexcept { update_ = std::move(u); }
 
   const Tensor& sharded_storage() const noexcept { return sharded_; }
   std::string adopt_problem(const Tensor& storage) const;
@@ -113,10 +117,9 @@ class ParamGroup final : private transport::ShardStore {
 
  private:
   Tensor& shards() override { return sharded_; }
-  Tensor& gradients_for_write() override {
-    ensure_sharded_grads();
-    return sharded_grads_;
-  }
+  // A group updated inside backward writes its reduced gradients into the root's scratch
+  // (RootContext::reduced_for); the update consumes them.
+  Tensor& gradients_for_write() override;
 
   std::shared_ptr<const std::string> name_;  // never null; engine_.info.name views it
   std::vector<graph::Module*> modules_;
@@ -137,6 +140,7 @@ class ParamGroup final : private transport::ShardStore {
   engine::Group engine_;
   std::unique_ptr<transport::GroupTransport> transport_;  // after the storage it may move
   std::shared_ptr<RootContext> ctx_;
+  std::shared_ptr<ShardUpdate> update_;
 };
 
 /// The group of an FSDP module (lib/fsdp only).

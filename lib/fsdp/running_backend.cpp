@@ -55,6 +55,19 @@ RootContext::~RootContext() {
   }
 }
 
+Tensor RootContext::reduced_for(const ParamGroup& g) {
+  const std::int64_t gsn = g.layout().shard_numel;
+  if (reduced_scratch.numel() < gsn || reduced_scratch.space() != g.shard_space()) {
+    std::int64_t most = gsn;  // sized once for every group updated inside backward
+    for (const ParamGroup* o : backend.groups)
+      if (o->engine().updates_in_backward() && o->shard_space() == g.shard_space())
+        most = std::max(most, o->layout().shard_numel);
+    reduced_scratch = Tensor::empty({most}, g.orig_dtype(), g.shard_space(),
+                                    "fsdp.reduced_gradients (optimizer inside backward)");
+  }
+  return reduced_scratch.flat_view(0, {gsn});
+}
+
 ParamGroup& RunningBackend::pg(const engine::Group& g) const {
   return *groups[static_cast<std::size_t>(g.id)];
 }
@@ -236,6 +249,28 @@ Event RunningBackend::reduce_copy_out(const OpDesc& d, engine::Group& g, const B
   comm::Work w = transport(g).reduce_copy_out(*device_, channel(d.stream), mem(src), spec);
   used(d, src, w);
   return done(d, std::move(w));
+}
+
+// The update reads the sharded gradients the reduction wrote (stream order) and writes the
+// shards and the optimizer's state; the next all-gather follows the end of backward's wait.
+Event RunningBackend::update_shards(const OpDesc& d, engine::Group& g) {
+  ParamGroup& p = pg(g);
+  ShardUpdate* update = p.shard_update();
+  if (update == nullptr || !p.sharded_grads().data())
+    throw InvalidArgument("fsdp group " + p.name() +
+                          ": no update or no reduced gradients (internal)");
+  const Channel c = channel(d.stream);
+  comm::Stream& s = device_->stream(c, p.mesh());
+  const kernels::ElementUpdate u =
+      update->prepare({p.name(), p.params(), p.layout(), p.sharded(),
+                       p.space() == MemorySpace::device ? s.native_handle() : nullptr});
+  const Tensor grads = p.sharded_grads();  // held until the update ran (a scratch may grow)
+  const std::int64_t n = p.layout().shard_numel;
+  const kernels::ExecStream& on = device_->exec(c);
+  return done(d, device_->run(c, s, comm::LazyLabel("optimizer update of group ", p.shared_name()),
+                              [u, grads, n, &on] {
+                                kernels::apply_update(on, u, grads.data_as<const float>(), n);
+                              }));
 }
 
 Event RunningBackend::reshard(const OpDesc& d, engine::Group&) {

@@ -59,6 +59,7 @@ class RunningBackend final : public engine::Backend {
                            engine::Buf& dst, bool accumulate) override;
   engine::Event reduce_copy_out(const engine::OpDesc& d, engine::Group& g, const engine::Buf& src,
                                 const transport::ReduceSpec& spec) override;
+  engine::Event update_shards(const engine::OpDesc& d, engine::Group& g) override;
   engine::Event reshard(const engine::OpDesc& d, engine::Group& g) override;
   engine::Event compute(const engine::OpDesc& d, graph::Module& m, engine::Phase phase) override;
   void host_wait(const engine::OpDesc& d, const std::vector<engine::Event>& done) override;
@@ -103,6 +104,13 @@ class RunningBackend final : public engine::Backend {
 struct RootContext {
   RunningBackend backend;
   engine::Root root{backend};
+  /// The reduced gradients of the groups updated inside backward: one buffer for all of
+  /// them, as large as the largest one's shard, written and read by the reductions in stream
+  /// order (each update reads it before the next reduction's copy-out writes it).
+  Tensor reduced_scratch;
+  /// A view of the scratch for group `g` (gsn elements, made larger when it is too small; an
+  /// update in flight keeps the old buffer alive).
+  Tensor reduced_for(const ParamGroup& g);
   ~RootContext();
 };
 

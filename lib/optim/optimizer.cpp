@@ -1,6 +1,7 @@
 #include "fullshard/optim/optimizer.hpp"
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <set>
@@ -8,13 +9,26 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/stream.hpp"
+#include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
+#include "fullshard/fsdp/shard_update.hpp"
 #include "fullshard/tensor/staging.hpp"
 
 namespace fullshard::optim {
 
 namespace detail {
 struct DeviceExec {
+  // The kernels layer's instances the element updates run on: the host's, and one per
+  // stream for device shards (made on first use).
+  kernels::ExecStream host = kernels::ExecStream::host();
+  std::deque<std::pair<void*, kernels::ExecStream>> streams;
+  const kernels::ExecStream& exec(MemorySpace space, void* stream) {
+    if (space != MemorySpace::device) return host;
+    for (const auto& [s, e] : streams)
+      if (s == stream) return e;
+    streams.emplace_back(stream, kernels::ExecStream::device(stream));
+    return streams.back().second;
+  }
 #if defined(KOKKOS_ENABLE_CUDA)
   std::deque<std::pair<void*, Kokkos::Cuda>> instances;  // references stay valid
   // The instance on `stream` (nullptr: Kokkos' default instance).
@@ -27,6 +41,26 @@ struct DeviceExec {
     return instances.back().second;
   }
 #endif
+};
+
+// What the FSDP groups call (fsdp::ShardUpdate); outlives its optimizer harmlessly: a group
+// that still holds it after the optimizer went gets an error naming it.
+class InBackward final : public fsdp::ShardUpdate {
+ public:
+  InBackward(Optimizer& opt, int states) : opt_(&opt), states_(states) {}
+  kernels::ElementUpdate prepare(const fsdp::ShardGroupView& g) override {
+    if (opt_ == nullptr)
+      throw InvalidArgument("fsdp group " + g.name +
+                            ": its optimizer inside backward was destroyed; call "
+                            "run_in_backward(false) before destroying it");
+    return opt_->prepare_group(g);
+  }
+  int state_arrays() const override { return states_; }
+  void detach() noexcept { opt_ = nullptr; }
+
+ private:
+  Optimizer* opt_;
+  int states_;
 };
 }  // namespace detail
 
@@ -91,43 +125,6 @@ void for_each_element(const char* label, const Kernel& k, std::int64_t n, Memory
     k(e);
 }
 
-// torch.optim.SGD's update of element e (see SGD in the header).
-struct SgdKernel {
-  float* w;
-  const float* g;
-  float* b;  // nullptr without momentum
-  double lr, momentum, weight_decay;
-  bool nesterov, fresh;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
-    double d = static_cast<double>(g[e]) + weight_decay * static_cast<double>(w[e]);
-    if (b != nullptr) {
-      const double buf = fresh ? d : momentum * static_cast<double>(b[e]) + d;
-      b[e] = static_cast<float>(buf);
-      d = nesterov ? d + momentum * buf : buf;
-    }
-    w[e] = static_cast<float>(static_cast<double>(w[e]) - lr * d);
-  }
-};
-
-// torch.optim.AdamW's update of element e (see AdamW in the header).
-struct AdamWKernel {
-  float* w;
-  const float* g;
-  float* m;
-  float* v;
-  double lr, weight_decay, beta1, beta2, eps, step_size, bc2_sqrt;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
-    const double gd = g[e];
-    double pw = static_cast<double>(w[e]) * (1.0 - lr * weight_decay);
-    const double md = beta1 * static_cast<double>(m[e]) + (1.0 - beta1) * gd;
-    const double vd = beta2 * static_cast<double>(v[e]) + (1.0 - beta2) * gd * gd;
-    m[e] = static_cast<float>(md);
-    v[e] = static_cast<float>(vd);
-    pw -= step_size * md / (::sqrt(vd) / bc2_sqrt + eps);
-    w[e] = static_cast<float>(pw);
-  }
-};
-
 // g[e] *= coef (rounded to f32), as clip_grad_norm's host path does through Tensor::set.
 struct ScaleKernel {
   float* g;
@@ -179,7 +176,9 @@ void Optimizer::step() {
                             shape_string(g.shape()) + " differs from the data's " +
                             shape_string(d.shape()));
   }
-  ++step_;
+  // After a backward that updated groups inside it, the rest of the step is the same step.
+  if (!stepped_in_backward_) ++step_;
+  stepped_in_backward_ = false;
   const std::size_t ns = state_names().size();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     graph::Parameter& p = *params_[i];
@@ -197,6 +196,106 @@ void Optimizer::step() {
     update(p, g, state_[i], fresh, step_);
   }
   stream_ = nullptr;
+}
+
+Optimizer::~Optimizer() {
+  if (in_backward_) in_backward_->detach();
+}
+
+namespace {
+// The FSDP state owning parameter `p` (nullptr: outside FSDP).
+fsdp::FSDPModule* state_of(graph::Parameter& p) {
+  for (graph::Module* m = &p.module(); m != nullptr; m = m->parent())
+    if (fsdp::FSDPModule* st = fsdp::fsdp_state(*m)) return st;
+  return nullptr;
+}
+}  // namespace
+
+void Optimizer::run_in_backward(bool enable) {
+  std::vector<fsdp::FSDPModule*> states;
+  std::set<fsdp::FSDPModule*> seen;
+  for (graph::Parameter* p : params_) {
+    fsdp::FSDPModule* st = state_of(*p);
+    if (st != nullptr && seen.insert(st).second) states.push_back(st);
+  }
+  if (!enable) {
+    for (fsdp::FSDPModule* st : states)
+      fsdp::update_in_backward(*st, nullptr);
+    if (in_backward_) in_backward_->detach();
+    in_backward_.reset();
+    groups_.clear();
+    return;
+  }
+  kernels::ElementUpdate probe;
+  if (!element_update(probe, true, 1))
+    throw InvalidArgument(
+        "optimizer: run_in_backward needs an element-wise optimizer (SGD, AdamW); this one "
+        "only has update()");
+  // Every parameter of each group must be ours: the update covers the group's whole shard.
+  const std::unordered_set<const graph::Parameter*> mine(params_.begin(), params_.end());
+  for (fsdp::FSDPModule* st : states)
+    for (graph::Parameter* q : fsdp::detail::group_params(*st))
+      if (mine.count(q) == 0)
+        throw InvalidArgument("optimizer: run_in_backward: FSDP group '" +
+                              fsdp::detail::group_name(*st) + "' holds parameter '" + q->fqn() +
+                              "', which this optimizer does not (its update covers the whole "
+                              "group: give the optimizer every parameter of the group)");
+  auto update = std::make_shared<detail::InBackward>(*this, probe.state_arrays());
+  for (fsdp::FSDPModule* st : states)
+    fsdp::update_in_backward(*st, update);
+  if (in_backward_) in_backward_->detach();
+  in_backward_ = std::move(update);
+  groups_.clear();
+  base_step_ = step_;
+}
+
+kernels::ElementUpdate Optimizer::prepare_group(const fsdp::ShardGroupView& g) {
+  const std::size_t ns = state_names().size();
+  const std::int64_t gsn = g.layout.shard_numel;
+  GroupState& gs = groups_[&g.layout];
+  bool fresh = false;
+  if (gs.state.size() != ns || (ns > 0 && gs.state[0].numel() != gsn)) {
+    // The group's state in slot layout (padding zero), seeded with the per-parameter state a
+    // load or earlier steps left; the per-parameter state then views it.
+    std::vector<Tensor> state;
+    for (std::size_t s = 0; s < ns; ++s)
+      state.push_back(Tensor::zeros({gsn}, DType::f32, g.shards.space(), "fullshard::optim_state"));
+    bool seeded = false;
+    for (std::size_t m = 0; m < g.params.size(); ++m) {
+      const auto it = std::find(params_.begin(), params_.end(), g.params[m]);
+      if (it == params_.end())
+        throw InvalidArgument("fsdp group " + g.name + ": parameter '" + g.params[m]->fqn() +
+                              "' is not in its optimizer inside backward");
+      std::vector<Tensor>& own = state_[static_cast<std::size_t>(it - params_.begin())];
+      const kernels::GroupMember& mem = g.layout.members[m];
+      for (std::size_t s = 0; s < ns; ++s) {
+        Tensor view = state[s].flat_view(mem.slot_offset, mem.layout.local_shape);
+        if (own.size() == ns && own[s].numel() == view.numel()) {
+          if (view.space() == MemorySpace::host && own[s].space() == MemorySpace::host)
+            copy_bytes(view, own[s]);
+          else
+            ::fullshard::detail::copy_on_stream(view, own[s], g.stream,
+                                                "optimizer state of '" + g.params[m]->fqn() + "'");
+          seeded = true;
+        }
+      }
+      own.clear();
+      for (std::size_t s = 0; s < ns; ++s)
+        own.push_back(state[s].flat_view(mem.slot_offset, mem.layout.local_shape));
+    }
+    gs.state = std::move(state);
+    gs.step = base_step_;
+    fresh = !seeded;
+  }
+  ++gs.step;
+  step_ = std::max(step_, gs.step);
+  stepped_in_backward_ = true;
+  kernels::ElementUpdate u;
+  element_update(u, fresh, gs.step);
+  u.param = g.shards.data_as<float>();
+  u.state0 = ns > 0 ? gs.state[0].data_as<float>() : nullptr;
+  u.state1 = ns > 1 ? gs.state[1].data_as<float>() : nullptr;
+  return u;
 }
 
 void Optimizer::zero_grad() {
@@ -319,7 +418,8 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
       state_[i].push_back(copy_of(state.at(p.fqn() + "." + n), p.data().space(), stream_of(p),
                                   "load_state_dict: '" + p.fqn() + "." + n + "'"));
   }
-  step_ = step;
+  step_ = base_step_ = step;
+  groups_.clear();
 }
 
 void Optimizer::load_state_dict(std::map<std::string, Tensor>&& state) {
@@ -342,7 +442,8 @@ void Optimizer::load_state_dict(std::map<std::string, Tensor>&& state) {
     }
   }
   state_.swap(next);
-  step_ = step;
+  step_ = base_step_ = step;
+  groups_.clear();
 }
 
 // ---- SGD ------------------------------------------------------------------------------------
@@ -366,17 +467,24 @@ std::vector<std::string> SGD::state_names() const {
   return {"momentum_buffer"};
 }
 
+bool SGD::element_update(kernels::ElementUpdate& u, bool fresh, std::int64_t) const {
+  u.rule = kernels::ElementUpdate::Rule::sgd;
+  u.lr = lr;
+  u.momentum = momentum_;
+  u.weight_decay = weight_decay_;
+  u.nesterov = nesterov_;
+  u.fresh = fresh;
+  return true;
+}
+
 void SGD::update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state, bool fresh,
-                 std::int64_t) {
-  const SgdKernel k{p.data().data_as<float>(),
-                    grad.data_as<float>(),
-                    state.empty() ? nullptr : state[0].data_as<float>(),
-                    lr,
-                    momentum_,
-                    weight_decay_,
-                    nesterov_,
-                    fresh};
-  for_each_element("fullshard::optim::SGD", k, grad.numel(), grad.space(), stream(), device_exec());
+                 std::int64_t step) {
+  kernels::ElementUpdate u;
+  element_update(u, fresh, step);
+  u.param = p.data().data_as<float>();
+  u.state0 = state.empty() ? nullptr : state[0].data_as<float>();
+  kernels::apply_update(device_exec().exec(grad.space(), stream()), u, grad.data_as<float>(),
+                        grad.numel());
 }
 
 // ---- AdamW ----------------------------------------------------------------------------------
@@ -400,24 +508,28 @@ std::vector<std::string> AdamW::state_names() const {
   return {"exp_avg", "exp_avg_sq"};
 }
 
-void AdamW::update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state, bool,
-                   std::int64_t step) {
+bool AdamW::element_update(kernels::ElementUpdate& u, bool, std::int64_t step) const {
   const double t = static_cast<double>(step);
-  const double bc1 = 1.0 - std::pow(beta1_, t);
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(beta2_, t));
-  const AdamWKernel k{p.data().data_as<float>(),
-                      grad.data_as<float>(),
-                      state[0].data_as<float>(),
-                      state[1].data_as<float>(),
-                      lr,
-                      weight_decay_,
-                      beta1_,
-                      beta2_,
-                      eps_,
-                      lr / bc1,
-                      bc2_sqrt};
-  for_each_element("fullshard::optim::AdamW", k, grad.numel(), grad.space(), stream(),
-                   device_exec());
+  u.rule = kernels::ElementUpdate::Rule::adamw;
+  u.lr = lr;
+  u.weight_decay = weight_decay_;
+  u.beta1 = beta1_;
+  u.beta2 = beta2_;
+  u.eps = eps_;
+  u.step_size = lr / (1.0 - std::pow(beta1_, t));
+  u.bc2_sqrt = std::sqrt(1.0 - std::pow(beta2_, t));
+  return true;
+}
+
+void AdamW::update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state, bool fresh,
+                   std::int64_t step) {
+  kernels::ElementUpdate u;
+  element_update(u, fresh, step);
+  u.param = p.data().data_as<float>();
+  u.state0 = state[0].data_as<float>();
+  u.state1 = state[1].data_as<float>();
+  kernels::apply_update(device_exec().exec(grad.space(), stream()), u, grad.data_as<float>(),
+                        grad.numel());
 }
 
 // ---- clip_grad_norm -------------------------------------------------------------------------
@@ -431,6 +543,11 @@ double clip_grad_norm(const std::vector<graph::Parameter*>& params, double max_n
   std::vector<graph::Parameter*> on_device;  // f32 device gradients: summed by kernels
   for (graph::Parameter* p : params) {
     if (p == nullptr) throw InvalidArgument("clip_grad_norm: null parameter in the list");
+    if (const fsdp::FSDPModule* st = state_of(*p); st != nullptr && fsdp::updates_in_backward(*st))
+      throw InvalidArgument("clip_grad_norm: " + pname(*p) +
+                            " is updated by its optimizer inside backward, which consumes its "
+                            "gradient before the norm of all of them is known; clip with the "
+                            "optimizer after backward (run_in_backward(false))");
     const Tensor& g = p->grad();
     if (!g.defined()) continue;
     if (g.space() != MemorySpace::host) {

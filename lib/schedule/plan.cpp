@@ -39,6 +39,8 @@ std::string Plan::label(const Op& op) const {
       return "grad_init(" + g + ")";
     case OpKind::wait:
       return "wait(" + g + ")";
+    case OpKind::update:
+      return "update(" + g + ")";
   }
   return "?";
 }
@@ -123,6 +125,9 @@ std::string Plan::to_text() const {
        " reshard_after_backward=" + (options.reshard_after_backward ? "true" : "false") +
        " requires_gradient_sync=" + (options.requires_gradient_sync ? "true" : "false") +
        " is_last_backward=" + (options.is_last_backward ? "true" : "false"));
+  if (options.optimizer_in_backward_states >= 0)
+    line("optimizer_in_backward: " + std::to_string(options.optimizer_in_backward_states) +
+         " state arrays per parameter");
   if (!options.no_unshard_in_backward.empty())
     line(
         "unshard_in_backward=false: " +

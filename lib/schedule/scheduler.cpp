@@ -5,6 +5,7 @@
 // runs.
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -109,6 +110,9 @@ class PlanningBackend final : public engine::Backend {
   engine::Event reduce_copy_out(const engine::OpDesc& d, engine::Group& g, const engine::Buf&,
                                 const transport::ReduceSpec&) override {
     return emit(d, transport::charges::reduce_copy_out(kind(g), g.info, double(d.bytes), prices_));
+  }
+  engine::Event update_shards(const engine::OpDesc& d, engine::Group&) override {
+    return emit(d, transport::charges::update(double(d.bytes), prices_));
   }
   engine::Event reshard(const engine::OpDesc& d, engine::Group&) override { return emit(d, 0.0); }
   engine::Event compute(const engine::OpDesc& d, graph::Module& m, engine::Phase ph) override {
@@ -260,6 +264,7 @@ EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory)
   EngineGroups out(memory);
   out.reserve(n);  // each group constructed and filled in one pass
   p.forward_order.assign(n, 0);
+  std::map<int, std::size_t> scratch;  // per root group: an optimizer inside backward's
   for (std::size_t i = 0; i < n; ++i) {
     const PlannedGroup& pg = p.groups[i];
     p.sharded_bytes += pg.shard_bytes();
@@ -279,8 +284,17 @@ EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory)
     g.all_reduce_grads = p.options.requires_all_reduce;
     g.external_grads = p.options.external_gradients;
     g.shards_offloaded = pg.options && pg.options->offload_policy.has_value();
+    g.update_state_arrays = static_cast<std::int8_t>(p.options.optimizer_in_backward_states);
+    if (g.updates_in_backward() && !g.grads_are_sharded()) {
+      // Its reduced gradients go to the root's one scratch (the largest such shard).
+      p.grad_bytes -= pg.shard_bytes();
+      std::size_t& s = scratch[pg.root_group];
+      s = std::max(s, pg.shard_bytes());
+    }
     if (p.options.backward_prefetch == BackwardPrefetch::none) g.explicit_backward_prefetch = true;
   }
+  for (const auto& [root, bytes] : scratch)
+    p.grad_bytes += bytes;
   p.forward_prefetch.assign(n, {});
   const auto depth = static_cast<std::size_t>(p.options.forward_prefetch_depth);
   const auto& order = p.forward_order;
@@ -328,6 +342,13 @@ void replan_with(Plan& out, const graph::Module& root, MeshShape mesh, const Pla
   if (options.reduce_scatter_max_input_buffers < 1)
     throw InvalidArgument("Scheduler::plan: reduce_scatter_max_input_buffers must be >= 1, got " +
                           std::to_string(options.reduce_scatter_max_input_buffers));
+  if (options.optimizer_in_backward_states < -1 || options.optimizer_in_backward_states > 2)
+    throw InvalidArgument(
+        "Scheduler::plan: optimizer_in_backward_states must be -1 (none) or 0 to 2, got " +
+        std::to_string(options.optimizer_in_backward_states));
+  if (options.optimizer_in_backward_states >= 0 && !options.is_last_backward)
+    throw InvalidArgument(
+        "Scheduler::plan: an optimizer inside backward needs is_last_backward = true");
   Plan p;
   p.mesh = mesh;
   p.options = options;

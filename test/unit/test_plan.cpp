@@ -23,6 +23,7 @@
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/graph/json_graph.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
+#include "fullshard/optim/optimizer.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
 #include "fullshard/schedule/executor.hpp"
 #include "fullshard/schedule/plan.hpp"
@@ -1490,6 +1491,14 @@ void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOpt
     if (!o.is_last_backward) st->set_is_last_backward(false);
     roots.push_back(st);
   }
+  // An optimizer inside backward with the planned number of state arrays.
+  std::unique_ptr<optim::Optimizer> opt;
+  if (o.optimizer_in_backward_states == 2)
+    opt = std::make_unique<optim::AdamW>(g->parameters(), 1e-3);
+  else if (o.optimizer_in_backward_states >= 0)
+    opt = std::make_unique<optim::SGD>(g->parameters(), 0.1,
+                                       o.optimizer_in_backward_states == 1 ? 0.9 : 0.0);
+  if (opt) opt->run_in_backward();
 
   std::vector<std::vector<fsdp::engine::OpDesc>> logs(roots.size());
   for (std::size_t i = 0; i < roots.size(); ++i)
@@ -1779,6 +1788,60 @@ TEST_CASE("the engine's pool equals the plan's with the backward and accumulatio
                            "HSDP deferred, not last, kept, no unshard");
     }
   }
+}
+
+TEST_CASE("the engine's pool equals the plan's with an optimizer inside backward") {
+  const int W = test::world_size();
+  for (const char* json : {kSeed, kMixed, kTwoRoots}) {
+    for (int states : {0, 1, 2}) {
+      PlanOptions o;
+      o.optimizer_in_backward_states = states;
+      const std::string s = " (" + std::to_string(states) + " state arrays)";
+      check_engine_matches(json, MeshShape::fsdp(W), o, "optimizer in backward" + s);
+      o.defaults.mp_policy.param_dtype = DType::bf16;
+      o.reduce_scatter_max_input_buffers = 2;
+      check_engine_matches(json, MeshShape::fsdp(W), o,
+                           "optimizer in backward, bf16, 2 buffers" + s);
+      o.defaults.mp_policy.reduce_dtype = DType::bf16;
+      o.reshard_after_backward = false;
+      check_engine_matches(json, MeshShape::fsdp(W), o,
+                           "optimizer in backward, bf16 reduce, kept" + s);
+    }
+    PlanOptions o;
+    o.optimizer_in_backward_states = 1;
+    o.requires_gradient_sync = false;
+    check_engine_matches(json, MeshShape::fsdp(W), o, "optimizer in backward, no gradient sync");
+    if (W % 2 == 0) {  // HSDP: the update after the all-reduce; deferred with it
+      o = PlanOptions{};
+      o.optimizer_in_backward_states = 2;
+      check_engine_matches(json, MeshShape::hsdp(2, W / 2), o, "HSDP, optimizer in backward");
+      o.requires_all_reduce = false;
+      check_engine_matches(json, MeshShape::hsdp(2, W / 2), o,
+                           "HSDP deferred all-reduce, optimizer in backward");
+    }
+  }
+  // The planned operations: one update per group and reduction, on the reduction's stream,
+  // with the bytes the update moves.
+  auto root = load(kSeed);
+  PlanOptions o;
+  o.optimizer_in_backward_states = 2;
+  const Plan plan = Scheduler::plan(*root, MeshShape::fsdp(W), o);
+  int updates = 0;
+  for (const Op& op : plan.ops)
+    if (op.kind == OpKind::update) {
+      ++updates;
+      const PlannedGroup& pg = plan.groups[static_cast<std::size_t>(op.group)];
+      CHECK(op.bytes == static_cast<std::size_t>(pg.layout.shard_numel) * 4 * 7);
+      CHECK(op.stream == StreamKind::reduce_scatter);
+    }
+  CHECK(updates == static_cast<int>(plan.groups.size()));
+  o.is_last_backward = false;
+  CHECK(contains(error_of<InvalidArgument>([&] { Scheduler::plan(*root, MeshShape::fsdp(W), o); }),
+                 "optimizer inside backward needs is_last_backward"));
+  o.is_last_backward = true;
+  o.optimizer_in_backward_states = 3;
+  CHECK(contains(error_of<InvalidArgument>([&] { Scheduler::plan(*root, MeshShape::fsdp(W), o); }),
+                 "optimizer_in_backward_states must be -1"));
 }
 
 TEST_CASE("the executor applies the backward and accumulation policies") {

@@ -56,6 +56,8 @@ enum class OpKind : std::uint8_t {
                     // external gradients), or the sharded gradients that stand for it
                     // (Group::grads_are_sharded)
   wait,             // the host waits for pending reductions (compute)
+  update,           // the optimizer's update of the shards from the reduced gradients, inside
+                    // backward (Group::update_state_arrays; after the copy-out, on its stream)
 };
 const char* op_kind_name(OpKind k) noexcept;
 
@@ -300,9 +302,20 @@ class Group {
   /// parameters in the device's; set on any mesh, so that a plan, which knows no device,
   /// takes the same path as the run).
   bool shards_offloaded = false;
+  /// An optimizer updates the shards inside backward (fsdp/shard_update.hpp), reading this
+  /// many state arrays per element (SGD 0 or 1, AdamW 2); -1: none. Each reduction then ends
+  /// with the update, and the sharded gradients go.
+  std::int8_t update_state_arrays = -1;
   std::vector<Group*> forward_prefetch;
   std::vector<Group*> backward_prefetch;
 
+  bool updates_in_backward() const noexcept { return update_state_arrays >= 0; }
+  /// The update's bytes read and written: parameters read and written, gradients read, each
+  /// state array read and written (f32).
+  std::size_t update_bytes() const noexcept {
+    return static_cast<std::size_t>(info.shard_numel) * 4 *
+           static_cast<std::size_t>(3 + 2 * std::max<int>(update_state_arrays, 0));
+  }
   bool post_forward_slicing() const noexcept {
     return reshard_after_forward.value() > 1 && reshard_after_forward.value() < info.world;
   }
@@ -424,6 +437,9 @@ class Backend {
   /// sharded grads = (spec.accumulate ? grads : 0) + cast(src / spec.divisor).
   virtual Event reduce_copy_out(const OpDesc& d, Group& g, const Buf& src,
                                 const transport::ReduceSpec& spec) = 0;
+  /// The optimizer's update of the shards from the sharded gradients the reduction (or, on a
+  /// one-rank group, the backward) wrote (Group::update_state_arrays).
+  virtual Event update_shards(const OpDesc& d, Group& g) = 0;
   virtual Event reshard(const OpDesc& d, Group& g) = 0;
   virtual Event compute(const OpDesc& d, graph::Module& m, Phase phase) = 0;
   /// The host waits for `done` (errors re-thrown after all were waited for).

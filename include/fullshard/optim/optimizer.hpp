@@ -15,8 +15,13 @@
 #include <vector>
 
 #include "fullshard/graph/module.hpp"
+#include "fullshard/kernels/element_update.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/tensor/tensor.hpp"
+
+namespace fullshard::fsdp {
+struct ShardGroupView;
+}
 
 namespace fullshard::optim {
 
@@ -25,6 +30,8 @@ namespace detail {
 /// first use and kept (a Kokkos::Cuda instance allocates its scratch memory when created).
 /// Defined in lib/optim/optimizer.cpp.
 struct DeviceExec;
+/// The ShardUpdate the FSDP groups of an optimizer inside backward call (optimizer.cpp).
+class InBackward;
 }  // namespace detail
 
 /// Base class: holds the parameters, the step count and per-parameter state tensors (named
@@ -35,7 +42,7 @@ class Optimizer {
  public:
   /// `params`: e.g. root.parameters(). No null pointers, no duplicates, f32 only.
   explicit Optimizer(std::vector<graph::Parameter*> params);
-  virtual ~Optimizer() = default;
+  virtual ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
@@ -49,7 +56,21 @@ class Optimizer {
   /// gradients of parameters outside any FSDP module are filled with zeros.
   void zero_grad();
 
-  /// Number of step() calls (or the loaded "step").
+  /// The optimizer inside backward (fsdp/shard_update.hpp): from the next backward on, every
+  /// FSDP group holding these parameters updates its shards as soon as its reduction lands,
+  /// on the reduction's stream, in one pass over the group's shard (gsn elements: the same
+  /// bits as step()); its parameters then show no gradient after backward. Parameters outside
+  /// FSDP are still updated by step(), which then counts as the same step. The learning rate
+  /// (lr) is read when a group's update is issued: set it before backward. Refused
+  /// (InvalidArgument naming the group): a group with parameters this optimizer does not
+  /// hold, an optimizer without an element update (a subclass that only overrides update()),
+  /// a group whose backward has begun, offloaded shards; later, clip_grad_norm on its
+  /// parameters and set_is_last_backward(false) (see fsdp/shard_update.hpp). false: step()
+  /// updates every parameter again.
+  void run_in_backward(bool enable = true);
+  bool runs_in_backward() const noexcept { return in_backward_ != nullptr; }
+
+  /// Number of step() calls (or the loaded "step"); inside backward, of steps taken.
   std::int64_t steps() const noexcept { return step_; }
   const std::vector<graph::Parameter*>& params() const noexcept { return params_; }
   /// Names of the per-parameter state tensors ("momentum_buffer", "exp_avg", ...).
@@ -82,6 +103,13 @@ class Optimizer {
   /// from 1.
   virtual void update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state,
                       bool fresh, std::int64_t step) = 0;
+  /// The scalars of one update (u.rule and its hyper-parameters; the arrays are filled in by
+  /// the caller) for the element-wise optimizers; false (the default): this optimizer has no
+  /// element update, and cannot run inside backward.
+  virtual bool element_update(kernels::ElementUpdate& /*u*/, bool /*fresh*/,
+                              std::int64_t /*step*/) const {
+    return false;
+  }
   /// During update(): the cudaStream_t device kernels of that parameter go on (the compute
   /// stream of its FSDP mesh; nullptr for host shards and outside FSDP).
   void* stream() const noexcept { return stream_; }
@@ -91,12 +119,24 @@ class Optimizer {
  private:
   std::int64_t checked_step(const std::map<std::string, Tensor>& state,
                             std::vector<bool>* has_state = nullptr) const;
+  friend class detail::InBackward;
+  /// The update of one group inside backward: its state in slot layout (made on the group's
+  /// first update, from the per-parameter state when there is some), its step count.
+  kernels::ElementUpdate prepare_group(const fsdp::ShardGroupView& g);
+  struct GroupState {
+    std::vector<Tensor> state;  // gsn elements per state name; state_ views them
+    std::int64_t step = 0;
+  };
 
   std::vector<graph::Parameter*> params_;
   std::vector<std::vector<Tensor>> state_;  // per parameter: empty until first update
   std::int64_t step_ = 0;
   void* stream_ = nullptr;
   std::shared_ptr<detail::DeviceExec> exec_;
+  std::shared_ptr<detail::InBackward> in_backward_;  // null: step() updates everything
+  std::map<const void*, GroupState> groups_;         // by group layout, inside backward
+  std::int64_t base_step_ = 0;        // a group's count starts here (run_in_backward, load)
+  bool stepped_in_backward_ = false;  // a group updated since the last step()
 };
 
 /// torch.optim.SGD (dampening 0): g = grad + weight_decay * p; with momentum,
@@ -112,6 +152,7 @@ class SGD : public Optimizer {
  protected:
   void update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state, bool fresh,
               std::int64_t step) override;
+  bool element_update(kernels::ElementUpdate& u, bool fresh, std::int64_t step) const override;
 
  private:
   double momentum_, weight_decay_;
@@ -132,6 +173,7 @@ class AdamW : public Optimizer {
  protected:
   void update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state, bool fresh,
               std::int64_t step) override;
+  bool element_update(kernels::ElementUpdate& u, bool fresh, std::int64_t step) const override;
 
  private:
   double beta1_, beta2_, eps_, weight_decay_;

@@ -73,6 +73,10 @@ struct PlanOptions {
   /// The gradients come from a front end's autograd (fsdp::use_external_gradients, as
   /// fullshard::torch does): no unsharded gradient buffer and no zeroing at pre-backward.
   bool external_gradients = false;
+  /// An optimizer inside backward (optim::Optimizer::run_in_backward) with this many state
+  /// arrays per parameter (SGD 0 or 1, AdamW 2): each reduction ends with its update of the
+  /// group's shards (OpKind::update); -1: the optimizer steps after backward (not planned).
+  int optimizer_in_backward_states = -1;
   /// The cost model; unset: CostModel::defaults(mesh).
   std::optional<CostModel> cost;
 };

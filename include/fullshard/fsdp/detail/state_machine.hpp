@@ -218,6 +218,11 @@ struct StateMachine {
   }
 
   static void prepare_gradients(Group& g) {
+    if (g.updates_in_backward() && !g.root->is_last_backward)
+      throw InvalidArgument("group " + std::string(g.info.name) +
+                            ": an optimizer inside backward needs set_is_last_backward(true) "
+                            "(its updates are waited for at the end of backward); accumulate "
+                            "micro-batches with set_requires_gradient_sync(false) instead");
     if (g.external_grads) {  // the front end's autograd allocates them
       g.external_grads_pending = true;
       be(g).show_unsharded_grads(g);
@@ -344,6 +349,13 @@ struct StateMachine {
     if (g.sharded_grads_live) {  // backward wrote the reduced shard itself
       g.sharded_grads_live = false;
       g.has_sharded_grads = true;
+      if (g.updates_in_backward()) {  // after the backward that wrote them
+        B& b = be(g);
+        wait(b, StreamKind::reduce_scatter, record(b, StreamKind::compute));
+        Event e = update_shards(g, StreamKind::reduce_scatter);
+        g.root->pending.push_back({&g, e, Buf(), Buf()});
+        return;
+      }
       be(g).show_sharded_grads(g);
       return;
     }
@@ -391,8 +403,25 @@ struct StateMachine {
     Event e = b.reduce_copy_out(d, g, reduced, spec);
     e.op = d.id;
     g.has_sharded_grads = true;
-    b.show_sharded_grads(g);
+    if (g.updates_in_backward())
+      e = update_shards(g, last_stream);
+    else
+      b.show_sharded_grads(g);
     r.pending.push_back({&g, e, std::move(input), std::move(output)});
+  }
+
+  // The optimizer's update of the shards from the sharded gradients just written, on `s`
+  // (after them); the gradients are consumed: none is shown and the next reduction
+  // overwrites their storage.
+  static Event update_shards(Group& g, StreamKind s) {
+    B& b = be(g);
+    OpDesc& d = begin(s, OpKind::update, g, g.update_bytes());
+    Event e = b.update_shards(d, g);
+    e.op = d.id;
+    g.has_sharded_grads = false;
+    b.drop_sharded_grads(g);
+    b.show_sharded_grads(g);
+    return e;
   }
 
   static void discard_iteration(Root& r) {

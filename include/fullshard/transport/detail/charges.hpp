@@ -74,6 +74,12 @@ template <typename P>
 constexpr double reduce_copy_out(Kind k, const Geometry& g, double bytes, const P& p) {
   return fusions(k, g).copy_out_in_reduce ? 0.0 : p.copy(bytes);
 }
+/// The optimizer's update inside backward (engine::Group::update_bytes: `bytes` read and
+/// written), priced as a copy that reads and writes half of them.
+template <typename P>
+constexpr double update(double bytes, const P& p) {
+  return p.copy(bytes / 2);
+}
 /// HSDP's all-reduce over the replicate dim (MPI or NCCL on every transport).
 template <typename P>
 constexpr double all_reduce(double bytes, const P& p) {
