@@ -59,20 +59,24 @@ const float* as_f32(const Tensor& t, std::vector<float>& scratch) {
   return scratch.data();
 }
 
-/// Where a gradient product goes: straight into the f32 gradient (beta = 1 accumulates), or
-/// into f32 scratch that flush() adds into a 16-bit gradient.
+/// Where a gradient product goes: straight into the f32 gradient (beta = 1 accumulates; a
+/// fresh gradient, Parameter::grad_fresh, is assigned: beta = 0), or into f32 scratch that the
+/// destructor adds into (or, fresh, writes as) a 16-bit gradient.
 class GradTarget {
  public:
-  GradTarget(const Tensor& grad, std::vector<float>& scratch) : grad_(grad), scratch_(scratch) {
+  GradTarget(const graph::Parameter& p, std::vector<float>& scratch)
+      : grad_(p.grad()), scratch_(scratch), fresh_(p.grad_fresh()) {
     if (grad_.dtype() != DType::f32) scratch_.assign(static_cast<std::size_t>(grad_.numel()), 0.f);
   }
   float* data() const {
     return grad_.dtype() == DType::f32 ? grad_.data_as<float>() : scratch_.data();
   }
+  /// The products overwrite data() instead of adding into it.
+  bool assign() const { return fresh_ && grad_.dtype() == DType::f32; }
   ~GradTarget() {
     if (grad_.dtype() == DType::f32) return;
     kernels::reduce_copy_out(kernels::ExecTarget::host, scratch_.data(), DType::f32, grad_.data(),
-                             grad_.dtype(), grad_.numel(), 1.0, /*accumulate=*/true);
+                             grad_.dtype(), grad_.numel(), 1.0, /*accumulate=*/!fresh_);
   }
   GradTarget(const GradTarget&) = delete;
   GradTarget& operator=(const GradTarget&) = delete;
@@ -80,6 +84,7 @@ class GradTarget {
  private:
   Tensor grad_;
   std::vector<float>& scratch_;
+  bool fresh_;
 };
 
 /// out (rows x n) = in (rows x k) W^T (W: n x k) + b, with b broadcast over the rows.
@@ -91,12 +96,20 @@ void linear_forward(const float* in, int rows, int k, const float* w, const floa
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, k, 1.f, in, k, w, k, 1.f, out, n);
 }
 
-/// Given dout (rows x n) of out = in W^T + b: dW += dout^T in, db += column sums of dout, and
-/// (when din is not null) din = dout W (+= when accumulate_din).
+/// Given dout (rows x n) of out = in W^T + b: dW += dout^T in, db += column sums of dout (=
+/// with `gw.assign()`, `gb.assign()`: a fresh gradient), and (when din is not null) din = dout W
+/// (+= when accumulate_din).
 void linear_backward(const float* in, int rows, int k, const float* w, int n, const float* dout,
-                     float* dw, float* db, float* din, bool accumulate_din) {
-  if (rows == 0) return;
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, rows, 1.f, dout, n, in, k, 1.f, dw, k);
+                     const GradTarget& gw, const GradTarget& gb, float* din, bool accumulate_din) {
+  float* dw = gw.data();
+  float* db = gb.data();
+  if (gb.assign()) std::fill(db, db + n, 0.f);
+  if (rows == 0) {
+    if (gw.assign()) std::fill(dw, dw + static_cast<std::size_t>(n) * k, 0.f);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, rows, 1.f, dout, n, in, k,
+              gw.assign() ? 0.f : 1.f, dw, k);
   for (int r = 0; r < rows; ++r) {
     const float* d = dout + static_cast<std::size_t>(r) * n;
     for (int j = 0; j < n; ++j)
@@ -197,9 +210,9 @@ struct ResidualMlp::Impl {
     auto& pw = m.param("weight");
     auto& pb = m.param("bias");
     const float* w = as_f32(pw.data(), w_scratch);
-    GradTarget gw(pw.grad(), gw_scratch), gb(pb.grad(), gb_scratch);
+    GradTarget gw(pw, gw_scratch), gb(pb, gb_scratch);
     linear_backward(h[static_cast<std::size_t>(s.blocks)].data(), rows, s.hidden, w, s.outputs,
-                    dy.data(), gw.data(), gb.data(), d_h.data(), false);
+                    dy.data(), gw, gb, d_h.data(), false);
   }
 
   void block_backward(graph::Module& m, std::size_t i) {
@@ -213,10 +226,9 @@ struct ResidualMlp::Impl {
     for (std::size_t e = 0; e < n; ++e)
       d_a[e] = ai[e] > 0.f ? ai[e] : 0.f;
     {
-      GradTarget g2(p2.grad(), gw2_scratch), gb2(q2.grad(), gb2_scratch);
+      GradTarget g2(p2, gw2_scratch), gb2(q2, gb2_scratch);
       // dW2 += d_h^T relu(a); db2 += colsum d_h.
-      linear_backward(d_a.data(), rows, H, w2, H, d_h.data(), g2.data(), gb2.data(), nullptr,
-                      false);
+      linear_backward(d_a.data(), rows, H, w2, H, d_h.data(), g2, gb2, nullptr, false);
     }
     // d_a = (d_h W2) * (a > 0).
     if (rows > 0)
@@ -225,17 +237,15 @@ struct ResidualMlp::Impl {
     for (std::size_t e = 0; e < n; ++e)
       if (!(ai[e] > 0.f)) d_a[e] = 0.f;
     // dW1 += d_a^T h_i; db1 += colsum d_a; d_h += d_a W1 (the residual path keeps d_h).
-    GradTarget g1(p1.grad(), gw_scratch), gb1(q1.grad(), gb_scratch);
-    linear_backward(h[i].data(), rows, H, w1, H, d_a.data(), g1.data(), gb1.data(), d_h.data(),
-                    true);
+    GradTarget g1(p1, gw_scratch), gb1(q1, gb_scratch);
+    linear_backward(h[i].data(), rows, H, w1, H, d_a.data(), g1, gb1, d_h.data(), true);
   }
 
   void input_backward(graph::Module& m) {
     auto& pw = m.param("weight");
     auto& pb = m.param("bias");
-    GradTarget gw(pw.grad(), gw_scratch), gb(pb.grad(), gb_scratch);
-    linear_backward(x, rows, s.inputs, nullptr, s.hidden, d_h.data(), gw.data(), gb.data(), nullptr,
-                    false);
+    GradTarget gw(pw, gw_scratch), gb(pb, gb_scratch);
+    linear_backward(x, rows, s.inputs, nullptr, s.hidden, d_h.data(), gw, gb, nullptr, false);
   }
 };
 

@@ -54,6 +54,11 @@ const char* const kUsage =
     "                          FQN or <root>; unshard_in_backward false); repeatable\n"
     "  --not-last-backward     the root's end of backward does not wait for the pending\n"
     "                          reduce-scatters (is_last_backward false)\n"
+    "  --fresh-gradients       the callbacks assign each first gradient: no zeroing before\n"
+    "                          backward (fresh_gradients true; fullshard-train on the host)\n"
+    "  --optimizer-in-backward S\n"
+    "                          each reduction ends with the optimizer's update, S state\n"
+    "                          arrays per parameter: 0 SGD, 1 SGD with momentum, 2 AdamW\n"
     "  --param-dtype T         mixed precision: dtype of the unsharded parameters (f32, bf16, "
     "...)\n"
     "  --reduce-dtype T        mixed precision: dtype of the gradient reduction\n"
@@ -227,6 +232,11 @@ int run(int argc, char** argv) {
     } else if (flag == "--not-last-backward") {
       no_value();
       opt.is_last_backward = false;
+    } else if (flag == "--fresh-gradients") {
+      no_value();
+      opt.fresh_gradients = true;
+    } else if (flag == "--optimizer-in-backward") {
+      opt.optimizer_in_backward_states = args.int_value(0, 2);
     } else if (flag == "--param-dtype") {
       opt.defaults.mp_policy.param_dtype = args.dtype_value();
     } else if (flag == "--reduce-dtype") {

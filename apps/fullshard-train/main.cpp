@@ -344,6 +344,9 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
     throw apps::UsageError{
         "--clip and --optimizer-in-backward: a global norm needs every gradient before any "
         "update, and the updates inside backward consume each group's gradient as it lands"};
+  // The host model's callbacks assign a parameter's first gradient of a step instead of
+  // adding into zeros (FSDPModule::set_fresh_gradients): no zeroing pass before backward.
+  c.plan.fresh_gradients = c.device == fullshard::DeviceType::cpu;
   if (c.optimizer_in_backward)  // the plan has each group's update (its state arrays)
     c.plan.optimizer_in_backward_states = c.optimizer == "adamw" ? 2 : (c.momentum > 0 ? 1 : 0);
   auto& mp = c.plan.defaults.mp_policy;

@@ -274,6 +274,21 @@ void FSDPModule::set_reshard_after_backward(bool v, bool recurse) {
 void FSDPModule::set_requires_gradient_sync(bool v, bool recurse) {
   for_states(*this, recurse, [&](detail::ParamGroup& g) { g.engine().reduce_grads = v; });
 }
+void FSDPModule::set_fresh_gradients(bool v, bool recurse) {
+  for_states(*this, recurse, [&](detail::ParamGroup& g) {
+    if (v && g.space() != MemorySpace::host)
+      throw InvalidArgument("set_fresh_gradients(true) on '" + g.name() +
+                            "': host meshes only (the callbacks on a CUDA mesh add into grad())");
+    engine::Group& e = g.engine();
+    if (e.fresh_grads != v && (e.grads.held || e.sharded_grads_live))
+      throw InvalidArgument("set_fresh_gradients on '" + g.name() +
+                            "': the group's backward has begun");
+    e.fresh_grads = v;
+    if (!v)
+      for (graph::Parameter* p : g.params())
+        p->set_grad_fresh(false);
+  });
+}
 void FSDPModule::set_requires_all_reduce(bool v, bool recurse) {
   for_states(*this, recurse, [&](detail::ParamGroup& g) { g.engine().all_reduce_grads = v; });
 }

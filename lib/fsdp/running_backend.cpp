@@ -1,5 +1,6 @@
 #include "lib/fsdp/running_backend.hpp"
 
+#include <cstring>
 #include <exception>
 
 #include "fullshard/base/error.hpp"
@@ -184,6 +185,12 @@ Event RunningBackend::gather_copy_out(const OpDesc& d, engine::Group& g, const B
 }
 
 Event RunningBackend::grad_init(const OpDesc& d, engine::Group& g, Buf& grads) {
+  if (g.fresh_grads) {  // nothing written: the callbacks assign the first gradients
+    if (!grads.held) pg(g).ensure_sharded_grads();
+    for (graph::Parameter* p : pg(g).params())
+      p->set_grad_fresh(true);
+    return done(d, comm::Work());
+  }
   if (!grads.held) {  // the sharded gradients stand for the unsharded ones
     pg(g).ensure_sharded_grads();
     transport::Held sharded;
@@ -285,7 +292,20 @@ Event RunningBackend::compute(const OpDesc& d, graph::Module& m, engine::Phase p
   if (!cb) return done(d, comm::Work());
   device_->host_reads(Channel::main);
   const auto t0 = std::chrono::steady_clock::now();
-  cb(m);
+  {
+    // Its parameters' gradients hold values once the backward callback returns (or threw:
+    // that iteration is discarded, and no stale mark may outlive it).
+    struct Written {
+      graph::Module& m;
+      bool backward;
+      ~Written() {
+        if (backward)
+          for (std::size_t i = 0; i < m.num_params(); ++i)
+            m.param(i).set_grad_fresh(false);
+      }
+    } written{m, phase == engine::Phase::backward};
+    cb(m);
+  }
   const char* what = phase == engine::Phase::forward ? "fwd" : "bwd";
   static const std::string root = "<root>";
   const std::string& name = m.fqn().empty() ? root : m.fqn();
@@ -306,6 +326,17 @@ void RunningBackend::host_wait(const OpDesc& d, const std::vector<Event>& events
 
 void RunningBackend::host_wait(const Event& e) {
   device_->host_wait(e.work);
+}
+
+// What grad() shows is the group's gradient buffer (or the sharded gradients standing for
+// it); a parameter still fresh had no callback write it.
+void RunningBackend::settle_fresh_grads(engine::Group& g) {
+  for (graph::Parameter* p : pg(g).params()) {
+    if (!p->grad_fresh()) continue;
+    p->set_grad_fresh(false);
+    Tensor t = p->grad();
+    if (t.data() && t.numel() > 0) std::memset(t.data(), 0, t.nbytes());
+  }
 }
 
 void RunningBackend::drop_sharded_grads(engine::Group& g) {

@@ -65,6 +65,7 @@ class RunningBackend final : public engine::Backend {
   void host_wait(const engine::OpDesc& d, const std::vector<engine::Event>& done) override;
   void host_wait(const engine::Event& e) override;
   void drop_sharded_grads(engine::Group& g) override;
+  void settle_fresh_grads(engine::Group& g) override;
 
   void keep_external_grads(engine::Group& g, bool keep) override;
   void show_sharded(engine::Group& g) override;

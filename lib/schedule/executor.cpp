@@ -128,6 +128,7 @@ std::vector<fsdp::FSDPModule*> apply_plan_policies(graph::Module& root, const Pl
     r->set_reshard_after_backward(plan.options.reshard_after_backward);
     r->set_requires_gradient_sync(plan.options.requires_gradient_sync);
     r->set_is_last_backward(plan.options.is_last_backward);
+    if (plan.options.fresh_gradients) r->set_fresh_gradients(true);
   }
   return states;
 }

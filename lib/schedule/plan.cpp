@@ -125,6 +125,7 @@ std::string Plan::to_text() const {
        " reshard_after_backward=" + (options.reshard_after_backward ? "true" : "false") +
        " requires_gradient_sync=" + (options.requires_gradient_sync ? "true" : "false") +
        " is_last_backward=" + (options.is_last_backward ? "true" : "false"));
+  if (options.fresh_gradients) line("fresh_gradients: true (grad_init writes nothing)");
   if (options.optimizer_in_backward_states >= 0)
     line("optimizer_in_backward: " + std::to_string(options.optimizer_in_backward_states) +
          " state arrays per parameter");

@@ -285,6 +285,7 @@ EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory)
     g.external_grads = p.options.external_gradients;
     g.shards_offloaded = pg.options && pg.options->offload_policy.has_value();
     g.update_state_arrays = static_cast<std::int8_t>(p.options.optimizer_in_backward_states);
+    g.fresh_grads = p.options.fresh_gradients;
     if (g.updates_in_backward() && !g.grads_are_sharded()) {
       // Its reduced gradients go to the root's one scratch (the largest such shard).
       p.grad_bytes -= pg.shard_bytes();

@@ -5,7 +5,8 @@
 # (--graph-out: the modules' declared costs and fully_shard requests) with the same cost file
 # and options; the module costs are those of the FLOP formula at the fixed rates; and the
 # predicted step is that plan time plus the optimizer (elements per rank x ns per element)
-# (plus the core wait it prints). With module times for the run's shape in the compute file,
+# (plus the core wait it prints); with --optimizer-in-backward the updates are the plan's own
+# operations and the optimizer term is 0. With module times for the run's shape in the compute file,
 # the modules declare those instead, and the run says so. No timing is asserted.
 #   train_predict.sh MPIEXEC TRAIN_BINARY PLAN_BINARY RANKS
 set -euo pipefail
@@ -28,8 +29,9 @@ flags=(--steps 3 --layers 3 --hidden 64 --inputs 16 --outputs 4 --batch 32 --pre
 "$mpiexec" -n "$ranks" "$train" "${flags[@]}" --cost "$work/cost.json" \
   --compute "$work/compute.json" --graph-out "$work/graph.json" >"$work/train.log" 2>&1 \
   || { echo "FAIL: fullshard-train exited with an error:"; cat "$work/train.log"; exit 1; }
+# (fullshard-train's host callbacks assign fresh gradients: no zeroing is planned)
 "$plan" --graph "$work/graph.json" --mesh "$ranks" --prefetch 1 --cost "$work/cost.json" \
-  >"$work/plan.log" 2>&1 \
+  --fresh-gradients >"$work/plan.log" 2>&1 \
   || { echo "FAIL: fullshard-plan exited with an error:"; cat "$work/plan.log"; exit 1; }
 grep '^prediction:' "$work/train.log" || true
 grep -E '^(serial )?step time:' "$work/plan.log" || true
@@ -50,7 +52,9 @@ print("blocks.0 cost", got, "expected", fwd, bwd)
 if abs(got["forward_ms"] - fwd) > 1e-9 * fwd or abs(got["backward_ms"] - bwd) > 1e-9 * bwd:
     sys.exit("FAIL: blocks.0's declared cost is not the FLOP formula's")
 PY
-awk -v ranks="$ranks" '
+# compare_prediction FUSED: the run's prediction line against fullshard-plan's step times.
+compare_prediction() {
+awk -v ranks="$ranks" -v fused="$1" '
   FILENAME ~ /plan.log$/ && /^step time:/ { overlapped = $3 }
   FILENAME ~ /plan.log$/ && /^serial step time:/ { serial = $4 }
   FILENAME ~ /train.log$/ && /^prediction:/ {
@@ -72,12 +76,26 @@ awk -v ranks="$ranks" '
     if (function_abs(predicted - train_serial - opt - wait) > 0.0015) {
       print "FAIL: predicted " predicted " != plan " train_serial " + optimizer " opt \
             " + core wait " wait; exit 1 }
-    if (function_abs(opt - elements * 3e-6) > 0.0005 + 1e-6 * opt) {
+    if (fused == 1 && opt != 0) { print "FAIL: optimizer " opt " ms beside a plan that has the updates"; exit 1 }
+    if (fused == 0 && function_abs(opt - elements * 3e-6) > 0.0005 + 1e-6 * opt) {
       print "FAIL: optimizer " opt " ms != " elements " elements x 3 ns"; exit 1 }
     print "ok: plan " serial " ms (overlapped " overlapped " ms) in both; optimizer " opt " ms"
   }
   function function_abs(x) { return x < 0 ? -x : x }
 ' "$work/plan.log" "$work/train.log"
+}
+compare_prediction 0
+
+# The optimizer inside backward: its updates are the plan's operations.
+"$mpiexec" -n "$ranks" "$train" "${flags[@]}" --cost "$work/cost.json" --optimizer-in-backward \
+  --compute "$work/compute.json" --graph-out "$work/graph.json" >"$work/train.log" 2>&1 \
+  || { echo "FAIL: fullshard-train --optimizer-in-backward exited with an error:"; cat "$work/train.log"; exit 1; }
+"$plan" --graph "$work/graph.json" --mesh "$ranks" --prefetch 1 --cost "$work/cost.json" \
+  --fresh-gradients --optimizer-in-backward 2 >"$work/plan.log" 2>&1 \
+  || { echo "FAIL: fullshard-plan exited with an error:"; cat "$work/plan.log"; exit 1; }
+grep -q '^optimizer_in_backward: 2 state arrays' "$work/plan.log" \
+  || { echo "FAIL: the plan has no optimizer inside backward"; exit 1; }
+compare_prediction 1
 
 # Module times for this shape (rows 32 / ranks per rank, hidden 64, inputs 16, outputs 4):
 # the modules declare them, not the FLOP formula's costs.

@@ -1489,6 +1489,7 @@ void check_engine_matches(const char* json, const MeshShape& mesh, const PlanOpt
     if (!o.reshard_after_backward) st->set_reshard_after_backward(false);
     if (!o.requires_gradient_sync) st->set_requires_gradient_sync(false);
     if (!o.is_last_backward) st->set_is_last_backward(false);
+    if (o.fresh_gradients) st->set_fresh_gradients(true);
     roots.push_back(st);
   }
   // An optimizer inside backward with the planned number of state arrays.
@@ -1811,6 +1812,12 @@ TEST_CASE("the engine's pool equals the plan's with an optimizer inside backward
     o.optimizer_in_backward_states = 1;
     o.requires_gradient_sync = false;
     check_engine_matches(json, MeshShape::fsdp(W), o, "optimizer in backward, no gradient sync");
+    o = PlanOptions{};
+    o.fresh_gradients = true;
+    check_engine_matches(json, MeshShape::fsdp(W), o, "fresh gradients");
+    o.optimizer_in_backward_states = 2;
+    o.defaults.mp_policy.param_dtype = DType::bf16;
+    check_engine_matches(json, MeshShape::fsdp(W), o, "fresh gradients, bf16, optimizer inside");
     if (W % 2 == 0) {  // HSDP: the update after the all-reduce; deferred with it
       o = PlanOptions{};
       o.optimizer_in_backward_states = 2;
@@ -1835,6 +1842,11 @@ TEST_CASE("the engine's pool equals the plan's with an optimizer inside backward
       CHECK(op.stream == StreamKind::reduce_scatter);
     }
   CHECK(updates == static_cast<int>(plan.groups.size()));
+  // Fresh gradients: grad_init writes nothing.
+  PlanOptions f;
+  f.fresh_gradients = true;
+  for (const Op& op : Scheduler::plan(*root, MeshShape::fsdp(W), f).ops)
+    if (op.kind == OpKind::grad_init) CHECK(op.bytes == 0);
   o.is_last_backward = false;
   CHECK(contains(error_of<InvalidArgument>([&] { Scheduler::plan(*root, MeshShape::fsdp(W), o); }),
                  "optimizer inside backward needs is_last_backward"));

@@ -54,7 +54,8 @@ enum class OpKind : std::uint8_t {
   reshard,          // frees unsharded parameters after forward / backward (compute, 0 ms)
   grad_init,        // zeroes the unsharded gradient arena at pre-backward (compute; not with
                     // external gradients), or the sharded gradients that stand for it
-                    // (Group::grads_are_sharded)
+                    // (Group::grads_are_sharded); with Group::fresh_grads it only marks the
+                    // gradients fresh (0 bytes)
   wait,             // the host waits for pending reductions (compute)
   update,           // the optimizer's update of the shards from the reduced gradients, inside
                     // backward (Group::update_state_arrays; after the copy-out, on its stream)
@@ -302,6 +303,10 @@ class Group {
   /// parameters in the device's; set on any mesh, so that a plan, which knows no device,
   /// takes the same path as the run).
   bool shards_offloaded = false;
+  /// FSDPModule::set_fresh_gradients: the gradients the engine owns are not zeroed before
+  /// backward (grad_init writes nothing); the callbacks assign the first gradient of each
+  /// parameter (Parameter::grad_fresh) and the reduction zeroes those none wrote.
+  bool fresh_grads = false;
   /// An optimizer updates the shards inside backward (fsdp/shard_update.hpp), reading this
   /// many state arrays per element (SGD 0 or 1, AdamW 2); -1: none. Each reduction then ends
   /// with the update, and the sharded gradients go.
@@ -449,6 +454,9 @@ class Backend {
   virtual void host_wait(const Event& e) = 0;
   /// zero_grad: the sharded gradients go.
   virtual void drop_sharded_grads(Group& g) = 0;
+  /// Group::fresh_grads, at the end of the group's backward: the gradients no callback wrote
+  /// (still fresh) become zeros (host memory, before the reduction reads them).
+  virtual void settle_fresh_grads(Group& /*g*/) {}
   /// External gradients: a no_sync backward keeps the ones the parameters show (`keep`) for
   /// the next backward (show_unsharded_grads shows them again), or they go (`!keep`).
   virtual void keep_external_grads(Group& /*g*/, bool /*keep*/) {}

@@ -67,6 +67,15 @@ class FSDPModule {
   void set_reduce_scatter_max_input_buffers(int k);
   /// false: the root's end of backward does not finalise (more micro-batches follow).
   void set_is_last_backward(bool value);
+  /// true: an opt-in of the callback contract that saves a pass over the gradients: they are
+  /// not zeroed before backward; while Parameter::grad_fresh() is true (until the first
+  /// backward callback of the parameter's module returns) a callback assigns the gradient,
+  /// every element, instead of adding into it; gradients no callback wrote are zeroed at the
+  /// group's post-backward. Micro-batches without sync still accumulate (only the first
+  /// backward after a reduction starts fresh). Host meshes (InvalidArgument on a CUDA mesh);
+  /// set it before a backward begins. Gradients from a front end's autograd
+  /// (use_external_gradients) are always fresh and ignore it.
+  void set_fresh_gradients(bool value, bool recurse = true);
   /// After an exception in a user callback: waits for in-flight collectives, reshards every
   /// group and clears the iteration's state; the iteration's gradients are discarded.
   /// Root only.

@@ -106,6 +106,12 @@ class Parameter {
   void set_data(Tensor t) noexcept { data_ = std::move(t); }
   /// Registers `t` as the gradient (an undefined tensor clears it). Checks nothing.
   void set_grad(Tensor t) noexcept { grad_ = std::move(t); }
+  /// During backward, under FSDPModule::set_fresh_gradients(true): grad() holds no values
+  /// yet (it was not zeroed), so a backward callback assigns its gradient, every element,
+  /// instead of adding into it. False otherwise (the default contract: add into grad()). The
+  /// engine clears it when the first backward callback of the parameter's module returns.
+  bool grad_fresh() const noexcept { return grad_fresh_; }
+  void set_grad_fresh(bool fresh) noexcept { grad_fresh_ = fresh; }
 
   /// Convenience for users before sharding: allocates a host tensor of shape()/dtype() and sets
   /// element i (flat, row-major) to fn(i), rounded to the dtype. Returns *this.
@@ -134,6 +140,7 @@ class Parameter {
   Tensor data_;
   Tensor grad_;
   ParameterBinding* binding_ = nullptr;
+  bool grad_fresh_ = false;
 };
 
 /// A node of the model graph. Modules are created by make_root (or load_graph_json) and

@@ -77,6 +77,10 @@ struct PlanOptions {
   /// arrays per parameter (SGD 0 or 1, AdamW 2): each reduction ends with its update of the
   /// group's shards (OpKind::update); -1: the optimizer steps after backward (not planned).
   int optimizer_in_backward_states = -1;
+  /// FSDPModule::set_fresh_gradients on the roots (recursively): the backward callbacks
+  /// assign each parameter's first gradient (graph::Parameter::grad_fresh), so grad_init
+  /// writes nothing (0 bytes). Host meshes.
+  bool fresh_gradients = false;
   /// The cost model; unset: CostModel::defaults(mesh).
   std::optional<CostModel> cost;
 };

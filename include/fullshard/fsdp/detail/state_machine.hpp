@@ -217,6 +217,11 @@ struct StateMachine {
     reshard(g);
   }
 
+  // grad_init writes the gradients' bytes, or nothing when they start fresh.
+  static std::size_t grad_init_bytes(const Group& g) {
+    return g.fresh_grads ? 0 : g.info.unsharded_bytes();
+  }
+
   static void prepare_gradients(Group& g) {
     if (g.updates_in_backward() && !g.root->is_last_backward)
       throw InvalidArgument("group " + std::string(g.info.name) +
@@ -231,14 +236,14 @@ struct StateMachine {
     if (!g.sharded_grads_live && !g.grads.held && !g.has_sharded_grads && g.grads_are_sharded()) {
       // Backward adds into the sharded gradients (zeroed here): the reduction is a no-op.
       B& b = be(g);
-      OpDesc& d = begin(StreamKind::compute, OpKind::grad_init, g, g.info.unsharded_bytes());
+      OpDesc& d = begin(StreamKind::compute, OpKind::grad_init, g, grad_init_bytes(g));
       Buf none;
       b.grad_init(d, g, none);
       g.sharded_grads_live = true;
     }
     if (!g.grads.held && !g.sharded_grads_live) {
       B& b = be(g);
-      OpDesc& d = begin(StreamKind::compute, OpKind::grad_init, g, g.info.unsharded_bytes());
+      OpDesc& d = begin(StreamKind::compute, OpKind::grad_init, g, grad_init_bytes(g));
       g.grads = b.acquire(g, BufKind::grads, g.info.arena_numel, g.info.param_dtype);
       b.grad_init(d, g, g.grads);
     }
@@ -338,6 +343,7 @@ struct StateMachine {
   static void reduce_gradients(Group& g) {
     // Its backward did not run.
     if (!g.grads.held && !g.external_grads_pending && !g.sharded_grads_live) return;
+    if (g.fresh_grads && !g.external_grads) be(g).settle_fresh_grads(g);
     if (!g.reduce_grads) {  // no_sync: the unsharded gradients keep accumulating
       if (g.external_grads_pending) {
         g.external_grads_kept = true;
