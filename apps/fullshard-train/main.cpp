@@ -420,6 +420,23 @@ double peak_rss_mib() {
   return static_cast<double>(ru.ru_maxrss) / 1024.0;  // Linux: KiB
 }
 
+/// Host heap bytes allocated now (glibc's mallinfo2: live blocks, not the freed memory the
+/// heap keeps, which the max RSS still counts); < 0 where glibc has no mallinfo2.
+double heap_in_use_mib() {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<double>(m.uordblks + m.hblkhd) / (1024.0 * 1024.0);
+#else
+  return -1.0;
+#endif
+}
+
+std::string fmt_mib(double mib) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", mib);
+  return b;
+}
+
 fullshard::DeviceMesh make_mesh(const fullshard::Runtime& rt, const Config& c) {
   const int world = rt.world_size();
   auto [R, S] = c.mesh;
@@ -778,12 +795,13 @@ class Trainer {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
+    const double heap = heap_in_use_mib();
     std::printf(
         "summary: %d steps in %.2f s, loss %.6g -> %.6g, median step %.3f ms "
-        "(comm %.3f ms), pool peak %.2f MiB (plan %.2f MiB), max RSS %.1f MiB\n",
+        "(comm %.3f ms), pool peak %.2f MiB (plan %.2f MiB), max RSS %.1f MiB%s\n",
         steps_run, total_s, first_loss_, last_loss_, median(step_ms_), median(comm_ms_),
         model_.executor().measured_peak_bytes() / kMiB, model_.plan().peak_bytes / kMiB,
-        peak_rss_mib());
+        peak_rss_mib(), heap >= 0 ? (", heap in use " + fmt_mib(heap) + " MiB").c_str() : "");
     if (steps_run > 1) {
       std::vector<double> after_first(step_ms_.begin() + 1, step_ms_.end());
       print_floor(median(after_first), memcpy_gb_per_s);

@@ -198,6 +198,19 @@ void Optimizer::step() {
   stream_ = nullptr;
 }
 
+void Optimizer::update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state,
+                       bool fresh, std::int64_t step) {
+  kernels::ElementUpdate u;
+  if (!element_update(u, fresh, step))
+    throw InvalidArgument("optimizer: " + pname(p) +
+                          ": this optimizer has no update rule (override update() or "
+                          "element_update())");
+  u.param = p.data().data_as<float>();
+  u.state0 = !state.empty() ? state[0].data_as<float>() : nullptr;
+  u.state1 = state.size() > 1 ? state[1].data_as<float>() : nullptr;
+  kernels::apply_update(exec_->exec(grad.space(), stream_), u, grad.data_as<float>(), grad.numel());
+}
+
 Optimizer::~Optimizer() {
   if (in_backward_) in_backward_->detach();
 }
@@ -477,16 +490,6 @@ bool SGD::element_update(kernels::ElementUpdate& u, bool fresh, std::int64_t) co
   return true;
 }
 
-void SGD::update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state, bool fresh,
-                 std::int64_t step) {
-  kernels::ElementUpdate u;
-  element_update(u, fresh, step);
-  u.param = p.data().data_as<float>();
-  u.state0 = state.empty() ? nullptr : state[0].data_as<float>();
-  kernels::apply_update(device_exec().exec(grad.space(), stream()), u, grad.data_as<float>(),
-                        grad.numel());
-}
-
 // ---- AdamW ----------------------------------------------------------------------------------
 
 AdamW::AdamW(std::vector<graph::Parameter*> params, double lr_, double beta1, double beta2,
@@ -519,17 +522,6 @@ bool AdamW::element_update(kernels::ElementUpdate& u, bool, std::int64_t step) c
   u.step_size = lr / (1.0 - std::pow(beta1_, t));
   u.bc2_sqrt = std::sqrt(1.0 - std::pow(beta2_, t));
   return true;
-}
-
-void AdamW::update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state, bool fresh,
-                   std::int64_t step) {
-  kernels::ElementUpdate u;
-  element_update(u, fresh, step);
-  u.param = p.data().data_as<float>();
-  u.state0 = state[0].data_as<float>();
-  u.state1 = state[1].data_as<float>();
-  kernels::apply_update(device_exec().exec(grad.space(), stream()), u, grad.data_as<float>(),
-                        grad.numel());
 }
 
 // ---- clip_grad_norm -------------------------------------------------------------------------

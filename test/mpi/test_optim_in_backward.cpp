@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "error_check.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
@@ -25,24 +26,12 @@ using graph::Parameter;
 
 namespace {
 
+using test::contains;
 int W() {
   return test::world_size();
 }
 int R() {
   return test::world_rank();
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "<no InvalidArgument>";
-}
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 
 enum class Opt { sgd, sgd_momentum, sgd_nesterov, adamw };
@@ -308,13 +297,13 @@ TEST_CASE("inside backward: what is refused, with the reason") {
     opt.run_in_backward();
     m.iteration({}, 0);
     // A global norm needs every gradient before any update.
-    const std::string clip =
-        error_of([&] { optim::clip_grad_norm(m.root->parameters(), 1.0, mesh); });
+    const std::string clip = test::error_of<InvalidArgument>(
+        [&] { optim::clip_grad_norm(m.root->parameters(), 1.0, mesh); });
     CHECK(contains(clip, "inside backward"));
     CHECK(contains(clip, "'" + m.root->parameters().front()->fqn() + "'"));
     // The updates are waited for at the end of backward.
     m.state().set_is_last_backward(false);
-    const std::string last = error_of([&] {
+    const std::string last = test::error_of<InvalidArgument>([&] {
       fsdp::forward(*m.root);
       fsdp::backward(*m.root);
     });
@@ -344,7 +333,7 @@ TEST_CASE("inside backward: what is refused, with the reason") {
     some.erase(std::find_if(some.begin(), some.end(),
                             [](const Parameter* p) { return p->fqn() == "l0.w"; }));
     optim::SGD opt(some, 0.1);
-    const std::string e = error_of([&] { opt.run_in_backward(); });
+    const std::string e = test::error_of<InvalidArgument>([&] { opt.run_in_backward(); });
     CHECK(contains(e, "'l0.w'"));
     CHECK(contains(e, "does not"));
   }
@@ -358,6 +347,6 @@ TEST_CASE("inside backward: what is refused, with the reason") {
     fsdp::fully_shard(l, mesh, o);
     fsdp::fully_shard(*root, mesh);
     optim::SGD opt(root->parameters(), 0.1);
-    CHECK(contains(error_of([&] { opt.run_in_backward(); }), "offloaded"));
+    CHECK(contains(test::error_of<InvalidArgument>([&] { opt.run_in_backward(); }), "offloaded"));
   }
 }

@@ -1842,6 +1842,16 @@ TEST_CASE("the engine's pool equals the plan's with an optimizer inside backward
       CHECK(op.stream == StreamKind::reduce_scatter);
     }
   CHECK(updates == static_cast<int>(plan.groups.size()));
+  // The sharded gradients: one scratch as large as the largest group's shard (one root), or
+  // on one rank (no cast) every group's own, which backward writes.
+  std::size_t largest = 0, all = 0;
+  for (const PlannedGroup& g : plan.groups) {
+    largest = std::max(largest, g.shard_bytes());
+    all += g.shard_bytes();
+  }
+  CHECK(plan.grad_bytes == (W == 1 ? all : largest));
+  PlanOptions after;
+  CHECK(Scheduler::plan(*root, MeshShape::fsdp(W), after).grad_bytes == all);
   // Fresh gradients: grad_init writes nothing.
   PlanOptions f;
   f.fresh_gradients = true;

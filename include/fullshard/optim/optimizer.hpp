@@ -100,9 +100,10 @@ class Optimizer {
  protected:
   /// Updates p.data() from `grad`; `state` holds state_names().size() tensors of the
   /// shard's shape, zero-filled when `fresh` (the parameter's first update). `step` counts
-  /// from 1.
+  /// from 1. The default runs element_update()'s rule (kernels::apply_update, where the shard
+  /// is); a subclass without one overrides this.
   virtual void update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state,
-                      bool fresh, std::int64_t step) = 0;
+                      bool fresh, std::int64_t step);
   /// The scalars of one update (u.rule and its hyper-parameters; the arrays are filled in by
   /// the caller) for the element-wise optimizers; false (the default): this optimizer has no
   /// element update, and cannot run inside backward.
@@ -150,8 +151,6 @@ class SGD : public Optimizer {
   double lr = 0.0;
 
  protected:
-  void update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state, bool fresh,
-              std::int64_t step) override;
   bool element_update(kernels::ElementUpdate& u, bool fresh, std::int64_t step) const override;
 
  private:
@@ -171,8 +170,6 @@ class AdamW : public Optimizer {
   double lr = 0.0;
 
  protected:
-  void update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state, bool fresh,
-              std::int64_t step) override;
   bool element_update(kernels::ElementUpdate& u, bool fresh, std::int64_t step) const override;
 
  private:
