@@ -751,28 +751,28 @@ class Trainer {
   /// unsharded parameters and the reduce-scatter's reads of the gradients (F each).
   void print_floor(double step_ms, double gb_per_s) const {
     const schedule::Plan& plan = model_.plan();
-    const double F =
-        static_cast<double>(model_.num_params()) *
-        static_cast<double>(fullshard::dtype_size(c_.param_dtype.value_or(fullshard::DType::f32)));
-    const double P = static_cast<double>(plan.sharded_bytes);
     const int passes = c_.optimizer == "adamw" ? 7 : (c_.momentum > 0 ? 5 : 3);
-    const int W = mesh_.shape().back();
-    double gather = 0.0;  // each all-gather writes W slots of its shard (op.bytes)
-    for (const schedule::Op& op : plan.ops)
-      if (op.kind == schedule::OpKind::all_gather)
-        gather += static_cast<double>(op.bytes) * (op.k > 0 ? op.k : W);
-    const double reduce = W > 1 ? F : 0.0;
-    const double total = F + passes * P + gather + reduce;
+    const schedule::ByteFloor floor = plan.byte_floor(passes);
+    const double F = floor.gradients, gather = floor.all_gather, reduce = floor.reduce_scatter;
+    const double total = floor.total();
     const double floor_ms = total / (gb_per_s * 1e6);
+    const schedule::ByteCount moved = plan.bytes_moved();
     std::printf(
         "byte floor per rank and step: %.1f MiB = gradient writes %.1f + optimizer %.1f (%dP) + "
         "all-gather writes %.1f (%.2f x F) + reduce-scatter reads %.1f; %.2f ms at %.1f GB/s "
         "(memcpy, bytes read + written, every one of the %d ranks copying); measured median step "
         "%.3f ms "
         "= %.2f x the floor's time\n",
-        total / kMiB, F / kMiB, passes * P / kMiB, passes, gather / kMiB, F > 0 ? gather / F : 0.0,
-        reduce / kMiB, floor_ms, gb_per_s, static_cast<int>(dp_), step_ms,
+        total / kMiB, F / kMiB, floor.optimizer / kMiB, passes, gather / kMiB,
+        F > 0 ? gather / F : 0.0, reduce / kMiB, floor_ms, gb_per_s, static_cast<int>(dp_), step_ms,
         floor_ms > 0 ? step_ms / floor_ms : 0.0);
+    // The plan's own copies, collectives and updates (the optimizer after backward not in it).
+    std::printf(
+        "byte account of the plan per rank and step: %.1f MiB read + %.1f MiB written = %.1f MiB: "
+        "%.2f ms at %.1f GB/s%s\n",
+        moved.read / kMiB, moved.written / kMiB, moved.total() / kMiB,
+        moved.total() / (gb_per_s * 1e6), gb_per_s,
+        c_.optimizer_in_backward ? "" : "; the optimizer after backward adds its passes above");
     if (c_.predict && measured_steps_ > 0) {  // the callbacks stand for the GEMMs
       const auto of = [&](const char* k) {
         const auto it = measured_kind_ms_.find(k);

@@ -222,13 +222,18 @@ void ParamGroup::zero_grad() {
 }
 
 void ParamGroup::drop_sharded_grads() noexcept {
-  spare_grads_ = std::move(sharded_grads_);
+  // A group updated inside backward writes a shared scratch (RunningBackend::reduced_scratch):
+  // nothing of its own to keep.
+  if (engine_.updates_in_backward() && !engine_.grads_are_sharded())
+    spare_grads_ = Tensor();
+  else
+    spare_grads_ = std::move(sharded_grads_);
   sharded_grads_ = Tensor();
 }
 
 Tensor& ParamGroup::gradients_for_write() {
   if (engine_.updates_in_backward() && ctx_ && !sharded_grads_.data()) {
-    sharded_grads_ = ctx_->reduced_for(*this);
+    sharded_grads_ = ctx_->backend.reduced_scratch(*this);
     return sharded_grads_;
   }
   ensure_sharded_grads();

@@ -56,17 +56,25 @@ RootContext::~RootContext() {
   }
 }
 
-Tensor RootContext::reduced_for(const ParamGroup& g) {
+// A reduction ends on the all-reduce stream under HSDP, else on the reduce-scatter stream
+// (where a shared-memory or compressed reduce-scatter writes the gradients itself).
+Tensor RunningBackend::reduced_scratch(const ParamGroup& g) {
+  const auto ends_on = [this](const ParamGroup& x) {
+    return &device_->stream(
+        x.engine().info.replicate > 1 ? Channel::all_reduce : Channel::reduce_scatter, x.mesh());
+  };
+  const comm::Stream* s = ends_on(g);
   const std::int64_t gsn = g.layout().shard_numel;
-  if (reduced_scratch.numel() < gsn || reduced_scratch.space() != g.shard_space()) {
-    std::int64_t most = gsn;  // sized once for every group updated inside backward
-    for (const ParamGroup* o : backend.groups)
-      if (o->engine().updates_in_backward() && o->shard_space() == g.shard_space())
+  Tensor& scratch = reduced_scratch_[s];
+  if (scratch.numel() < gsn) {
+    std::int64_t most = gsn;  // sized once for every group whose reductions end there
+    for (const ParamGroup* o : groups)
+      if (o->engine().updates_in_backward() && !o->engine().grads_are_sharded() && ends_on(*o) == s)
         most = std::max(most, o->layout().shard_numel);
-    reduced_scratch = Tensor::empty({most}, g.orig_dtype(), g.shard_space(),
-                                    "fsdp.reduced_gradients (optimizer inside backward)");
+    scratch = Tensor::empty({most}, g.orig_dtype(), g.shard_space(),
+                            "fsdp.reduced_gradients (optimizer inside backward)");
   }
-  return reduced_scratch.flat_view(0, {gsn});
+  return scratch.flat_view(0, {gsn});
 }
 
 ParamGroup& RunningBackend::pg(const engine::Group& g) const {

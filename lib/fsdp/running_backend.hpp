@@ -8,6 +8,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,11 @@ class RunningBackend final : public engine::Backend {
   void reset_peak() {
     if (device_) device_->reset_peak();
   }
+  /// The reduced gradients of group `g`, updated inside backward: a view of the scratch of
+  /// the stream its reductions end on (one per stream, as large as the largest shard of the
+  /// groups ending there: each reduction writes it and its update reads it in that stream's
+  /// order). Made larger when too small (an update in flight holds the old one).
+  Tensor reduced_scratch(const ParamGroup& g);
 
   engine::Buf acquire(const engine::Group& g, engine::BufKind kind, std::int64_t numel,
                       DType dtype) override;
@@ -83,6 +89,7 @@ class RunningBackend final : public engine::Backend {
   void stream_record(engine::StreamKind s, engine::Event& e) override;
 
  private:
+  std::map<const comm::Stream*, Tensor> reduced_scratch_;
   engine::OpDesc op_;                   // the operation being issued
   std::deque<transport::Held> memory_;  // by Buf::slot (references stay valid as it grows)
   std::vector<int> free_slots_;
@@ -105,13 +112,6 @@ class RunningBackend final : public engine::Backend {
 struct RootContext {
   RunningBackend backend;
   engine::Root root{backend};
-  /// The reduced gradients of the groups updated inside backward: one buffer for all of
-  /// them, as large as the largest one's shard, written and read by the reductions in stream
-  /// order (each update reads it before the next reduction's copy-out writes it).
-  Tensor reduced_scratch;
-  /// A view of the scratch for group `g` (gsn elements, made larger when it is too small; an
-  /// update in flight keeps the old buffer alive).
-  Tensor reduced_for(const ParamGroup& g);
   ~RootContext();
 };
 

@@ -237,6 +237,7 @@ void Optimizer::run_in_backward(bool enable) {
     if (in_backward_) in_backward_->detach();
     in_backward_.reset();
     groups_.clear();
+    stepped_in_backward_ = false;
     return;
   }
   kernels::ElementUpdate probe;
@@ -254,18 +255,29 @@ void Optimizer::run_in_backward(bool enable) {
                               "', which this optimizer does not (its update covers the whole "
                               "group: give the optimizer every parameter of the group)");
   auto update = std::make_shared<detail::InBackward>(*this, probe.state_arrays());
-  for (fsdp::FSDPModule* st : states)
-    fsdp::update_in_backward(*st, update);
+  std::size_t done = 0;
+  try {
+    for (; done < states.size(); ++done)
+      fsdp::update_in_backward(*states[done], update);
+  } catch (...) {  // all or none: the groups registered so far step after backward again
+    for (std::size_t i = 0; i < done; ++i)
+      fsdp::update_in_backward(*states[i], in_backward_);
+    update->detach();
+    throw;
+  }
   if (in_backward_) in_backward_->detach();
   in_backward_ = std::move(update);
   groups_.clear();
   base_step_ = step_;
+  stepped_in_backward_ = false;
 }
 
 kernels::ElementUpdate Optimizer::prepare_group(const fsdp::ShardGroupView& g) {
   const std::size_t ns = state_names().size();
   const std::int64_t gsn = g.layout.shard_numel;
-  GroupState& gs = groups_[&g.layout];
+  const auto [it, inserted] = groups_.try_emplace(&g.layout);
+  GroupState& gs = it->second;
+  if (inserted) gs.step = base_step_;  // a group counts its steps from the optimizer's
   bool fresh = false;
   if (gs.state.size() != ns || (ns > 0 && gs.state[0].numel() != gsn)) {
     // The group's state in slot layout (padding zero), seeded with the per-parameter state a
@@ -274,12 +286,15 @@ kernels::ElementUpdate Optimizer::prepare_group(const fsdp::ShardGroupView& g) {
     for (std::size_t s = 0; s < ns; ++s)
       state.push_back(Tensor::zeros({gsn}, DType::f32, g.shards.space(), "fullshard::optim_state"));
     bool seeded = false;
+    if (index_.size() != params_.size())
+      for (std::size_t i = 0; i < params_.size(); ++i)
+        index_[params_[i]] = i;
     for (std::size_t m = 0; m < g.params.size(); ++m) {
-      const auto it = std::find(params_.begin(), params_.end(), g.params[m]);
-      if (it == params_.end())
+      const auto at = index_.find(g.params[m]);
+      if (at == index_.end())
         throw InvalidArgument("fsdp group " + g.name + ": parameter '" + g.params[m]->fqn() +
                               "' is not in its optimizer inside backward");
-      std::vector<Tensor>& own = state_[static_cast<std::size_t>(it - params_.begin())];
+      std::vector<Tensor>& own = state_[at->second];
       const kernels::GroupMember& mem = g.layout.members[m];
       for (std::size_t s = 0; s < ns; ++s) {
         Tensor view = state[s].flat_view(mem.slot_offset, mem.layout.local_shape);
@@ -297,7 +312,6 @@ kernels::ElementUpdate Optimizer::prepare_group(const fsdp::ShardGroupView& g) {
         own.push_back(state[s].flat_view(mem.slot_offset, mem.layout.local_shape));
     }
     gs.state = std::move(state);
-    gs.step = base_step_;
     fresh = !seeded;
   }
   ++gs.step;
@@ -433,6 +447,7 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
   }
   step_ = base_step_ = step;
   groups_.clear();
+  stepped_in_backward_ = false;
 }
 
 void Optimizer::load_state_dict(std::map<std::string, Tensor>&& state) {
@@ -457,6 +472,7 @@ void Optimizer::load_state_dict(std::map<std::string, Tensor>&& state) {
   state_.swap(next);
   step_ = base_step_ = step;
   groups_.clear();
+  stepped_in_backward_ = false;
 }
 
 // ---- SGD ------------------------------------------------------------------------------------

@@ -202,6 +202,18 @@ std::string Plan::to_text() const {
        std::to_string(forward_peak_bytes) + " B backward=" + std::to_string(backward_peak_bytes) +
        " B end=" + std::to_string(end_bytes) + " B) sharded_params=" +
        std::to_string(sharded_bytes) + " B sharded_grads=" + std::to_string(grad_bytes) + " B");
+  {
+    const ByteCount moved = bytes_moved();
+    const ByteFloor f = byte_floor();
+    const double gbps = options.cost ? options.cost->copy_gb_per_s() : 10.0;
+    line("byte account per rank: " + fmt("%.0f", moved.read) + " B read + " +
+         fmt("%.0f", moved.written) + " B written (" + fmt("%.3f", moved.total() / (gbps * 1e6)) +
+         " ms at " + fmt("%.1f", gbps) + " GB/s); floor " + fmt("%.0f", f.total()) +
+         " B = gradients " + fmt("%.0f", f.gradients) + " + optimizer " + fmt("%.0f", f.optimizer) +
+         (options.optimizer_in_backward_states < 0 ? " (after backward: not planned)" : "") +
+         " + all-gather " + fmt("%.0f", f.all_gather) + " + reduce-scatter " +
+         fmt("%.0f", f.reduce_scatter) + " (" + fmt("%.3f", f.total() / (gbps * 1e6)) + " ms)");
+  }
   if (pool_roots.size() > 1) {
     std::vector<std::string> parts;
     for (std::size_t i = 0; i < pool_roots.size(); ++i)
@@ -210,6 +222,90 @@ std::string Plan::to_text() const {
     line("pool peaks per FSDP root: " + join(parts, " "));
   }
   return t;
+}
+
+ByteCount Plan::bytes_moved(const Op& op) const {
+  ByteCount c;
+  if (op.group < 0) return c;
+  const PlannedGroup& pg = groups[static_cast<std::size_t>(op.group)];
+  const transport::Geometry g = pg.geometry(mesh.replicate_size);
+  const transport::Kind k = transport::group_kind(
+      options.cost ? options.cost->transport(MeshDim::shard) : transport::Kind::mpi, g);
+  const transport::Fusions f = transport::fusions(k, g);
+  const double W = g.world, gsn = static_cast<double>(g.shard_numel);
+  const double p = static_cast<double>(dtype_size(g.param_dtype));
+  const double o = static_cast<double>(dtype_size(g.orig_dtype));
+  const double r = static_cast<double>(dtype_size(g.reduce_dtype));
+  const double arena = static_cast<double>(g.arena_numel) * p;
+  const double slot = static_cast<double>(g.gather_slot_bytes());
+  const double bytes = static_cast<double>(op.bytes);
+  switch (op.kind) {
+    case OpKind::all_gather:
+      if (op.k > 0) return {bytes, W * slot};  // from the kept slices: W slots received
+      if (f.gather_in_copy_out) return c;      // shared memory: a publish
+      return {slot, W * slot};
+    case OpKind::copy_in:
+      if (op.stream == StreamKind::all_gather) return {gsn * o, bytes};
+      if (f.reduce_reads_in_place) return c;
+      return {arena, bytes};
+    case OpKind::copy_out:  // every slot (or the shards) into the unsharded parameters
+      return {W == 1 ? gsn * (g.cast() ? p : o) : W * slot, bytes};
+    case OpKind::grad_init:
+      return {0.0, bytes};
+    case OpKind::reduce_scatter:
+      if (g.compressed_reduce()) {
+        const double packed = static_cast<double>(g.packed_slot_bytes());
+        return {W * gsn * r + W * packed, W * packed + gsn * (f.copy_out_in_reduce ? o : r)};
+      }
+      if (k == transport::Kind::shm || k == transport::Kind::two_level)  // peers' gradients
+        return {W * gsn * p, gsn * (f.copy_out_in_reduce ? o : r)};
+      return {W * gsn * r, gsn * r};
+    case OpKind::all_reduce:
+      return {gsn * r, gsn * r};
+    case OpKind::reduce_copy_out:
+      if (op.variant != 0) return {2 * gsn * r, gsn * r};  // HSDP's deferred sums
+      if (f.copy_out_in_reduce) return c;
+      return {gsn * r, bytes};
+    case OpKind::update: {  // parameters and states read and written, gradients read
+      const double written = gsn * 4.0 * (1 + options.optimizer_in_backward_states);
+      return {bytes - written, written};
+    }
+    case OpKind::forward:
+    case OpKind::backward:
+    case OpKind::reshard:
+    case OpKind::wait:
+      return c;
+  }
+  return c;
+}
+
+ByteCount Plan::bytes_moved() const {
+  ByteCount sum;
+  for (const Op& op : ops) {
+    const ByteCount c = bytes_moved(op);
+    sum.read += c.read;
+    sum.written += c.written;
+  }
+  return sum;
+}
+
+ByteFloor Plan::byte_floor(int optimizer_passes) const {
+  ByteFloor f;
+  const int passes = optimizer_passes >= 0 ? optimizer_passes
+                     : options.optimizer_in_backward_states >= 0
+                         ? 3 + 2 * options.optimizer_in_backward_states
+                         : 0;
+  for (const PlannedGroup& g : groups)
+    f.gradients += static_cast<double>(g.unsharded_bytes());
+  f.optimizer = passes * static_cast<double>(sharded_bytes);
+  if (mesh.shard_size > 1) {
+    for (const Op& op : ops)  // each all-gather writes the unsharded parameters once
+      if (op.kind == OpKind::all_gather)
+        f.all_gather +=
+            static_cast<double>(groups[static_cast<std::size_t>(op.group)].unsharded_bytes());
+    f.reduce_scatter = f.gradients;
+  }
+  return f;
 }
 
 nlohmann::json Plan::to_chrome_trace() const {

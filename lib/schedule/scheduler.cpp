@@ -347,7 +347,8 @@ void replan_with(Plan& out, const graph::Module& root, MeshShape mesh, const Pla
     throw InvalidArgument(
         "Scheduler::plan: optimizer_in_backward_states must be -1 (none) or 0 to 2, got " +
         std::to_string(options.optimizer_in_backward_states));
-  if (options.optimizer_in_backward_states >= 0 && !options.is_last_backward)
+  if (options.optimizer_in_backward_states >= 0 && !options.is_last_backward &&
+      options.requires_gradient_sync)
     throw InvalidArgument(
         "Scheduler::plan: an optimizer inside backward needs is_last_backward = true");
   Plan p;

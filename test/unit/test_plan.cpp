@@ -1804,9 +1804,9 @@ TEST_CASE("the engine's pool equals the plan's with an optimizer inside backward
       check_engine_matches(json, MeshShape::fsdp(W), o,
                            "optimizer in backward, bf16, 2 buffers" + s);
       o.defaults.mp_policy.reduce_dtype = DType::bf16;
-      o.reshard_after_backward = false;
+      o.defaults.reshard_after_forward = fsdp::ReshardAfterForward(true);
       check_engine_matches(json, MeshShape::fsdp(W), o,
-                           "optimizer in backward, bf16 reduce, kept" + s);
+                           "optimizer in backward, bf16 reduce, resharded after forward" + s);
     }
     PlanOptions o;
     o.optimizer_in_backward_states = 1;
@@ -1852,6 +1852,28 @@ TEST_CASE("the engine's pool equals the plan's with an optimizer inside backward
   CHECK(plan.grad_bytes == (W == 1 ? all : largest));
   PlanOptions after;
   CHECK(Scheduler::plan(*root, MeshShape::fsdp(W), after).grad_bytes == all);
+  // The byte account: the update moves its bytes (read: parameters, gradients and both
+  // moments; written: parameters and moments); every other op's traffic follows its kind.
+  double update_bytes = 0;
+  for (const Op& op : plan.ops) {
+    const ByteCount c = plan.bytes_moved(op);
+    if (op.kind == OpKind::update) {
+      update_bytes += c.total();
+      CHECK(c.total() == static_cast<double>(op.bytes));
+      CHECK(c.written * 4 == c.read * 3);
+    }
+    if (op.kind == OpKind::forward || op.kind == OpKind::backward) CHECK(c.total() == 0);
+    if (op.kind == OpKind::all_gather && W > 1) {  // this rank's slot read, W received
+      const PlannedGroup& pg = plan.groups[static_cast<std::size_t>(op.group)];
+      CHECK(c.read == static_cast<double>(pg.geometry().gather_slot_bytes()));
+      CHECK(c.written == W * c.read);
+    }
+  }
+  CHECK(update_bytes == 7.0 * static_cast<double>(plan.sharded_bytes));
+  CHECK(plan.byte_floor().optimizer == 7.0 * static_cast<double>(plan.sharded_bytes));
+  CHECK(plan.byte_floor(5).optimizer == 5.0 * static_cast<double>(plan.sharded_bytes));
+  CHECK((W > 1) == (plan.byte_floor().reduce_scatter > 0));
+  CHECK(contains(plan.to_text(), "byte account per rank: "));
   // Fresh gradients: grad_init writes nothing.
   PlanOptions f;
   f.fresh_gradients = true;
@@ -1860,7 +1882,18 @@ TEST_CASE("the engine's pool equals the plan's with an optimizer inside backward
   o.is_last_backward = false;
   CHECK(contains(error_of<InvalidArgument>([&] { Scheduler::plan(*root, MeshShape::fsdp(W), o); }),
                  "optimizer inside backward needs is_last_backward"));
+  o.requires_gradient_sync = false;  // micro-batches without sync: nothing is updated
+  CHECK(Scheduler::plan(*root, MeshShape::fsdp(W), o).find(OpKind::update).empty());
+  o.requires_gradient_sync = true;
   o.is_last_backward = true;
+  if (W >
+      1) {  // the kept unsharded parameters would miss the update (one rank: they are the shards)
+    o.reshard_after_backward = false;
+    CHECK(
+        contains(error_of<InvalidArgument>([&] { Scheduler::plan(*root, MeshShape::fsdp(W), o); }),
+                 "set_reshard_after_backward(true)"));
+    o.reshard_after_backward = true;
+  }
   o.optimizer_in_backward_states = 3;
   CHECK(contains(error_of<InvalidArgument>([&] { Scheduler::plan(*root, MeshShape::fsdp(W), o); }),
                  "optimizer_in_backward_states must be -1"));

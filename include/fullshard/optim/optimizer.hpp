@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "fullshard/graph/module.hpp"
@@ -136,6 +137,7 @@ class Optimizer {
   std::shared_ptr<detail::DeviceExec> exec_;
   std::shared_ptr<detail::InBackward> in_backward_;  // null: step() updates everything
   std::map<const void*, GroupState> groups_;         // by group layout, inside backward
+  std::unordered_map<const graph::Parameter*, std::size_t> index_;  // into params_
   std::int64_t base_step_ = 0;        // a group's count starts here (run_in_backward, load)
   bool stepped_in_backward_ = false;  // a group updated since the last step()
 };

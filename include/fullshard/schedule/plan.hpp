@@ -108,6 +108,25 @@ struct Op : fsdp::engine::OpDesc {
   }
 };
 
+/// Bytes read and written in one rank's memory (docs/plan-format.md, "The byte account").
+struct ByteCount {
+  double read = 0.0;
+  double written = 0.0;
+  double total() const noexcept { return read + written; }
+};
+
+/// What a step must move per rank at least (docs/plan-format.md, "The byte floor"): the
+/// backward's gradient writes (F), the optimizer's passes over the sharded parameters and
+/// its state, and on more than one rank the all-gathers' writes of the unsharded parameters
+/// and the reduce-scatter's reads of the gradients.
+struct ByteFloor {
+  double gradients = 0.0;
+  double optimizer = 0.0;
+  double all_gather = 0.0;
+  double reduce_scatter = 0.0;
+  double total() const noexcept { return gradients + optimizer + all_gather + reduce_scatter; }
+};
+
 enum class BufferAction : std::uint8_t { alloc, free };
 
 /// One acquisition from / release to the buffer pool, in the engine's order (the bytes in use
@@ -164,6 +183,18 @@ class Plan {
   /// Persistent, outside the pool: sharded parameters and sharded gradients per rank.
   std::size_t sharded_bytes = 0;
   std::size_t grad_bytes = 0;
+
+  /// The bytes `op` reads and writes in this rank's memory: its copies, the buffers of its
+  /// collective on this rank (received bytes as written; the shared-memory transport's
+  /// reads of its peers' buffers as read), the optimizer's update; compute counts 0 (its
+  /// traffic is in its time).
+  ByteCount bytes_moved(const Op& op) const;
+  /// The same summed over the step.
+  ByteCount bytes_moved() const;
+  /// The step's floor with an optimizer of `optimizer_passes` passes over the sharded
+  /// parameters (SGD 3, with momentum 5, AdamW 7; the plan's own optimizer inside backward
+  /// when < 0, else 0).
+  ByteFloor byte_floor(int optimizer_passes = -1) const;
 
   /// The ops of one stream, in order.
   std::vector<const Op*> stream_ops(StreamKind s) const;

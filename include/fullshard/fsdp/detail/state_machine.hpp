@@ -222,12 +222,22 @@ struct StateMachine {
     return g.fresh_grads ? 0 : g.info.unsharded_bytes();
   }
 
-  static void prepare_gradients(Group& g) {
-    if (g.updates_in_backward() && !g.root->is_last_backward)
+  // An optimizer inside backward updates the shards before the next forward: the end of
+  // backward must wait for the updates, and no unsharded copy of the old values may stay.
+  static void check_update_policies(const Group& g) {
+    if (g.reduce_grads && !g.root->is_last_backward)
       throw InvalidArgument("group " + std::string(g.info.name) +
-                            ": an optimizer inside backward needs set_is_last_backward(true) "
-                            "(its updates are waited for at the end of backward); accumulate "
-                            "micro-batches with set_requires_gradient_sync(false) instead");
+                            ": an optimizer inside backward needs set_is_last_backward(true) on "
+                            "a backward that reduces (its updates are waited for at the end of "
+                            "backward); micro-batches without gradient sync may set it false");
+    if (!g.reshard_after_backward && !g.shards_are_params())
+      throw InvalidArgument("group " + std::string(g.info.name) +
+                            ": an optimizer inside backward needs set_reshard_after_backward(true) "
+                            "(the unsharded parameters kept after backward would be the values "
+                            "before its update)");
+  }
+
+  static void prepare_gradients(Group& g) {
     if (g.external_grads) {  // the front end's autograd allocates them
       g.external_grads_pending = true;
       be(g).show_unsharded_grads(g);
@@ -359,7 +369,7 @@ struct StateMachine {
         B& b = be(g);
         wait(b, StreamKind::reduce_scatter, record(b, StreamKind::compute));
         Event e = update_shards(g, StreamKind::reduce_scatter);
-        g.root->pending.push_back({&g, e, Buf(), Buf()});
+        g.root->pending.push_back({&g, std::move(e), Buf(), Buf()});
         return;
       }
       be(g).show_sharded_grads(g);
@@ -409,20 +419,32 @@ struct StateMachine {
     Event e = b.reduce_copy_out(d, g, reduced, spec);
     e.op = d.id;
     g.has_sharded_grads = true;
+    // Pending first: if the update cannot be issued, the reduction is still waited for and
+    // its buffers go back.
+    r.pending.push_back({&g, std::move(e), std::move(input), std::move(output)});
     if (g.updates_in_backward())
-      e = update_shards(g, last_stream);
+      r.pending.back().done = update_shards(g, last_stream);
     else
       b.show_sharded_grads(g);
-    r.pending.push_back({&g, e, std::move(input), std::move(output)});
   }
 
   // The optimizer's update of the shards from the sharded gradients just written, on `s`
   // (after them); the gradients are consumed: none is shown and the next reduction
-  // overwrites their storage.
+  // overwrites their storage (also when the update cannot be issued: the iteration fails).
+  // The shared-memory transport's peers read this rank's shard in their backward copy-out,
+  // which precedes their gradients' publication and so this reduction: nobody reads it now.
   static Event update_shards(Group& g, StreamKind s) {
     B& b = be(g);
     OpDesc& d = begin(s, OpKind::update, g, g.update_bytes());
-    Event e = b.update_shards(d, g);
+    Event e;
+    try {
+      e = b.update_shards(d, g);
+    } catch (...) {
+      g.has_sharded_grads = false;
+      b.drop_sharded_grads(g);
+      b.show_sharded_grads(g);
+      throw;
+    }
     e.op = d.id;
     g.has_sharded_grads = false;
     b.drop_sharded_grads(g);
@@ -519,6 +541,7 @@ struct StateMachine {
   }
 
   static void pre_backward(Group& g) {
+    if (g.backward_calls == 0 && g.updates_in_backward()) check_update_policies(g);
     Root& r = *g.root;
     B& b = be(r);
     r.in_backward = true;
