@@ -6,8 +6,9 @@
 //
 // What changes for the user: after backward the parameters of such a group have been updated
 // and show no gradient (grad() none: the reduced gradient was consumed); clip_grad_norm
-// refuses them (a global norm needs every gradient before any update), and so does an
-// iteration with set_is_last_backward(false). Micro-batches accumulate with
+// refuses them (a global norm needs every gradient before any update), and so do a backward
+// that reduces with set_is_last_backward(false) and set_reshard_after_backward(false) on a
+// group whose unsharded parameters are a copy. Micro-batches accumulate with
 // set_requires_gradient_sync(false): only the synchronised backward reduces, so only it
 // updates; under HSDP a deferred all-reduce (set_requires_all_reduce(false)) defers the
 // update with it. A backward that fails part way leaves the groups whose reductions landed

@@ -64,10 +64,13 @@ class Optimizer {
   /// FSDP are still updated by step(), which then counts as the same step. The learning rate
   /// (lr) is read when a group's update is issued: set it before backward. Refused
   /// (InvalidArgument naming the group): a group with parameters this optimizer does not
-  /// hold, an optimizer without an element update (a subclass that only overrides update()),
-  /// a group whose backward has begun, offloaded shards; later, clip_grad_norm on its
-  /// parameters and set_is_last_backward(false) (see fsdp/shard_update.hpp). false: step()
-  /// updates every parameter again.
+  /// hold, an optimizer without an element update (a subclass that only overrides update();
+  /// inside backward element_update()'s rule runs, not an override of update()), a group
+  /// whose backward has begun, offloaded shards (then no group is registered); later,
+  /// clip_grad_norm on its parameters and the policies fsdp/shard_update.hpp lists. false:
+  /// step() updates every parameter again. Call run_in_backward(false) before destroying the
+  /// optimizer: groups still registered then fail their next backward (until
+  /// fsdp::update_in_backward(st, nullptr)).
   void run_in_backward(bool enable = true);
   bool runs_in_backward() const noexcept { return in_backward_ != nullptr; }
 
