@@ -286,8 +286,14 @@ EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory)
     g.shards_offloaded = pg.options && pg.options->offload_policy.has_value();
     g.update_state_arrays = static_cast<std::int8_t>(p.options.optimizer_in_backward_states);
     g.fresh_grads = p.options.fresh_gradients;
+    // What fsdp::update_in_backward refuses when running.
+    if (g.updates_in_backward() && (g.shards_offloaded || pg.orig_dtype != DType::f32))
+      throw InvalidArgument("Scheduler::plan: group " + pg.name +
+                            ": an optimizer inside backward needs f32 shards that are not "
+                            "offloaded (CPUOffloadPolicy), as update_in_backward does");
     if (g.updates_in_backward() && !g.grads_are_sharded()) {
-      // Its reduced gradients go to the root's one scratch (the largest such shard).
+      // Its reduced gradients go to a scratch per root and stream (the largest such shard;
+      // a plan has one mesh, whose reductions all end on one stream).
       p.grad_bytes -= pg.shard_bytes();
       std::size_t& s = scratch[pg.root_group];
       s = std::max(s, pg.shard_bytes());

@@ -1894,6 +1894,13 @@ TEST_CASE("the engine's pool equals the plan's with an optimizer inside backward
                  "set_reshard_after_backward(true)"));
     o.reshard_after_backward = true;
   }
+  {  // an offloaded group: refused as the run refuses it
+    PlanOptions off = o;
+    off.defaults.offload_policy = fsdp::CPUOffloadPolicy{};
+    CHECK(contains(
+        error_of<InvalidArgument>([&] { Scheduler::plan(*root, MeshShape::fsdp(W), off); }),
+        "an optimizer inside backward needs f32 shards that are not offloaded"));
+  }
   o.optimizer_in_backward_states = 3;
   CHECK(contains(error_of<InvalidArgument>([&] { Scheduler::plan(*root, MeshShape::fsdp(W), o); }),
                  "optimizer_in_backward_states must be -1"));
