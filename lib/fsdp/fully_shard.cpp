@@ -280,7 +280,7 @@ void FSDPModule::set_fresh_gradients(bool v, bool recurse) {
       throw InvalidArgument("set_fresh_gradients(true) on '" + g.name() +
                             "': host meshes only (the callbacks on a CUDA mesh add into grad())");
     engine::Group& e = g.engine();
-    if (e.fresh_grads != v && (e.grads.held || e.sharded_grads_live))
+    if (e.fresh_grads != v && e.backward_begun())
       throw InvalidArgument("set_fresh_gradients on '" + g.name() +
                             "': the group's backward has begun");
     e.fresh_grads = v;
@@ -472,7 +472,7 @@ namespace fullshard::fsdp {
 
 void use_external_gradients(FSDPModule& st) {
   engine::Group& g = detail::group_of(st).engine();
-  if (g.grads.held || g.sharded_grads_live)
+  if (g.backward_begun())
     throw InvalidArgument("use_external_gradients('" + detail::group_name(st) +
                           "'): the group's backward has already begun");
   g.external_grads = true;

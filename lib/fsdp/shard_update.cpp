@@ -10,8 +10,7 @@ void update_in_backward(FSDPModule& st, std::shared_ptr<ShardUpdate> update) {
   detail::ParamGroup& pg = detail::group_of(st);
   engine::Group& g = pg.engine();
   const std::string what = "update_in_backward('" + pg.name() + "'): ";
-  if (g.grads.held || g.sharded_grads_live || g.external_grads_pending ||
-      (g.root != nullptr && g.root->in_backward))
+  if (g.backward_begun() || (g.root != nullptr && g.root->in_backward))
     throw InvalidArgument(what + "the group's backward has begun");
   if (update) {
     if (pg.orig_dtype() != DType::f32)

@@ -11,60 +11,39 @@ namespace fullshard::kernels {
 
 namespace {
 
-// torch.optim.SGD's update of element e (ElementUpdate::Rule::sgd).
+// torch.optim.SGD's update of element e (ElementUpdate::Rule::sgd); b: nullptr without
+// momentum.
 struct SgdUpdate {
-  float* w;
+  ElementUpdate u;
   const float* g;
-  float* b;  // nullptr without momentum
-  double lr, momentum, weight_decay;
-  bool nesterov, fresh;
-  SgdUpdate(const ElementUpdate& u, const float* grad)
-      : w(u.param),
-        g(grad),
-        b(u.state0),
-        lr(u.lr),
-        momentum(u.momentum),
-        weight_decay(u.weight_decay),
-        nesterov(u.nesterov),
-        fresh(u.fresh) {}
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
-    double d = static_cast<double>(g[e]) + weight_decay * static_cast<double>(w[e]);
+    float* w = u.param;
+    float* b = u.state0;
+    double d = static_cast<double>(g[e]) + u.weight_decay * static_cast<double>(w[e]);
     if (b != nullptr) {
-      const double buf = fresh ? d : momentum * static_cast<double>(b[e]) + d;
+      const double buf = u.fresh ? d : u.momentum * static_cast<double>(b[e]) + d;
       b[e] = static_cast<float>(buf);
-      d = nesterov ? d + momentum * buf : buf;
+      d = u.nesterov ? d + u.momentum * buf : buf;
     }
-    w[e] = static_cast<float>(static_cast<double>(w[e]) - lr * d);
+    w[e] = static_cast<float>(static_cast<double>(w[e]) - u.lr * d);
   }
 };
 
 // torch.optim.AdamW's update of element e (ElementUpdate::Rule::adamw).
 struct AdamWUpdate {
-  float* w;
+  ElementUpdate u;
   const float* g;
-  float* m;
-  float* v;
-  double lr, weight_decay, beta1, beta2, eps, step_size, bc2_sqrt;
-  AdamWUpdate(const ElementUpdate& u, const float* grad)
-      : w(u.param),
-        g(grad),
-        m(u.state0),
-        v(u.state1),
-        lr(u.lr),
-        weight_decay(u.weight_decay),
-        beta1(u.beta1),
-        beta2(u.beta2),
-        eps(u.eps),
-        step_size(u.step_size),
-        bc2_sqrt(u.bc2_sqrt) {}
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
+    float* w = u.param;
+    float* m = u.state0;
+    float* v = u.state1;
     const double gd = g[e];
-    double pw = static_cast<double>(w[e]) * (1.0 - lr * weight_decay);
-    const double md = beta1 * static_cast<double>(m[e]) + (1.0 - beta1) * gd;
-    const double vd = beta2 * static_cast<double>(v[e]) + (1.0 - beta2) * gd * gd;
+    double pw = static_cast<double>(w[e]) * (1.0 - u.lr * u.weight_decay);
+    const double md = u.beta1 * static_cast<double>(m[e]) + (1.0 - u.beta1) * gd;
+    const double vd = u.beta2 * static_cast<double>(v[e]) + (1.0 - u.beta2) * gd * gd;
     m[e] = static_cast<float>(md);
     v[e] = static_cast<float>(vd);
-    pw -= step_size * md / (::sqrt(vd) / bc2_sqrt + eps);
+    pw -= u.step_size * md / (::sqrt(vd) / u.bc2_sqrt + u.eps);
     w[e] = static_cast<float>(pw);
   }
 };
@@ -102,9 +81,9 @@ void apply_update(const ExecStream& on, const ElementUpdate& u, const float* gra
       (adamw && u.state1 == nullptr))
     throw InvalidArgument("fullshard::kernels::apply_update: null parameter, gradient or state");
   if (adamw)
-    run(on, AdamWUpdate(u, grad), n);
+    run(on, AdamWUpdate{u, grad}, n);
   else
-    run(on, SgdUpdate(u, grad), n);
+    run(on, SgdUpdate{u, grad}, n);
 }
 
 }  // namespace fullshard::kernels

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <deque>
 #include <set>
-#include <unordered_set>
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/stream.hpp"
@@ -78,12 +77,27 @@ void check_hyper(bool ok, const std::string& what, double v) {
 }
 
 // The compute stream of the mesh `p` is sharded over (nullptr: host shard, or outside FSDP).
+// The FSDP state owning parameter `p` (nullptr: outside FSDP).
+fsdp::FSDPModule* state_of(graph::Parameter& p) {
+  for (graph::Module* m = &p.module(); m != nullptr; m = m->parent())
+    if (fsdp::FSDPModule* st = fsdp::fsdp_state(*m)) return st;
+  return nullptr;
+}
+
+// The distinct FSDP states owning `params`, in first-use order.
+std::vector<fsdp::FSDPModule*> states_of(const std::vector<graph::Parameter*>& params) {
+  std::vector<fsdp::FSDPModule*> states;
+  std::set<fsdp::FSDPModule*> seen;
+  for (graph::Parameter* p : params)
+    if (fsdp::FSDPModule* st = state_of(*p); st != nullptr && seen.insert(st).second)
+      states.push_back(st);
+  return states;
+}
+
 void* stream_of(graph::Parameter& p) {
   if (p.data().space() != MemorySpace::device) return nullptr;
-  for (graph::Module* m = &p.module(); m != nullptr; m = m->parent())
-    if (fsdp::FSDPModule* st = fsdp::fsdp_state(*m))
-      return st->mesh().compute_stream().native_handle();
-  return nullptr;
+  const fsdp::FSDPModule* st = state_of(p);
+  return st ? st->mesh().compute_stream().native_handle() : nullptr;
 }
 
 // A copy of `t` in `space`, copied on `stream` (after the kernels enqueued there).
@@ -147,10 +161,9 @@ struct SumSqKernel {
 
 Optimizer::Optimizer(std::vector<graph::Parameter*> params)
     : params_(std::move(params)), exec_(std::make_shared<detail::DeviceExec>()) {
-  std::unordered_set<const graph::Parameter*> seen;
   for (const graph::Parameter* p : params_) {
     if (p == nullptr) throw InvalidArgument("optimizer: null parameter in the list");
-    if (!seen.insert(p).second)
+    if (!index_.emplace(p, index_.size()).second)
       throw InvalidArgument("optimizer: " + pname(*p) + " is listed twice");
     if (p->dtype() != DType::f32)
       throw InvalidArgument("optimizer: " + pname(*p) + " has dtype " + dtype_name(p->dtype()) +
@@ -215,22 +228,8 @@ Optimizer::~Optimizer() {
   if (in_backward_) in_backward_->detach();
 }
 
-namespace {
-// The FSDP state owning parameter `p` (nullptr: outside FSDP).
-fsdp::FSDPModule* state_of(graph::Parameter& p) {
-  for (graph::Module* m = &p.module(); m != nullptr; m = m->parent())
-    if (fsdp::FSDPModule* st = fsdp::fsdp_state(*m)) return st;
-  return nullptr;
-}
-}  // namespace
-
 void Optimizer::run_in_backward(bool enable) {
-  std::vector<fsdp::FSDPModule*> states;
-  std::set<fsdp::FSDPModule*> seen;
-  for (graph::Parameter* p : params_) {
-    fsdp::FSDPModule* st = state_of(*p);
-    if (st != nullptr && seen.insert(st).second) states.push_back(st);
-  }
+  const std::vector<fsdp::FSDPModule*> states = states_of(params_);
   if (!enable) {
     for (fsdp::FSDPModule* st : states)
       fsdp::update_in_backward(*st, nullptr);
@@ -246,10 +245,9 @@ void Optimizer::run_in_backward(bool enable) {
         "optimizer: run_in_backward needs an element-wise optimizer (SGD, AdamW); this one "
         "only has update()");
   // Every parameter of each group must be ours: the update covers the group's whole shard.
-  const std::unordered_set<const graph::Parameter*> mine(params_.begin(), params_.end());
   for (fsdp::FSDPModule* st : states)
     for (graph::Parameter* q : fsdp::detail::group_params(*st))
-      if (mine.count(q) == 0)
+      if (index_.count(q) == 0)
         throw InvalidArgument("optimizer: run_in_backward: FSDP group '" +
                               fsdp::detail::group_name(*st) + "' holds parameter '" + q->fqn() +
                               "', which this optimizer does not (its update covers the whole "
@@ -286,9 +284,6 @@ kernels::ElementUpdate Optimizer::prepare_group(const fsdp::ShardGroupView& g) {
     for (std::size_t s = 0; s < ns; ++s)
       state.push_back(Tensor::zeros({gsn}, DType::f32, g.shards.space(), "fullshard::optim_state"));
     bool seeded = false;
-    if (index_.size() != params_.size())
-      for (std::size_t i = 0; i < params_.size(); ++i)
-        index_[params_[i]] = i;
     for (std::size_t m = 0; m < g.params.size(); ++m) {
       const auto at = index_.find(g.params[m]);
       if (at == index_.end())
@@ -326,26 +321,14 @@ kernels::ElementUpdate Optimizer::prepare_group(const fsdp::ShardGroupView& g) {
 }
 
 void Optimizer::zero_grad() {
-  std::vector<fsdp::FSDPModule*> states;
-  std::set<fsdp::FSDPModule*> seen;
-  auto st_of = [](graph::Parameter& p) {
-    fsdp::FSDPModule* st = nullptr;
-    for (graph::Module* m = &p.module(); m != nullptr && st == nullptr; m = m->parent())
-      st = fsdp::fsdp_state(*m);
-    return st;
-  };
-  for (graph::Parameter* p : params_) {
-    fsdp::FSDPModule* st = st_of(*p);
-    if (st != nullptr && seen.insert(st).second) states.push_back(st);
-  }
-  for (fsdp::FSDPModule* st : states)
+  for (fsdp::FSDPModule* st : states_of(params_))
     st->zero_grad();
   for (graph::Parameter* p : params_) {
     Tensor g = p->grad();
     if (!g.defined() || g.numel() == 0) continue;
     if (g.space() == MemorySpace::host) {
       g.fill(0.0);
-    } else if (st_of(*p) == nullptr) {  // a device gradient outside FSDP (FSDP zeroed its own)
+    } else if (state_of(*p) == nullptr) {  // a device gradient outside FSDP (FSDP zeroed its own)
       if (g.dtype() != DType::f32)
         throw InvalidArgument("optimizer: zero_grad of " + pname(*p) +
                               ": device gradients must be f32");

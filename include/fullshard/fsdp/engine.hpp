@@ -315,6 +315,11 @@ class Group {
   std::vector<Group*> backward_prefetch;
 
   bool updates_in_backward() const noexcept { return update_state_arrays >= 0; }
+  /// Its backward has begun and holds gradients (a buffer, sharded gradients standing for
+  /// it, or a front end's): the gradient policies (external, fresh, an update) stay as set.
+  bool backward_begun() const noexcept {
+    return grads.held || sharded_grads_live || external_grads_pending;
+  }
   /// The update's bytes read and written: parameters read and written, gradients read, each
   /// state array read and written (f32).
   std::size_t update_bytes() const noexcept {

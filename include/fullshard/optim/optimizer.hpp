@@ -140,7 +140,7 @@ class Optimizer {
   std::shared_ptr<detail::DeviceExec> exec_;
   std::shared_ptr<detail::InBackward> in_backward_;  // null: step() updates everything
   std::map<const void*, GroupState> groups_;         // by group layout, inside backward
-  std::unordered_map<const graph::Parameter*, std::size_t> index_;  // into params_
+  std::unordered_map<const graph::Parameter*, std::size_t> index_;  // into params_ (all of them)
   std::int64_t base_step_ = 0;        // a group's count starts here (run_in_backward, load)
   bool stepped_in_backward_ = false;  // a group updated since the last step()
 };
