@@ -69,7 +69,8 @@ Tensor RunningBackend::reduced_scratch(const ParamGroup& g) {
   if (scratch.numel() < gsn) {
     std::int64_t most = gsn;  // sized once for every group whose reductions end there
     for (const ParamGroup* o : groups)
-      if (o->engine().updates_in_backward() && !o->engine().grads_are_sharded() && ends_on(*o) == s)
+      if (o->engine().updates_in_backward() && !o->engine().grads_are_sharded() &&
+          !transport::update_in_copy_out(o->engine().info) && ends_on(*o) == s)
         most = std::max(most, o->layout().shard_numel);
     scratch = Tensor::empty({most}, g.orig_dtype(), g.shard_space(),
                             "fsdp.reduced_gradients (optimizer inside backward)");
@@ -266,23 +267,35 @@ Event RunningBackend::reduce_copy_out(const OpDesc& d, engine::Group& g, const B
   return done(d, std::move(w));
 }
 
-// The update reads the sharded gradients the reduction wrote (stream order) and writes the
-// shards and the optimizer's state; the next all-gather follows the end of backward's wait.
-Event RunningBackend::update_shards(const OpDesc& d, engine::Group& g) {
+// The update the reduction's last pass runs (ReduceSpec::update), prepared by the group's
+// ShardUpdate for the stream it runs on.
+const kernels::ElementUpdate* RunningBackend::prepare_update(engine::Group& g, StreamKind s) {
   ParamGroup& p = pg(g);
   ShardUpdate* update = p.shard_update();
-  if (update == nullptr || !p.sharded_grads().data())
-    throw InvalidArgument("fsdp group " + p.name() +
-                          ": no update or no reduced gradients (internal)");
-  const Channel c = channel(d.stream);
-  comm::Stream& s = device_->stream(c, p.mesh());
-  const kernels::ElementUpdate u =
+  if (update == nullptr)
+    throw InvalidArgument("fsdp group " + p.name() + ": no update to prepare (internal)");
+  comm::Stream& st = device_->stream(channel(s), p.mesh());
+  prepared_update_ =
       update->prepare({p.name(), p.params(), p.layout(), p.sharded(),
-                       p.space() == MemorySpace::device ? s.native_handle() : nullptr});
+                       p.space() == MemorySpace::device ? st.native_handle() : nullptr});
+  return &prepared_update_;
+}
+
+// The update reads the sharded gradients the reduction wrote (stream order) and writes the
+// shards and the optimizer's state; the next all-gather follows the end of backward's wait.
+// Fused (variant 1): the reduction's last pass ran it; it completes with that pass.
+Event RunningBackend::update_shards(const OpDesc& d, engine::Group& g) {
+  const Channel c = channel(d.stream);
+  if (d.variant == 1) return done(d, device_->last(c));
+  ParamGroup& p = pg(g);
+  if (!p.sharded_grads().data())
+    throw InvalidArgument("fsdp group " + p.name() + ": no reduced gradients (internal)");
+  const kernels::ElementUpdate u = *prepare_update(g, d.stream);
   const Tensor grads = p.sharded_grads();  // held until the update ran (a scratch may grow)
   const std::int64_t n = p.layout().shard_numel;
   const kernels::ExecStream& on = device_->exec(c);
-  return done(d, device_->run(c, s, comm::LazyLabel("optimizer update of group ", p.shared_name()),
+  return done(d, device_->run(c, device_->stream(c, p.mesh()),
+                              comm::LazyLabel("optimizer update of group ", p.shared_name()),
                               [u, grads, n, &on] {
                                 kernels::apply_update(on, u, grads.data_as<const float>(), n);
                               }));

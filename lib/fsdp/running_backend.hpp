@@ -39,10 +39,11 @@ class RunningBackend final : public engine::Backend {
   void reset_peak() {
     if (device_) device_->reset_peak();
   }
-  /// The reduced gradients of group `g`, updated inside backward: a view of the scratch of
-  /// the stream its reductions end on (one per stream, as large as the largest shard of the
-  /// groups ending there: each reduction writes it and its update reads it in that stream's
-  /// order). Made larger when too small (an update in flight holds the old one).
+  /// The reduced gradients of group `g`, updated inside backward by a separate pass (not
+  /// transport::update_in_copy_out, or gradients to add to): a view of the scratch of the
+  /// stream its reductions end on (one per stream, as large as the largest shard of the
+  /// groups ending there that need one: each reduction writes it and its update reads it in
+  /// that stream's order). Made larger when too small (an update in flight holds the old one).
   Tensor reduced_scratch(const ParamGroup& g);
 
   engine::Buf acquire(const engine::Group& g, engine::BufKind kind, std::int64_t numel,
@@ -66,6 +67,7 @@ class RunningBackend final : public engine::Backend {
   engine::Event reduce_copy_out(const engine::OpDesc& d, engine::Group& g, const engine::Buf& src,
                                 const transport::ReduceSpec& spec) override;
   engine::Event update_shards(const engine::OpDesc& d, engine::Group& g) override;
+  const kernels::ElementUpdate* prepare_update(engine::Group& g, engine::StreamKind s) override;
   engine::Event reshard(const engine::OpDesc& d, engine::Group& g) override;
   engine::Event compute(const engine::OpDesc& d, graph::Module& m, engine::Phase phase) override;
   void host_wait(const engine::OpDesc& d, const std::vector<engine::Event>& done) override;
@@ -90,8 +92,9 @@ class RunningBackend final : public engine::Backend {
 
  private:
   std::map<const comm::Stream*, Tensor> reduced_scratch_;
-  engine::OpDesc op_;                   // the operation being issued
-  std::deque<transport::Held> memory_;  // by Buf::slot (references stay valid as it grows)
+  kernels::ElementUpdate prepared_update_;  // prepare_update's, for the reduction being issued
+  engine::OpDesc op_;                       // the operation being issued
+  std::deque<transport::Held> memory_;      // by Buf::slot (references stay valid as it grows)
   std::vector<int> free_slots_;
   std::unique_ptr<transport::Device> device_;
   DeviceType device_type_ = DeviceType::cpu;

@@ -5,85 +5,121 @@
 #include <string>
 
 #include "fullshard/base/error.hpp"
+#include "lib/kernels/element_update_impl.hpp"
 #include "lib/kernels/exec_stream_impl.hpp"
+#include "lib/kernels/shard_copy_impl.hpp"
 
 namespace fullshard::kernels {
 
-namespace {
+namespace detail {
 
-// torch.optim.SGD's update of element e (ElementUpdate::Rule::sgd); b: nullptr without
-// momentum.
-struct SgdUpdate {
-  ElementUpdate u;
-  const float* g;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
-    float* w = u.param;
-    float* b = u.state0;
-    double d = static_cast<double>(g[e]) + u.weight_decay * static_cast<double>(w[e]);
-    if (b != nullptr) {
-      const double buf = u.fresh ? d : u.momentum * static_cast<double>(b[e]) + d;
-      b[e] = static_cast<float>(buf);
-      d = u.nesterov ? d + u.momentum * buf : buf;
-    }
-    w[e] = static_cast<float>(static_cast<double>(w[e]) - u.lr * d);
-  }
-};
-
-// torch.optim.AdamW's update of element e (ElementUpdate::Rule::adamw).
-struct AdamWUpdate {
-  ElementUpdate u;
-  const float* g;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
-    float* w = u.param;
-    float* m = u.state0;
-    float* v = u.state1;
-    const double gd = g[e];
-    double pw = static_cast<double>(w[e]) * (1.0 - u.lr * u.weight_decay);
-    const double md = u.beta1 * static_cast<double>(m[e]) + (1.0 - u.beta1) * gd;
-    const double vd = u.beta2 * static_cast<double>(v[e]) + (1.0 - u.beta2) * gd * gd;
-    m[e] = static_cast<float>(md);
-    v[e] = static_cast<float>(vd);
-    pw -= u.step_size * md / (::sqrt(vd) / u.bc2_sqrt + u.eps);
-    w[e] = static_cast<float>(pw);
-  }
-};
-
-// k(e) for e in [0, n) on the host: the arrays never overlap (no run-time alias check).
-template <class Kernel>
-inline void host_loop(const Kernel& k, std::int64_t n) {
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
-#pragma GCC ivdep
-#endif
-  for (std::int64_t e = 0; e < n; ++e)
-    k(e);
+void require_update_arrays(const ElementUpdate& u, const char* who) {
+  if (u.param == nullptr || (u.state_arrays() > 0 && u.state0 == nullptr) ||
+      (u.rule == ElementUpdate::Rule::adamw && u.state1 == nullptr))
+    throw InvalidArgument(std::string("fullshard::kernels::") + who +
+                          ": null parameter or state array");
 }
 
-template <class Kernel>
-void run(const ExecStream& on, const Kernel& k, std::int64_t n) {
-  if (on.target() == ExecTarget::host) {
-    host_loop(k, n);
-    return;
+}  // namespace detail
+
+namespace {
+
+/// The update of element e with the gradient read from an array.
+template <class Rule>
+struct FromArray {
+  Rule rule;
+  const float* g;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const { rule(e, g[e]); }
+};
+
+/// The update of element e with the gradient reduce_copy_out would have written (no
+/// accumulation, f32): src[e] / divisor, rounded once.
+template <class S, class Rule>
+struct FromReduction {
+  Rule rule;
+  const typename S::storage* src;
+  detail::Acc<S, detail::F32> divisor;
+  bool divide;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
+    rule(e, detail::reduce_elem<S, detail::F32, false>(src[e], 0.0f, divisor, divide));
   }
+};
+
+template <class Kernel>
+void run_on_device(const ExecStream& on, const Kernel& k, std::int64_t n) {
   const auto& exec = detail::ExecStreamImpl::of(on).device;
   Kokkos::parallel_for("fullshard::kernels::apply_update",
                        Kokkos::RangePolicy<DeviceExec, Kokkos::IndexType<std::int64_t>>(exec, 0, n),
                        k);
 }
 
+void require_count(std::int64_t n, const char* who) {
+  if (n < 0)
+    throw InvalidArgument(std::string("fullshard::kernels::") + who + ": negative count " +
+                          std::to_string(n));
+}
+
 }  // namespace
 
+ElementUpdate ElementUpdate::at(std::int64_t offset) const noexcept {
+  ElementUpdate u = *this;
+  u.param = param + offset;
+  if (state0 != nullptr) u.state0 = state0 + offset;
+  if (state1 != nullptr) u.state1 = state1 + offset;
+  return u;
+}
+
 void apply_update(const ExecStream& on, const ElementUpdate& u, const float* grad, std::int64_t n) {
-  if (n < 0)
-    throw InvalidArgument("fullshard::kernels::apply_update: negative count " + std::to_string(n));
+  require_count(n, "apply_update");
   if (n == 0) return;
-  const bool adamw = u.rule == ElementUpdate::Rule::adamw;
-  if (u.param == nullptr || grad == nullptr || (u.state_arrays() > 0 && u.state0 == nullptr) ||
-      (adamw && u.state1 == nullptr))
-    throw InvalidArgument("fullshard::kernels::apply_update: null parameter, gradient or state");
-  if (adamw)
-    run(on, AdamWUpdate{u, grad}, n);
-  else
-    run(on, SgdUpdate{u, grad}, n);
+  if (grad == nullptr) throw InvalidArgument("fullshard::kernels::apply_update: null gradient");
+  detail::require_update_arrays(u, "apply_update");
+  detail::with_rule(u, [&](auto rule) {
+    if (on.target() == ExecTarget::host)
+      detail::host_update(rule, 0, grad, n);
+    else
+      run_on_device(on, FromArray<decltype(rule)>{rule, grad}, n);
+  });
+}
+
+void reduce_update(const ExecStream& on, const void* src, DType src_t, std::int64_t n,
+                   double divisor, const ElementUpdate& u) {
+  require_count(n, "reduce_update");
+  if (n == 0) return;
+  if (src == nullptr) throw InvalidArgument("fullshard::kernels::reduce_update: null source");
+  if (!(divisor > 0.0) || !std::isfinite(divisor))
+    throw InvalidArgument("fullshard::kernels::reduce_update: divisor " + std::to_string(divisor) +
+                          " is not a positive finite number");
+  detail::require_update_arrays(u, "reduce_update");
+  const bool divide = divisor != 1.0;
+  detail::dispatch(src_t, DType::f32, [&](auto s, auto) {
+    using S = decltype(s);
+    using A = detail::Acc<S, detail::F32>;
+    using SS = typename S::storage;
+    const auto* in = static_cast<const SS*>(src);
+    const A div = static_cast<A>(divisor);
+    detail::with_rule(u, [&](auto rule) {
+      if (on.target() != ExecTarget::host) {
+        run_on_device(on, FromReduction<S, decltype(rule)>{rule, in, div, divide}, n);
+        return;
+      }
+      // Blocks whose gradients stay in L1 between the reduction's loop and the update's.
+      constexpr std::int64_t kBlock = 2048;
+      float g[kBlock] = {};
+      for (std::int64_t begin = 0; begin < n; begin += kBlock) {
+        const std::int64_t len = n - begin < kBlock ? n - begin : kBlock;
+        if (divide)
+          detail::host_map(in + begin, g, len, [div](SS x, float) {
+            return detail::reduce_elem<S, detail::F32, false>(x, 0.0f, div, true);
+          });
+        else
+          detail::host_map(in + begin, g, len, [div](SS x, float) {
+            return detail::reduce_elem<S, detail::F32, false>(x, 0.0f, div, false);
+          });
+        detail::host_update(rule, begin, g, len);
+      }
+    });
+  });
 }
 
 }  // namespace fullshard::kernels

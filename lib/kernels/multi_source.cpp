@@ -6,47 +6,31 @@
 #include <vector>
 
 #include "fullshard/base/error.hpp"
-#include "lib/kernels/shard_copy_impl.hpp"
+#include "lib/kernels/element_update_impl.hpp"
+#include "lib/kernels/multi_source_impl.hpp"
 
 namespace fullshard::kernels {
 namespace {
 
 using HostExec = Kokkos::DefaultHostExecutionSpace;
-
-/// Elements per block: the block's f32/f64 sums stay in L1.
-constexpr std::int64_t kBlock = 2048;
-
-/// A source element as the reduce dtype's accumulator: rounded to S first when P != S.
-template <class P, class S, class A>
-inline A load_as(typename P::storage x) {
-  if constexpr (std::is_same<P, S>::value)
-    return detail::load<S, A>(x);
-  else
-    return detail::load<S, A>(detail::convert<P, S>(x));
-}
+using detail::kSourceBlock;
 
 template <class P, class S, class D, bool Accumulate>
 void reduce_sources_host(const void* const* srcs, int nsrc, typename D::storage* dst,
                          std::int64_t n, double divisor_d, bool divide) {
-  using PS = typename P::storage;
   using DS = typename D::storage;
-  using A = std::conditional_t<std::is_same<S, detail::F64>::value, double, float>;
+  using A = detail::SumAcc<S>;
   using R = detail::Acc<S, D>;
   const R divisor = static_cast<R>(divisor_d);
-  const std::int64_t blocks = (n + kBlock - 1) / kBlock;
+  const std::int64_t blocks = (n + kSourceBlock - 1) / kSourceBlock;
   Kokkos::parallel_for(
       "fullshard::kernels::reduce_sources",
       Kokkos::RangePolicy<HostExec, Kokkos::IndexType<std::int64_t>>(HostExec(), 0, blocks),
       [=](std::int64_t b) {
-        const std::int64_t begin = b * kBlock;
-        const std::int64_t len = n - begin < kBlock ? n - begin : kBlock;
-        A acc[kBlock];
-        const PS* first = static_cast<const PS*>(srcs[0]) + begin;
-        for (std::int64_t i = 0; i < len; ++i)
-          acc[i] = load_as<P, S, A>(first[i]);
-        for (int q = 1; q < nsrc; ++q)
-          detail::host_map(static_cast<const PS*>(srcs[q]) + begin, acc, len,
-                           [](PS x, A a) { return a + load_as<P, S, A>(x); });
+        const std::int64_t begin = b * kSourceBlock;
+        const std::int64_t len = n - begin < kSourceBlock ? n - begin : kSourceBlock;
+        A acc[kSourceBlock];
+        detail::sum_sources<P, S>(srcs, nsrc, begin, len, acc);
         DS* out = dst + begin;
         if (divide)
           detail::host_map(acc, out, len, [divisor](A a, DS old) {
@@ -62,25 +46,54 @@ void reduce_sources_host(const void* const* srcs, int nsrc, typename D::storage*
   HostExec().fence();
 }
 
+// The sum of each block rounded to S, divided and cast to f32 as reduce_sources would store
+// it, then the update of the block's elements from those values (in L1).
+template <class P, class S, class Rule>
+void reduce_sources_update_host(const void* const* srcs, int nsrc, std::int64_t n, double divisor_d,
+                                bool divide, const Rule& rule) {
+  using A = detail::SumAcc<S>;
+  using R = detail::Acc<S, detail::F32>;
+  const R divisor = static_cast<R>(divisor_d);
+  A acc[kSourceBlock];
+  float g[kSourceBlock] = {};
+  for (std::int64_t begin = 0; begin < n; begin += kSourceBlock) {
+    const std::int64_t len = n - begin < kSourceBlock ? n - begin : kSourceBlock;
+    detail::sum_sources<P, S>(srcs, nsrc, begin, len, acc);
+    if (divide)
+      detail::host_map(acc, g, len, [divisor](A a, float) {
+        return detail::reduce_elem<S, detail::F32, false>(detail::store<S, A>(a), 0.0f, divisor,
+                                                          true);
+      });
+    else
+      detail::host_map(acc, g, len, [divisor](A a, float) {
+        return detail::reduce_elem<S, detail::F32, false>(detail::store<S, A>(a), 0.0f, divisor,
+                                                          false);
+      });
+    detail::host_update(rule, begin, g, len);
+  }
+}
+
+/// The checks both kernels make; false: nothing to do (n == 0).
+bool check_sources(const void* const* srcs, int nsrc, std::int64_t n, double divisor,
+                   const char* who) {
+  const std::string k = std::string("fullshard::kernels::") + who;
+  if (n < 0) throw InvalidArgument(k + ": negative count " + std::to_string(n));
+  if (n == 0) return false;
+  if (nsrc < 1 || !srcs) throw InvalidArgument(k + ": needs at least one source");
+  for (int q = 0; q < nsrc; ++q)
+    if (!srcs[q]) throw InvalidArgument(k + ": source " + std::to_string(q) + " is null");
+  if (!(divisor > 0.0) || !std::isfinite(divisor))
+    throw InvalidArgument(k + ": divisor " + std::to_string(divisor) +
+                          " is not a positive finite number");
+  return true;
+}
+
 }  // namespace
 
 void reduce_sources(const void* const* srcs, int nsrc, DType src_t, DType reduce_t, void* dst,
                     DType dst_t, std::int64_t n, double divisor, bool accumulate) {
-  if (n < 0)
-    throw InvalidArgument("fullshard::kernels::reduce_sources: negative count " +
-                          std::to_string(n));
-  if (n == 0) return;
-  if (nsrc < 1 || !srcs || !dst)
-    throw InvalidArgument(
-        "fullshard::kernels::reduce_sources: needs at least one source and a "
-        "destination");
-  for (int q = 0; q < nsrc; ++q)
-    if (!srcs[q])
-      throw InvalidArgument("fullshard::kernels::reduce_sources: source " + std::to_string(q) +
-                            " is null");
-  if (!(divisor > 0.0) || !std::isfinite(divisor))
-    throw InvalidArgument("fullshard::kernels::reduce_sources: divisor " + std::to_string(divisor) +
-                          " is not a positive finite number");
+  if (!check_sources(srcs, nsrc, n, divisor, "reduce_sources")) return;
+  if (!dst) throw InvalidArgument("fullshard::kernels::reduce_sources: null destination");
   const bool divide = divisor != 1.0;
   detail::dispatch(src_t, reduce_t, [&](auto p, auto s) {
     using P = decltype(p);
@@ -92,6 +105,20 @@ void reduce_sources(const void* const* srcs, int nsrc, DType src_t, DType reduce
         reduce_sources_host<P, S, D, true>(srcs, nsrc, out, n, divisor, divide);
       else
         reduce_sources_host<P, S, D, false>(srcs, nsrc, out, n, divisor, divide);
+    });
+  });
+}
+
+void reduce_sources_update(const void* const* srcs, int nsrc, DType src_t, DType reduce_t,
+                           std::int64_t n, double divisor, const ElementUpdate& u) {
+  if (!check_sources(srcs, nsrc, n, divisor, "reduce_sources_update")) return;
+  detail::require_update_arrays(u, "reduce_sources_update");
+  const bool divide = divisor != 1.0;
+  detail::dispatch(src_t, reduce_t, [&](auto p, auto s) {
+    using P = decltype(p);
+    using S = decltype(s);
+    detail::with_rule(u, [&](auto rule) {
+      reduce_sources_update_host<P, S>(srcs, nsrc, n, divisor, divide, rule);
     });
   });
 }

@@ -31,6 +31,7 @@ std::string Plan::label(const Op& op) const {
     case OpKind::reduce_copy_out:
       return std::string(op.variant == 1   ? "accumulate("
                          : op.variant == 2 ? "add_partial("
+                         : op.variant == 3 ? "RS.copy_out+update("
                                            : "RS.copy_out(") +
              g + ")";
     case OpKind::reshard:
@@ -40,7 +41,7 @@ std::string Plan::label(const Op& op) const {
     case OpKind::wait:
       return "wait(" + g + ")";
     case OpKind::update:
-      return "update(" + g + ")";
+      return (op.variant == 1 ? "update_in_copy_out(" : "update(") + g + ")";
   }
   return "?";
 }
@@ -258,15 +259,17 @@ ByteCount Plan::bytes_moved(const Op& op) const {
         return {W * gsn * r + W * packed, W * packed + gsn * (f.copy_out_in_reduce ? o : r)};
       }
       if (k == transport::Kind::shm || k == transport::Kind::two_level)  // peers' gradients
-        return {W * gsn * p, gsn * (f.copy_out_in_reduce ? o : r)};
+        // (its folded copy-out running the update writes no gradient)
+        return {W * gsn * p, f.copy_out_in_reduce ? (op.variant == 1 ? 0.0 : gsn * o) : gsn * r};
       return {W * gsn * r, gsn * r};
     case OpKind::all_reduce:
       return {gsn * r, gsn * r};
     case OpKind::reduce_copy_out:
-      if (op.variant != 0) return {2 * gsn * r, gsn * r};  // HSDP's deferred sums
+      if (op.variant == 1 || op.variant == 2) return {2 * gsn * r, gsn * r};  // HSDP's sums
       if (f.copy_out_in_reduce) return c;
-      return {gsn * r, bytes};
-    case OpKind::update: {  // parameters and states read and written, gradients read
+      return {gsn * r, op.variant == 3 ? 0.0 : bytes};  // running the update: no gradient
+    case OpKind::update: {  // parameters and states read and written, gradients read unless
+                            // fused (variant 1: the op's bytes leave them out)
       const double written = gsn * 4.0 * (1 + options.optimizer_in_backward_states);
       return {bytes - written, written};
     }

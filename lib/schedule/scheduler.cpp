@@ -292,11 +292,14 @@ EngineGroups engine_groups(Plan& p, const ArenaAllocator<engine::Group>& memory)
                             ": an optimizer inside backward needs f32 shards that are not "
                             "offloaded (CPUOffloadPolicy), as update_in_backward does");
     if (g.updates_in_backward() && !g.grads_are_sharded()) {
-      // Its reduced gradients go to a scratch per root and stream (the largest such shard;
-      // a plan has one mesh, whose reductions all end on one stream).
+      // No sharded gradients: the update runs in the pass that writes the reduced shard, or
+      // (transport::update_in_copy_out false) reads it from a scratch per root and stream (the
+      // largest such shard; a plan has one mesh, whose reductions all end on one stream).
       p.grad_bytes -= pg.shard_bytes();
-      std::size_t& s = scratch[pg.root_group];
-      s = std::max(s, pg.shard_bytes());
+      if (!transport::update_in_copy_out(I)) {
+        std::size_t& s = scratch[pg.root_group];
+        s = std::max(s, pg.shard_bytes());
+      }
     }
     if (p.options.backward_prefetch == BackwardPrefetch::none) g.explicit_backward_prefetch = true;
   }

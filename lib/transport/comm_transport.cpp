@@ -168,6 +168,9 @@ comm::Work CommTransport::compressed_reduce_scatter(Device& dev, Channel c, Held
   comm::Work sent_work =
       rs_comm_->all_to_all(sent, received, static_cast<std::size_t>(slot / 4), DType::f32, s);
   const bool fused = fusions().copy_out_in_reduce;
+  if (fused && spec.update != nullptr)  // update_in_copy_out: the decode writes gradients
+    throw InvalidArgument("group " + name() +
+                          ": the int8 reduce-scatter cannot run the update (internal)");
   void* to = fused ? store().gradients_for_write().data() : bytes(output.tensor);
   const DType to_t = fused ? I.orig_dtype : I.reduce_dtype;
   const double divisor = fused ? spec.divisor : 1.0;
@@ -191,12 +194,22 @@ comm::Work CommTransport::reduce_copy_out(Device& dev, Channel c, Held& src,
   const double divisor = fusions().divide_in_reduce ? 1.0 : spec.divisor;
   const bool acc = spec.accumulate;
   const Tensor from = src.tensor;
+  const kernels::ExecStream& on = dev.exec(c);
+  if (spec.update != nullptr) {  // the optimizer inside backward: no gradient is stored
+    if (acc || offload_)
+      throw InvalidArgument("group " + name() +
+                            ": an update fused into the copy-out cannot accumulate or offload "
+                            "(internal)");
+    const kernels::ElementUpdate u = *spec.update;
+    return dev.run(c, stream(dev, c), label("reduce_copy_out and update of group "), [=, &on] {
+      kernels::reduce_update(on, from.data(), I.reduce_dtype, I.shard_numel, divisor, u);
+    });
+  }
   const Tensor to = store().gradients_for_write();
   const Tensor staged = offload_ ? offload_->staging(dev, c) : Tensor();
   const OffloadedShards* off = offload_ ? &*offload_ : nullptr;
   Device* d = &dev;
   void* out = staged.data() ? staged.data() : to.data();
-  const kernels::ExecStream& on = dev.exec(c);
   return dev.run(c, stream(dev, c), label("reduce_copy_out of group "), [=, &on] {
     if (staged.data() && acc)
       off->copy(*d, c, out, to.data(), "host-to-device copy of the sharded gradients");

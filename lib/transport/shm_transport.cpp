@@ -164,8 +164,11 @@ class ShmTransport final : public CommTransport {
     double divisor = 1.0;
     bool acc = false;
     Tensor out = output.tensor;
+    // The optimizer inside backward (spec.update): the final sum updates the shards instead.
+    const bool update = fusions().copy_out_in_reduce && spec.update != nullptr;
+    const kernels::ElementUpdate u = update ? *spec.update : kernels::ElementUpdate();
     if (fusions().copy_out_in_reduce) {
-      out = store().gradients_for_write();
+      out = update ? Tensor() : store().gradients_for_write();
       out_t = I.orig_dtype;
       divisor = spec.divisor;
       acc = spec.accumulate;
@@ -193,6 +196,11 @@ class ShmTransport final : public CommTransport {
           for (int q = 0; q < peers; ++q)
             sources[static_cast<std::size_t>(q)] =
                 win.segment(q) + static_cast<std::size_t>(r.src_offset) * in_size;
+          if (update && !split_) {  // padding: zero gradients leave zero shards and states
+            kernels::reduce_sources_update(sources.data(), peers, I.param_dtype, I.reduce_dtype,
+                                           r.len, node_divisor, u.at(r.dst_offset));
+            continue;
+          }
           std::byte* to = to_base + static_cast<std::size_t>(r.dst_offset) * out_size;
           kernels::reduce_sources(sources.data(), peers, I.param_dtype, I.reduce_dtype, to, node_t,
                                   r.len, node_divisor, node_acc);
@@ -219,8 +227,12 @@ class ShmTransport final : public CommTransport {
       for (int n = 0; n < nodes; ++n)
         sums[static_cast<std::size_t>(n)] =
             received + static_cast<std::size_t>(n) * gsn * dtype_size(I.reduce_dtype);
-      kernels::reduce_sources(sums.data(), nodes, I.reduce_dtype, I.reduce_dtype, out.data(), out_t,
-                              I.shard_numel, divisor, acc);
+      if (update)
+        kernels::reduce_sources_update(sums.data(), nodes, I.reduce_dtype, I.reduce_dtype,
+                                       I.shard_numel, divisor, u);
+      else
+        kernels::reduce_sources(sums.data(), nodes, I.reduce_dtype, I.reduce_dtype, out.data(),
+                                out_t, I.shard_numel, divisor, acc);
     });
   }
 

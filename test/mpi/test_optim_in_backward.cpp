@@ -14,6 +14,7 @@
 
 #include "error_check.hpp"
 #include "fullshard/base/error.hpp"
+#include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/fsdp/shard_update.hpp"
@@ -146,10 +147,14 @@ struct Result {
 constexpr int kSteps = 3;
 
 Result train(const Config& c, Opt kind, bool in_backward) {
+  std::vector<fsdp::engine::OpDesc> log;  // outlives the model
   const DeviceMesh mesh = mesh_of(c);
   Model m(mesh, c);
   auto opt = make_opt(kind, m.root->parameters());
-  if (in_backward) opt->run_in_backward();
+  if (in_backward) {
+    opt->run_in_backward();
+    fsdp::detail::record_operations(m.state(), &log);
+  }
   for (int k = 0; k < kSteps; ++k) {
     m.iteration(c, k);
     if (in_backward)
@@ -157,6 +162,20 @@ Result train(const Config& c, Opt kind, bool in_backward) {
         CHECK_MESSAGE(!p->grad().defined(), p->fqn() << " shows a gradient after backward");
     opt->step();
     opt->zero_grad();
+  }
+  // Over more than one rank the update runs in the pass that writes the reduced shard (the
+  // copy-out, or the shared-memory sum): no gradient is stored; the int8 reduce-scatter's
+  // decode stores it for a separate update.
+  int updates = 0, fused = 0, fused_copy_outs = 0;
+  for (const fsdp::engine::OpDesc& d : log) {
+    updates += d.kind == fsdp::engine::OpKind::update;
+    fused += d.kind == fsdp::engine::OpKind::update && d.variant == 1;
+    fused_copy_outs += d.kind == fsdp::engine::OpKind::reduce_copy_out && d.variant == 3;
+  }
+  CHECK(fused == fused_copy_outs);
+  if (in_backward && (c.hsdp ? W() / 2 : W()) > 1) {
+    CHECK(updates == 4 * kSteps);  // four groups
+    CHECK(fused == (c.int8_reduce ? 0 : updates));
   }
   Result r;
   for (Parameter* p : m.root->parameters())

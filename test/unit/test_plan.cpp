@@ -1818,7 +1818,13 @@ TEST_CASE("the engine's pool equals the plan's with an optimizer inside backward
     o.optimizer_in_backward_states = 2;
     o.defaults.mp_policy.param_dtype = DType::bf16;
     check_engine_matches(json, MeshShape::fsdp(W), o, "fresh gradients, bf16, optimizer inside");
+    o = PlanOptions{};  // the int8 reduce-scatter's decode writes gradients: a separate update
+    o.optimizer_in_backward_states = 2;
+    o.defaults.compression.reduce_scatter = kernels::QuantCode::int8;
+    check_engine_matches(json, MeshShape::fsdp(W), o, "int8 reduce-scatter, optimizer in backward");
     if (W % 2 == 0) {  // HSDP: the update after the all-reduce; deferred with it
+      check_engine_matches(json, MeshShape::hsdp(2, W / 2), o,
+                           "HSDP, int8 reduce-scatter, optimizer in backward");
       o = PlanOptions{};
       o.optimizer_in_backward_states = 2;
       check_engine_matches(json, MeshShape::hsdp(2, W / 2), o, "HSDP, optimizer in backward");
@@ -1828,48 +1834,67 @@ TEST_CASE("the engine's pool equals the plan's with an optimizer inside backward
     }
   }
   // The planned operations: one update per group and reduction, on the reduction's stream,
-  // with the bytes the update moves.
+  // with the bytes the update moves. It runs in the pass that writes the reduced shard
+  // (variant 1: no gradient stored or read), except where the backward writes the sharded
+  // gradients itself (one rank, no cast) or the int8 reduce-scatter's decode does.
   auto root = load(kSeed);
+  std::size_t largest = 0, all = 0;
+  for (const bool int8 : {false, true}) {
+    CAPTURE(int8);
+    PlanOptions o;
+    o.optimizer_in_backward_states = 2;
+    if (int8) o.defaults.compression.reduce_scatter = kernels::QuantCode::int8;
+    const Plan plan = Scheduler::plan(*root, MeshShape::fsdp(W), o);
+    const bool fused = W > 1 && !int8;
+    int updates = 0;
+    for (const Op& op : plan.ops)
+      if (op.kind == OpKind::update) {
+        ++updates;
+        const PlannedGroup& pg = plan.groups[static_cast<std::size_t>(op.group)];
+        CHECK(op.variant == (fused ? 1 : 0));
+        CHECK(op.bytes == static_cast<std::size_t>(pg.layout.shard_numel) * 4 * (fused ? 6 : 7));
+        CHECK(op.stream == StreamKind::reduce_scatter);
+      }
+    CHECK(updates == static_cast<int>(plan.groups.size()));
+    // The sharded gradients: none when fused; else one scratch as large as the largest
+    // group's shard (one root), or on one rank (no cast) every group's own, which backward
+    // writes.
+    largest = all = 0;
+    for (const PlannedGroup& g : plan.groups) {
+      largest = std::max(largest, g.shard_bytes());
+      all += g.shard_bytes();
+    }
+    CHECK(plan.grad_bytes == (W == 1 ? all : fused ? 0 : largest));
+    // The byte account: the update moves its bytes (read: parameters, both moments and,
+    // unfused, the gradients; written: parameters and moments); the copy-out running it
+    // writes no gradient; every other op's traffic follows its kind.
+    double update_bytes = 0;
+    for (const Op& op : plan.ops) {
+      const ByteCount c = plan.bytes_moved(op);
+      if (op.kind == OpKind::update) {
+        update_bytes += c.total();
+        CHECK(c.total() == static_cast<double>(op.bytes));
+        CHECK(c.written * (fused ? 3 : 4) == c.read * 3);
+      }
+      if (op.kind == OpKind::reduce_copy_out) {
+        CHECK(op.variant == (fused ? 3 : 0));
+        if (fused) CHECK(c.written == 0);
+        if (fused) CHECK(contains(plan.label(op), "RS.copy_out+update("));
+      }
+      if (op.kind == OpKind::forward || op.kind == OpKind::backward) CHECK(c.total() == 0);
+      if (op.kind == OpKind::all_gather && W > 1 && !int8) {  // this rank's slot, W received
+        const PlannedGroup& pg = plan.groups[static_cast<std::size_t>(op.group)];
+        CHECK(c.read == static_cast<double>(pg.geometry().gather_slot_bytes()));
+        CHECK(c.written == W * c.read);
+      }
+    }
+    CHECK(update_bytes == (fused ? 6.0 : 7.0) * static_cast<double>(plan.sharded_bytes));
+  }
   PlanOptions o;
   o.optimizer_in_backward_states = 2;
   const Plan plan = Scheduler::plan(*root, MeshShape::fsdp(W), o);
-  int updates = 0;
-  for (const Op& op : plan.ops)
-    if (op.kind == OpKind::update) {
-      ++updates;
-      const PlannedGroup& pg = plan.groups[static_cast<std::size_t>(op.group)];
-      CHECK(op.bytes == static_cast<std::size_t>(pg.layout.shard_numel) * 4 * 7);
-      CHECK(op.stream == StreamKind::reduce_scatter);
-    }
-  CHECK(updates == static_cast<int>(plan.groups.size()));
-  // The sharded gradients: one scratch as large as the largest group's shard (one root), or
-  // on one rank (no cast) every group's own, which backward writes.
-  std::size_t largest = 0, all = 0;
-  for (const PlannedGroup& g : plan.groups) {
-    largest = std::max(largest, g.shard_bytes());
-    all += g.shard_bytes();
-  }
-  CHECK(plan.grad_bytes == (W == 1 ? all : largest));
   PlanOptions after;
   CHECK(Scheduler::plan(*root, MeshShape::fsdp(W), after).grad_bytes == all);
-  // The byte account: the update moves its bytes (read: parameters, gradients and both
-  // moments; written: parameters and moments); every other op's traffic follows its kind.
-  double update_bytes = 0;
-  for (const Op& op : plan.ops) {
-    const ByteCount c = plan.bytes_moved(op);
-    if (op.kind == OpKind::update) {
-      update_bytes += c.total();
-      CHECK(c.total() == static_cast<double>(op.bytes));
-      CHECK(c.written * 4 == c.read * 3);
-    }
-    if (op.kind == OpKind::forward || op.kind == OpKind::backward) CHECK(c.total() == 0);
-    if (op.kind == OpKind::all_gather && W > 1) {  // this rank's slot read, W received
-      const PlannedGroup& pg = plan.groups[static_cast<std::size_t>(op.group)];
-      CHECK(c.read == static_cast<double>(pg.geometry().gather_slot_bytes()));
-      CHECK(c.written == W * c.read);
-    }
-  }
-  CHECK(update_bytes == 7.0 * static_cast<double>(plan.sharded_bytes));
   CHECK(plan.byte_floor().optimizer == 7.0 * static_cast<double>(plan.sharded_bytes));
   CHECK(plan.byte_floor(5).optimizer == 5.0 * static_cast<double>(plan.sharded_bytes));
   CHECK((W > 1) == (plan.byte_floor().reduce_scatter > 0));

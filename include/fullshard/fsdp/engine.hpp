@@ -239,9 +239,11 @@ struct OpDesc {
   StreamKind stream = StreamKind::compute;
   OpKind kind = OpKind::forward;
   Phase phase = Phase::forward;
-  std::uint8_t variant = 0;  // reduce_copy_out: 0 copy-out, 1 deferred accumulate, 2 add-back
-  int k = 0;                 // post-forward group size of a k-rank all-gather, else 0
-  std::size_t bytes = 0;     // per rank for collectives (the shard), written bytes for copies
+  // reduce_copy_out: 0 copy-out, 1 deferred accumulate, 2 add-back, 3 copy-out running the
+  // optimizer's update; reduce_scatter and update: 1 the update runs in the reduction's pass
+  std::uint8_t variant = 0;
+  int k = 0;              // post-forward group size of a k-rank all-gather, else 0
+  std::size_t bytes = 0;  // per rank for collectives (the shard), written bytes for copies
   const graph::Module* source = nullptr;  // the module the op belongs to
   DepList deps;  // ops that must finish first, besides the stream's previous op
 };
@@ -448,8 +450,15 @@ class Backend {
   virtual Event reduce_copy_out(const OpDesc& d, Group& g, const Buf& src,
                                 const transport::ReduceSpec& spec) = 0;
   /// The optimizer's update of the shards from the sharded gradients the reduction (or, on a
-  /// one-rank group, the backward) wrote (Group::update_state_arrays).
+  /// one-rank group, the backward) wrote (Group::update_state_arrays); d.variant 1: the
+  /// reduction's last pass ran it (prepare_update), the operation completes with it.
   virtual Event update_shards(const OpDesc& d, Group& g) = 0;
+  /// The update a reduction about to be issued runs in the pass that writes the reduced
+  /// shard, on stream `s` (transport::ReduceSpec::update; valid while the reduction's
+  /// operations are issued). A backend that runs nothing returns nullptr.
+  virtual const kernels::ElementUpdate* prepare_update(Group& /*g*/, StreamKind /*s*/) {
+    return nullptr;
+  }
   virtual Event reshard(const OpDesc& d, Group& g) = 0;
   virtual Event compute(const OpDesc& d, graph::Module& m, Phase phase) = 0;
   /// The host waits for `done` (errors re-thrown after all were waited for).

@@ -38,10 +38,11 @@ class ShardUpdate {
  public:
   virtual ~ShardUpdate() = default;
   /// The element update of the group's whole shard (gsn elements, slot layout; padding stays
-  /// zero) for this reduction: called on the host when the engine issues it, during backward;
-  /// the kernel runs afterwards on the reduction's stream, reading the reduced gradients. The
-  /// arrays it names must stay valid until the end of backward. Errors propagate out of
-  /// backward.
+  /// zero) for this reduction: called on the host during backward, once per reduction, before
+  /// the engine issues the reduction (its last pass runs the update: kernels::reduce_update)
+  /// or the separate update that reads the stored gradients; the kernel runs later on the
+  /// reduction's stream. The arrays it names must stay valid until the end of backward.
+  /// Errors propagate out of backward.
   virtual kernels::ElementUpdate prepare(const ShardGroupView& group) = 0;
   /// State arrays per element the updates read and write (the byte account; 0 to 2).
   virtual int state_arrays() const = 0;

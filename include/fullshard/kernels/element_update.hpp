@@ -36,11 +36,21 @@ struct ElementUpdate {
   /// Bytes one element's update reads and writes: parameter read and written, gradient
   /// read, each state array read and written (SGD with momentum 5 x 4, AdamW 7 x 4).
   std::int64_t bytes_per_element() const noexcept { return 4 * (3 + 2 * state_arrays()); }
+  /// The same step with every array advanced by `offset` elements.
+  ElementUpdate at(std::int64_t offset) const noexcept;
 };
 
 /// Runs `u` over elements [0, n) with gradient `grad` (f32, n elements, where `on` runs):
 /// host loop or device kernel enqueued on `on` (no fence). InvalidArgument for a negative n or
 /// a null array the rule needs.
 void apply_update(const ExecStream& on, const ElementUpdate& u, const float* grad, std::int64_t n);
+
+/// The reduce-scatter's copy-out fused with the update (the optimizer inside backward): for e
+/// in [0, n), `u` at element e with the gradient reduce_copy_out (f32, no accumulation) would
+/// have stored, src[e] / divisor rounded once to f32; the gradient is never stored. Where `on`
+/// runs (host loop, or device kernel enqueued without a fence); bitwise the two-pass result.
+/// InvalidArgument for a negative n, a null array or a divisor that is not positive and finite.
+void reduce_update(const ExecStream& on, const void* src, DType src_t, std::int64_t n,
+                   double divisor, const ElementUpdate& u);
 
 }  // namespace fullshard::kernels

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "fullshard/base/dtype.hpp"
+#include "fullshard/kernels/element_update.hpp"
 
 namespace fullshard::kernels {
 
@@ -20,5 +21,11 @@ namespace fullshard::kernels {
 /// sources, on Kokkos::DefaultHostExecutionSpace; returns when it is done. nsrc >= 1.
 void reduce_sources(const void* const* srcs, int nsrc, DType src_t, DType reduce_t, void* dst,
                     DType dst_t, std::int64_t n, double divisor, bool accumulate);
+
+/// reduce_sources into f32 (no accumulation) fused with the update (the optimizer inside
+/// backward): `u` at element i with the gradient reduce_sources would have stored at dst[i];
+/// the gradient is never stored. Bitwise the two-pass result; returns when it is done.
+void reduce_sources_update(const void* const* srcs, int nsrc, DType src_t, DType reduce_t,
+                           std::int64_t n, double divisor, const ElementUpdate& u);
 
 }  // namespace fullshard::kernels

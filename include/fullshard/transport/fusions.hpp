@@ -9,6 +9,7 @@
 #include <string>
 
 #include "fullshard/base/dtype.hpp"
+#include "fullshard/kernels/element_update.hpp"
 #include "fullshard/kernels/quantize.hpp"
 
 namespace fullshard::transport {
@@ -105,6 +106,10 @@ static_assert(sizeof(Geometry) <= 32, "Geometry: keep the engine's GroupInfo in 
 struct ReduceSpec {
   double divisor = 1.0;     ///< FSDP2's gradient divide factor
   bool accumulate = false;  ///< add into the sharded gradients (else overwrite them)
+  /// The optimizer inside backward, fused (update_in_copy_out): the pass that would write the
+  /// sharded gradients runs this update of the shards instead and writes no gradient (no
+  /// accumulation then). Valid while the reduction's operations are issued.
+  const kernels::ElementUpdate* update = nullptr;
 };
 
 /// The operations a transport folds into another for one group.
@@ -119,7 +124,20 @@ struct Fusions {
   bool copy_out_in_reduce = false;
   /// The reduce-scatter's sum is pre-multiplied by 1/divisor: the copy-out divides no more.
   bool divide_in_reduce = false;
+  /// An optimizer inside backward runs in the pass that writes the reduced gradient shard
+  /// (the copy-out, or the reduce-scatter that folds it in), which stores no gradient
+  /// (update_in_copy_out).
+  bool update_in_copy_out = false;
 };
+
+/// Whether the pass that writes a group's reduced gradient shard can run the optimizer's
+/// element update instead (kernels::reduce_update, kernels::reduce_sources_update): every
+/// transport's copy-out and shared-memory sum; not the int8 reduce-scatter's decode, which
+/// writes the gradients for a separate update. (A one-rank group whose backward writes the
+/// sharded gradients has no such pass: its update follows the compute.)
+constexpr bool update_in_copy_out(const Geometry& g) noexcept {
+  return !(g.compressed_reduce() && g.replicate == 1);
+}
 
 /// The transport a group of `g` runs on when its mesh's shard dim offers `k`: a compressed
 /// group leaves shared memory for MPI (the shared-memory transport reads each peer's shard
@@ -135,6 +153,7 @@ constexpr Kind group_kind(Kind k, const Geometry& g) noexcept {
 /// `k`: the group's transport (group_kind).
 constexpr Fusions fusions(Kind k, const Geometry& g) noexcept {
   Fusions f;
+  f.update_in_copy_out = update_in_copy_out(g);
   if (g.world <= 1) return f;  // no collective over the shard group
   if (g.compressed_reduce()) {
     // The receiving rank decodes, sums, divides, casts and accumulates in one pass; with HSDP

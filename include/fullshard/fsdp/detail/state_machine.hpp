@@ -322,8 +322,10 @@ struct StateMachine {
   }
 
   // Reduce-scatter over the shard group (one rank: the input is the reduced shard).
-  static Event reduce_scatter(Group& g, Buf& input, Buf& output,
-                              const transport::ReduceSpec& spec) {
+  // `with_update`: the reduction runs the optimizer's update in the pass that writes the
+  // reduced shard (OpDesc::variant 1; the byte account's).
+  static Event reduce_scatter(Group& g, Buf& input, Buf& output, const transport::ReduceSpec& spec,
+                              bool with_update) {
     B& b = be(g);
     const GroupInfo& I = g.info;
     if (I.world == 1) return record(b, StreamKind::reduce_scatter);
@@ -340,6 +342,7 @@ struct StateMachine {
     }
     OpDesc& d = begin(StreamKind::reduce_scatter, OpKind::reduce_scatter, g,
                       static_cast<std::size_t>(I.shard_numel) * dtype_size(I.reduce_dtype));
+    d.variant = with_update ? 1 : 0;
     output = b.acquire(g, BufKind::rs_output, I.shard_numel, I.reduce_dtype);
     Event e = b.reduce_scatter(d, g, input, output, spec);
     e.op = d.id;
@@ -368,7 +371,7 @@ struct StateMachine {
       if (g.updates_in_backward()) {  // after the backward that wrote them
         B& b = be(g);
         wait(b, StreamKind::reduce_scatter, record(b, StreamKind::compute));
-        Event e = update_shards(g, StreamKind::reduce_scatter);
+        Event e = update_shards(g, StreamKind::reduce_scatter, false);
         g.root->pending.push_back({&g, std::move(e), Buf(), Buf()});
         return;
       }
@@ -378,15 +381,24 @@ struct StateMachine {
     B& b = be(g);
     Root& r = *g.root;
     const GroupInfo& I = g.info;
-    Buf input = reduce_copy_in(g);
     // The copy-out's divisor (FSDP2's gradient divide factor, by default the data-parallel
     // size) and whether it adds into the sharded gradients.
     transport::ReduceSpec spec;
     spec.divisor =
         g.divide_factor > 0 ? g.divide_factor : static_cast<double>(I.world) * I.replicate;
     spec.accumulate = g.has_sharded_grads;
+    // The optimizer inside backward runs in the pass that writes the reduced shard, which then
+    // stores no gradient (transport::update_in_copy_out); prepared first, as that pass may be
+    // the reduce-scatter's. Not with a deferred all-reduce (no copy-out now) or gradients to
+    // add to (a separate update reads their sum).
+    const bool fused_update = g.updates_in_backward() && transport::update_in_copy_out(I) &&
+                              !spec.accumulate && (I.replicate == 1 || g.all_reduce_grads);
+    if (fused_update)
+      spec.update = b.prepare_update(
+          g, I.replicate > 1 ? StreamKind::all_reduce : StreamKind::reduce_scatter);
+    Buf input = reduce_copy_in(g);
     Buf output;
-    Event last = reduce_scatter(g, input, output, spec);
+    Event last = reduce_scatter(g, input, output, spec, fused_update);
     Buf& reduced = output.held ? output : input;
     StreamKind last_stream = StreamKind::reduce_scatter;
     if (I.replicate > 1) {
@@ -416,6 +428,7 @@ struct StateMachine {
     // Copy-out: divide, cast, accumulate into the sharded gradients, after the collectives.
     OpDesc& d = begin(last_stream, OpKind::reduce_copy_out, g,
                       static_cast<std::size_t>(I.shard_numel) * dtype_size(I.orig_dtype));
+    if (fused_update) d.variant = 3;
     Event e = b.reduce_copy_out(d, g, reduced, spec);
     e.op = d.id;
     g.has_sharded_grads = true;
@@ -423,7 +436,7 @@ struct StateMachine {
     // its buffers go back.
     r.pending.push_back({&g, std::move(e), std::move(input), std::move(output)});
     if (g.updates_in_backward())
-      r.pending.back().done = update_shards(g, last_stream);
+      r.pending.back().done = update_shards(g, last_stream, fused_update);
     else
       b.show_sharded_grads(g);
   }
@@ -431,11 +444,15 @@ struct StateMachine {
   // The optimizer's update of the shards from the sharded gradients just written, on `s`
   // (after them); the gradients are consumed: none is shown and the next reduction
   // overwrites their storage (also when the update cannot be issued: the iteration fails).
-  // The shared-memory transport's peers read this rank's shard in their backward copy-out,
-  // which precedes their gradients' publication and so this reduction: nobody reads it now.
-  static Event update_shards(Group& g, StreamKind s) {
+  // `fused`: the reduction's last pass ran it (OpDesc::variant 1: completes with the
+  // reduction, reads no gradient). The shared-memory transport's peers read this rank's shard
+  // in their backward copy-out, which precedes their gradients' publication and so this
+  // reduction: nobody reads it now.
+  static Event update_shards(Group& g, StreamKind s, bool fused) {
     B& b = be(g);
-    OpDesc& d = begin(s, OpKind::update, g, g.update_bytes());
+    const std::size_t gradient_read = static_cast<std::size_t>(g.info.shard_numel) * 4;
+    OpDesc& d = begin(s, OpKind::update, g, g.update_bytes() - (fused ? gradient_read : 0));
+    d.variant = fused ? 1 : 0;
     Event e;
     try {
       e = b.update_shards(d, g);

@@ -1,0 +1,73 @@
+// The optimizers' element rules as functors (private to the kernels layer): one element's
+// update from its gradient value. apply_update reads the gradient from an array; the fused
+// reductions (reduce_update, reduce_sources_update) hand over the value where they compute it.
+// One definition, so a fused and an unfused update round alike.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+#include <cmath>
+#include <cstdint>
+
+#include "fullshard/kernels/element_update.hpp"
+
+namespace fullshard::kernels::detail {
+
+// torch.optim.SGD's update of element e (ElementUpdate::Rule::sgd); no momentum buffer
+// without momentum.
+struct SgdRule {
+  ElementUpdate u;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e, float grad) const {
+    float* w = u.param;
+    float* b = u.state0;
+    double d = static_cast<double>(grad) + u.weight_decay * static_cast<double>(w[e]);
+    if (b != nullptr) {
+      const double buf = u.fresh ? d : u.momentum * static_cast<double>(b[e]) + d;
+      b[e] = static_cast<float>(buf);
+      d = u.nesterov ? d + u.momentum * buf : buf;
+    }
+    w[e] = static_cast<float>(static_cast<double>(w[e]) - u.lr * d);
+  }
+};
+
+// torch.optim.AdamW's update of element e (ElementUpdate::Rule::adamw).
+struct AdamWRule {
+  ElementUpdate u;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e, float grad) const {
+    float* w = u.param;
+    float* m = u.state0;
+    float* v = u.state1;
+    const double gd = grad;
+    double pw = static_cast<double>(w[e]) * (1.0 - u.lr * u.weight_decay);
+    const double md = u.beta1 * static_cast<double>(m[e]) + (1.0 - u.beta1) * gd;
+    const double vd = u.beta2 * static_cast<double>(v[e]) + (1.0 - u.beta2) * gd * gd;
+    m[e] = static_cast<float>(md);
+    v[e] = static_cast<float>(vd);
+    pw -= u.step_size * md / (::sqrt(vd) / u.bc2_sqrt + u.eps);
+    w[e] = static_cast<float>(pw);
+  }
+};
+
+/// InvalidArgument (naming `who`) for a null array the rule needs.
+void require_update_arrays(const ElementUpdate& u, const char* who);
+
+/// Calls f(rule) with u's rule functor.
+template <class F>
+void with_rule(const ElementUpdate& u, F&& f) {
+  if (u.rule == ElementUpdate::Rule::adamw)
+    f(AdamWRule{u});
+  else
+    f(SgdRule{u});
+}
+
+/// rule(first + i, grad[i]) for i in [0, n) on the host: the arrays never overlap (no
+/// run-time alias check).
+template <class Rule>
+inline void host_update(const Rule& rule, std::int64_t first, const float* grad, std::int64_t n) {
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#pragma GCC ivdep
+#endif
+  for (std::int64_t i = 0; i < n; ++i)
+    rule(first + i, grad[i]);
+}
+
+}  // namespace fullshard::kernels::detail
