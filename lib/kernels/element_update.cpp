@@ -24,12 +24,14 @@ void require_update_arrays(const ElementUpdate& u, const char* who) {
 
 namespace {
 
-/// The update of element e with the gradient read from an array.
+/// The update of element e with the gradient read from an array (nullptr: zero).
 template <class Rule>
 struct FromArray {
   Rule rule;
   const float* g;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const { rule(e, g[e]); }
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
+    rule(e, g != nullptr ? g[e] : 0.0f);
+  }
 };
 
 /// The update of element e with the gradient reduce_copy_out would have written (no
@@ -72,7 +74,6 @@ ElementUpdate ElementUpdate::at(std::int64_t offset) const noexcept {
 void apply_update(const ExecStream& on, const ElementUpdate& u, const float* grad, std::int64_t n) {
   require_count(n, "apply_update");
   if (n == 0) return;
-  if (grad == nullptr) throw InvalidArgument("fullshard::kernels::apply_update: null gradient");
   detail::require_update_arrays(u, "apply_update");
   detail::with_rule(u, [&](auto rule) {
     if (on.target() == ExecTarget::host)
@@ -103,21 +104,26 @@ void reduce_update(const ExecStream& on, const void* src, DType src_t, std::int6
         run_on_device(on, FromReduction<S, decltype(rule)>{rule, in, div, divide}, n);
         return;
       }
-      // Blocks whose gradients stay in L1 between the reduction's loop and the update's.
-      constexpr std::int64_t kBlock = 2048;
-      float g[kBlock] = {};
-      for (std::int64_t begin = 0; begin < n; begin += kBlock) {
-        const std::int64_t len = n - begin < kBlock ? n - begin : kBlock;
-        if (divide)
-          detail::host_map(in + begin, g, len, [div](SS x, float) {
-            return detail::reduce_elem<S, detail::F32, false>(x, 0.0f, div, true);
+      constexpr std::int64_t kBlock = detail::kUpdateBlock;
+      const auto& host = detail::ExecStreamImpl::of(on).host;
+      Kokkos::parallel_for(
+          "fullshard::kernels::reduce_update",
+          Kokkos::RangePolicy<HostExec, Kokkos::IndexType<std::int64_t>>(host, 0,
+                                                                         (n + kBlock - 1) / kBlock),
+          [=](std::int64_t b) {
+            const std::int64_t begin = b * kBlock;
+            const std::int64_t len = n - begin < kBlock ? n - begin : kBlock;
+            float g[kBlock] = {};
+            if (divide)
+              detail::host_map(in + begin, g, len, [div](SS x, float) {
+                return detail::reduce_elem<S, detail::F32, false>(x, 0.0f, div, true);
+              });
+            else
+              detail::host_map(in + begin, g, len, [div](SS x, float) {
+                return detail::reduce_elem<S, detail::F32, false>(x, 0.0f, div, false);
+              });
+            detail::host_update(rule, begin, g, len);
           });
-        else
-          detail::host_map(in + begin, g, len, [div](SS x, float) {
-            return detail::reduce_elem<S, detail::F32, false>(x, 0.0f, div, false);
-          });
-        detail::host_update(rule, begin, g, len);
-      }
     });
   });
 }

@@ -59,15 +59,24 @@ void with_rule(const ElementUpdate& u, F&& f) {
     f(SgdRule{u});
 }
 
-/// rule(first + i, grad[i]) for i in [0, n) on the host: the arrays never overlap (no
-/// run-time alias check).
+/// rule(first + i, grad[i]) for i in [0, n) on the host (grad nullptr: zeros): the arrays
+/// never overlap (no run-time alias check).
 template <class Rule>
 inline void host_update(const Rule& rule, std::int64_t first, const float* grad, std::int64_t n) {
+  if (grad == nullptr) {
+    for (std::int64_t i = 0; i < n; ++i)
+      rule(first + i, 0.0f);
+    return;
+  }
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #pragma GCC ivdep
 #endif
   for (std::int64_t i = 0; i < n; ++i)
     rule(first + i, grad[i]);
 }
+
+/// Elements per block of the fused host loops: the block's gradients stay in L1 between the
+/// reduction's loop and the update's.
+constexpr std::int64_t kUpdateBlock = 2048;
 
 }  // namespace fullshard::kernels::detail

@@ -53,24 +53,31 @@ void reduce_sources_update_host(const void* const* srcs, int nsrc, std::int64_t 
                                 bool divide, const Rule& rule) {
   using A = detail::SumAcc<S>;
   using R = detail::Acc<S, detail::F32>;
+  static_assert(detail::kUpdateBlock == kSourceBlock, "one block for the sum and the update");
   const R divisor = static_cast<R>(divisor_d);
-  A acc[kSourceBlock];
-  float g[kSourceBlock] = {};
-  for (std::int64_t begin = 0; begin < n; begin += kSourceBlock) {
-    const std::int64_t len = n - begin < kSourceBlock ? n - begin : kSourceBlock;
-    detail::sum_sources<P, S>(srcs, nsrc, begin, len, acc);
-    if (divide)
-      detail::host_map(acc, g, len, [divisor](A a, float) {
-        return detail::reduce_elem<S, detail::F32, false>(detail::store<S, A>(a), 0.0f, divisor,
-                                                          true);
+  const std::int64_t blocks = (n + kSourceBlock - 1) / kSourceBlock;
+  Kokkos::parallel_for(
+      "fullshard::kernels::reduce_sources_update",
+      Kokkos::RangePolicy<HostExec, Kokkos::IndexType<std::int64_t>>(HostExec(), 0, blocks),
+      [=](std::int64_t b) {
+        const std::int64_t begin = b * kSourceBlock;
+        const std::int64_t len = n - begin < kSourceBlock ? n - begin : kSourceBlock;
+        A acc[kSourceBlock];
+        float g[kSourceBlock] = {};
+        detail::sum_sources<P, S>(srcs, nsrc, begin, len, acc);
+        if (divide)
+          detail::host_map(acc, g, len, [divisor](A a, float) {
+            return detail::reduce_elem<S, detail::F32, false>(detail::store<S, A>(a), 0.0f, divisor,
+                                                              true);
+          });
+        else
+          detail::host_map(acc, g, len, [divisor](A a, float) {
+            return detail::reduce_elem<S, detail::F32, false>(detail::store<S, A>(a), 0.0f, divisor,
+                                                              false);
+          });
+        detail::host_update(rule, begin, g, len);
       });
-    else
-      detail::host_map(acc, g, len, [divisor](A a, float) {
-        return detail::reduce_elem<S, detail::F32, false>(detail::store<S, A>(a), 0.0f, divisor,
-                                                          false);
-      });
-    detail::host_update(rule, begin, g, len);
-  }
+  HostExec().fence();
 }
 
 /// The checks both kernels make; false: nothing to do (n == 0).

@@ -190,13 +190,15 @@ void dequantize_on(const Exec& exec, const std::uint8_t* codes, const float* sca
   for_each_block(
       exec, "fullshard::kernels::dequantize", n, block,
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t begin, std::int64_t end) {
+        // Captured outside the constexpr-if (nvcc refuses a device lambda's first capture in one).
+        typename D::storage* const out = dst;
         const float scale = scales[b];
         for (std::int64_t i = begin; i < end; ++i) {
           const float v = decode<C>(codes[i], scale);
           if constexpr (Accumulate)
-            dst[i] = add_into<D>(dst[i], v);
+            out[i] = add_into<D>(out[i], v);
           else
-            dst[i] = D::from_float(v);
+            out[i] = D::from_float(v);
         }
       });
 }
@@ -246,6 +248,7 @@ void reduce_dequantize_on(const Exec& exec, const std::uint8_t* packed, int nslo
   for_each_block(
       exec, "fullshard::kernels::reduce_dequantize", n, block,
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t begin, std::int64_t end) {
+        typename D::storage* const out = dst;  // captured outside the constexpr-if (nvcc)
         // A chunk of the block at a time, slot after slot: contiguous inner loops.
         constexpr std::int64_t kChunk = 64;
         float sum[kChunk];
@@ -266,9 +269,9 @@ void reduce_dequantize_on(const Exec& exec, const std::uint8_t* packed, int nslo
           for (std::int64_t j = 0; j < len; ++j) {
             const float t = sum[j] / by;
             if constexpr (Accumulate)
-              dst[at + j] = add_into<D>(dst[at + j], t);
+              out[at + j] = add_into<D>(out[at + j], t);
             else
-              dst[at + j] = D::from_float(t);
+              out[at + j] = D::from_float(t);
           }
         }
       });

@@ -167,6 +167,7 @@ class ShmTransport final : public CommTransport {
     // The optimizer inside backward (spec.update): the final sum updates the shards instead.
     const bool update = fusions().copy_out_in_reduce && spec.update != nullptr;
     const kernels::ElementUpdate u = update ? *spec.update : kernels::ElementUpdate();
+    const kernels::ExecStream* on = &dev.exec(c);  // the host's (shared memory)
     if (fusions().copy_out_in_reduce) {
       out = update ? Tensor() : store().gradients_for_write();
       out_t = I.orig_dtype;
@@ -196,9 +197,10 @@ class ShmTransport final : public CommTransport {
           for (int q = 0; q < peers; ++q)
             sources[static_cast<std::size_t>(q)] =
                 win.segment(q) + static_cast<std::size_t>(r.src_offset) * in_size;
-          if (update && !split_) {  // padding: zero gradients leave zero shards and states
+          if (update && !split_) {  // the padding's update sees zero gradients, as unfused
             kernels::reduce_sources_update(sources.data(), peers, I.param_dtype, I.reduce_dtype,
                                            r.len, node_divisor, u.at(r.dst_offset));
+            if (r.pad > 0) kernels::apply_update(*on, u.at(r.dst_offset + r.len), nullptr, r.pad);
             continue;
           }
           std::byte* to = to_base + static_cast<std::size_t>(r.dst_offset) * out_size;

@@ -144,6 +144,19 @@ TEST_CASE("ElementUpdate::at: the update of a range is the whole update's range"
   CHECK(parts == whole);
 }
 
+TEST_CASE("apply_update without a gradient updates with zeros (a shard's padding)") {
+  for (const ExecStream& on : {ExecStream::host(), ExecStream::device()})
+    for (const auto& [name, rule] : rules()) {
+      INFO(target_name(on), " ", name);
+      Arrays zeros(kN), none(kN);
+      const std::vector<float> zero(static_cast<std::size_t>(kN), 0.0f);
+      apply_update(on, zeros.bind(rule), zero.data(), kN);
+      apply_update(on, none.bind(rule), nullptr, kN);
+      on.fence();
+      CHECK(none == zeros);
+    }
+}
+
 TEST_CASE("the fused updates refuse bad arguments, naming the kernel") {
   using test::contains;
   using test::error_of;

@@ -40,9 +40,9 @@ struct ElementUpdate {
   ElementUpdate at(std::int64_t offset) const noexcept;
 };
 
-/// Runs `u` over elements [0, n) with gradient `grad` (f32, n elements, where `on` runs):
-/// host loop or device kernel enqueued on `on` (no fence). InvalidArgument for a negative n or
-/// a null array the rule needs.
+/// Runs `u` over elements [0, n) with gradient `grad` (f32, n elements, where `on` runs;
+/// nullptr: zeros, e.g. a shard's padding): host loop or device kernel enqueued on `on` (no
+/// fence). InvalidArgument for a negative n or a null array the rule needs.
 void apply_update(const ExecStream& on, const ElementUpdate& u, const float* grad, std::int64_t n);
 
 /// The reduce-scatter's copy-out fused with the update (the optimizer inside backward): for e

@@ -322,8 +322,8 @@ struct StateMachine {
   }
 
   // Reduce-scatter over the shard group (one rank: the input is the reduced shard).
-  // `with_update`: the reduction runs the optimizer's update in the pass that writes the
-  // reduced shard (OpDesc::variant 1; the byte account's).
+  // `with_update`: the reduction it begins runs the optimizer's update in the pass that writes
+  // the reduced shard (OpDesc::variant 1: the byte account's, where that pass is this one).
   static Event reduce_scatter(Group& g, Buf& input, Buf& output, const transport::ReduceSpec& spec,
                               bool with_update) {
     B& b = be(g);
@@ -388,15 +388,22 @@ struct StateMachine {
         g.divide_factor > 0 ? g.divide_factor : static_cast<double>(I.world) * I.replicate;
     spec.accumulate = g.has_sharded_grads;
     // The optimizer inside backward runs in the pass that writes the reduced shard, which then
-    // stores no gradient (transport::update_in_copy_out); prepared first, as that pass may be
-    // the reduce-scatter's. Not with a deferred all-reduce (no copy-out now) or gradients to
-    // add to (a separate update reads their sum).
+    // stores no gradient (transport::update_in_copy_out). Not with a deferred all-reduce (no
+    // copy-out now) or gradients to add to (a separate update reads their sum). Prepared once
+    // the stream it runs on follows the compute (the state a first update copies in may have
+    // been written there), before the reduce-scatter (it may be the pass); if that fails, the
+    // reduction is not issued and its input goes back.
     const bool fused_update = g.updates_in_backward() && transport::update_in_copy_out(I) &&
                               !spec.accumulate && (I.replicate == 1 || g.all_reduce_grads);
-    if (fused_update)
-      spec.update = b.prepare_update(
-          g, I.replicate > 1 ? StreamKind::all_reduce : StreamKind::reduce_scatter);
     Buf input = reduce_copy_in(g);
+    if (fused_update && I.replicate == 1) {
+      try {
+        spec.update = b.prepare_update(g, StreamKind::reduce_scatter);
+      } catch (...) {
+        release(g, input);
+        throw;
+      }
+    }
     Buf output;
     Event last = reduce_scatter(g, input, output, spec, fused_update);
     Buf& reduced = output.held ? output : input;
@@ -424,6 +431,14 @@ struct StateMachine {
       last = b.all_reduce(d, g, reduced);
       last.op = d.id;
       last_stream = StreamKind::all_reduce;
+      if (fused_update) {  // run by the copy-out on the all-reduce stream
+        try {
+          spec.update = b.prepare_update(g, StreamKind::all_reduce);
+        } catch (...) {  // the reduction in flight is still waited for; its buffers go back
+          r.pending.push_back({&g, last, std::move(input), std::move(output)});
+          throw;
+        }
+      }
     }
     // Copy-out: divide, cast, accumulate into the sharded gradients, after the collectives.
     OpDesc& d = begin(last_stream, OpKind::reduce_copy_out, g,
