@@ -212,7 +212,9 @@ void compare(const Config& c, Opt kind, bool bitwise) {
   CHECK(inside.steps == kSteps);
   CHECK(after.steps == kSteps);
   REQUIRE(inside.params.size() == after.params.size());
-  for (const auto& [fqn, want] : after.params) {
+  for (const auto& entry : after.params) {  // (no structured bindings: CAPTURE captures)
+    const std::string& fqn = entry.first;
+    const std::vector<float>& want = entry.second;
     CAPTURE(fqn);
     const std::vector<float>& got = inside.params.at(fqn);
     REQUIRE(got.size() == want.size());
@@ -222,7 +224,9 @@ void compare(const Config& c, Opt kind, bool bitwise) {
       CHECK(rel_diff(got, want) <= 1e-5);
   }
   REQUIRE(inside.state.size() == after.state.size());
-  for (const auto& [key, want] : after.state) {
+  for (const auto& entry : after.state) {
+    const std::string& key = entry.first;
+    const Tensor& want = entry.second;
     CAPTURE(key);
     REQUIRE(inside.state.count(key) == 1);
     const auto g = values(inside.state.at(key)), w = values(want);

@@ -91,8 +91,9 @@ TEST_CASE("reduce_update gives the bits of reduce_copy_out then apply_update") {
   for (const ExecStream& on : {ExecStream::host(), ExecStream::device()})
     for (DType st : {DType::f32, DType::bf16, DType::f16, DType::f64})
       for (double divisor : {1.0, 3.0})
-        for (const auto& [name, rule] : rules()) {
-          INFO(target_name(on), " ", dtype_name(st), " divisor ", divisor, " ", name);
+        for (const auto& named : rules()) {
+          const ElementUpdate& rule = named.second;  // (no structured bindings: INFO captures)
+          INFO(target_name(on), " ", dtype_name(st), " divisor ", divisor, " ", named.first);
           const std::vector<std::uint64_t> src = make(st, kN, 5);
           Arrays two_pass(kN), fused(kN);
           std::vector<float> grads(static_cast<std::size_t>(kN));
@@ -110,12 +111,14 @@ TEST_CASE("reduce_sources_update gives the bits of reduce_sources then apply_upd
                                            {DType::bf16, DType::f32},
                                            {DType::f32, DType::bf16},
                                            {DType::f64, DType::f64}};
-  for (const auto& [pt, rt] : pairs)
+  for (const auto& pair : pairs)
     for (int nsrc : {1, 3})
       for (double divisor : {1.0, 3.0})
-        for (const auto& [name, rule] : rules()) {
+        for (const auto& named : rules()) {
+          const DType pt = pair.first, rt = pair.second;
+          const ElementUpdate& rule = named.second;
           INFO(dtype_name(pt), " summed in ", dtype_name(rt), ", ", nsrc, " sources, divisor ",
-               divisor, " ", name);
+               divisor, " ", named.first);
           std::vector<std::vector<std::uint64_t>> sources;
           std::vector<const void*> srcs;
           for (int q = 0; q < nsrc; ++q)
@@ -146,8 +149,9 @@ TEST_CASE("ElementUpdate::at: the update of a range is the whole update's range"
 
 TEST_CASE("apply_update without a gradient updates with zeros (a shard's padding)") {
   for (const ExecStream& on : {ExecStream::host(), ExecStream::device()})
-    for (const auto& [name, rule] : rules()) {
-      INFO(target_name(on), " ", name);
+    for (const auto& named : rules()) {
+      const ElementUpdate& rule = named.second;
+      INFO(target_name(on), " ", named.first);
       Arrays zeros(kN), none(kN);
       const std::vector<float> zero(static_cast<std::size_t>(kN), 0.0f);
       apply_update(on, zeros.bind(rule), zero.data(), kN);
