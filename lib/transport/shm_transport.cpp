@@ -168,6 +168,7 @@ class ShmTransport final : public CommTransport {
     const bool update = fusions().copy_out_in_reduce && spec.update != nullptr;
     const kernels::ElementUpdate u = update ? *spec.update : kernels::ElementUpdate();
     const kernels::ExecStream* on = &dev.exec(c);  // the host's (shared memory)
+    const bool update_here = update && !split_;    // one node: its sum is the last pass
     if (fusions().copy_out_in_reduce) {
       out = update ? Tensor() : store().gradients_for_write();
       out_t = I.orig_dtype;
@@ -197,7 +198,7 @@ class ShmTransport final : public CommTransport {
           for (int q = 0; q < peers; ++q)
             sources[static_cast<std::size_t>(q)] =
                 win.segment(q) + static_cast<std::size_t>(r.src_offset) * in_size;
-          if (update && !split_) {  // the padding's update sees zero gradients, as unfused
+          if (update_here) {  // the padding's update sees zero gradients, as unfused
             kernels::reduce_sources_update(sources.data(), peers, I.param_dtype, I.reduce_dtype,
                                            r.len, node_divisor, u.at(r.dst_offset));
             if (r.pad > 0) kernels::apply_update(*on, u.at(r.dst_offset + r.len), nullptr, r.pad);
