@@ -174,7 +174,9 @@ TEST_CASE("config: every bad value names the file and the key") {
       {R"("seed": 1.5)", "cfg.json: seed: expected an integer, got a number"},
       {R"("threads": 5000)", "cfg.json: threads: 5000 is out of range"},
   };
-  for (const auto& [text, want] : top) {
+  for (const auto& entry : top) {  // (no structured bindings: CAPTURE captures)
+    const auto& text = entry.first;
+    const auto& want = entry.second;
     CAPTURE(text);
     const std::string got = error_of(text);
     CAPTURE(got);
@@ -207,7 +209,9 @@ TEST_CASE("config: every bad value names the file and the key") {
       {R"("model": {"type": "torchscript", "file": 7})",
        "cfg.json: model.file: expected a string, got a number"},
   };
-  for (const auto& [model, want] : models) {
+  for (const auto& entry : models) {
+    const auto& model = entry.first;
+    const auto& want = entry.second;
     CAPTURE(model);
     std::string got;
     try {

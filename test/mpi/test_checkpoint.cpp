@@ -1046,7 +1046,9 @@ TEST_CASE("asynchronous save: save()'s files byte for byte, a snapshot while tra
       on_rank0([&] {
         const auto a = files_of(async_path), s = files_of(sync_path);
         CHECK(a.size() == s.size());
-        for (const auto& [name, bytes] : s) {
+        for (const auto& entry : s) {  // (no structured bindings: CAPTURE captures)
+          const auto& name = entry.first;
+          const auto& bytes = entry.second;
           CAPTURE(name);
           REQUIRE(a.count(name) == 1);
           CHECK(a.at(name) == bytes);

@@ -130,7 +130,9 @@ TEST_CASE("fresh gradients: the sharded gradients of the zeroed ones, bit for bi
     CHECK(fresh_seen == 3 * 4);
     REQUIRE(zeroed.size() == fresh.size());
     for (std::size_t k = 0; k < zeroed.size(); ++k)
-      for (const auto& [fqn, want] : zeroed[k]) {
+      for (const auto& entry : zeroed[k]) {  // (no structured bindings: CAPTURE captures)
+        const auto& fqn = entry.first;
+        const auto& want = entry.second;
         CAPTURE(k);
         CAPTURE(fqn);
         CHECK(fresh[k].at(fqn) == want);

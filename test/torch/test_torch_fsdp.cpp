@@ -494,7 +494,9 @@ TEST_CASE("torch: sharded training equals its reference in every configuration")
     // The blocks' groups (the root's stays unsharded); one rank shows the shards as the
     // parameters, with no copy-out at all.
     CHECK(bwd.size() == (world_size() > 1 ? 3u : 0u));
-    for (const auto& [group, n] : bwd) {
+    for (const auto& entry : bwd) {  // (no structured bindings: CAPTURE captures)
+      const auto& group = entry.first;
+      const auto& n = entry.second;
       CAPTURE(group);
       CHECK(n == 1);
     }
