@@ -74,7 +74,8 @@ if [[ "$mode" == stopped ]]; then
   rc=$?
   launcher=""
   [[ $rc -ne 0 ]] || fail "the job exited 0 with a stopped rank"
-  pattern="fullshard\[rank [0-2]\]: [^ ].* on communicator '[^']*' \(rank [0-2]/[1-3], seq [0-9]+[^)]*\) did not finish within FULLSHARD_TIMEOUT=3 s; "
+  # MPI: "<op> on communicator 'c' (...)"; shared memory: "<op> on shared memory of communicator 'c' (...)".
+  pattern="fullshard\[rank [0-2]\]: [^ ].* on (shared memory of )?communicator '[^']*' \(rank [0-2]/[1-3], seq [0-9]+[^)]*\) did not finish within FULLSHARD_TIMEOUT=3 s; "
   line="$(grep -E -m1 "$pattern" "$work/out")" || fail "no timeout message naming operation, communicator, rank and sequence number"
   echo "job ended (exit $rc) with: $line"
   echo "PASS: a stopped rank ends the job with the timeout message"
