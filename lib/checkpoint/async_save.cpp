@@ -1,14 +1,17 @@
 // save_async(): the synchronous save's steps (lib/checkpoint/save_parts.hpp) split at the
 // data files. On the training thread: prepare, start (the temporary step directory) and the
-// snapshot (every shard this rank writes copied into one host staging buffer); then a
-// background thread writes the rank's data file from staging (checksums, fsync: no MPI, no
-// model memory); test() / wait() on the training thread again: the agreement on the writers'
-// outcome, rank 0's commit and retention. The staging buffer is kept for the next save (its
-// pages stay faulted in), and only one save is in flight: the next one completes it first.
+// snapshot (every shard this rank writes copied into one host staging buffer, host shards
+// checksummed as they are copied: copy_crc32c); then a background thread writes the rank's
+// data file from staging (and fsyncs it; checksums only shards copied from a device: no MPI,
+// no model memory); test() / wait() on the training thread again: the agreement on the
+// writers' outcome, rank 0's commit and retention. The staging buffer is kept for the next
+// save (its pages stay faulted in), and only one save is in flight: the next one completes it
+// first.
 #include "fullshard/checkpoint/async_save.hpp"
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/checkpoint/checksum.hpp"
 #include "fullshard/tensor/staging.hpp"
 #include "lib/checkpoint/save_parts.hpp"
 
@@ -42,6 +46,9 @@ struct AsyncSave::State {
   // This rank's shards, each SaveEntry::local a view of the staging buffer, which holds them
   // back to back as the data file will (writers only).
   std::vector<detail::SaveEntry> staged;
+  // Per staged entry, its blocks' CRC32C when the snapshot computed them as it copied (host
+  // sources); empty: the writer computes them (shards copied from a device).
+  std::vector<std::vector<std::uint32_t>> block_crcs;
   const char* image = nullptr;
   std::string file;  // the data file, empty on ranks that write none
   std::uint64_t staging_bytes = 0;
@@ -67,8 +74,8 @@ struct AsyncSave::State {
     const auto t0 = Clock::now();
     try {
       if (fault.armed("slow_write")) std::this_thread::sleep_for(std::chrono::seconds(3));
-      record = detail::write_image(staged, image, staging_bytes, file, index.block_bytes,
-                                   pending.tmp, fault);
+      record = detail::write_image(staged, block_crcs, image, staging_bytes, file,
+                                   index.block_bytes, pending.tmp, fault);
     } catch (...) {
       write_error = std::current_exception();
     }
@@ -251,6 +258,7 @@ AsyncSave save_async(const std::string& dir, graph::Module& model,
                  (detail::kDirectAlign - at % detail::kDirectAlign) % detail::kDirectAlign;
     st->image = base;
     std::uint64_t offset = 0;
+    [[maybe_unused]] bool synced = false;
     for (const detail::SaveEntry* e : to_write) {
       st->fault.maybe_throw("prepare_tensor");
       detail::SaveEntry s;
@@ -258,10 +266,28 @@ AsyncSave save_async(const std::string& dir, graph::Module& model,
       s.layout = e->layout;
       s.local = Tensor::from_owner(buffer.owner(), base + offset, e->local.shape(),
                                    e->local.dtype(), MemorySpace::host);
-      ::fullshard::detail::copy_on_stream(s.local, e->local, mesh.compute_stream().native_handle(),
-                                          "checkpoint::save_async: '" + e->info.name + "'");
+      std::vector<std::uint32_t> crcs;
+      if (e->local.space() == MemorySpace::host) {
+        // The copy and the checksum in one pass (the writer would read staging again).
+#if defined(KOKKOS_ENABLE_CUDA)
+        // Pinned host shards may be written by kernels on the compute stream.
+        if (!synced) mesh.compute_stream().synchronize();
+        synced = true;
+#endif
+        const auto* src = static_cast<const char*>(e->local.data());
+        const std::uint64_t n = e->local.nbytes();
+        for (std::uint64_t b = 0; b < n; b += st->index.block_bytes) {
+          const auto len = static_cast<std::size_t>(std::min(st->index.block_bytes, n - b));
+          crcs.push_back(checkpoint::detail::copy_crc32c(base + offset + b, src + b, len));
+        }
+      } else {
+        ::fullshard::detail::copy_on_stream(s.local, e->local,
+                                            mesh.compute_stream().native_handle(),
+                                            "checkpoint::save_async: '" + e->info.name + "'");
+      }
       offset += e->local.nbytes();
       st->staged.push_back(std::move(s));
+      st->block_crcs.push_back(std::move(crcs));
     }
     st->staging_bytes = total;
     st->file = detail::rank_file(mesh.coordinates().back());

@@ -402,20 +402,25 @@ std::string write_shards(const std::vector<const SaveEntry*>& entries, const std
   return json{{"file", file}, {"bytes", w.bytes()}, {"shards", std::move(shards)}}.dump();
 }
 
-std::string write_image(const std::vector<SaveEntry>& entries, const char* image, std::uint64_t n,
-                        const std::string& file, std::uint64_t block_bytes, const std::string& tmp,
-                        const Fault& fault) {
+std::string write_image(const std::vector<SaveEntry>& entries,
+                        const std::vector<std::vector<std::uint32_t>>& block_crcs,
+                        const char* image, std::uint64_t n, const std::string& file,
+                        std::uint64_t block_bytes, const std::string& tmp, const Fault& fault) {
   json shards = json::array();
-  for (const SaveEntry& e : entries) {
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const SaveEntry& e = entries[i];
     const auto* p = static_cast<const char*>(e.local.data());
     ShardInfo s;
     s.global_offset = e.layout.global_offset;
     s.shape = e.layout.local_shape;
     s.offset = static_cast<std::uint64_t>(p - image);
     s.length = e.local.nbytes();
-    for (std::uint64_t b = 0; b < s.length; b += block_bytes)
-      s.crc32c.push_back(
-          crc32c(p + b, static_cast<std::size_t>(std::min(block_bytes, s.length - b))));
+    if (i < block_crcs.size() && !block_crcs[i].empty())
+      s.crc32c = block_crcs[i];
+    else
+      for (std::uint64_t b = 0; b < s.length; b += block_bytes)
+        s.crc32c.push_back(
+            crc32c(p + b, static_cast<std::size_t>(std::min(block_bytes, s.length - b))));
     shards.push_back(shard_json(e.info.name, s));
   }
   write_file_image(join(tmp, file), image, n, fault);

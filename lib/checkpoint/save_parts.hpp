@@ -72,9 +72,12 @@ std::string write_shards(const std::vector<const SaveEntry*>& entries, const std
 /// n bytes, aligned to kDirectAlign; each entry's `local` a view of it, in file order):
 /// checksums every block, then writes the image at once (write_file_image: O_DIRECT where it
 /// can). The same file and record as write_shards.
-std::string write_image(const std::vector<SaveEntry>& entries, const char* image, std::uint64_t n,
-                        const std::string& file, std::uint64_t block_bytes, const std::string& tmp,
-                        const Fault& fault);
+/// `block_crcs[i]`, when not empty, holds entry i's block checksums (computed as it was
+/// copied into the image): not computed again.
+std::string write_image(const std::vector<SaveEntry>& entries,
+                        const std::vector<std::vector<std::uint32_t>>& block_crcs,
+                        const char* image, std::uint64_t n, const std::string& file,
+                        std::uint64_t block_bytes, const std::string& tmp, const Fault& fault);
 
 /// Gathers every writer's record (empty for non-writers) on rank 0, which completes the index,
 /// checks it as a loader would and commits the step; every rank learns the step directory.

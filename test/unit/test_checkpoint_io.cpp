@@ -15,6 +15,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -112,6 +113,30 @@ TEST_CASE("crc32c: the machine's implementation equals the table one on large od
       CHECK(ck::crc32c(p, len) == ck::detail::crc32c_table(p, len));
       CHECK(ck::crc32c(p, len, 0xdeadbeefu) == ck::detail::crc32c_table(p, len, 0xdeadbeefu));
     }
+}
+
+TEST_CASE("copy_crc32c: copies like memcpy and checksums like crc32c, at any alignment") {
+  const auto data = random_bytes((std::size_t{1} << 18) + 64, 3);
+  std::vector<unsigned char> out(data.size() + 64);
+  for (std::size_t src_off : {0, 5, 16})
+    for (std::size_t dst_off : {0, 3, 8, 17})
+      for (std::size_t len :
+           {std::size_t{0}, std::size_t{1}, std::size_t{63}, std::size_t{4097},
+            std::size_t{6 * 8192}, std::size_t{6 * 8192 + 77}, (std::size_t{1} << 18) - 13}) {
+        CAPTURE(src_off);
+        CAPTURE(dst_off);
+        CAPTURE(len);
+        std::fill(out.begin(), out.end(), static_cast<unsigned char>(0xa5));
+        const unsigned char* p = data.data() + src_off;
+        CHECK(ck::detail::copy_crc32c(out.data() + dst_off, p, len, 0x1234u) ==
+              ck::detail::crc32c_table(p, len, 0x1234u));
+        CHECK(std::equal(p, p + len, out.begin() + static_cast<std::ptrdiff_t>(dst_off)));
+        // Nothing outside [dst_off, dst_off + len) written.
+        CHECK(std::all_of(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(dst_off),
+                          [](unsigned char c) { return c == 0xa5; }));
+        CHECK(std::all_of(out.begin() + static_cast<std::ptrdiff_t>(dst_off + len), out.end(),
+                          [](unsigned char c) { return c == 0xa5; }));
+      }
 }
 
 TEST_CASE("BoxRuns: random box intersections copy like an element-by-element copy") {

@@ -58,7 +58,8 @@ class AsyncSave {
   std::uint64_t staging_bytes() const;
   /// Seconds save_async spent on this rank (the snapshot: checks, copies into staging).
   double snapshot_seconds() const;
-  /// Seconds this rank's background write took (file writes, checksums, fsync); 0 until done.
+  /// Seconds this rank's background write took (file write, fsync; the checksums of shards
+  /// copied from a device); 0 until done.
   double write_seconds() const;
 
   struct State;
