@@ -116,7 +116,8 @@ const char* const kUsage =
     "  --async-save          sharded saves in the background: each rank copies its shards\n"
     "                        into host staging memory and trains on while a thread writes\n"
     "                        them; the checkpoint is committed at the first step boundary\n"
-    "                        after every rank's write (the last save is waited for)\n"
+    "                        after every rank's write (the last save is waited for); the\n"
+    "                        staging memory is reserved before the first step\n"
     "  --stop-after N        end this run after global step N (e.g. to fit a job's time\n"
     "                        limit; with --checkpoint-dir a checkpoint is saved there);\n"
     "                        --steps stays the total that the lr schedule spans\n"
@@ -599,6 +600,20 @@ class Trainer {
           "warning: checkpoint directory %s has %.2f MiB free, but a checkpoint needs "
           "about %.2f MiB\n",
           c_.checkpoint_dir.c_str(), double(*d.free_bytes) / kMiB, need / kMiB);
+    std::fflush(stdout);
+  }
+
+  /// --async-save: the staging memory of the snapshots allocated and faulted in before the
+  /// first step (the first save would take the page faults: tens of ms of training).
+  void reserve_async_staging() {
+    if (!c_.async_save) return;
+    const std::uint64_t bytes =
+        fullshard::checkpoint::reserve_async_staging(model_.root(), opt_.get());
+    if (rank_ == 0)
+      std::printf(
+          "checkpoint: %.2f MiB of staging memory reserved for asynchronous saves on "
+          "rank 0\n",
+          double(bytes) / kMiB);
     std::fflush(stdout);
   }
 
@@ -1152,6 +1167,7 @@ int train(const fullshard::Runtime& rt, const Config& c) {
   run.print_header();
   run.check_checkpoint_dir();
   const int first_step = run.restore();
+  run.reserve_async_staging();
   const auto t_start = Clock::now();
   for (int step = first_step; step < run.last_step(); ++step) {
 #if defined(FULLSHARD_APPS_HAVE_CUDA)

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -113,21 +114,24 @@ void release_at_finalize() {
 }
 
 // The staging buffer, at least `bytes` long from its first kDirectAlign-aligned byte (every
-// earlier save is complete).
-Tensor staging_buffer(std::uint64_t bytes) {
+// earlier save is complete), and whether it is new (its pages not faulted in yet).
+std::pair<Tensor, bool> staging_buffer(std::uint64_t bytes, const char* caller) {
   bytes += detail::kDirectAlign;
   InFlight& f = in_flight();
   std::lock_guard<std::mutex> lock(f.mutex);
+  if (f.staging.nbytes() >= bytes) return {f.staging, false};
+  if (f.save)
+    throw InvalidArgument(std::string(caller) +
+                          ": an asynchronous save is in flight and writes from the staging "
+                          "buffer (wait() for it first)");
   if (!f.hooked) {
     Kokkos::push_finalize_hook(release_at_finalize);
     f.hooked = true;
   }
-  if (f.staging.nbytes() < bytes) {
-    f.staging = Tensor();  // the old buffer goes first
-    f.staging = ::fullshard::detail::pinned_host_tensor(
-        {static_cast<std::int64_t>((bytes + 7) / 8)}, DType::f64, "fullshard::async_save_staging");
-  }
-  return f.staging;
+  f.staging = Tensor();  // the old buffer goes first
+  f.staging = ::fullshard::detail::pinned_host_tensor({static_cast<std::int64_t>((bytes + 7) / 8)},
+                                                      DType::f64, "fullshard::async_save_staging");
+  return {f.staging, true};
 }
 
 // Agrees on the writers' outcome and commits (on every rank at the same call); stores the
@@ -252,7 +256,7 @@ AsyncSave save_async(const std::string& dir, graph::Module& model,
     std::uint64_t total = 0;
     for (const detail::SaveEntry* e : to_write)
       total += e->local.nbytes();
-    const Tensor buffer = staging_buffer(total);
+    const Tensor buffer = staging_buffer(total, "checkpoint::save_async").first;
     const auto at = reinterpret_cast<std::uintptr_t>(buffer.data());
     char* base = static_cast<char*>(buffer.data()) +
                  (detail::kDirectAlign - at % detail::kDirectAlign) % detail::kDirectAlign;
@@ -305,6 +309,20 @@ AsyncSave save_async(const std::string& dir, graph::Module& model,
     f.save = st;
   }
   return AsyncSave(std::move(st));
+}
+
+std::uint64_t reserve_async_staging(graph::Module& model, const optim::Optimizer* optimizer) {
+  const char* const what = "checkpoint::reserve_async_staging";
+  const DeviceMesh& mesh = detail::model_mesh(model, what);
+  if (!detail::is_writer(mesh)) return 0;
+  const std::vector<detail::SaveEntry> entries =
+      detail::collect_entries(model, optimizer, /*future_state=*/true);
+  std::uint64_t total = 0;
+  for (const detail::SaveEntry* e : detail::entries_to_write(mesh, entries))
+    total += static_cast<std::uint64_t>(e->layout.local_numel()) * dtype_size(e->info.dtype);
+  const auto [buffer, fresh] = staging_buffer(total, what);
+  if (fresh) std::memset(buffer.data(), 0, buffer.nbytes());  // the pages faulted in now
+  return total;
 }
 
 }  // namespace fullshard::checkpoint

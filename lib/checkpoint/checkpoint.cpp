@@ -95,7 +95,10 @@ std::string relative_name(const graph::Module& model, const graph::Parameter& p)
   return model.fqn().empty() ? p.fqn() : p.fqn().substr(model.fqn().size() + 1);
 }
 
-std::vector<Entry> collect(graph::Module& model, const optim::Optimizer* opt) {
+// With `future_state`, optimizer state not made yet gets an entry without a tensor (f32, the
+// shard's layout: what the first step makes).
+std::vector<Entry> collect(graph::Module& model, const optim::Optimizer* opt,
+                           bool future_state = false) {
   std::vector<Entry> out;
   const auto sd = fsdp::sharded_state_dict(model);
   std::unordered_map<const graph::Parameter*, std::string> names;
@@ -122,7 +125,19 @@ std::vector<Entry> collect(graph::Module& model, const optim::Optimizer* opt) {
     const ShardedTensor& st = sd.at(it->second);
     for (const std::string& s : opt->state_names()) {
       auto v = views.find(p->fqn() + "." + s);
-      if (v == views.end()) continue;  // no state yet
+      if (v == views.end()) {  // no state yet
+        if (!future_state) continue;
+        Entry e;
+        e.info.name = it->second + "." + s;
+        e.info.param = it->second;
+        e.info.state = s;
+        e.info.dtype = DType::f32;
+        e.info.global_shape = p->shape();
+        e.info.placement = st.placement();
+        e.layout = st.layout;
+        out.push_back(std::move(e));
+        continue;
+      }
       if (v->second.shape() != st.layout.local_shape)
         throw InvalidArgument("checkpoint::save: optimizer state '" + v->first + "' has shape " +
                               shape_string(v->second.shape()) + ", the parameter's shard is " +
@@ -325,6 +340,11 @@ std::string save_full(Comm& c, const DeviceMesh& mesh, std::vector<Entry>& entri
 }  // namespace
 
 namespace detail {
+
+std::vector<SaveEntry> collect_entries(graph::Module& model, const optim::Optimizer* optimizer,
+                                       bool future_state) {
+  return collect(model, optimizer, future_state);
+}
 
 SaveSetup prepare_save(Comm& c, const DeviceMesh& mesh, graph::Module& model,
                        const optim::Optimizer* optimizer, std::int64_t step, const json& metadata,

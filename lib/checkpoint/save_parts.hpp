@@ -46,6 +46,12 @@ SaveSetup prepare_save(Comm& c, const DeviceMesh& mesh, graph::Module& model,
                        const nlohmann::json& metadata, const std::string& rng_state,
                        const SaveOptions& options);
 
+/// The tensors a save of `model` (and `optimizer`'s state, where it exists) writes, in file
+/// order, each with its shard on this rank. With `future_state`, also the optimizer state its
+/// first step will make (f32, the parameter's layout), each without a tensor.
+std::vector<SaveEntry> collect_entries(graph::Module& model, const optim::Optimizer* optimizer,
+                                       bool future_state);
+
 /// Rank 0 creates the temporary step directory (cleaning what interrupted saves left); every
 /// rank learns it.
 PendingStep start_save(Comm& c, const std::string& dir, std::int64_t step);

@@ -1070,6 +1070,28 @@ TEST_CASE("asynchronous save: save()'s files byte for byte, a snapshot while tra
     }
 }
 
+TEST_CASE("reserve_async_staging: before the first step, the staging the first save uses") {
+  SharedTempDir tmp;
+  int case_no = 0;
+  for (auto& src : source_meshes()) {
+    CAPTURE(src->name);
+    const DeviceMesh& mesh = *src->mesh;
+    Trainer t(mesh);
+    // No AdamW state exists yet: counted as f32 of each shard.
+    REQUIRE(t.opt->state_views().empty());
+    const std::uint64_t reserved = ck::reserve_async_staging(*t.root, t.opt.get());
+    CHECK((reserved > 0) == replicate_lead(mesh));
+    CHECK(ck::reserve_async_staging(*t.root, t.opt.get()) == reserved);  // again: the same
+    t.step(0);
+    ck::AsyncSave s =
+        ck::save_async(tmp.sub("r" + std::to_string(case_no++)), *t.root, t.opt.get(), 1);
+    CHECK(s.staging_bytes() == reserved);
+    // A save in flight: reserving what the buffer already holds is fine (nothing moves).
+    CHECK(ck::reserve_async_staging(*t.root, t.opt.get()) == reserved);
+    s.wait();
+  }
+}
+
 TEST_CASE("asynchronous save: one in flight, test() and wait(), retention, refused uses") {
   SharedTempDir tmp;
   DeviceMesh mesh(test::runtime(), {W()}, {"dp"});

@@ -84,4 +84,13 @@ AsyncSave save_async(const std::string& dir, graph::Module& model,
                      const nlohmann::json& metadata = nlohmann::json::object(),
                      const std::string& rng_state = std::string(), const SaveOptions& options = {});
 
+/// Allocates and faults in the host staging memory save_async() needs on this rank for `model`
+/// and `optimizer` (optimizer state not created yet is counted as f32 of the shard's shape),
+/// so that the first asynchronous save costs training no more than later ones (faulting in
+/// ~100 MiB takes tens of ms); returns its bytes (0 on ranks that write no data file). Call it
+/// before training; local, no communication. Optional: save_async() allocates (or grows) the
+/// buffer itself. InvalidArgument when the buffer must grow while a save is in flight.
+std::uint64_t reserve_async_staging(graph::Module& model,
+                                    const optim::Optimizer* optimizer = nullptr);
+
 }  // namespace fullshard::checkpoint
