@@ -131,6 +131,7 @@ std::pair<Tensor, bool> staging_buffer(std::uint64_t bytes, const char* caller) 
   f.staging = Tensor();  // the old buffer goes first
   f.staging = ::fullshard::detail::pinned_host_tensor({static_cast<std::int64_t>((bytes + 7) / 8)},
                                                       DType::f64, "fullshard::async_save_staging");
+  detail::advise_huge_pages(f.staging);
   return {f.staging, true};
 }
 
