@@ -124,6 +124,13 @@ std::pair<int, int> ArgParser::mesh_value() {
   return {parse(v.substr(0, x)), parse(v.substr(x + 1))};
 }
 
+DeviceType ArgParser::device_value() {
+  const std::string v = value();
+  if (v == "cpu") return DeviceType::cpu;
+  if (v == "cuda") return DeviceType::cuda;
+  throw UsageError{flag_ + " expects cpu or cuda, got '" + v + "'"};
+}
+
 void ArgParser::unknown() const {
   throw UsageError{"unknown option '" + flag_ + "'"};
 }
@@ -160,6 +167,18 @@ std::vector<std::string> take_flag(int& argc, char** argv, const std::string& fl
   argc = kept;
   argv[argc] = nullptr;
   return taken;
+}
+
+bool asks_for_cuda(const std::vector<std::string>& device_args) {
+  bool cuda = false;
+  for (std::size_t i = 0; i < device_args.size(); ++i) {
+    const std::string& a = device_args[i];
+    if (a.rfind("--device=", 0) == 0)
+      cuda = a.substr(9) == "cuda";
+    else if (i + 1 < device_args.size())
+      cuda = device_args[++i] == "cuda";
+  }
+  return cuda;
 }
 
 std::string one_line(std::string s) {

@@ -11,6 +11,7 @@
 
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/fsdp/options.hpp"
+#include "fullshard/mesh/device_mesh.hpp"
 
 namespace fullshard::apps {
 
@@ -43,6 +44,8 @@ class ArgParser {
   fsdp::ReshardAfterForward reshard_value();
   /// "N" (FSDP over N ranks) or "RxN" (HSDP: R replicas of N-rank shard groups): {R, N}.
   std::pair<int, int> mesh_value();
+  /// cpu or cuda.
+  DeviceType device_value();
 
   [[noreturn]] void unknown() const;
 
@@ -62,6 +65,10 @@ bool take_help(int& argc, char** argv);
 /// before the Runtime starts for flags that Kokkos would claim too (Kokkos 3 reads --device
 /// as its device number).
 std::vector<std::string> take_flag(int& argc, char** argv, const std::string& flag);
+
+/// Whether the --device arguments that take_flag took ask for cuda (the last one wins, as when
+/// they are parsed): for the check of a visible GPU made before the Runtime starts.
+bool asks_for_cuda(const std::vector<std::string>& device_args);
 
 /// An exception's message on one line, without the "fullshard[rank R]: " prefix.
 std::string one_line(std::string s);

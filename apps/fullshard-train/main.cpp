@@ -261,13 +261,7 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
         throw apps::UsageError{"--memory-budget: '" + v + "' is not a byte size (e.g. 512MiB)"};
       }
     } else if (f == "--device") {
-      const std::string d = a.value();
-      if (d == "cpu")
-        c.device = fullshard::DeviceType::cpu;
-      else if (d == "cuda")
-        c.device = fullshard::DeviceType::cuda;
-      else
-        throw apps::UsageError{"--device expects cpu or cuda, got '" + d + "'"};
+      c.device = a.device_value();
     } else if (f == "--trace")
       c.trace = a.value();
     else if (f == "--cost")
@@ -1244,21 +1238,6 @@ std::vector<apps::OptionValue> option_values(const Config& c) {
           {"--device", fullshard::device_type_name(c.device)}};
 }
 
-#if defined(FULLSHARD_APPS_HAVE_CUDA)
-// Whether the --device arguments ask for cuda (the last one wins, as in parse()).
-bool wants_cuda(const std::vector<std::string>& device_args) {
-  bool cuda = false;
-  for (std::size_t i = 0; i < device_args.size(); ++i) {
-    const std::string& a = device_args[i];
-    if (a == "--device" && i + 1 < device_args.size())
-      cuda = device_args[++i] == "cuda";
-    else if (a.rfind("--device=", 0) == 0)
-      cuda = a.substr(9) == "cuda";
-  }
-  return cuda;
-}
-#endif
-
 int main(int argc, char** argv) {
 #ifdef __GLIBC__
   // Tensors of a step (the model's activations and optimizer scratch; fully_shard keeps its
@@ -1274,7 +1253,7 @@ int main(int argc, char** argv) {
 #if defined(FULLSHARD_APPS_HAVE_CUDA)
   // --device cuda without a visible GPU: skipped (exit 77, what scripts/gpu-run expects),
   // asked before the Runtime starts (a CUDA-enabled Kokkos cannot start without a device).
-  if (!help && wants_cuda(device_args)) {
+  if (!help && apps::asks_for_cuda(device_args)) {
     std::string why;
     if (apps::cuda_device_count(why) == 0) {
       std::printf("SKIPPED: no CUDA device (%s): fullshard-train --device cuda needs a GPU\n",
