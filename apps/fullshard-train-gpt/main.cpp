@@ -28,6 +28,7 @@
 #include "fullshard/torch/gpt.hpp"
 #include "fullshard/torch/threads.hpp"
 
+#include <torch/cuda.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
@@ -66,6 +67,10 @@ const char* kUsage =
     "  --clip X              clip the global gradient norm (default 1; 0: off)\n"
     "  --seed N              weights and batches (default 1)\n"
     "fully_shard:\n"
+    "  --device cpu|cuda     where the model trains (default cpu); cuda: one GPU per rank,\n"
+    "                        NCCL collectives, LibTorch's current stream as the compute\n"
+    "                        stream (a build against a CUDA-enabled Kokkos and a LibTorch\n"
+    "                        with CUDA: docs/gpu.md); exit 77 where no GPU is visible\n"
     "  --mesh N | RxN        FSDP over N ranks, or HSDP (default: every rank)\n"
     "  --param-dtype T       mixed precision compute dtype (bf16, f16); reduction in f32\n"
     "  --reshard true|false|auto|K   reshard_after_forward of every block (default auto)\n"
@@ -92,6 +97,7 @@ struct Config {
   double lr = 3e-3, weight_decay = 0.1, clip = 1.0;
   std::uint64_t seed = 1;
   std::pair<int, int> mesh{0, 0};
+  fs::DeviceType device = fs::DeviceType::cpu;
   std::optional<fs::DType> param_dtype;
   fs::fsdp::ReshardAfterForward reshard = fs::fsdp::ReshardAfterForward::automatic();
   std::string data = "/usr/share/common-licenses";
@@ -100,9 +106,14 @@ struct Config {
   bool no_shard = false, deferred = false;
 };
 
-Config parse(int argc, char** argv) {
+/// `device_args`: the --device arguments taken out of argv before the Runtime (take_flag).
+Config parse(int argc, char** argv, const std::vector<std::string>& device_args) {
   Config c;
-  fs::apps::ArgParser a(argc, argv);
+  std::vector<char*> args(argv, argv + argc);
+  for (const std::string& d : device_args)
+    args.push_back(const_cast<char*>(d.c_str()));
+  args.push_back(nullptr);
+  fs::apps::ArgParser a(static_cast<int>(args.size()) - 1, args.data());
   while (a.next()) {
     const std::string& f = a.flag();
     if (f == "--d-model")
@@ -133,6 +144,8 @@ Config parse(int argc, char** argv) {
       c.seed = static_cast<std::uint64_t>(a.int64_value(0));
     else if (f == "--mesh")
       c.mesh = a.mesh_value();
+    else if (f == "--device")
+      c.device = a.device_value();
     else if (f == "--param-dtype")
       c.param_dtype = a.dtype_value();
     else if (f == "--reshard")
@@ -166,6 +179,14 @@ Config parse(int argc, char** argv) {
   if (c.warmup < 0) c.warmup = c.steps / 10;
   if (c.no_shard && c.deferred)
     throw fs::apps::UsageError{"--deferred-init needs a sharded run (not --no-shard)"};
+#if !defined(FULLSHARD_GPT_HAVE_CUDA)
+  if (c.device == fs::DeviceType::cuda)
+    throw fs::apps::UsageError{
+        "--device cuda: this fullshard-train-gpt was built without CUDA (it needs fullshard "
+        "built against a CUDA-enabled Kokkos and a LibTorch with CUDA: docs/gpu.md)"};
+#endif
+  if (c.device == fs::DeviceType::cuda && c.deferred)
+    throw fs::apps::UsageError{"--deferred-init is not supported with --device cuda yet"};
   c.model.deferred = c.deferred;
   if (c.no_shard && !c.save_to.empty())
     throw fs::apps::UsageError{"--save-to needs a sharded run (not --no-shard)"};
@@ -296,11 +317,16 @@ int run(const Config& c, fs::Runtime& rt) {
   const Corpus corpus = read_corpus(c);
   const double unigram = unigram_entropy(corpus.val);
 
-  fs::DeviceMesh mesh = reps > 1 ? fs::DeviceMesh(rt, {reps, shard}, {"replicate", "shard"})
-                                 : fs::DeviceMesh(rt, {world}, {"dp"});
+  fs::DeviceMesh mesh = reps > 1
+                            ? fs::DeviceMesh(rt, c.device, {reps, shard}, {"replicate", "shard"})
+                            : fs::DeviceMesh(rt, c.device, {world}, {"dp"});
+  // The rank's GPU: the Runtime bound it (device 0 of what the rank sees).
+  const c10::Device device =
+      c.device == fs::DeviceType::cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   ::torch::manual_seed(c.seed);  // the same initial weights on every rank
   fst::Gpt model(c.model);
-  fst::ShardedModel sharded(model);  // with --no-shard only the mirror (safetensors)
+  if (device.is_cuda()) model->to(device);  // drawn on the host: the CPU run's weights
+  fst::ShardedModel sharded(model);         // with --no-shard only the mirror (safetensors)
   fs::fsdp::FSDPModule* root = nullptr;
   if (!c.no_shard) {
     fs::fsdp::FullyShardOptions opts;
@@ -379,7 +405,7 @@ int run(const Config& c, fs::Runtime& rt) {
     const int per_rank = c.eval_windows;
     for (int at = 0; at < per_rank; at += local) {
       const int n = std::min(local, per_rank - at);
-      const at::Tensor w = all.narrow(0, rank * per_rank + at, n);
+      const at::Tensor w = all.narrow(0, rank * per_rank + at, n).to(device);
       sum += model->loss(w).item<double>() * n;
     }
     double total = 0;
@@ -405,7 +431,7 @@ int run(const Config& c, fs::Runtime& rt) {
                                  ? file_batches[step - 1]
                                  : windows(corpus.train, c.batch, len, data_gen);  // every rank
     opt.zero_grad();
-    const at::Tensor loss = model->loss(batch.narrow(0, rank * local, local));
+    const at::Tensor loss = model->loss(batch.narrow(0, rank * local, local).to(device));
     // fst::call(model, ...) for the root: Gpt::loss calls forward, which calls the blocks;
     // the root's hooks run around it here.
     loss.backward();
@@ -446,6 +472,16 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
+  // Kokkos 3 reads --device (its device number): parsed here after the Runtime instead.
+  const std::vector<std::string> device_args = fs::apps::take_flag(argc, argv, "--device");
+#if defined(FULLSHARD_GPT_HAVE_CUDA)
+  // --device cuda without a visible GPU: skipped (exit 77, what scripts/gpu-run expects),
+  // asked before the Runtime starts (a CUDA-enabled Kokkos cannot start without a device).
+  if (fs::apps::asks_for_cuda(device_args) && ::torch::cuda::device_count() == 0) {
+    std::printf("SKIPPED: no CUDA device visible: fullshard-train-gpt --device cuda needs a GPU\n");
+    return 77;
+  }
+#endif
   std::optional<fs::Runtime> rt;
   try {
     rt.emplace(argc, argv);
@@ -454,7 +490,7 @@ int main(int argc, char** argv) {
     return fs::apps::startup_exit_code(e, 1);
   }
   try {
-    return run(parse(argc, argv), *rt);
+    return run(parse(argc, argv, device_args), *rt);
   } catch (const fs::apps::UsageError& e) {
     if (rt->rank() == 0)
       std::fprintf(stderr, "fullshard-train-gpt: %s (see --help)\n", e.message.c_str());
