@@ -27,7 +27,8 @@ Subcommands:
                 (--seed) and writes its state_dict as a safetensors file (fullshard-train-gpt's
                 --init-from).
 
-  train         Trains from --init-from on --batches. Under torchrun (R ranks, gloo, CPU):
+  train         Trains from --init-from on --batches. Under torchrun (R ranks; gloo on the CPU,
+                or NCCL with --device cuda, one GPU per rank):
                 fully_shard on every block, then on the root (default options), rank r taking
                 rows [r*B/R, (r+1)*B/R) of each global batch of B sequences. Without torchrun it
                 runs as one rank (still fully_shard'ed); with --no-shard it trains the plain
@@ -287,6 +288,9 @@ def peak_rss_mib():
 
 
 def cmd_train(args):
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("SKIPPED: no CUDA device visible: gpt_fsdp2.py train --device cuda needs a GPU")
+        raise SystemExit(77)
     torch.set_num_threads(args.threads)
     warmup = args.steps // 10 if args.warmup is None else args.warmup
     if not 0 <= warmup < args.steps:
@@ -301,7 +305,7 @@ def cmd_train(args):
             ("MASTER_PORT", str(args.master_port)),
         ):
             os.environ.setdefault(key, value)
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -311,15 +315,24 @@ def cmd_train(args):
         raise SystemExit(f"--batch {args.batch} must be divisible by the {world} ranks")
     local = args.batch // world
     first, last = rank * local, (rank + 1) * local  # this rank's rows of a global batch
+    if args.device == "cuda":
+        # One GPU per rank (LOCAL_RANK of torchrun), as fullshard binds them. float32 products
+        # without TF32 (the C++ program keeps LibTorch's default, off too).
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    on_gpu = args.device == "cuda"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
 
     model = build_model(args)
     model.load_state_dict(load_file(args.init_from), strict=True)  # every rank, full weights
+    model.to(device)
     batches = read_batches(args)
     if distributed:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+        mesh = init_device_mesh(args.device, (world,), mesh_dim_names=("dp",))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -328,11 +341,12 @@ def cmd_train(args):
     )
     n_params = sum(p.numel() for p in model.parameters())  # full sizes (DTensors report them)
     if rank == 0:
-        mode = "no shard, one process" if args.no_shard else f"FSDP2 on {world} ranks (gloo)"
+        backend = "nccl" if args.device == "cuda" else "gloo"
+        mode = "no shard, one process" if args.no_shard else f"FSDP2 on {world} ranks ({backend})"
         print(
             f"gpt_fsdp2: {n_params} parameters, d_model {args.d_model}, {args.layers} blocks x "
             f"{args.heads} heads, context {args.context}; global batch {args.batch}, {mode}, "
-            f"{args.threads} threads per rank; torch {torch.__version__}",
+            f"{args.threads} threads per rank, {args.device}; torch {torch.__version__}",
             flush=True,
         )
 
@@ -344,14 +358,14 @@ def cmd_train(args):
         lr = lr_at(i, args.lr, warmup, args.steps)
         for group in opt.param_groups:
             group["lr"] = lr
-        ids = batches[i, first:last]
+        ids = batches[i, first:last].to(device)
         opt.zero_grad(set_to_none=True)
         loss = model.loss(ids)
         loss.backward()
         if args.clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
-        mean = torch.tensor([loss.item()], dtype=torch.float64)
+        mean = torch.tensor([loss.item()], dtype=torch.float64, device=device)
         if distributed:
             dist.all_reduce(mean)
         mean = mean.item() / world
@@ -361,9 +375,9 @@ def cmd_train(args):
         if rank == 0:
             print(f"step {i + 1} loss {mean:.9f} step_ms {ms:.3f}", flush=True)
 
-    rss = torch.tensor([peak_rss_mib()], dtype=torch.float64)
+    rss = torch.tensor([peak_rss_mib()], dtype=torch.float64, device=device)
     if distributed:
-        every = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+        every = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
         dist.all_gather(every, rss)
         rss_all = [r.item() for r in every]
     else:
@@ -557,6 +571,12 @@ def parser():
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW decay (default 0.1)")
     p.add_argument("--clip", type=float, default=1.0, help="max grad norm (default 1; 0: off)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu (gloo, default) or cuda (NCCL, one GPU per rank; exit 77 without a GPU)",
+    )
     p.add_argument("--save-to", help="write the final full weights here (.safetensors)")
     p.add_argument("--losses", help="write losses, step times and peak RSS here (JSON)")
     p.add_argument(
