@@ -22,6 +22,10 @@ struct UsageError {
 class ArgParser {
  public:
   ArgParser(int argc, char** argv) : args_(argv + 1, argv + argc) {}
+  /// argv followed by `more` (arguments take_flag took out before the Runtime started).
+  ArgParser(int argc, char** argv, const std::vector<std::string>& more) : ArgParser(argc, argv) {
+    args_.insert(args_.end(), more.begin(), more.end());
+  }
 
   /// Advances to the next flag; false at the end. A positional argument (no leading "--")
   /// is a UsageError unless positional() is used to take it.

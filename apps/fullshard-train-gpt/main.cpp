@@ -109,11 +109,7 @@ struct Config {
 /// `device_args`: the --device arguments taken out of argv before the Runtime (take_flag).
 Config parse(int argc, char** argv, const std::vector<std::string>& device_args) {
   Config c;
-  std::vector<char*> args(argv, argv + argc);
-  for (const std::string& d : device_args)
-    args.push_back(const_cast<char*>(d.c_str()));
-  args.push_back(nullptr);
-  fs::apps::ArgParser a(static_cast<int>(args.size()) - 1, args.data());
+  fs::apps::ArgParser a(argc, argv, device_args);
   while (a.next()) {
     const std::string& f = a.flag();
     if (f == "--d-model")

@@ -186,11 +186,7 @@ struct Config {
 Config parse(int argc, char** argv, const std::vector<std::string>& device_args) {
   Config c;
   c.plan.forward_prefetch_depth = 1;
-  std::vector<char*> args(argv, argv + argc);
-  for (const std::string& d : device_args)
-    args.push_back(const_cast<char*>(d.c_str()));
-  args.push_back(nullptr);
-  apps::ArgParser a(static_cast<int>(args.size()) - 1, args.data());
+  apps::ArgParser a(argc, argv, device_args);
   while (a.next()) {
     const std::string& f = a.flag();
     if (f == "--layers")

@@ -288,7 +288,8 @@ def peak_rss_mib():
 
 
 def cmd_train(args):
-    if args.device == "cuda" and not torch.cuda.is_available():
+    on_gpu = args.device == "cuda"
+    if on_gpu and not torch.cuda.is_available():
         print("SKIPPED: no CUDA device visible: gpt_fsdp2.py train --device cuda needs a GPU")
         raise SystemExit(77)
     torch.set_num_threads(args.threads)
@@ -305,7 +306,7 @@ def cmd_train(args):
             ("MASTER_PORT", str(args.master_port)),
         ):
             os.environ.setdefault(key, value)
-        dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+        dist.init_process_group("nccl" if on_gpu else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -315,13 +316,12 @@ def cmd_train(args):
         raise SystemExit(f"--batch {args.batch} must be divisible by the {world} ranks")
     local = args.batch // world
     first, last = rank * local, (rank + 1) * local  # this rank's rows of a global batch
-    if args.device == "cuda":
+    if on_gpu:
         # One GPU per rank (LOCAL_RANK of torchrun), as fullshard binds them. float32 products
         # without TF32 (the C++ program keeps LibTorch's default, off too).
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    on_gpu = args.device == "cuda"
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
 
     model = build_model(args)
@@ -341,7 +341,7 @@ def cmd_train(args):
     )
     n_params = sum(p.numel() for p in model.parameters())  # full sizes (DTensors report them)
     if rank == 0:
-        backend = "nccl" if args.device == "cuda" else "gloo"
+        backend = "nccl" if on_gpu else "gloo"
         mode = "no shard, one process" if args.no_shard else f"FSDP2 on {world} ranks ({backend})"
         print(
             f"gpt_fsdp2: {n_params} parameters, d_model {args.d_model}, {args.layers} blocks x "
