@@ -1,13 +1,21 @@
 #include "fullshard/runtime/runtime.hpp"
 
+#include <sched.h>
+#include <unistd.h>
 #include <Kokkos_Core.hpp>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/config.hpp"
+#include "fullshard/runtime/blas.hpp"
+#include "fullshard/runtime/core_share.hpp"
 #include "fullshard/runtime/nccl_info.hpp"
 #include "lib/runtime/device_binding.hpp"
 
@@ -35,6 +43,76 @@ ConfigError kokkos_start_error(int rank, const std::exception& e) {
       "machine without a GPU, use a host-only Kokkos build)";
 #endif
   return ConfigError(msg);
+}
+
+// The cores of this rank: its affinity mask, the ranks of its node bound to the same mask
+// (collective over the node's ranks of comm), and srun -c.
+LauncherCores read_launcher_cores(MPI_Comm comm, int rank) {
+  LauncherCores c;
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  c.node_cpus = online > 0 ? static_cast<int>(online) : 1;
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  c.affinity_cpus = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : c.node_cpus;
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  std::vector<cpu_set_t> masks(static_cast<std::size_t>(n));
+  MPI_Allgather(&mask, sizeof mask, MPI_BYTE, masks.data(), sizeof mask, MPI_BYTE, node);
+  MPI_Comm_free(&node);
+  c.ranks_sharing_mask = static_cast<int>(std::count_if(
+      masks.begin(), masks.end(), [&](const cpu_set_t& m) { return CPU_EQUAL(&m, &mask); }));
+  if (const char* v = std::getenv("SLURM_CPUS_PER_TASK"); v && *v)
+    c.slurm_cpus_per_task = std::atoi(v);
+  return c;
+}
+
+#if defined(KOKKOS_ENABLE_OPENMP) || defined(KOKKOS_ENABLE_THREADS)
+constexpr bool kKokkosHostThreads = true;
+#else
+constexpr bool kKokkosHostThreads = false;
+#endif
+// Kokkos 3.7 renamed --kokkos-threads (still read, with a deprecation warning).
+constexpr const char* kKokkosThreadsFlag =
+    KOKKOS_VERSION >= 30700 ? "--kokkos-num-threads=" : "--kokkos-threads=";
+
+// A thread count for Kokkos that the user chose: its command-line argument or variable, or
+// (OpenMP) OMP_NUM_THREADS; empty when none.
+std::string kokkos_user_threads(int argc, char** argv) {
+  for (int i = 0; argv && i < argc; ++i)
+    if (argv[i] && (std::strncmp(argv[i], "--kokkos-num-threads", 20) == 0 ||
+                    std::strncmp(argv[i], "--kokkos-threads", 16) == 0))
+      return argv[i];
+#if defined(KOKKOS_ENABLE_OPENMP)
+  static const char* const vars[] = {"KOKKOS_NUM_THREADS", "OMP_NUM_THREADS", nullptr};
+#else
+  static const char* const vars[] = {"KOKKOS_NUM_THREADS", nullptr};
+#endif
+  return user_thread_setting(vars);
+}
+
+// Kokkos::initialize with the caller's arguments (Kokkos takes its own out of them) and,
+// when `threads_arg` is not empty, that thread count after them.
+void initialize_kokkos(int* argc, char*** argv, std::string threads_arg) {
+  std::vector<char*> args;
+  static char name[] = "fullshard";
+  if (argc && argv)
+    args.assign(*argv, *argv + *argc);
+  else
+    args.push_back(name);
+  if (!threads_arg.empty()) args.push_back(threads_arg.data());
+  int n = static_cast<int>(args.size());
+  args.push_back(nullptr);
+  Kokkos::initialize(n, args.data());
+  if (!argc || !argv) return;
+  // What Kokkos left, less the thread count it was given, goes back to the caller.
+  int kept = 0;
+  for (int i = 0; i < n; ++i)
+    if (args[static_cast<std::size_t>(i)] != threads_arg.data())
+      (*argv)[kept++] = args[static_cast<std::size_t>(i)];
+  (*argv)[kept] = nullptr;
+  *argc = kept;
 }
 
 }  // namespace
@@ -101,21 +179,27 @@ void Runtime::start(int* argc, char*** argv, bool require_mpi) {
   place_ranks();
   bind_device();
 
+  cores_ = share_cores(read_launcher_cores(comm_, rank_));
+  // Kokkos's host threads: the rank's cores unless the user chose.
+  std::string kokkos_threads;
   if (!Kokkos::is_initialized()) {
-    int no_argc = 0;
-    char* no_argv[] = {nullptr};
+    const std::string user = kokkos_user_threads(argc ? *argc : 0, argv ? *argv : nullptr);
+    std::string threads_arg;
+    if (kKokkosHostThreads && user.empty())
+      threads_arg = kKokkosThreadsFlag + std::to_string(cores_.threads);
     try {
-      if (argc && argv)
-        Kokkos::initialize(*argc, *argv);
-      else
-        Kokkos::initialize(no_argc, no_argv);
+      initialize_kokkos(argc, argv, threads_arg);
     } catch (const std::exception& e) {
       // The destructor of a half-made Runtime does not run: end MPI here.
       if (owns_mpi_) MPI_Finalize();
       throw kokkos_start_error(rank_, e);
     }
     owns_kokkos_ = true;
+    if (kKokkosHostThreads && !user.empty()) kokkos_threads = " (" + user + ", yours)";
+  } else if (kKokkosHostThreads) {
+    kokkos_threads = " (Kokkos was started by the application)";
   }
+  share_threads(kokkos_threads);
   if (rank_ == 0 && provided < MPI_THREAD_MULTIPLE && settings_.log_level >= 1)
     std::fprintf(stderr,
                  "fullshard: note: MPI thread level %s: fullshard makes every MPI call from the "
@@ -194,7 +278,43 @@ std::string Runtime::describe() const {
                           : std::string("not built");
   const std::string nccl = nccl_version();
   s += ", NCCL: " + (nccl.empty() ? std::string("not built") : "built (" + nccl + ")");
+  s += ", threads per rank " + std::to_string(cores_.threads) + " (" + cores_.why +
+       "), BLAS: " + loaded_blas().describe() + ", CPU: " + cpu_features().names();
   return s;
+}
+
+void Runtime::share_threads(const std::string& kokkos_note) {
+  const int kokkos = Kokkos::DefaultHostExecutionSpace().concurrency();
+  std::string line;
+  if (kKokkosHostThreads) {
+    line = std::string("Kokkos ") + Kokkos::DefaultHostExecutionSpace::name() + " " +
+           std::to_string(kokkos) + kokkos_note;
+    if (kokkos > cores_.threads)
+      line += " [more threads than the rank's " + std::to_string(cores_.threads) +
+              (cores_.threads == 1 ? " core" : " cores") + "]";
+  }
+  BlasInfo blas = loaded_blas();
+  if (!blas.library.empty()) {
+    const std::string user = user_thread_setting(blas_thread_variables(blas.library));
+    if (user.empty()) set_blas_threads(cores_.threads);
+    blas = loaded_blas();
+    line += (line.empty() ? "" : ", ") + blas.library + " " + std::to_string(blas.threads) +
+            (user.empty() ? "" : " (" + user + ", yours)");
+  }
+  if (rank_ == 0 && !line.empty() && settings_.log_level >= 1)
+    std::fprintf(stderr, "fullshard: %d thread%s per rank (%s): %s\n", cores_.threads,
+                 cores_.threads == 1 ? "" : "s", cores_.why.c_str(), line.c_str());
+  if (rank_ == 0 && !blas.better_kernel.empty() && settings_.log_level >= 1) {
+    const char* forced = std::getenv("OPENBLAS_CORETYPE");
+    std::fprintf(
+        stderr,
+        "fullshard: warning: %s runs its %s kernel%s on a CPU with %s: matrix "
+        "products run up to 3x slower than they can; set %s in the environment "
+        "before the program starts (the fullshard programs set it themselves)\n",
+        (blas.library + " " + blas.version).c_str(), blas.kernel.c_str(),
+        forced && *forced ? (std::string(" (OPENBLAS_CORETYPE=") + forced + ")").c_str() : "",
+        cpu_features().names().c_str(), blas.better_kernel.c_str());
+  }
 }
 
 }  // namespace fullshard

@@ -1,10 +1,12 @@
 #include "fullshard/runtime/settings.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 #include "fullshard/base/error.hpp"
 
@@ -133,9 +135,17 @@ Settings Settings::from_map(const std::map<std::string, std::string>& vars) {
     } else if (var == "FULLSHARD_CKPT_FAULT") {
       s.checkpoint_fault = parse_checkpoint_fault(v);
     } else {
-      // Not an error: Spack modules set FULLSHARD_ROOT, sites set their own. But a typo must
-      // not pass unnoticed, so the runtime prints these on rank 0.
-      if (var != "FULLSHARD_ROOT" && var != "FULLSHARD_DIR")
+      // Not an error: Spack modules set FULLSHARD_ROOT, sites set their own, and other parts
+      // read theirs (the LibTorch front end, the programs). But a typo must not pass
+      // unnoticed, so the runtime prints the others on rank 0.
+      static const char* const read_elsewhere[] = {"FULLSHARD_ROOT",
+                                                   "FULLSHARD_DIR",
+                                                   "FULLSHARD_TORCH_THREADS",
+                                                   "FULLSHARD_BLAS_KERNEL",
+                                                   "FULLSHARD_BLAS_KERNEL_CHOSEN",
+                                                   "FULLSHARD_SCHED_SLICE_MS"};
+      if (std::find(std::begin(read_elsewhere), std::end(read_elsewhere), var) ==
+          std::end(read_elsewhere))
         s.warnings.push_back("unknown environment variable " + var +
                              " is ignored (known: " + known_list() + ")");
     }

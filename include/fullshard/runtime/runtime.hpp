@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "fullshard/runtime/core_share.hpp"
 #include "fullshard/runtime/settings.hpp"
 
 namespace fullshard {
@@ -52,15 +53,26 @@ class Runtime {
   int thread_level() const noexcept { return thread_level_; }
   const Settings& settings() const noexcept { return settings_; }
 
-  /// One line: ranks, placement, MPI library, Kokkos version and backend, CUDA/NCCL state.
+  /// The threads this rank runs and why: its affinity mask's CPUs divided among the ranks of
+  /// the node bound to the same mask, at most srun -c. At start the runtime gives them to
+  /// Kokkos's host threads (OpenMP, Threads) unless --kokkos-num-threads, KOKKOS_NUM_THREADS
+  /// or OMP_NUM_THREADS chose, and to the loaded BLAS unless its variables
+  /// (OPENBLAS_NUM_THREADS, ...) chose; rank 0 says so in one line. A Kokkos the application
+  /// started keeps its threads (the line says when they are more than the rank's cores).
+  const CoreShare& cores() const noexcept { return cores_; }
+
+  /// One line: ranks, placement, MPI library, Kokkos version and backend, CUDA/NCCL state,
+  /// threads per rank, the BLAS and its kernel, the CPU's vector extensions.
   std::string describe() const;
 
  private:
   void start(int* argc, char*** argv, bool require_mpi);
   void place_ranks();
   void bind_device();
+  void share_threads(const std::string& kokkos_note);
 
   Settings settings_;
+  CoreShare cores_;
   MPI_Comm comm_ = MPI_COMM_WORLD;
   bool owns_mpi_ = false;
   bool owns_kokkos_ = false;
