@@ -2,10 +2,10 @@
 
 #include "bounded_comm.hpp"
 
-#include <cblas.h>
 #include <mpi.h>
 #include <sched.h>
 #include <unistd.h>
+#include "cblas_api.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -1,6 +1,6 @@
 #include "residual_mlp.hpp"
 
-#include <cblas.h>
+#include "cblas_api.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -25,6 +25,7 @@
 #include "fullshard/fullshard.hpp"
 #include "fullshard/schedule/cost_model.hpp"
 #ifdef FULLSHARD_CALIBRATE_COMPUTE
+#include "blas_kernel.hpp"
 #include "mlp_cost.hpp"
 #endif
 
@@ -63,6 +64,9 @@ std::vector<std::size_t> parse_sizes(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef FULLSHARD_CALIBRATE_COMPUTE
+  fullshard::apps::run_on_best_blas_kernel(argv);  // the rates of the kernel that will train
+#endif
   try {
     fullshard::Runtime rt(argc, argv);
     std::string mesh_arg, out;
@@ -179,9 +183,10 @@ int main(int argc, char** argv) {
         if (!f) throw fullshard::ConfigError(compute_out + ": cannot write the compute rates");
         std::printf(
             "fullshard-calibrate: wrote %s (compute rates and the module times of %zu --mlp "
-            "shapes; %d ranks, %.2f per core: %s)\n",
+            "shapes; %d ranks, %.2f per core: %s; BLAS %s on a CPU with %s)\n",
             compute_out.c_str(), rates.module_times.size(), rt.world_size(), rates.ranks_per_core,
-            rates.ranks_per_core > 1 ? "one rank at a time" : "every rank at once");
+            rates.ranks_per_core > 1 ? "one rank at a time" : "every rank at once",
+            fullshard::loaded_blas().describe().c_str(), fullshard::cpu_features().names().c_str());
       }
 #else
       (void)mlp_blocks, (void)mlp_inputs, (void)mlp_outputs;

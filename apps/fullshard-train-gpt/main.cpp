@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "blas_kernel.hpp"
 #include "cli.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/checkpoint.hpp"
@@ -464,6 +465,7 @@ int run(const Config& c, fs::Runtime& rt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  fs::apps::run_on_best_blas_kernel(argv);
   if (fs::apps::take_help(argc, argv)) {
     std::fputs(kUsage, stdout);
     return 0;

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "blas_kernel.hpp"
 #include "bounded_comm.hpp"
 #include "cli.hpp"
 #include "fullshard/base/error.hpp"
@@ -33,6 +34,7 @@
 #include "fullshard/graph/json_graph.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/optim/optimizer.hpp"
+#include "fullshard/runtime/blas.hpp"
 #include "fullshard/runtime/runtime.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
 #include "fullshard/schedule/compute_cost.hpp"
@@ -791,6 +793,19 @@ class Trainer {
     }
   }
 
+  /// What the products ran on: the BLAS, its kernel and how it was chosen, its threads, the
+  /// CPU (a generic kernel makes a step up to 3x slower).
+  void print_blas() const {
+    const fullshard::BlasInfo blas = fullshard::loaded_blas();
+    const std::string choice = apps::blas_kernel_choice();
+    std::printf("BLAS: %s%s on a CPU with %s%s\n", blas.describe().c_str(),
+                choice.empty() ? "" : (", " + choice).c_str(),
+                fullshard::cpu_features().names().c_str(),
+                blas.better_kernel.empty()
+                    ? ""
+                    : (" (a generic kernel: " + blas.better_kernel + " is faster)").c_str());
+  }
+
   void summary(int first_step, double total_s) {
     const double memcpy_gb_per_s = shared_memcpy_gb_per_s();
     if (rank_ != 0) return;
@@ -807,6 +822,7 @@ class Trainer {
         steps_run, total_s, first_loss_, last_loss_, median(step_ms_), median(comm_ms_),
         model_.executor().measured_peak_bytes() / kMiB, model_.plan().peak_bytes / kMiB,
         peak_rss_mib(), heap >= 0 ? (", heap in use " + fmt_mib(heap) + " MiB").c_str() : "");
+    print_blas();
     if (steps_run > 1) {
       std::vector<double> after_first(step_ms_.begin() + 1, step_ms_.end());
       print_floor(median(after_first), memcpy_gb_per_s);
@@ -1235,6 +1251,7 @@ std::vector<apps::OptionValue> option_values(const Config& c) {
 }
 
 int main(int argc, char** argv) {
+  apps::run_on_best_blas_kernel(argv);
 #ifdef __GLIBC__
   // Tensors of a step (the model's activations and optimizer scratch; fully_shard keeps its
   // own sharded-gradient storage across zero_grad) come back to the heap instead of being

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "blas_kernel.hpp"
 #include "cli.hpp"
 #include "fullshard/runtime/runtime.hpp"
 #include "heat_solver.hpp"
@@ -178,6 +179,7 @@ int run(const fullshard::Runtime& rt, const heat::Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  apps::run_on_best_blas_kernel(argv);
   bool help = apps::take_help(argc, argv);
   int args_count = argc;
   char** args_data = argv;

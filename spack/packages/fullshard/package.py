@@ -73,8 +73,9 @@ class Fullshard(CMakePackage, CudaPackage):
 
     depends_on("doctest", type=("build", "test"), when="+tests")
     depends_on("benchmark", when="+benchmarks")
-    # fullshard-train and heat-surrogate compute with CBLAS (found as OpenBLAS).
-    depends_on("openblas", when="+apps")
+    # fullshard-train and heat-surrogate compute with CBLAS: any BLAS provider (openblas,
+    # blis or amdblis, intel-oneapi-mkl, flexiblas, ...), passed to CMake as BLA_VENDOR.
+    depends_on("blas", when="+apps")
 
     conflicts("~cuda", when="+nccl", msg="NCCL support requires +cuda")
     conflicts("~torch", when="+c", msg="the C API is built on the LibTorch front end (+torch)")
@@ -98,7 +99,22 @@ class Fullshard(CMakePackage, CudaPackage):
             self.define_from_variant("FULLSHARD_ENABLE_C", "c"),
             self.define_from_variant("FULLSHARD_ENABLE_FORTRAN", "fortran"),
         ]
+        if self.spec.satisfies("+apps"):
+            args.append(self.define("BLA_VENDOR", self.bla_vendor()))
         if self.spec.satisfies("+cuda"):
             cuda_arch = self.spec.variants["cuda_arch"].value
             args.append(self.define("CMAKE_CUDA_ARCHITECTURES", ";".join(cuda_arch)))
         return args
+
+    def bla_vendor(self):
+        """CMake's FindBLAS vendor name for the BLAS provider of this spec."""
+        blas = self.spec["blas"]
+        if blas.name == "openblas":
+            return "OpenBLAS"
+        if blas.name in ("blis", "amdblis"):
+            return "FLAME"
+        if blas.name == "flexiblas":
+            return "FlexiBLAS"
+        if blas.name in ("intel-oneapi-mkl", "intel-mkl"):
+            return "Intel10_64lp" if blas.satisfies("threads=openmp") else "Intel10_64lp_seq"
+        return "All"
