@@ -72,7 +72,8 @@ run() {
 one_node() { run "$1" "$mpiexec" -n 4 --oversubscribe "$train" "${model[@]}" "${@:2}"; }
 two_nodes() {
   if [[ "$case" == srun-* ]]; then
-    run "$1" srun -N 2 -n 4 --mpi=pmix "$train" "${model[@]}" "${@:2}"
+    run "$1" "$(dirname "$train")/fullshard-srun" -N 2 -n 4 --mpi=pmix "$train" "${model[@]}" "${@:2}"
+    report_retries "$1.log"
   else
     run "$1" "$mpiexec" "${across[@]}" -x FULLSHARD_HOST_COLLECTIVES "$train" "${model[@]}" "${@:2}"
   fi
@@ -145,41 +146,22 @@ submit() {  # submit SBATCH-ARGS...: sets $job
   job="${job%%;*}"
   jobs_started+=("$job")
 }
-# Waits for job J (output PREFIX-J.out, submitted with SBATCH-ARGS); a job that Open MPI's
-# startup race crashed (startup_crash) is submitted once more. Sets $job, $out and $state.
-wait_job() {  # wait_job J PREFIX SBATCH-ARGS...
-  local j="$1" prefix="$2"
-  shift 2
-  out="$prefix-$j.out"
-  wait_ended "$j" 120 "$out"
-  if [[ "$state" != COMPLETED ]] && startup_crash "$out"; then
-    echo "NOTE: job $j: Open MPI crashed inside MPI_Init (its startup race under srun, see startup_crash); submitted once more"
-    submit "$@"
-    j="$job"
-    out="$prefix-$j.out"
-    wait_ended "$j" 120 "$out"
-  fi
-  job="$j"
+# Waits for job J (output PREFIX-J.out) to end; its retries (fullshard-srun: Open MPI's
+# start-up crash) are printed and counted. Sets $job, $out and $state.
+wait_job() {  # wait_job J PREFIX
+  job="$1" out="$2-$1.out"
+  wait_ended "$job" 120 "$out"
+  report_retries "$out"
 }
-# As wait_line, for job J's output PREFIX-J.out (submitted with SBATCH-ARGS); a job that Open
-# MPI's startup race crashed first (startup_crash) is submitted once more. Sets $job and $out.
-wait_job_line() {  # wait_job_line J PREFIX ERE S SBATCH-ARGS...
-  local j="$1" prefix="$2" re="$3" s="$4" t=0 st retried=0
-  shift 4
-  out="$prefix-$j.out"
-  until grep -qE "$re" "$out" 2>/dev/null; do
-    st="$(job_field "$j" JobState)"
-    if ((retried == 0)) && [[ -n "$st" && ! "$st" =~ ^(PENDING|CONFIGURING|RUNNING|COMPLETING)$ ]] \
-      && startup_crash "$out"; then
-      echo "NOTE: job $j: Open MPI crashed inside MPI_Init (its startup race under srun, see startup_crash); submitted once more"
-      submit "$@"
-      j="$job" out="$prefix-$job.out" retried=1 t=0
-      continue
-    fi
-    ((t++ < s * 5)) || fail "no line matching '$re' in $out within $s s (job $j: $st)" "$out"
+# Waits until job J's output PREFIX-J.out has a line matching ERE, at most S seconds. Sets
+# $job and $out.
+wait_job_line() {  # wait_job_line J PREFIX ERE S
+  local t=0
+  job="$1" out="$2-$1.out"
+  until grep -qE "$3" "$out" 2>/dev/null; do
+    ((t++ < $4 * 5)) || fail "no line matching '$3' in $out within $4 s (job $job: $(job_field "$job" JobState))" "$out"
     sleep 0.2
   done
-  job="$j"
 }
 wait_line() {  # wait_line FILE ERE S WHAT: until FILE has a line matching ERE, at most S seconds
   local t=0
@@ -352,8 +334,7 @@ case "$case" in
     jt="$job"
     submit "${heat_job[@]}"
     jh="$job"
-    wait_job "$jt" fullshard-train "${train_job[@]}"
-    jt="$job"
+    wait_job "$jt" fullshard-train
     [[ "$state" == COMPLETED ]] || fail "job $jt ended $state (exit code $(job_field "$jt" ExitCode))" "$out"
     grep -q "run 0 of this job on fsnode\[1-2\], 4 ranks" "$out" || fail "job $jt: not 4 ranks on fsnode[1-2]" "$out"
     grep -q "on (replicate=2, shard=2) rank 0" "$out" || fail "job $jt: the script did not pick HSDP 2x2 on 2 nodes" "$out"
@@ -363,8 +344,7 @@ case "$case" in
     done
     losses "$out" >job
     bitwise "sbatch -N 2 fullshard-train.sbatch against mpirun --mesh 2x2" ref job
-    wait_job "$jh" heat-surrogate "${heat_job[@]}"
-    jh="$job"
+    wait_job "$jh" heat-surrogate
     [[ "$state" == COMPLETED ]] || fail "job $jh ended $state (exit code $(job_field "$jh" ExitCode))" "$out"
     grep -q "^ranks: 2 simulate .*, 2 train (ranks 0-1)" "$out" \
       || fail "job $jh: heat-surrogate did not split 2 simulating + 2 training ranks (--train-ranks 2)" "$out"
@@ -427,7 +407,7 @@ case "$case" in
     killed_job=(-N 2 --ntasks-per-node=2 -c1 --gpus-per-node=0 "$root/scripts/slurm/fullshard-train.sbatch"
       "${small[@]}" --log-every 100)
     submit "${killed_job[@]}"
-    wait_job_line "$job" fullshard-train "^checkpoint: step [0-9]+ saved" 90 "${killed_job[@]}"
+    wait_job_line "$job" fullshard-train "^checkpoint: step [0-9]+ saved" 90
     j="$job"
     victims="$(node_procs fullshard-train | tr ' ' '\n' | awk -F: '$1 == "fsnode2" { print $2 }')"
     [[ $(wc -w <<<"$victims") -eq 2 ]] || fail "expected 2 fullshard-train ranks on fsnode2, found: $(node_procs fullshard-train)" "$out"
@@ -459,7 +439,7 @@ case "$case" in
     [[ -n "$s" && "$s" -ge 100 ]] || fail "no checkpoint step in fullshard-ckpt verify's output" verify.log
     # A new job on the node that is left, with 2 ranks instead of 4, resumes from step s.
     unset TRAIN_CHECKPOINT_DIR TRAIN_SAVE_EVERY
-    timeout 90 srun -N 1 -n 2 -w fsnode1 --mpi=pmix "$train" "${small[@]}" --resume "$dir/ckpt" \
+    timeout 90 "$(dirname "$train")/fullshard-srun" -N 1 -n 2 -w fsnode1 --mpi=pmix "$train" "${small[@]}" --resume "$dir/ckpt" \
       --stop-after $((s + 10)) >resumed.log 2>&1 || fail "srun -N 1 -n 2 -w fsnode1 (resume) exited with status $?" resumed.log
     grep -q "resumed from $dir/ckpt/step-0*$s at step $s" resumed.log \
       || fail "the new job did not resume from step $s" resumed.log
@@ -530,4 +510,4 @@ case "$case" in
     exit 2
     ;;
 esac
-echo "cluster $case: ok"
+echo "cluster $case: ok (retries of Open MPI's start-up crash: $retries)"

@@ -50,6 +50,7 @@ wait_line() {  # wait_line J FILE ERE S
 }
 expect_state() {  # expect_state J WANT OUT
   wait_ended "$1" 90 "$3"
+  report_retries "$3"
   [[ "$state" == "$2" ]] || fail "job $1 ended $state (exit code $(job_field "$1" ExitCode)), expected $2" "$3"
   echo "job $1: $state (exit code $(job_field "$1" ExitCode))"
 }
@@ -75,8 +76,9 @@ scontrol ping 2>/dev/null | grep -q UP \
 case "$case" in
   srun-train)  # srun with PMIx: 2 ranks in one world, the mpiexec run's losses
     reference ref "${small[@]}" --steps 10
-    timeout 60 srun -n 2 --mpi=pmix fullshard-train "${small[@]}" --steps 10 >srun.log 2>&1 \
+    timeout 60 fullshard-srun -n 2 --mpi=pmix fullshard-train "${small[@]}" --steps 10 >srun.log 2>&1 \
       || fail "srun -n 2 --mpi=pmix fullshard-train exited with status $?" srun.log
+    report_retries srun.log
     grep -q "on (shard=2) rank 0" srun.log || fail "the ranks did not form one 2-rank world" srun.log
     losses srun.log >srun
     [[ $(wc -l <srun) -eq 10 ]] || fail "expected 10 step lines" srun.log
@@ -84,16 +86,18 @@ case "$case" in
     ;;
 
   srun-heat)  # srun of the in-situ app: it learns (verdict PASS, exit 0) on 2 ranks
-    timeout 90 srun -n 2 --mpi=pmix heat-surrogate "${heat_small[@]}" >srun.log 2>&1 \
+    timeout 90 fullshard-srun -n 2 --mpi=pmix heat-surrogate "${heat_small[@]}" >srun.log 2>&1 \
       || fail "srun -n 2 --mpi=pmix heat-surrogate exited with status $?" srun.log
+    report_retries srun.log
     grep -qE "^verdict: PASS: the surrogate beats no-change" srun.log || fail "no PASS verdict" srun.log
     grep -E "^verdict" srun.log
     ;;
 
   srun-heat-fortran)  # the Fortran in-situ app on 4 tasks of the 2-CPU node (--overcommit)
     [[ -n "$heat_fortran" ]] || fail "no heat-fortran program given"
-    timeout 150 srun -n 4 --overcommit --mpi=pmix "$heat_fortran" >srun.log 2>&1 \
+    timeout 150 fullshard-srun -n 4 --overcommit --mpi=pmix "$heat_fortran" >srun.log 2>&1 \
       || fail "srun -n 4 --overcommit --mpi=pmix heat-fortran exited with status $?" srun.log
+    report_retries srun.log
     grep -q "on 4 ranks" srun.log || fail "the 4 tasks did not form one 4-rank world" srun.log
     grep -qE "^verdict: PASS" srun.log || fail "no PASS verdict" srun.log
     grep -E "^verdict" srun.log
@@ -200,4 +204,4 @@ case "$case" in
     exit 2
     ;;
 esac
-echo "slurm $case: ok"
+echo "slurm $case: ok (retries of Open MPI's start-up crash: $retries)"

@@ -30,11 +30,19 @@ wait_ended() {  # wait_ended J S OUT
     sleep 0.2
   done
 }
-# Open MPI 4.1 (Debian 12's) under srun --mpi=pmix: now and then a rank receives a peer's first
-# message inside MPI_Init before its PML has registered the receive handler, and calls a null
-# function (SIGSEGV at address (nil) from the TCP BTL's receive handler, tag 0x41: ob1's
-# match; read from the cores). Seen in about 1 of 10 two-node jobs on a loaded machine, never
-# under mpirun. Not ours to fix: the cases submit such a job once more.
-startup_crash() {  # startup_crash OUT: the job's output shows that crash
-  grep -q "Failing at address: (nil)" "$1" && ! grep -q "\] \[ 1\] " "$1"
+# fullshard-srun (scripts/slurm) runs a step once more when Open MPI 4.1 crashed inside
+# MPI_Init under srun (its start-up race, docs/cluster.md) and says so in a line "... retry N:
+# ..."; a second crash in a row fails the step, and so the job and the test. Every retry is
+# printed and counted here.
+retries=0
+report_retries() {  # report_retries OUT: prints and counts the retries in a step's or job's output
+  local n
+  n="$(grep -c "^fullshard-srun\[job [^]]*\]: retry [0-9]*:" "$1" 2>/dev/null || true)"
+  n="${n:-0}"
+  retries=$((retries + n))
+  if ((n > 0)); then
+    echo "NOTE: $1: $n retry of a step Open MPI crashed inside MPI_Init (fullshard-srun):"
+    grep "^fullshard-srun\[job [^]]*\]: retry" "$1"
+  fi
+  return 0
 }
