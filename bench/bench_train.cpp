@@ -17,6 +17,7 @@
 
 #include "fullshard/fullshard.hpp"
 #include "fullshard/optim/optimizer.hpp"
+#include "blas_kernel.hpp"
 #include "mpi_bench.hpp"
 #include "residual_mlp.hpp"
 
@@ -77,6 +78,7 @@ void bench_train(benchmark::State& state, const fs::DeviceMesh* mesh, int hidden
 }  // namespace
 
 int main(int argc, char** argv) {
+  fs::apps::run_on_best_blas_kernel(argv);  // as fullshard-train: the kernel the CPU is made for
   if (!fs::bench::early_flags(argc, argv, "fullshard-bench-train")) return 1;
   fs::Runtime rt(argc, argv);
   int result = 0;

@@ -21,6 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "fullshard/runtime/blas.hpp"
+#include "fullshard/runtime/cpu_features.hpp"
+
 namespace fullshard::bench {
 
 /// Communicator for barriers and max-time agreement (never timed); set by run_benchmarks.
@@ -191,6 +194,9 @@ inline bool early_flags(int& argc, char** argv, const char* program) {
 
 /// Runs the registered benchmarks with rank 0 reporting; call after the Runtime is up.
 inline int run_benchmarks(int argc, char** argv) {
+  // What products ran on (for the programs with a model): the BLAS, its kernel and threads.
+  benchmark::AddCustomContext("blas", fullshard::loaded_blas().describe());
+  benchmark::AddCustomContext("cpu", fullshard::cpu_features().names());
   MPI_Comm_dup(MPI_COMM_WORLD, &control_comm());
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

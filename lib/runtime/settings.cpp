@@ -143,7 +143,8 @@ Settings Settings::from_map(const std::map<std::string, std::string>& vars) {
                                                    "FULLSHARD_TORCH_THREADS",
                                                    "FULLSHARD_BLAS_KERNEL",
                                                    "FULLSHARD_BLAS_KERNEL_CHOSEN",
-                                                   "FULLSHARD_SCHED_SLICE_MS"};
+                                                   "FULLSHARD_SCHED_SLICE_MS",
+                                                   "FULLSHARD_SRUN_RETRIES"};
       if (std::find(std::begin(read_elsewhere), std::end(read_elsewhere), var) ==
           std::end(read_elsewhere))
         s.warnings.push_back("unknown environment variable " + var +
