@@ -110,6 +110,7 @@ schedule::MeasuredModules time_residual_mlp_modules(const MlpShape& shape, std::
                           ") >= 1, warmup (" + std::to_string(warmup) + ") >= 0 and blocks (" +
                           std::to_string(shape.blocks) + ") >= 1");
   ResidualMlp model(shape, 7);
+  model.materialize();  // timed unsharded
   for (graph::Parameter* p : model.root().parameters())
     p->set_grad(Tensor::zeros(p->shape(), DType::f32));
   const auto r = static_cast<std::size_t>(rows);

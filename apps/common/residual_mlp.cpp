@@ -264,7 +264,7 @@ ResidualMlp::ResidualMlp(MlpShape shape, std::uint64_t seed)
   // each block is scaled down by sqrt(blocks) so the residual stack starts near identity.
   auto uniform_init = [&](graph::Parameter& p, double bound) {
     const std::uint64_t st = stream++;
-    p.init([=](std::int64_t e) {
+    p.init_sharded([=](std::int64_t e) {
       return bound * (2.0 * uniform01(seed, st, static_cast<std::uint64_t>(e)) - 1.0);
     });
   };
@@ -297,6 +297,11 @@ ResidualMlp::ResidualMlp(MlpShape shape, std::uint64_t seed)
 }
 
 ResidualMlp::~ResidualMlp() = default;
+
+void ResidualMlp::materialize() {
+  for (graph::Parameter* p : root_->parameters())
+    p->materialize();
+}
 
 std::int64_t ResidualMlp::num_params() const noexcept {
   const std::int64_t I = shape_.inputs, H = shape_.hidden, O = shape_.outputs;

@@ -37,8 +37,9 @@ struct MlpShape {
 
 class ResidualMlp {
  public:
-  /// Builds the graph ("input", "blocks.<i>", "output") and initialises the parameters from
-  /// `seed` (the same values on every rank, whatever the world size). InvalidArgument for
+  /// Builds the graph ("input", "blocks.<i>", "output") and declares the parameters' initial
+  /// values from `seed` (Parameter::init_sharded: shard() fills each rank's rows only, the same
+  /// values whatever the world size; nothing is allocated before). InvalidArgument for
   /// non-positive sizes.
   ResidualMlp(MlpShape shape, std::uint64_t seed);
   ~ResidualMlp();
@@ -49,6 +50,10 @@ class ResidualMlp {
   graph::Module& root() noexcept { return *root_; }
   /// Number of parameters (elements) of the whole model.
   std::int64_t num_params() const noexcept;
+
+  /// For a model used unsharded (no shard()): makes every parameter's full tensor from its
+  /// initial values.
+  void materialize();
 
   /// Plans the iteration (Scheduler) for `mesh` and `options`, applies fully_shard to every
   /// block and then the root (with options.defaults), and creates the executor. Collective

@@ -28,6 +28,22 @@ void copy_shard_in(const Tensor& full, const ShardLayout& l, void* slot) {
   }
 }
 
+// Fills this rank's shard of a parameter declared with init_sharded into its slot of `shards`
+// (elements from `first`; padding stays zero): element (o, row, k) of the shard is the
+// initialiser's value at its index in the full tensor, so no full tensor is made.
+void fill_shard_in(const std::function<double(std::int64_t)>& fn, const ShardLayout& l,
+                   Tensor& shards, std::int64_t first) {
+  const std::int64_t D = l.global_shape[static_cast<std::size_t>(l.placement.dim())];
+  const std::int64_t row0 = l.global_offset[l.placement.dim()];
+  for (std::int64_t o = 0; o < l.outer; ++o)
+    for (std::int64_t r = 0; r < l.local_rows; ++r) {
+      const std::int64_t from = (o * D + row0 + r) * l.inner;
+      const std::int64_t to = first + (o * l.chunk + r) * l.inner;
+      for (std::int64_t k = 0; k < l.inner; ++k)
+        shards.set(to + k, fn(from + k));
+    }
+}
+
 }  // namespace
 
 ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
@@ -67,7 +83,8 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
   I.arena_numel = layout_.arena_numel;
 
   // Sharded storage in slot layout, padding zero, in the mesh's memory; initial values from
-  // the full tensors the user registered (then released: only the shard stays). Initial values
+  // the full tensors the user registered (then released: only the shard stays), or, for a
+  // parameter declared with init_sharded, made for this rank's rows only. Initial values
   // may be host memory on any mesh (Parameter::init; copied to the device once, as FSDP2
   // moves CPU states to the mesh's device) or the mesh's own memory; device memory on a CPU
   // mesh is an error.
@@ -87,6 +104,11 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
     auto* p = params_[i];
     const auto& m = layout_.members[i];
     const Tensor& full = p->data();
+    if (p->initializer() && !full.data()) {  // sharded creation (Parameter::init_sharded)
+      fill_shard_in(p->initializer(), m.layout, staging, m.slot_offset);
+      p->clear_initializer();
+      continue;
+    }
     if (full.data() && full.numel() > 0) {
       if (full.shape() != p->shape() || full.dtype() != p->dtype())
         throw InvalidArgument("fully_shard(" + *name_ + "): parameter '" + p->fqn() + "' holds a " +

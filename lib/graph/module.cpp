@@ -153,7 +153,22 @@ Parameter& Parameter::init(const std::function<double(std::int64_t)>& fn) {
   for (std::int64_t i = 0; i < n; ++i)
     t.set(i, fn(i));
   data_ = std::move(t);
+  initializer_ = nullptr;
   return *this;
+}
+
+Parameter& Parameter::init_sharded(std::function<double(std::int64_t)> fn) {
+  if (!fn) throw InvalidArgument("parameter '" + fqn_ + "': init_sharded needs a function");
+  data_ = Tensor();
+  initializer_ = std::move(fn);
+  return *this;
+}
+
+Parameter& Parameter::materialize() {
+  if (!initializer_) return *this;
+  const std::function<double(std::int64_t)> fn = std::move(initializer_);
+  initializer_ = nullptr;
+  return init(fn);
 }
 
 // ---------------------------------------------------------------------------------------------

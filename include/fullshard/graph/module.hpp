@@ -116,6 +116,22 @@ class Parameter {
   /// Convenience for users before sharding: allocates a host tensor of shape()/dtype() and sets
   /// element i (flat, row-major) to fn(i), rounded to the dtype. Returns *this.
   Parameter& init(const std::function<double(std::int64_t)>& fn);
+  /// Sharded creation: declares element i's initial value as fn(i) (flat, row-major index of
+  /// the full tensor, rounded to the dtype) without allocating anything. fully_shard fills
+  /// each rank's shard from it, so the full tensor never exists on any rank and the values do
+  /// not depend on the rank count; data() stays undefined until then. Where the parameter is
+  /// used unsharded, materialize() makes the full tensor. Drops values set before. `fn` is
+  /// called from the thread that shards; it must be pure (a counter-based generator, not a
+  /// stateful one). Returns *this.
+  Parameter& init_sharded(std::function<double(std::int64_t)> fn);
+  /// The initialiser init_sharded declared, until fully_shard or materialize() used it; empty
+  /// otherwise.
+  const std::function<double(std::int64_t)>& initializer() const noexcept { return initializer_; }
+  /// Makes data() the full tensor from the pending initialiser (as init() would) and drops it;
+  /// nothing without one. Returns *this.
+  Parameter& materialize();
+  /// Drops the pending initialiser (fully_shard, once it filled the shard). Internal.
+  void clear_initializer() noexcept { initializer_ = nullptr; }
 
   /// The front end's binding (nullptr: none). Set by front ends only; the binding must
   /// outlive the parameter's sharding (or be unset first).
@@ -139,6 +155,7 @@ class Parameter {
   std::string fqn_;
   Tensor data_;
   Tensor grad_;
+  std::function<double(std::int64_t)> initializer_;
   ParameterBinding* binding_ = nullptr;
   bool grad_fresh_ = false;
 };
