@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "fullshard/kernels/multi_source.hpp"
 #include "lib/transport/comm_transport.hpp"
@@ -13,6 +17,66 @@ namespace {
 // reading from its peers.
 constexpr int kPublished = 0;
 constexpr int kRead = 1;
+
+// The gradient windows of one node communicator, shared by its groups: a group holds one from
+// its first gradient write (its grads buffer, or the copy-in of a front end's gradients) to
+// its reduce-scatter's issue, so the node holds the gradients of the reductions in flight,
+// not one window per group for the group's life. A group takes a free window at least its
+// size that was given back before another free one (the readers of its last round have had
+// the longest), and a new window (collective) while fewer than two such are free: a writer
+// then rarely waits for the peers still reading the window's last round, which it must
+// (ShmTransport::writable_grads_window). Every rank takes and gives back in the same order
+// (the engine's), so every rank allocates the same windows at the same point.
+class GradWindows {
+ public:
+  struct Entry {
+    comm::ShmWindow win;
+    std::uint64_t round = 0;     // reduce-scatters published on it (any group's)
+    std::uint64_t released = 0;  // when it was last given back (GradWindows' clock)
+    bool busy = false;
+  };
+
+  explicit GradWindows(const comm::ShmComm& shm) : shm_(shm) {}
+
+  Entry& take(std::size_t bytes) {
+    Entry* first = nullptr;
+    int fitting = 0;
+    for (Entry& e : entries_) {
+      if (e.busy || e.win.bytes() < bytes) continue;
+      ++fitting;
+      if (!first || e.released < first->released) first = &e;
+    }
+    if (fitting < 2) {
+      entries_.push_back(Entry{});
+      first = &entries_.back();
+      first->win = shm_.allocate(bytes, "fsdp.grads." + std::to_string(entries_.size()));
+    }
+    first->busy = true;
+    return *first;
+  }
+  void give_back(Entry& e) {
+    e.busy = false;
+    e.released = ++clock_;
+  }
+
+  // The windows of `shm`, shared by every group's transport over it (made by the first).
+  static std::shared_ptr<GradWindows> of(const comm::ShmComm& shm) {
+    static std::mutex m;
+    static std::map<const comm::ShmComm*, std::weak_ptr<GradWindows>> all;
+    const std::lock_guard<std::mutex> lock(m);
+    std::shared_ptr<GradWindows> w = all[&shm].lock();
+    if (!w) {
+      w = std::make_shared<GradWindows>(shm);
+      all[&shm] = w;
+    }
+    return w;
+  }
+
+ private:
+  const comm::ShmComm& shm_;
+  std::deque<Entry> entries_;  // references stay valid as it grows
+  std::uint64_t clock_ = 0;
+};
 
 // Two levels (a shard dim spanning nodes, NodeSplit): each rank's segment of the all-gather
 // window holds one slot per node, the shards of the ranks with its place on every node; the
@@ -26,7 +90,8 @@ class ShmTransport final : public CommTransport {
   ShmTransport(GroupSpec spec, const comm::ShmComm& shm, const NodeSplit* split)
       : CommTransport(split ? Kind::two_level : Kind::shm, std::move(spec)),
         shm_(shm),
-        split_(split) {
+        split_(split),
+        windows_(GradWindows::of(shm)) {
     // Where each rank of the shard dim has its slot: (segment, slot in it).
     const int W = geo().world;
     where_.resize(static_cast<std::size_t>(W));
@@ -155,8 +220,15 @@ class ShmTransport final : public CommTransport {
   comm::Work reduce_scatter(Device& dev, Channel c, Held& input, Held& output,
                             const ReduceSpec& spec) override {
     const Geometry I = geo();
-    const comm::ShmWindow win = grads_;
-    const std::uint64_t round = ++rs_round_;
+    if (!held_)
+      throw InvalidArgument("reduce_scatter of group " + name() +
+                            " on shared memory: no gradients were written (internal)");
+    const comm::ShmWindow win = held_->win;
+    const std::uint64_t round = ++held_->round;
+    // The gradients are written: the window goes back (its next writer waits for this round's
+    // readers).
+    windows_->give_back(*held_);
+    held_ = nullptr;
     count(&comm::Traffic::reduce_scatter, I.reduce_dtype);
     // Where the final sum goes: the sharded gradients, divided, cast and accumulated
     // (fusions().copy_out_in_reduce), or `output` for HSDP's all-reduce.
@@ -245,15 +317,16 @@ class ShmTransport final : public CommTransport {
     return CommTransport::reduce_copy_out(dev, c, src, spec);
   }
 
-  // The unsharded gradients live in the group's window, where peers read their chunks; the
+  // The unsharded gradients live in a gradient window, where peers read their chunks; the
   // pool buffer only keeps the pool's accounting.
   void take_grads_buffer(Held& grads) override {
     void* window = writable_grads_window();
     grads_pool_ = std::move(grads.tensor);
-    grads.tensor = Tensor::from_owner(grads_.owner(), window, grads_pool_.shape(),
+    grads.tensor = Tensor::from_owner(held_->win.owner(), window, grads_pool_.shape(),
                                       grads_pool_.dtype(), MemorySpace::host);
   }
-  // The window stays; its next writer waits for the readers (writable_grads_window).
+  // The window stays this group's until its reduce-scatter is issued (gradients kept across
+  // micro-batches without a reduction stay in it).
   void return_grads_buffer(Held& grads) override {
     grads_pool_ = Tensor();
     grads.used = comm::Work();
@@ -276,11 +349,12 @@ class ShmTransport final : public CommTransport {
   std::vector<std::pair<int, int>> where_;  // per rank of the dim: (segment, slot)
   comm::ShmWindow ag_;          // per rank: a slot per node, the group shard in param dtype (this
                                 // rank's: the storage without a cast)
-  comm::ShmWindow grads_;       // per rank: the unsharded gradients (arena layout, param dtype)
-  Tensor grads_pool_;           // the pool buffer standing for grads_ while the engine holds it
+  std::shared_ptr<GradWindows> windows_;  // the node communicator's gradient windows
+  GradWindows::Entry* held_ = nullptr;    // the one this group's gradients are written to
+  Tensor grads_pool_;  // the pool buffer standing for the window while the engine holds it
   std::uint64_t ag_round_ = 0;  // all-gathers published
   std::uint64_t ag_read_ = 0;   // all-gathers whose peers' shards this rank has read
-  std::uint64_t rs_round_ = 0;  // reduce-scatters published
+  bool rs_ready_ = false;       // labels and chunk runs made (prepare_reduce)
   std::vector<kernels::CopyPlan> copy_out_from_;  // per rank: the copy-out runs of its slot
   // Per node: the chunks of the rank with this rank's place there (one node: this rank's),
   // arena -> shard offset.
@@ -309,20 +383,26 @@ class ShmTransport final : public CommTransport {
     shm_.count(traffic);
   }
 
-  // The group's shared-memory gradient window, once every rank has read its last round
-  // (allocated on first use): where this rank's unsharded gradients are written next.
+  // The gradient window this group writes its unsharded gradients to (taken from the
+  // communicator's windows at the first write since its last reduce-scatter), once every
+  // rank has read the window's last round, whichever group's it was.
   void* writable_grads_window() {
-    ensure_grads();
-    grads_.wait_all(kRead, rs_round_, "reduce_scatter (peers still reading)", rs_detail_, true);
-    return grads_.local();
+    prepare_reduce();
+    if (!held_) {
+      held_ = &windows_->take(static_cast<std::size_t>(geo().arena_numel) *
+                              dtype_size(geo().param_dtype));
+      held_->win.wait_all(kRead, held_->round, "reduce_scatter (peers still reading)", rs_detail_,
+                          true);
+    }
+    return held_->win.local();
   }
 
   // Allocates the all-gather window on first use (collective over the shard group, at the
   // group's first all-gather: the same point on every rank) and, without a cast, moves the
   // sharded storage into it (peers read the shards where they are stored).
   void ensure_gather();
-  // Allocates the gradient window on first use (collective, the first pre-backward).
-  void ensure_grads();
+  // The reduce-scatter's labels and this rank's chunk runs, on first use.
+  void prepare_reduce();
   // Rank t's chunks of the unsharded gradients: arena -> shard offset, valid and padded.
   std::vector<kernels::CopyRun> runs_of(int t) const;
 };
@@ -379,11 +459,10 @@ void ShmTransport::ensure_gather() {
   }
 }
 
-void ShmTransport::ensure_grads() {
-  if (grads_.valid()) return;
+void ShmTransport::prepare_reduce() {
+  if (rs_ready_) return;
+  rs_ready_ = true;
   const Geometry& I = geo();
-  grads_ = shm_.allocate(static_cast<std::size_t>(I.arena_numel) * dtype_size(I.param_dtype),
-                         "fsdp.grads:" + name());
   rs_detail_ =
       std::to_string(I.shard_numel) + " x " + dtype_name(I.reduce_dtype) + ", group " + name();
   rs_label_ = "reduce_scatter on shared memory of '" + shm_.name() + "' (" + rs_detail_ + ")";

@@ -60,6 +60,10 @@ class ShmComm {
   /// traffic is (the whole collective buffer); DeviceMesh::traffic adds them in.
   void count(const Traffic& t) const noexcept;
   Traffic traffic() const noexcept;
+  /// Bytes of this rank's segments of the windows alive on this communicator (as allocate
+  /// was asked: the FSDP groups' all-gather windows, which hold the shards, and the gradient
+  /// windows of the reductions in flight).
+  std::uint64_t window_bytes() const noexcept;
 
  private:
   std::shared_ptr<detail::ShmCommState> s_;

@@ -48,6 +48,7 @@ struct ShmCommState {
   double timeout_s = 0.0;
   Watchdog watchdog;  // bounds the blocking window allocation and free
   std::atomic<std::uint64_t> all_gather{0}, reduce_scatter{0}, all_reduce{0}, broadcast{0};
+  std::atomic<std::uint64_t> window_bytes{0};  // this rank's segments of the live windows
   ~ShmCommState() {
     if (comm != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&comm);
   }
@@ -60,7 +61,9 @@ struct ShmWindowState {
   std::string label;
   std::vector<std::byte*> base;  // every rank's segment (its counters first)
   ~ShmWindowState() {
-    if (win == MPI_WIN_NULL || mpi_finalized()) return;
+    if (win == MPI_WIN_NULL) return;
+    comm->window_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+    if (mpi_finalized()) return;
     const std::string what =
         "MPI_Win_free of shared-memory window '" + label + "' on communicator '" + comm->name + "'";
     comm->watchdog.arm(what, comm->timeout_s,
@@ -121,6 +124,10 @@ void ShmComm::count(const Traffic& t) const noexcept {
   s_->broadcast.fetch_add(t.broadcast, std::memory_order_relaxed);
 }
 
+std::uint64_t ShmComm::window_bytes() const noexcept {
+  return s_->window_bytes.load(std::memory_order_relaxed);
+}
+
 Traffic ShmComm::traffic() const noexcept {
   Traffic t;
   t.all_gather = s_->all_gather.load(std::memory_order_relaxed);
@@ -154,6 +161,7 @@ ShmWindow ShmComm::allocate(std::size_t bytes, const std::string& label) const {
   // Passive-target epoch for the window's lifetime: peers' segments are read and written
   // with loads and stores, ordered by the counters' atomics.
   MPI_Win_lock_all(MPI_MODE_NOCHECK, w->win);
+  s_->window_bytes.fetch_add(bytes, std::memory_order_relaxed);  // the destructor takes it back
   auto* own = static_cast<std::byte*>(mine);
   for (int c = 0; c < ShmWindow::kCounters; ++c)
     new (own + static_cast<std::size_t>(c) * kLine) std::atomic<std::uint64_t>(0);
