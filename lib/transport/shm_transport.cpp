@@ -103,6 +103,12 @@ class ShmTransport final : public CommTransport {
           where_.at(static_cast<std::size_t>(split_->dim_rank(n, l))) = {l, n};
   }
 
+  // A group destroyed while it holds a gradient window gives it back (every rank destroys its
+  // groups in the same order); its next taker still waits for the last round's readers.
+  ~ShmTransport() override {
+    if (held_) windows_->give_back(*held_);
+  }
+
   // The cast shard goes to this rank's slot, where peers read it.
   comm::Work gather_copy_in(Device& dev, Channel c, Held&) override {
     ensure_gather();
