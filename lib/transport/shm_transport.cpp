@@ -353,11 +353,11 @@ class ShmTransport final : public CommTransport {
   const comm::ShmComm& shm_;                // the node's ranks of the shard dim
   const NodeSplit* split_;                  // two levels: the shard dim's ranks by node; else null
   std::vector<std::pair<int, int>> where_;  // per rank of the dim: (segment, slot)
-  comm::ShmWindow ag_;          // per rank: a slot per node, the group shard in param dtype (this
-                                // rank's: the storage without a cast)
+  comm::ShmWindow ag_;  // per rank: a slot per node, the group shard in param dtype (this
+                        // rank's: the storage without a cast)
   std::shared_ptr<GradWindows> windows_;  // the node communicator's gradient windows
   GradWindows::Entry* held_ = nullptr;    // the one this group's gradients are written to
-  Tensor grads_pool_;  // the pool buffer standing for the window while the engine holds it
+  Tensor grads_pool_;           // the pool buffer standing for the window while the engine holds it
   std::uint64_t ag_round_ = 0;  // all-gathers published
   std::uint64_t ag_read_ = 0;   // all-gathers whose peers' shards this rank has read
   bool rs_ready_ = false;       // labels and chunk runs made (prepare_reduce)
