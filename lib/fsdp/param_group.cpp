@@ -91,10 +91,11 @@ ParamGroup::ParamGroup(std::string name, std::vector<graph::Module*> modules,
   // Under CPUOffloadPolicy the shards are host memory (pinned with pin_memory on a CUDA mesh)
   // and take the initial values directly.
   if (shard_space_ == MemorySpace::host) {
-    sharded_ = new_shard_tensor("fsdp.sharded:" + *name_);
+    sharded_ = new_shard_tensor("fsdp.sharded:" + *name_, MemoryPart::shards);
     std::memset(sharded_.data(), 0, sharded_.nbytes());
   } else {
-    sharded_ = Tensor::zeros({layout_.shard_numel}, I.orig_dtype, space, "fsdp.sharded:" + *name_);
+    sharded_ = Tensor::zeros({layout_.shard_numel}, I.orig_dtype, space, "fsdp.sharded:" + *name_,
+                             MemoryPart::shards);
   }
   const bool stage = sharded_.space() != MemorySpace::host;
   Tensor staging = stage ? Tensor::zeros({layout_.shard_numel}, I.orig_dtype, MemorySpace::host,
@@ -157,10 +158,10 @@ ParamGroup::~ParamGroup() {
   }
 }
 
-Tensor ParamGroup::new_shard_tensor(const std::string& label) const {
+Tensor ParamGroup::new_shard_tensor(const std::string& label, MemoryPart part) const {
   const Shape shape{layout_.shard_numel};
   const DType t = engine_.info.orig_dtype;
-  if (!offload_pinned()) return Tensor::empty(shape, t, shard_space_, label);
+  if (!offload_pinned()) return Tensor::empty(shape, t, shard_space_, label, part);
   try {
     return ::fullshard::detail::pinned_host_tensor(shape, t, label);
   } catch (const std::exception& e) {
@@ -272,7 +273,7 @@ void ParamGroup::ensure_sharded_grads() {
     return;
   }
   spare_grads_ = Tensor();
-  sharded_grads_ = new_shard_tensor("fsdp.grads:" + name());
+  sharded_grads_ = new_shard_tensor("fsdp.grads:" + name(), MemoryPart::gradients);
 }
 
 std::string ParamGroup::adopt_problem(const Tensor& storage) const {

@@ -133,7 +133,7 @@ class ParamGroup final : private transport::ShardStore {
   MemorySpace shard_space_ = MemorySpace::host;
   // New sharded storage or gradients (gsn elements, orig dtype, uninitialised) in
   // shard_space_: page-locked under offload_pinned().
-  Tensor new_shard_tensor(const std::string& label) const;
+  Tensor new_shard_tensor(const std::string& label, MemoryPart part) const;
   Tensor sharded_;        // gsn elements, orig dtype, padding zero (slot layout)
   Tensor sharded_grads_;  // gsn elements, orig dtype, or undefined
   Tensor spare_grads_;    // what drop_sharded_grads set aside, or undefined

@@ -72,8 +72,9 @@ Tensor RunningBackend::reduced_scratch(const ParamGroup& g) {
       if (o->engine().updates_in_backward() && !o->engine().grads_are_sharded() &&
           !transport::update_in_copy_out(o->engine().info) && ends_on(*o) == s)
         most = std::max(most, o->layout().shard_numel);
-    scratch = Tensor::empty({most}, g.orig_dtype(), g.shard_space(),
-                            "fsdp.reduced_gradients (optimizer inside backward)");
+    scratch =
+        Tensor::empty({most}, g.orig_dtype(), g.shard_space(),
+                      "fsdp.reduced_gradients (optimizer inside backward)", MemoryPart::gradients);
   }
   return scratch.flat_view(0, {gsn});
 }

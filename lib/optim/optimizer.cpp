@@ -105,7 +105,8 @@ Tensor copy_of(const Tensor& t, MemorySpace space, void* stream, const std::stri
   Tensor out =
       space == MemorySpace::host && t.space() == MemorySpace::device
           ? ::fullshard::detail::pinned_host_tensor(t.shape(), t.dtype(), "fullshard::optim_state")
-          : Tensor::empty(t.shape(), t.dtype(), space, "fullshard::optim_state");
+          : Tensor::empty(t.shape(), t.dtype(), space, "fullshard::optim_state",
+                          MemoryPart::optimizer_state);
   if (t.space() == MemorySpace::host && space == MemorySpace::host)
     copy_bytes(out, t);
   else
@@ -202,7 +203,7 @@ void Optimizer::step() {
       state_[i].clear();
       for (std::size_t s = 0; s < ns; ++s)
         state_[i].push_back(Tensor::zeros(p.data().shape(), DType::f32, p.data().space(),
-                                          "fullshard::optim_state"));
+                                          "fullshard::optim_state", MemoryPart::optimizer_state));
       fresh = true;
     }
     stream_ = stream_of(p);
@@ -282,7 +283,8 @@ kernels::ElementUpdate Optimizer::prepare_group(const fsdp::ShardGroupView& g) {
     // load or earlier steps left; the per-parameter state then views it.
     std::vector<Tensor> state;
     for (std::size_t s = 0; s < ns; ++s)
-      state.push_back(Tensor::zeros({gsn}, DType::f32, g.shards.space(), "fullshard::optim_state"));
+      state.push_back(Tensor::zeros({gsn}, DType::f32, g.shards.space(), "fullshard::optim_state",
+                                    MemoryPart::optimizer_state));
     bool seeded = false;
     for (std::size_t m = 0; m < g.params.size(); ++m) {
       const auto at = index_.find(g.params[m]);

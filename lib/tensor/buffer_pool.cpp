@@ -39,7 +39,7 @@ Tensor BufferPool::acquire(const Shape& shape, DType dtype, std::string_view lab
   }
   if (!block.data())  // a new block: f32 words covering `bytes`
     block = Tensor::empty({static_cast<std::int64_t>((bytes + 3) / 4)}, DType::f32, s_->space,
-                          detail::pool_block_label(s_->name, label, owner));
+                          detail::pool_block_label(s_->name, label, owner), MemoryPart::pool);
   {
     std::lock_guard<std::mutex> lock(s_->m);  // counted once the block exists
     s_->in_use += bytes;

@@ -150,8 +150,9 @@ Tensor StreamOrderedPool::acquire(const Shape& shape, DType dtype, comm::Stream&
   if (fresh) {  // a new block: f32 words covering `bytes`
     block = std::make_shared<Block>();
     block->bytes = bytes;
-    block->storage = Tensor::empty({static_cast<std::int64_t>((bytes + 3) / 4)}, DType::f32,
-                                   s_->space, detail::pool_block_label(s_->name, label, owner));
+    block->storage =
+        Tensor::empty({static_cast<std::int64_t>((bytes + 3) / 4)}, DType::f32, s_->space,
+                      detail::pool_block_label(s_->name, label, owner), MemoryPart::pool);
   }
   // Order this stream after the block's previous users on other streams.
   for (const auto& e : waits)

@@ -11,11 +11,20 @@ namespace {
 using HostBytes = Kokkos::View<std::byte*, Kokkos::HostSpace>;
 using DeviceBytes = Kokkos::View<std::byte*, Kokkos::DefaultExecutionSpace::memory_space>;
 
+// The bytes and their charge to the memory ledger, which ends with them.
 template <class View>
-std::shared_ptr<void> allocate(std::size_t bytes, const std::string& label, void** data) {
-  auto v = std::make_shared<View>(Kokkos::view_alloc(Kokkos::WithoutInitializing, label),
-                                  bytes == 0 ? 1 : bytes);
-  *data = v->data();
+struct Charged {
+  View view;
+  MemoryCharge charge;
+};
+
+template <class View>
+std::shared_ptr<void> allocate(std::size_t bytes, const std::string& label, MemoryPart part,
+                               bool device, void** data) {
+  auto v = std::make_shared<Charged<View>>(Charged<View>{
+      View(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), bytes == 0 ? 1 : bytes),
+      MemoryCharge(part, bytes, device)});
+  *data = v->view.data();
   return v;
 }
 
@@ -30,20 +39,22 @@ const char* memory_space_name(MemorySpace s) noexcept {
   return s == MemorySpace::host ? "host" : "device";
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, MemorySpace space, const std::string& label) {
+Tensor Tensor::empty(const Shape& shape, DType dtype, MemorySpace space, const std::string& label,
+                     MemoryPart part) {
   checked_nbytes(shape, dtype, [&] { return "Tensor::empty(" + label + ")"; });
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = shape;
   t.space_ = space;
   const std::size_t bytes = t.nbytes();
-  t.owner_ = space == MemorySpace::host ? allocate<HostBytes>(bytes, label, &t.data_)
-                                        : allocate<DeviceBytes>(bytes, label, &t.data_);
+  t.owner_ = space == MemorySpace::host ? allocate<HostBytes>(bytes, label, part, false, &t.data_)
+                                        : allocate<DeviceBytes>(bytes, label, part, true, &t.data_);
   return t;
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype, MemorySpace space, const std::string& label) {
-  Tensor t = empty(shape, dtype, space, label);
+Tensor Tensor::zeros(const Shape& shape, DType dtype, MemorySpace space, const std::string& label,
+                     MemoryPart part) {
+  Tensor t = empty(shape, dtype, space, label, part);
   if (space == MemorySpace::host) {
     std::memset(t.data_, 0, t.nbytes());
   } else {

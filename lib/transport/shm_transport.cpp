@@ -418,7 +418,9 @@ void ShmTransport::ensure_gather() {
   const Geometry& I = geo();
   const auto gsn = static_cast<std::size_t>(I.shard_numel);
   const std::size_t nodes = split_ ? static_cast<std::size_t>(split_->nodes()) : 1;
-  ag_ = shm_.allocate(nodes * gsn * dtype_size(I.param_dtype), "fsdp.all_gather:" + name());
+  // Without a cast this rank's shards move into its slot (below).
+  ag_ = shm_.allocate(nodes * gsn * dtype_size(I.param_dtype), "fsdp.all_gather:" + name(),
+                      I.cast() ? 0 : gsn * dtype_size(I.orig_dtype));
   ag_detail_ = std::to_string(gsn) + " x " + dtype_name(I.param_dtype) + ", group " + name();
   ag_label_ = "all_gather on shared memory of '" + shm_.name() + "' (" + ag_detail_ + ")";
   ag_publish_label_ = "publish of " + ag_label_;

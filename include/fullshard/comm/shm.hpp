@@ -53,8 +53,11 @@ class ShmComm {
 
   /// Allocates a window with `bytes` bytes per rank (MPI_Win_allocate_shared; each rank's
   /// segment aligned to 64 bytes, its counters zero). Collective over the communicator, in
-  /// the same order on every rank; bounded by FULLSHARD_TIMEOUT (a Watchdog).
-  ShmWindow allocate(std::size_t bytes, const std::string& label) const;
+  /// the same order on every rank; bounded by FULLSHARD_TIMEOUT (a Watchdog). The segment is
+  /// charged to the memory ledger as MemoryPart::windows while the window lives, but for its
+  /// first `shard_bytes`, which hold this rank's shards (MemoryPart::shards).
+  ShmWindow allocate(std::size_t bytes, const std::string& label,
+                     std::size_t shard_bytes = 0) const;
 
   /// Bytes of the collectives run over this shared memory, counted as Communicator's
   /// traffic is (the whole collective buffer); DeviceMesh::traffic adds them in.

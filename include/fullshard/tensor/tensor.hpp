@@ -8,6 +8,7 @@
 #include <string>
 
 #include "fullshard/base/dtype.hpp"
+#include "fullshard/base/memory_ledger.hpp"
 #include "fullshard/tensor/shape.hpp"
 
 namespace fullshard {
@@ -22,12 +23,15 @@ class Tensor {
   /// An undefined tensor (no bytes).
   Tensor() = default;
 
-  /// Uninitialised storage (Kokkos WithoutInitializing), labelled for Kokkos tools.
+  /// Uninitialised storage (Kokkos WithoutInitializing), labelled for Kokkos tools and
+  /// charged to `part` of the memory ledger (fullshard/base/memory_ledger.hpp) while it lives.
   static Tensor empty(const Shape& shape, DType dtype, MemorySpace space = MemorySpace::host,
-                      const std::string& label = "fullshard::tensor");
+                      const std::string& label = "fullshard::tensor",
+                      MemoryPart part = MemoryPart::other);
   /// Zero-filled storage.
   static Tensor zeros(const Shape& shape, DType dtype, MemorySpace space = MemorySpace::host,
-                      const std::string& label = "fullshard::tensor");
+                      const std::string& label = "fullshard::tensor",
+                      MemoryPart part = MemoryPart::other);
   /// A view of memory the caller owns (and keeps alive).
   static Tensor wrap(void* data, const Shape& shape, DType dtype,
                      MemorySpace space = MemorySpace::host);

@@ -1,11 +1,14 @@
 #include "fullshard/comm/shm.hpp"
 
+#include <algorithm>
+
 #include <cstdio>
 #include <new>
 #include <vector>
 
 #include "fullshard/base/deadline.hpp"
 #include "fullshard/base/error.hpp"
+#include "fullshard/base/memory_ledger.hpp"
 
 namespace fullshard::comm {
 
@@ -60,6 +63,7 @@ struct ShmWindowState {
   std::size_t bytes = 0;
   std::string label;
   std::vector<std::byte*> base;  // every rank's segment (its counters first)
+  MemoryCharge shards, windows;  // this rank's segment in the memory ledger
   ~ShmWindowState() {
     if (win == MPI_WIN_NULL) return;
     comm->window_bytes.fetch_sub(bytes, std::memory_order_relaxed);
@@ -137,7 +141,8 @@ Traffic ShmComm::traffic() const noexcept {
   return t;
 }
 
-ShmWindow ShmComm::allocate(std::size_t bytes, const std::string& label) const {
+ShmWindow ShmComm::allocate(std::size_t bytes, const std::string& label,
+                            std::size_t shard_bytes) const {
   auto w = std::make_shared<detail::ShmWindowState>();
   w->comm = s_;
   w->bytes = bytes;
@@ -162,6 +167,9 @@ ShmWindow ShmComm::allocate(std::size_t bytes, const std::string& label) const {
   // with loads and stores, ordered by the counters' atomics.
   MPI_Win_lock_all(MPI_MODE_NOCHECK, w->win);
   s_->window_bytes.fetch_add(bytes, std::memory_order_relaxed);  // the destructor takes it back
+  shard_bytes = std::min(shard_bytes, bytes);
+  w->shards = MemoryCharge(MemoryPart::shards, shard_bytes);
+  w->windows = MemoryCharge(MemoryPart::windows, bytes - shard_bytes);
   auto* own = static_cast<std::byte*>(mine);
   for (int c = 0; c < ShmWindow::kCounters; ++c)
     new (own + static_cast<std::size_t>(c) * kLine) std::atomic<std::uint64_t>(0);

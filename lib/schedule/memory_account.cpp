@@ -1,0 +1,181 @@
+// The memory account a plan predicts (docs/memory.md): the persistent parts from the groups'
+// sizes, the pool and the shared-memory gradient windows by replaying the plan's buffer events
+// with the rules of BufferPool and of the shared-memory transport's window sharing.
+#include "fullshard/schedule/memory_account.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <vector>
+
+#include "fullshard/base/dtype.hpp"
+#include "fullshard/schedule/auto_plan.hpp"
+
+namespace fullshard::schedule {
+namespace {
+
+// BufferPool: a block is f32 words covering the bytes asked for, reused only by a request of
+// the same byte size; blocks stay cached. Per pool (root group) and size: blocks in use now and
+// blocks made.
+class PoolReplay {
+ public:
+  void on(const Plan& plan, const BufferEvent& e) {
+    const int pool = plan.groups[static_cast<std::size_t>(e.group)].root_group;
+    Count& c = sizes_[{pool, e.bytes}];
+    if (e.action == BufferAction::alloc) {
+      ++c.in_use;
+      c.made = std::max(c.made, c.in_use);
+    } else if (c.in_use > 0) {
+      --c.in_use;
+    }
+  }
+  std::size_t resident() const {
+    std::size_t sum = 0;
+    for (const auto& [key, c] : sizes_)
+      sum += (key.second + 3) / 4 * 4 * c.made;
+    return sum;
+  }
+
+ private:
+  struct Count {
+    std::size_t in_use = 0, made = 0;
+  };
+  std::map<std::pair<int, std::size_t>, Count> sizes_;
+};
+
+// The gradient windows of one node's shared memory, shared by every group (GradWindows in
+// lib/transport/shm_transport.cpp): a group takes one at its first gradient write and gives
+// it back when its reduce-scatter is issued; the free window of sufficient size given back
+// first is taken, and a new one is made while fewer than two such are free.
+class GradWindowReplay {
+ public:
+  void take(int group, std::size_t bytes) {
+    if (held_.count(group)) return;  // gradients kept since the last reduction
+    Window* first = nullptr;
+    int fitting = 0;
+    for (Window& w : windows_) {
+      if (w.busy || w.bytes < bytes) continue;
+      ++fitting;
+      if (!first || w.released < first->released) first = &w;
+    }
+    if (fitting < 2) {
+      windows_.push_back(Window{bytes});
+      first = &windows_.back();
+    }
+    first->busy = true;
+    held_[group] = first;
+  }
+  void give_back(int group) {
+    const auto it = held_.find(group);
+    if (it == held_.end()) return;
+    it->second->busy = false;
+    it->second->released = ++clock_;
+    held_.erase(it);
+  }
+  std::size_t bytes() const {
+    std::size_t sum = 0;
+    for (const Window& w : windows_)
+      sum += w.bytes;
+    return sum;
+  }
+  std::size_t count() const noexcept { return windows_.size(); }
+
+ private:
+  struct Window {
+    std::size_t bytes = 0;
+    bool busy = false;
+    std::uint64_t released = 0;
+  };
+  std::deque<Window> windows_;
+  std::map<int, Window*> held_;
+  std::uint64_t clock_ = 0;
+};
+
+std::string line(const char* name, std::size_t bytes) {
+  return std::string(name) + " " + format_bytes(bytes) + "\n";
+}
+
+}  // namespace
+
+MemoryAccount plan_memory(const Plan& plan, const MemoryInputs& in) {
+  MemoryAccount a;
+  a.baseline = in.baseline;
+  a.activations = in.activations;
+  a.shards = plan.sharded_bytes;
+  a.gradients = plan.grad_bytes;
+  // Inside backward the optimizer keeps each group's state in its padded slot layout; after
+  // backward, per parameter over the rank's rows (torch.chunk on dim 0).
+  const auto states = static_cast<std::size_t>(std::max(0, in.optimizer_states));
+  const bool grouped = plan.options.optimizer_in_backward_states >= 0;
+  for (const PlannedGroup& g : plan.groups) {
+    if (grouped) {
+      a.optimizer_state += states * static_cast<std::size_t>(g.layout.shard_numel) * sizeof(float);
+      continue;
+    }
+    const std::int64_t W = g.shard_size(), r = std::min<std::int64_t>(in.rank, W - 1);
+    for (const graph::Parameter* p : g.params) {
+      const Shape& s = p->shape();
+      const std::int64_t d0 = s.empty() ? 1 : s[0], row = d0 > 0 ? numel(s) / d0 : 0;
+      const std::int64_t chunk = (d0 + W - 1) / W;
+      const std::int64_t rows =
+          std::max<std::int64_t>(0, std::min(d0, (r + 1) * chunk) - r * chunk);
+      a.optimizer_state += states * static_cast<std::size_t>(rows * row) * sizeof(float);
+    }
+  }
+
+  // The pool over one iteration (from the sharded state, as the plan's events are).
+  PoolReplay pool;
+  for (const BufferEvent& e : plan.events)
+    pool.on(plan, e);
+  a.pool = pool.resident();
+
+  if (in.shared_memory && plan.mesh.shard_size > 1) {
+    const std::size_t nodes = static_cast<std::size_t>(std::max(1, in.nodes));
+    for (const PlannedGroup& g : plan.groups) {
+      const std::size_t gsn = static_cast<std::size_t>(g.layout.shard_numel);
+      const std::size_t window = nodes * gsn * dtype_size(g.param_dtype);
+      // Without a cast this rank's slot is its shards (counted above).
+      a.windows += g.param_dtype == g.orig_dtype ? window - gsn * dtype_size(g.orig_dtype) : window;
+    }
+    // Gradient windows: taken where the engine acquires a group's unsharded gradients, given
+    // back at its reduce-scatter; iterations replayed until no window is added.
+    std::vector<std::vector<const BufferEvent*>> at(plan.ops.size());
+    for (const BufferEvent& e : plan.events)
+      if (e.kind == fsdp::engine::BufKind::grads && e.action == BufferAction::alloc)
+        at[static_cast<std::size_t>(e.op)].push_back(&e);
+    GradWindowReplay grads;
+    std::size_t before = static_cast<std::size_t>(-1);
+    for (int round = 0; round < 8 && grads.count() != before; ++round) {
+      before = grads.count();
+      for (std::size_t i = 0; i < plan.ops.size(); ++i) {
+        for (const BufferEvent* e : at[i]) {
+          const PlannedGroup& g = plan.groups[static_cast<std::size_t>(e->group)];
+          grads.take(e->group,
+                     static_cast<std::size_t>(g.layout.arena_numel) * dtype_size(g.param_dtype));
+        }
+        if (plan.ops[i].kind == OpKind::reduce_scatter) grads.give_back(plan.ops[i].group);
+      }
+    }
+    a.windows += grads.bytes();
+  }
+  return a;
+}
+
+MemoryAccount measured_memory(const MemoryCounts& c) {
+  MemoryAccount a;
+  a.shards = c.peak_of(MemoryPart::shards);
+  a.gradients = c.peak_of(MemoryPart::gradients);
+  a.optimizer_state = c.peak_of(MemoryPart::optimizer_state);
+  a.pool = c.peak_of(MemoryPart::pool);
+  a.windows = c.peak_of(MemoryPart::windows);
+  return a;
+}
+
+std::string MemoryAccount::to_text() const {
+  return line("baseline", baseline) + line("shards", shards) + line("gradients", gradients) +
+         line("optimizer state", optimizer_state) + line("pool", pool) + line("windows", windows) +
+         line("activations", activations) + line("process peak", process_peak());
+}
+
+}  // namespace fullshard::schedule
