@@ -308,7 +308,8 @@ std::int64_t ResidualMlp::num_params() const noexcept {
   return H * I + H + shape_.blocks * (2 * H * H + 2 * H) + O * H + O;
 }
 
-void ResidualMlp::shard(const DeviceMesh& mesh, const schedule::PlanOptions& options) {
+void ResidualMlp::shard(const DeviceMesh& mesh, const schedule::PlanOptions& options,
+                        const std::function<void(const schedule::Plan&)>& before_creation) {
   if (impl_->executor) throw InvalidArgument("ResidualMlp::shard: the model is already sharded");
   schedule::MeshShape ms;
   if (mesh.ndim() == 1) {
@@ -320,12 +321,51 @@ void ResidualMlp::shard(const DeviceMesh& mesh, const schedule::PlanOptions& opt
                           " must be 1-D (FSDP) or 2-D (HSDP: replicate, shard)");
   }
   impl_->plan.emplace(schedule::Scheduler::plan(*root_, ms, options));
+  if (before_creation) {
+    try {
+      before_creation(*impl_->plan);
+    } catch (...) {
+      impl_->plan.reset();
+      throw;
+    }
+  }
   fsdp::apply_fully_shard_requests(*root_, mesh, options.defaults);
   // Full-batch gradients from rank-local gradients already scaled by 1 / global rows: sum.
   for (graph::Module* m : root_->modules_preorder())
     if (auto* st = fsdp::fsdp_state(*m)) st->set_gradient_divide_factor(1.0);
   impl_->mesh.emplace(mesh);
   impl_->executor = std::make_unique<schedule::Executor>(*root_, mesh, *impl_->plan);
+}
+
+std::size_t ResidualMlp::activation_bytes(int rows, DType param_dtype) const noexcept {
+  const std::size_t r = static_cast<std::size_t>(std::max(rows, 0));
+  const auto H = static_cast<std::size_t>(shape_.hidden),
+             I = static_cast<std::size_t>(shape_.inputs),
+             O = static_cast<std::size_t>(shape_.outputs),
+             L = static_cast<std::size_t>(shape_.blocks);
+  // Impl::resize: h (L + 1), a (L), d_h, d_a of H x rows; y, dy of O x rows.
+  std::size_t floats = (2 * L + 3) * H * r + 2 * O * r;
+  if (param_dtype != DType::f32) {  // f32 copies of the largest weights and their gradients
+    const std::size_t w = std::max({H * I, L > 0 ? H * H : 0, O * H});
+    const std::size_t w2 = L > 0 ? H * H : 0;
+    const std::size_t b = std::max(H, O);
+    floats += 2 * (w + w2 + b + (L > 0 ? H : 0));
+  }
+  return floats * sizeof(float);
+}
+
+std::size_t ResidualMlp::activations_held() const noexcept {
+  const Impl& im = *impl_;
+  std::size_t floats = 0;
+  for (const auto& v : im.h)
+    floats += v.capacity();
+  for (const auto& v : im.a)
+    floats += v.capacity();
+  for (const std::vector<float>* v :
+       {&im.y, &im.dy, &im.d_h, &im.d_a, &im.w_scratch, &im.w2_scratch, &im.b_scratch,
+        &im.b2_scratch, &im.gw_scratch, &im.gb_scratch, &im.gw2_scratch, &im.gb2_scratch})
+    floats += v->capacity();
+  return floats * sizeof(float);
 }
 
 const schedule::Plan& ResidualMlp::plan() const {

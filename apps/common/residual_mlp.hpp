@@ -15,7 +15,9 @@
 // products run in f32 on converted copies and gradients are rounded to the param dtype.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,8 +60,18 @@ class ResidualMlp {
   /// Plans the iteration (Scheduler) for `mesh` and `options`, applies fully_shard to every
   /// block and then the root (with options.defaults), and creates the executor. Collective
   /// over the mesh. Call once.
-  void shard(const DeviceMesh& mesh, const schedule::PlanOptions& options);
+  /// `before_creation`, when given, sees the plan before any parameter is created (where a
+  /// front end checks the memory account, and may throw to stop).
+  void shard(const DeviceMesh& mesh, const schedule::PlanOptions& options,
+             const std::function<void(const schedule::Plan&)>& before_creation = {});
   const schedule::Plan& plan() const;
+
+  /// Bytes of the activations and scratch a step over `rows` local samples holds (f32; with a
+  /// 16-bit param_dtype also the f32 copies of one block's weights and gradients): the
+  /// memory account's activations (docs/memory.md).
+  std::size_t activation_bytes(int rows, DType param_dtype = DType::f32) const noexcept;
+  /// Bytes the activations and scratch hold now (the vectors' capacities).
+  std::size_t activations_held() const noexcept;
   schedule::Executor& executor();
 
   /// One forward and backward over `rows` local samples (x: rows x inputs, target: rows x

@@ -38,6 +38,8 @@
 #include "fullshard/runtime/runtime.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
 #include "fullshard/schedule/compute_cost.hpp"
+#include "fullshard/schedule/memory_account.hpp"
+#include "fullshard/schedule/memory_budget.hpp"
 #include "mlp_cost.hpp"
 #include "residual_mlp.hpp"
 #if defined(FULLSHARD_APPS_HAVE_CUDA)
@@ -134,8 +136,11 @@ const char* const kUsage =
     "  --auto-plan           let the planner choose the fully_shard calls, reshard_after_forward\n"
     "                        per group, prefetch depth and reduce-scatter buffers (needs\n"
     "                        --memory-budget; replaces --prefetch and --reshard)\n"
-    "  --memory-budget SIZE  per-rank budget of --auto-plan, e.g. 512MiB (parameters, gradients,\n"
-    "                        optimizer state and the pool peak)\n"
+    "  --memory-budget SIZE  the memory a rank may use, e.g. 3GiB: the whole process (default:\n"
+    "                        the cgroup limit or MemAvailable shared by the node's ranks);\n"
+    "                        a job whose planned peak exceeds it stops before creating the\n"
+    "                        model (docs/memory.md); --auto-plan plans within it\n"
+    "  --memory-check refuse|warn|off  what a job over the budget does (default refuse)\n"
     "  --trace FILE          write the plan and the measured timeline (Chrome/Perfetto JSON)\n"
     "prediction (docs/plan-format.md, \"Compute calibration JSON\"):\n"
     "  --cost FILE           the plan's cost model (fullshard-calibrate --out; default: the\n"
@@ -181,6 +186,7 @@ struct Config {
   bool auto_plan = false;
   bool allow_compression = false;
   std::size_t memory_budget = 0;
+  schedule::MemoryCheck memory_check = schedule::MemoryCheck::refuse;
   fullshard::DeviceType device = fullshard::DeviceType::cpu;
 };
 
@@ -258,6 +264,16 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
       } catch (const fullshard::InvalidArgument&) {
         throw apps::UsageError{"--memory-budget: '" + v + "' is not a byte size (e.g. 512MiB)"};
       }
+    } else if (f == "--memory-check") {
+      const std::string v = a.value();
+      if (v == "refuse")
+        c.memory_check = schedule::MemoryCheck::refuse;
+      else if (v == "warn")
+        c.memory_check = schedule::MemoryCheck::warn;
+      else if (v == "off")
+        c.memory_check = schedule::MemoryCheck::off;
+      else
+        throw apps::UsageError{"--memory-check: '" + v + "' is not refuse, warn or off"};
     } else if (f == "--device") {
       c.device = a.device_value();
     } else if (f == "--trace")
@@ -317,8 +333,8 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
     throw apps::UsageError{
         "--allow-compression lets --auto-plan choose compression: give "
         "--auto-plan too (or --compress-gather / --compress-reduce)"};
-  if (c.auto_plan != (c.memory_budget > 0))
-    throw apps::UsageError{"--auto-plan and --memory-budget go together"};
+  if (c.auto_plan && c.memory_budget == 0)
+    throw apps::UsageError{"--auto-plan needs --memory-budget (the budget it plans for)"};
   if (c.save_every > 0 && c.checkpoint_dir.empty())
     throw apps::UsageError{"--save-every needs --checkpoint-dir"};
   if (c.keep_last > 0 && c.checkpoint_dir.empty())
@@ -424,6 +440,12 @@ double heap_in_use_mib() {
 #endif
 }
 
+std::string fmt_ratio(double r) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3f", r);
+  return b;
+}
+
 std::string fmt_mib(double mib) {
   char b[32];
   std::snprintf(b, sizeof b, "%.1f", mib);
@@ -455,6 +477,7 @@ class Trainer {
   Trainer(const fullshard::Runtime& rt, const Config& c)
       : c_(c),
         rank_(rt.rank()),
+        rt_world_(rt.world()),
         mesh_(make_mesh(rt, c)),
         model_(c.shape, c.seed),
         teacher_(c.shape, c.seed + 1),
@@ -489,7 +512,12 @@ class Trainer {
       out << fullshard::graph::graph_to_json(model_.root()).dump(1) << "\n";
       if (!out) throw fullshard::Error("--graph-out: cannot write '" + c.graph_out + "'");
     }
-    model_.shard(mesh_, options);
+    // The memory account is planned and checked against the budget before anything is
+    // created; memory freed while creating goes back to the system.
+    model_.shard(mesh_, options, [&](const schedule::Plan& plan) { check_memory(rt, plan); });
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
 #if defined(FULLSHARD_APPS_HAVE_CUDA)
     if (c.device == fullshard::DeviceType::cuda) {
       // Losses and step times stay on the device between log points (and at most this many
@@ -520,6 +548,39 @@ class Trainer {
     rows_ = static_cast<int>(base_ + (dp_rank < extra ? 1 : 0));
     first_row_ = dp_rank * base_ + std::min(dp_rank, extra);
     last_step_ = c.stop_after >= 0 ? std::min(c.steps, c.stop_after) : c.steps;
+  }
+
+  /// The planned memory account (docs/memory.md) against the rank's budget: every rank stops
+  /// with the same message where one would not fit (--memory-check refuse).
+  void check_memory(const fullshard::Runtime& rt, const schedule::Plan& plan) {
+    schedule::MemoryInputs in;
+    in.optimizer_states = c_.optimizer == "adamw" ? 2 : (c_.momentum > 0 ? 1 : 0);
+    if (mesh_.device_type() == fullshard::DeviceType::cpu) {
+      const std::string shard_dim = mesh_.names().back();
+      in.shared_memory = mesh_.shm(shard_dim) != nullptr;
+      if (const fullshard::NodeSplit* split = mesh_.node_split(shard_dim))
+        in.nodes = split->nodes();
+    }
+    const std::int64_t W = rt.world_size(), r = mesh_.rank();
+    const int rows = static_cast<int>(c_.batch / W + (r < c_.batch % W ? 1 : 0));
+    in.activations =
+        model_.activation_bytes(rows, c_.param_dtype.value_or(fullshard::DType::f32)) +
+        static_cast<std::size_t>(rows) * (c_.shape.inputs + c_.shape.outputs) * sizeof(float);
+    in.baseline = schedule::process_memory().resident;
+    planned_ = schedule::plan_memory(plan, in);
+    if (c_.device != fullshard::DeviceType::cpu) return;  // the account is of host memory
+    apps::BoundedComm world(rt.world(), "train.memory", rt.settings().timeout_s);
+    const schedule::MemoryBudget budget =
+        schedule::rank_memory_budget(world, c_.memory_budget, "--memory-budget");
+    const std::string advice =
+        "more ranks shrink the shards, gradients and optimizer state; --reshard true frees "
+        "each block after its forward; --optimizer-in-backward drops the sharded gradients; "
+        "--memory-check warn runs it anyway";
+    try {
+      schedule::check_memory_budget(world, planned_, budget, c_.memory_check, advice);
+    } catch (const schedule::MemoryBudgetExceeded& e) {  // agreed: every rank is here
+      throw apps::UsageError{std::string("memory: ") + e.message()};
+    }
   }
 
   /// --auto-plan: the blocks' requests become free, the planner chooses, the choice is applied
@@ -717,6 +778,13 @@ class Trainer {
 
   /// The step line (every --log-every steps and the last), and the divergence check.
   void log_step(int step, double loss) {
+    const schedule::ProcessMemory now = schedule::process_memory();
+    anon_max_ = std::max(anon_max_, now.anonymous);
+    shmem_max_ = std::max(shmem_max_, now.shared);
+    // The account's measured parts are the steady state: the peaks after the first step (which
+    // moves the shards into the all-gather windows and makes the pool's blocks).
+    if (!steady_) fullshard::memory_ledger::reset_peaks();
+    steady_ = true;
     if (rank_ == 0 && ((step + 1) % c_.log_every == 0 || step + 1 == last_step_)) {
       std::printf("step %d loss %.9g step_ms %.3f comm_ms %.3f peak_mib %.2f\n", step + 1, loss,
                   step_ms_.back(), comm_ms_.back(), model_.executor().measured_peak_bytes() / kMiB);
@@ -806,7 +874,47 @@ class Trainer {
                     : (" (a generic kernel: " + blas.better_kernel + " is faster)").c_str());
   }
 
+  /// The memory account, measured against planned (docs/memory.md): the library's parts as
+  /// its ledger counted them (peaks), the activations held, the process's peak, and the
+  /// shared-memory windows of this rank and of every rank. Collective (the windows' sum).
+  void print_memory() {
+    const fullshard::MemoryCounts counts = fullshard::memory_ledger::counts();
+    schedule::MemoryAccount m = schedule::measured_memory(counts);
+    m.baseline = planned_.baseline;
+    m.activations = model_.activations_held();
+    const schedule::ProcessMemory proc = schedule::process_memory();
+    // This rank's window segments (its shards in them too), summed over the ranks.
+    double own_windows = 0.0;
+    for (const std::string& dim : mesh_.names())
+      if (const auto* shm = mesh_.shm(dim)) own_windows += static_cast<double>(shm->window_bytes());
+    double all_windows = own_windows;
+    MPI_Allreduce(MPI_IN_PLACE, &all_windows, 1, MPI_DOUBLE, MPI_SUM, rt_world_);
+    if (rank_ != 0) return;
+    auto row = [](const char* part, double planned, double measured) {
+      std::printf("  %-16s %10.1f %10.1f %7s\n", part, planned / kMiB, measured / kMiB,
+                  planned > 0 ? fmt_ratio(measured / planned).c_str() : "-");
+    };
+    std::printf("memory (rank 0, MiB)    planned   measured   ratio\n");
+    row("baseline", double(planned_.baseline), double(m.baseline));
+    row("shards", double(planned_.shards), double(m.shards));
+    row("gradients", double(planned_.gradients), double(m.gradients));
+    row("optimizer state", double(planned_.optimizer_state), double(m.optimizer_state));
+    row("pool", double(planned_.pool), double(m.pool));
+    row("windows", double(planned_.windows), double(m.windows));
+    row("activations", double(planned_.activations), double(m.activations));
+    row("process peak", double(planned_.process_peak()), double(proc.peak));
+    const double heap = heap_in_use_mib();
+    std::printf(
+        "  (process peak measured: VmHWM; RssAnon max %.1f MiB, RssShmem max %.1f MiB (the "
+        "peers' window pages it reads too)%s; shared-memory windows: this rank %.1f MiB, all "
+        "ranks %.1f MiB)\n",
+        double(anon_max_) / kMiB, double(shmem_max_) / kMiB,
+        heap >= 0 ? (", heap in use " + fmt_mib(heap) + " MiB").c_str() : "", own_windows / kMiB,
+        all_windows / kMiB);
+  }
+
   void summary(int first_step, double total_s) {
+    print_memory();  // first: the bandwidth measurement below takes memory of its own
     const double memcpy_gb_per_s = shared_memcpy_gb_per_s();
     if (rank_ != 0) return;
     const int steps_run = std::max(0, last_step_ - first_step);
@@ -1111,9 +1219,15 @@ class Trainer {
 
   const Config& c_;
   const int rank_;
+  const MPI_Comm rt_world_;  // the job's ranks (the memory summary's sums)
   const fullshard::DeviceMesh mesh_;
   apps::ResidualMlp model_;
   const Teacher teacher_;
+  // The planned memory account (check_memory), and the largest RssAnon / RssShmem sampled
+  // after each step.
+  schedule::MemoryAccount planned_;
+  std::size_t anon_max_ = 0, shmem_max_ = 0;
+  bool steady_ = false;
   // What a resumed run must share with the saved one for the data stream and the schedule to
   // continue where they stopped (the model itself is checked by checkpoint::load).
   const nlohmann::json run_identity_;
@@ -1238,6 +1352,7 @@ std::vector<apps::OptionValue> option_values(const Config& c) {
           {"--predict", c.predict ? "on" : "off"},
           {"--optimizer-in-backward", c.optimizer_in_backward ? "on" : "off"},
           {"--memory-budget", std::to_string(c.memory_budget)},
+          {"--memory-check", std::to_string(static_cast<int>(c.memory_check))},
           {"--checkpoint-dir", c.checkpoint_dir},
           {"--save-every", std::to_string(c.save_every)},
           {"--keep-last", std::to_string(c.keep_last)},
