@@ -139,8 +139,11 @@ Buf RunningBackend::acquire(const engine::Group& g, engine::BufKind kind, std::i
   b.slot = free_slots_.back();
   free_slots_.pop_back();
   transport::Held& m = mem(b);
-  m.tensor =
-      device_->acquire(first_user(kind), numel, dtype, engine::buf_kind_name(kind), pg(g).name());
+  // Gradients a transport keeps in its own memory (shared-memory windows) are only counted.
+  m.tensor = kind == engine::BufKind::grads && transport(g).provides_grads()
+                 ? device_->reserve(numel, dtype, engine::buf_kind_name(kind), pg(g).name())
+                 : device_->acquire(first_user(kind), numel, dtype, engine::buf_kind_name(kind),
+                                    pg(g).name());
   if (kind == engine::BufKind::grads) transport(g).take_grads_buffer(m);
   return b;
 }

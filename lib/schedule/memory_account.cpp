@@ -125,12 +125,15 @@ MemoryAccount plan_memory(const Plan& plan, const MemoryInputs& in) {
   }
 
   // The pool over one iteration (from the sharded state, as the plan's events are).
+  // On shared memory the unsharded gradients are the transport's windows (below): the pool
+  // only counts them (Device::reserve).
+  const bool shm = in.shared_memory && plan.mesh.shard_size > 1;
   PoolReplay pool;
   for (const BufferEvent& e : plan.events)
-    pool.on(plan, e);
+    if (!(shm && e.kind == fsdp::engine::BufKind::grads)) pool.on(plan, e);
   a.pool = pool.resident();
 
-  if (in.shared_memory && plan.mesh.shard_size > 1) {
+  if (shm) {
     const std::size_t nodes = static_cast<std::size_t>(std::max(1, in.nodes));
     for (const PlannedGroup& g : plan.groups) {
       const std::size_t gsn = static_cast<std::size_t>(g.layout.shard_numel);

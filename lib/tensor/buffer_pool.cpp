@@ -56,6 +56,21 @@ Tensor BufferPool::acquire(const Shape& shape, DType dtype, std::string_view lab
   return Tensor::from_owner(std::move(handle), block.data(), shape, dtype, s_->space);
 }
 
+Tensor BufferPool::reserve(const Shape& shape, DType dtype) {
+  const std::size_t bytes = static_cast<std::size_t>(numel(shape)) * dtype_size(dtype);
+  {
+    std::lock_guard<std::mutex> lock(s_->m);
+    s_->in_use += bytes;
+    s_->peak = std::max(s_->peak, s_->in_use);
+  }
+  auto state = s_;
+  auto handle = std::shared_ptr<void>(static_cast<void*>(nullptr), [state, bytes](void*) {
+    std::lock_guard<std::mutex> lock(state->m);
+    state->in_use -= bytes;
+  });
+  return Tensor::from_owner(std::move(handle), nullptr, shape, dtype, s_->space);
+}
+
 std::size_t BufferPool::bytes_in_use() const {
   std::lock_guard<std::mutex> lock(s_->m);
   return s_->in_use;

@@ -19,6 +19,11 @@ Tensor Device::scratch(Channel, std::int64_t, DType, const char* what, const std
                         what + "' on a host device (internal)");
 }
 
+Tensor Device::reserve(std::int64_t numel, DType dtype, const char* what,
+                       const std::string& group) {
+  return acquire(Channel::main, numel, dtype, what, group);
+}
+
 std::unique_ptr<Device> make_device(const DeviceMesh& mesh, const std::string& group) {
   if (mesh.device_type() == DeviceType::cuda) return detail::make_cuda_device(mesh, group);
   return detail::make_host_device(mesh);

@@ -40,6 +40,9 @@ class HostDevice final : public Device {
                  const std::string& group) override {
     return pool_.acquire({numel}, dtype, what, group);
   }
+  Tensor reserve(std::int64_t numel, DType dtype, const char*, const std::string&) override {
+    return pool_.reserve({numel}, dtype);
+  }
   void used(Held& h, Channel, const comm::Work& w) override { h.used = w; }
   // The bytes go back to the pool with the last view, once the operation using them ran
   // (worker streams run it later).

@@ -324,7 +324,8 @@ class ShmTransport final : public CommTransport {
   }
 
   // The unsharded gradients live in a gradient window, where peers read their chunks; the
-  // pool buffer only keeps the pool's accounting.
+  // pool only counts their bytes (Device::reserve).
+  bool provides_grads() const noexcept override { return true; }
   void take_grads_buffer(Held& grads) override {
     void* window = writable_grads_window();
     grads_pool_ = std::move(grads.tensor);
@@ -357,7 +358,7 @@ class ShmTransport final : public CommTransport {
                         // rank's: the storage without a cast)
   std::shared_ptr<GradWindows> windows_;  // the node communicator's gradient windows
   GradWindows::Entry* held_ = nullptr;    // the one this group's gradients are written to
-  Tensor grads_pool_;           // the pool buffer standing for the window while the engine holds it
+  Tensor grads_pool_;           // the pool's count of the window while the engine holds it
   std::uint64_t ag_round_ = 0;  // all-gathers published
   std::uint64_t ag_read_ = 0;   // all-gathers whose peers' shards this rank has read
   bool rs_ready_ = false;       // labels and chunk runs made (prepare_reduce)

@@ -26,6 +26,11 @@ class BufferPool {
   Tensor acquire(const Shape& shape, DType dtype, std::string_view label = {},
                  std::string_view owner = {});
 
+  /// The bytes of a `shape` x `dtype` buffer counted in bytes_in_use() (and the peak) while the
+  /// returned tensor (or a copy) lives, without memory: its data() is null. For a buffer whose
+  /// memory lies elsewhere but belongs to the pool's account.
+  Tensor reserve(const Shape& shape, DType dtype);
+
   /// Bytes handed out and not yet returned.
   std::size_t bytes_in_use() const;
   /// Largest bytes_in_use() since construction or reset_peak().

@@ -62,6 +62,11 @@ class Device {
   /// stream-ordered pool.
   virtual Tensor acquire(Channel first_user, std::int64_t numel, DType dtype, const char* what,
                          const std::string& group) = 0;
+  /// The bytes of a buffer counted in bytes_in_use() as acquire() counts them, where a
+  /// transport provides the memory (GroupTransport::provides_grads): no memory (the tensor has
+  /// no data; dropping it ends the count). Host: BufferPool::reserve; others acquire().
+  virtual Tensor reserve(std::int64_t numel, DType dtype, const char* what,
+                         const std::string& group);
   /// Scratch device memory for channel `c` (not counted; released with the tensor). Only a
   /// CUDA device has it.
   virtual Tensor scratch(Channel c, std::int64_t numel, DType dtype, const char* what,

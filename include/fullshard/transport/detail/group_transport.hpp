@@ -100,8 +100,11 @@ class GroupTransport {
 
   /// The group joins a root whose operations run on `dev`.
   virtual void attach(Device& dev);
+  /// The unsharded gradients live in the transport's own memory (take_grads_buffer gives it):
+  /// the engine only reserves their bytes in the pool's count (Device::reserve).
+  virtual bool provides_grads() const noexcept { return false; }
   /// The engine acquired the unsharded gradients: a transport whose peers read them where
-  /// they lie puts its window's memory in `grads` (keeping the pool's buffer for the count).
+  /// they lie puts its window's memory in `grads` (keeping the reservation for the count).
   virtual void take_grads_buffer(Held& grads);
   /// ... and gives them back (the window's next writer waits for its readers instead).
   virtual void return_grads_buffer(Held& grads);
