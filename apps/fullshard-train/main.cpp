@@ -902,13 +902,18 @@ class Trainer {
     row("pool", double(planned_.pool), double(m.pool));
     row("windows", double(planned_.windows), double(m.windows));
     row("activations", double(planned_.activations), double(m.activations));
-    row("process peak", double(planned_.process_peak()), double(proc.peak));
+    row("other (library)", 0.0, double(counts.peak_of(fullshard::MemoryPart::other)));
+    // The rank's share of the node at its peak: VmHWM less the peers' window pages it maps
+    // (RssShmem counts every window page this rank touched; its own segments are its share).
+    const double shmem = double(std::max(shmem_max_, proc.shared));
+    const double peers = std::max(0.0, shmem - own_windows);
+    row("process peak", double(planned_.process_peak()), double(proc.peak) - peers);
     const double heap = heap_in_use_mib();
     std::printf(
-        "  (process peak measured: VmHWM; RssAnon max %.1f MiB, RssShmem max %.1f MiB (the "
-        "peers' window pages it reads too)%s; shared-memory windows: this rank %.1f MiB, all "
+        "  (process peak measured: VmHWM %.1f MiB less the peers' shared-memory pages it maps, "
+        "%.1f MiB; RssAnon max %.1f MiB%s; shared-memory windows: this rank %.1f MiB, all "
         "ranks %.1f MiB)\n",
-        double(anon_max_) / kMiB, double(shmem_max_) / kMiB,
+        double(proc.peak) / kMiB, peers / kMiB, double(std::max(anon_max_, proc.anonymous)) / kMiB,
         heap >= 0 ? (", heap in use " + fmt_mib(heap) + " MiB").c_str() : "", own_windows / kMiB,
         all_windows / kMiB);
   }
