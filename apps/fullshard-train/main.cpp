@@ -423,10 +423,8 @@ long minor_faults() {
   return ru.ru_minflt;
 }
 
-double peak_rss_mib() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<double>(ru.ru_maxrss) / 1024.0;  // Linux: KiB
+double peak_rss_mib() {  // VmHWM (reset_peak_rss starts it again)
+  return static_cast<double>(schedule::process_memory().peak) / (1024.0 * 1024.0);
 }
 
 /// Host heap bytes allocated now (glibc's mallinfo2: live blocks, not the freed memory the
@@ -438,6 +436,13 @@ double heap_in_use_mib() {
 #else
   return -1.0;
 #endif
+}
+
+/// The process's resident peak (VmHWM) starts again from its resident
+/// memory now (Linux: /proc/self/clear_refs, 5); elsewhere it stays.
+void reset_peak_rss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  if (clear) clear << "5" << std::flush;
 }
 
 std::string fmt_ratio(double r) {
@@ -512,6 +517,16 @@ class Trainer {
       out << fullshard::graph::graph_to_json(model_.root()).dump(1) << "\n";
       if (!out) throw fullshard::Error("--graph-out: cannot write '" + c.graph_out + "'");
     }
+    // The bandwidth of the summary's byte floor, measured before the model exists (its
+    // buffers given back) so that it adds nothing to the process's peak.
+    // The size a rank's shards stream (8 to 64 MiB): no more memory than the model's own.
+    const double shard = double(model_.num_params()) * 4.0 / double(rt.world_size());
+    memcpy_gb_per_s_ = shared_memcpy_gb_per_s(
+        static_cast<std::size_t>(std::clamp(shard, double(8 << 20), double(64 << 20))));
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+    reset_peak_rss();
     // The memory account is planned and checked against the budget before anything is
     // created; memory freed while creating goes back to the system.
     model_.shard(mesh_, options, [&](const schedule::Plan& plan) { check_memory(rt, plan); });
@@ -804,9 +819,8 @@ class Trainer {
 
   /// Collective: every rank copies at once (as many busy cores as ranks), so each sees the
   /// memory bandwidth it shares with the others during a step. Bytes read plus written per
-  /// second, fastest of five 64 MiB memcpy calls (GB/s).
-  static double shared_memcpy_gb_per_s() {
-    const std::size_t bytes = std::size_t{64} << 20;
+  /// second, fastest of five memcpy calls of `bytes` (GB/s).
+  static double shared_memcpy_gb_per_s(std::size_t bytes) {
     std::vector<char> a(bytes, 1), b(bytes, 0);  // written first: no page faults in the timing
     MPI_Barrier(MPI_COMM_WORLD);
     double best = 1e300;
@@ -919,8 +933,8 @@ class Trainer {
   }
 
   void summary(int first_step, double total_s) {
-    print_memory();  // first: the bandwidth measurement below takes memory of its own
-    const double memcpy_gb_per_s = shared_memcpy_gb_per_s();
+    print_memory();
+    const double memcpy_gb_per_s = memcpy_gb_per_s_;
     if (rank_ != 0) return;
     const int steps_run = std::max(0, last_step_ - first_step);
     auto median = [](std::vector<double> v) {
@@ -1233,6 +1247,7 @@ class Trainer {
   schedule::MemoryAccount planned_;
   std::size_t anon_max_ = 0, shmem_max_ = 0;
   bool steady_ = false;
+  double memcpy_gb_per_s_ = 0.0;  // shared_memcpy_gb_per_s() at start
   // What a resumed run must share with the saved one for the data stream and the schedule to
   // continue where they stopped (the model itself is checked by checkpoint::load).
   const nlohmann::json run_identity_;

@@ -70,11 +70,20 @@ def sharded_model(args, device):
         raise SystemExit(f"--batch {args.batch} must be divisible by the {world} ranks")
     mesh = init_device_mesh(device, (world,))
     torch.manual_seed(1)
-    model = Model(args.inputs, args.hidden, args.layers, args.outputs)
+    if args.init == "meta":  # FSDP2's way for large models: shard on meta, then make the shards
+        with torch.device("meta"):
+            model = Model(args.inputs, args.hidden, args.layers, args.outputs)
+    else:
+        model = Model(args.inputs, args.hidden, args.layers, args.outputs)
     teacher = nn.Sequential(nn.Linear(args.inputs, 64), nn.Tanh(), nn.Linear(64, args.outputs))
     for b in model.blocks:
         fully_shard(b, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    if args.init == "meta":
+        model.to_empty(device=device)
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                m.reset_parameters()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     return rank, world, model, teacher, opt, args.batch // world
 
@@ -88,6 +97,9 @@ def main():
     ap.add_argument("--outputs", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--init", choices=("full", "meta"), default="full",
+                    help="full: build the model on every rank, then shard (default); meta: "
+                    "build on the meta device, shard, then to_empty + reset_parameters")
     args = ap.parse_args()
     if args.steps < 2:
         raise SystemExit("--steps must be >= 2 (the median is over steps 2..N)")
