@@ -185,6 +185,7 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
   if (c.device == fs::DeviceType::cuda && c.deferred)
     throw fs::apps::UsageError{"--deferred-init is not supported with --device cuda yet"};
   c.model.deferred = c.deferred;
+  c.model.seed = c.seed;
   if (c.no_shard && !c.save_to.empty())
     throw fs::apps::UsageError{"--save-to needs a sharded run (not --no-shard)"};
   if (c.warmup >= c.steps)
@@ -342,8 +343,7 @@ int run(const Config& c, fs::Runtime& rt) {
 
   if (!c.init_from.empty()) {
     fs::checkpoint::load_safetensors(c.init_from, sharded.graph());
-  } else if (c.deferred) {  // each rank draws its rows; HSDP's replicas the same ones
-    ::torch::manual_seed(c.seed * 1000003 + std::uint64_t(mesh.coordinate(mesh.names().back())));
+  } else if (c.deferred) {  // each rank fills its rows: the values do not depend on the ranks
     sharded.initialize([&](const fst::LocalShard& s) { model->init_weights(s); });
   }
   const at::Tensor file_batches = c.batches.empty() ? at::Tensor() : read_batches(c);

@@ -227,7 +227,6 @@ void read_model(Section m, Config& c) {
     s.layers = m.integer("layers", s.layers, 1, 1 << 16);
     s.mlp_ratio = m.integer("mlp_ratio", s.mlp_ratio, 1, 64);
     s.checkpoint_blocks = m.boolean("checkpoint_blocks", false);
-    s.deferred_init = m.boolean("deferred_init", false);
     if (s.d_model % s.heads != 0)
       throw ConfigError(c.source + ": model.heads: " + std::to_string(s.heads) +
                         " does not divide model.d_model " + std::to_string(s.d_model));
@@ -240,6 +239,8 @@ void read_model(Section m, Config& c) {
   } else {
     s.file = m.text("file", true);
   }
+  // Built-in families: no rank ever holds the whole model unless asked.
+  if (s.type != "torchscript") s.deferred_init = m.boolean("deferred_init", true);
   m.finish();
 }
 

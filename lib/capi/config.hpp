@@ -26,7 +26,10 @@ struct ModelSpec {
   // gpt
   std::int64_t vocab = 256, context = 128, d_model = 128, heads = 4, layers = 2, mlp_ratio = 4;
   bool checkpoint_blocks = false;
-  bool deferred_init = false;  // gpt: no rank ever holds the whole model (GptConfig::deferred)
+  // Built-in families: each piece released to the meta device as it is built and each rank
+  // initialises its own rows (counter-based, the same model at any rank count); false: built
+  // whole with LibTorch's generator, then sharded.
+  bool deferred_init = true;
   // conv_autoencoder: (N, channels, H, W) -> (N, out_channels, H, W); H and W divisible by
   // 2^levels.
   std::int64_t channels = 1, out_channels = 1, width = 16, levels = 2;

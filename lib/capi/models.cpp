@@ -13,7 +13,9 @@
 #include <utility>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/torch/deferred_init.hpp"
 #include "fullshard/torch/gpt.hpp"
+#include "fullshard/torch/init.hpp"
 #include "fullshard/torch/residual_mlp.hpp"
 #include "fullshard/torch/sharded_model.hpp"
 
@@ -74,17 +76,25 @@ class DenseBlockImpl : public nn::Module {
   Activation act_;
 };
 
+// Deferred: a piece released to the meta device as soon as it is built.
+template <class M>
+M made(M m, bool deferred) {
+  if (deferred) fst::to_meta(*m);
+  return m;
+}
+
 class MlpImpl : public nn::Module {
  public:
   explicit MlpImpl(const ModelSpec& s) {
     auto list = register_module("blocks", nn::ModuleList());
     std::int64_t in = s.inputs;
     for (std::int64_t h : s.hidden) {
-      blocks.push_back(std::make_shared<DenseBlockImpl>(in, h, parse_activation(s.activation)));
+      blocks.push_back(made(std::make_shared<DenseBlockImpl>(in, h, parse_activation(s.activation)),
+                            s.deferred_init));
       list->push_back(blocks.back());
       in = h;
     }
-    output = register_module("output", nn::Linear(in, s.outputs));
+    output = register_module("output", made(nn::Linear(in, s.outputs), s.deferred_init));
   }
   at::Tensor forward(at::Tensor x) {
     for (auto& b : blocks)
@@ -133,19 +143,20 @@ class ConvAutoencoderImpl : public nn::Module {
   explicit ConvAutoencoderImpl(const ModelSpec& s) {
     const Activation a = parse_activation(s.activation);
     auto list = register_module("blocks", nn::ModuleList());
-    down.push_back(std::make_shared<ConvBlockImpl>(s.channels, s.width, 1, a));
+    const bool d = s.deferred_init;
+    down.push_back(made(std::make_shared<ConvBlockImpl>(s.channels, s.width, 1, a), d));
     list->push_back(down.back());
     std::int64_t w = s.width;
     for (std::int64_t l = 0; l < s.levels; ++l, w *= 2) {
-      down.push_back(std::make_shared<ConvBlockImpl>(w, 2 * w, 2, a));
+      down.push_back(made(std::make_shared<ConvBlockImpl>(w, 2 * w, 2, a), d));
       list->push_back(down.back());
     }
     for (std::int64_t l = 0; l < s.levels; ++l, w /= 2) {
-      up.push_back(std::make_shared<UpBlockImpl>(w, w / 2, a));
+      up.push_back(made(std::make_shared<UpBlockImpl>(w, w / 2, a), d));
       list->push_back(up.back());
     }
-    output = register_module("output",
-                             nn::Conv2d(nn::Conv2dOptions(s.width, s.out_channels, 3).padding(1)));
+    output = register_module(
+        "output", made(nn::Conv2d(nn::Conv2dOptions(s.width, s.out_channels, 3).padding(1)), d));
   }
   at::Tensor forward(at::Tensor x) {
     for (auto& b : down)
@@ -238,7 +249,8 @@ bool is_sequential(const ::torch::jit::Module& m) {
 
 }  // namespace
 
-BuiltModel build_model(const ModelSpec& s, at::ScalarType dtype, const std::string& source) {
+BuiltModel build_model(const ModelSpec& s, at::ScalarType dtype, const std::string& source,
+                       std::uint64_t seed) {
   BuiltModel b;
   b.input_dtype = dtype;
   if (s.type == "mlp" || s.type == "residual_mlp") {
@@ -246,6 +258,7 @@ BuiltModel build_model(const ModelSpec& s, at::ScalarType dtype, const std::stri
     const std::string name = s.type;
     if (s.type == "mlp") {
       auto m = std::make_shared<MlpImpl>(s);
+      if (s.deferred_init) b.initialize = fst::rule_initializer(fst::default_init_rules(*m), seed);
       for (auto& blk : m->blocks)
         b.blocks.push_back(blk.get());
       b.forward = [m](const std::vector<at::Tensor>& in) mutable {
@@ -253,7 +266,9 @@ BuiltModel build_model(const ModelSpec& s, at::ScalarType dtype, const std::stri
       };
       b.root = m;
     } else {
-      fst::ResidualMlp m(fst::ResidualMlpConfig{s.inputs, s.hidden[0], s.outputs, s.blocks});
+      fst::ResidualMlp m(
+          fst::ResidualMlpConfig{s.inputs, s.hidden[0], s.outputs, s.blocks, s.deferred_init});
+      if (s.deferred_init) b.initialize = m->initializer(seed);
       for (auto& blk : m->block_list)
         b.blocks.push_back(blk.get());
       b.forward = [m](const std::vector<at::Tensor>& in) mutable {
@@ -277,6 +292,7 @@ BuiltModel build_model(const ModelSpec& s, at::ScalarType dtype, const std::stri
     c.mlp_ratio = s.mlp_ratio;
     c.checkpoint_blocks = s.checkpoint_blocks;
     c.deferred = s.deferred_init;
+    c.seed = seed;
     fst::Gpt m(c);
     if (c.deferred) b.initialize = [m](const fst::LocalShard& shard) { m->init_weights(shard); };
     for (auto& blk : m->block_list)
@@ -297,6 +313,7 @@ BuiltModel build_model(const ModelSpec& s, at::ScalarType dtype, const std::stri
     b.root = m.ptr();
   } else if (s.type == "conv_autoencoder") {
     auto m = std::make_shared<ConvAutoencoderImpl>(s);
+    if (s.deferred_init) b.initialize = fst::rule_initializer(fst::default_init_rules(*m), seed);
     for (auto& blk : m->down)
       b.blocks.push_back(blk.get());
     for (auto& blk : m->up)

@@ -34,9 +34,12 @@ struct BuiltModel {
   at::ScalarType input_dtype = at::kFloat;
 };
 
-/// Builds the model of `spec` with LibTorch's default generator (seed it first) in `dtype`
-/// (kFloat or kDouble). TorchScript files are loaded from spec.file (IoError-like
-/// ConfigError naming the file when it cannot be read or is not a scripted Sequential).
-BuiltModel build_model(const ModelSpec& spec, at::ScalarType dtype, const std::string& source);
+/// Builds the model of `spec` in `dtype` (kFloat or kDouble). spec.deferred_init: on the meta
+/// device piece by piece, `initialize` filling each rank's rows from `seed` (counter-based:
+/// the same values at any rank count); else whole, with LibTorch's default generator (seed it
+/// first). TorchScript files are loaded whole from spec.file (IoError-like ConfigError naming
+/// the file when it cannot be read or is not a scripted Sequential).
+BuiltModel build_model(const ModelSpec& spec, at::ScalarType dtype, const std::string& source,
+                       std::uint64_t seed);
 
 }  // namespace fullshard::capi

@@ -43,9 +43,10 @@ std::vector<at::Tensor> unique_parameters(::torch::nn::Module& m) {
 
 Trainer::Trainer(const DeviceMesh& mesh, Config config) : cfg_(std::move(config)), mesh_(mesh) {
   if (cfg_.threads > 0) at::set_num_threads(cfg_.threads);
-  ::torch::manual_seed(cfg_.seed);  // the same initial parameters on every rank and mesh
-  model_ =
-      build_model(cfg_.model, cfg_.dtype == DType::f64 ? at::kDouble : at::kFloat, cfg_.source);
+  // Built whole (deferred_init false, TorchScript's buffers): the same on every rank and mesh.
+  ::torch::manual_seed(cfg_.seed);
+  model_ = build_model(cfg_.model, cfg_.dtype == DType::f64 ? at::kDouble : at::kFloat, cfg_.source,
+                       cfg_.seed);
   for (const at::Tensor& p : unique_parameters(*model_.root))
     num_params_ += p.numel();
   if (mesh_.device_type() == DeviceType::cuda) {  // the rank's GPU (the runtime bound it)
@@ -54,12 +55,8 @@ Trainer::Trainer(const DeviceMesh& mesh, Config config) : cfg_(std::move(config)
   }
   sharded_ = std::make_unique<fst::ShardedModel>(model_.root);
   shard();
-  if (model_.initialize) {
-    // Each rank draws its own rows; ranks holding the same rows (HSDP's replicas) the same.
-    ::torch::manual_seed(cfg_.seed * 1000003 +
-                         std::uint64_t(mesh_.coordinate(mesh_.names().back())));
-    sharded_->initialize(model_.initialize);
-  }
+  // Each rank fills its own rows, the values those of the whole model from cfg_.seed.
+  if (model_.initialize) sharded_->initialize(model_.initialize);
   graph_params_ = sharded_->graph().parameters();
 
   std::vector<at::Tensor> params = unique_parameters(*model_.root);

@@ -414,14 +414,15 @@ static void families(fullshard_mesh mesh) {
     OK(fullshard_model_create_from_json(
         mesh,
         "{\"model\": {\"type\": \"gpt\", \"vocab\": 16, \"context\": 8, \"d_model\": 16,"
-        " \"heads\": 2, \"layers\": 2}, \"seed\": 3}",
+        " \"heads\": 2, \"layers\": 2, \"deferred_init\": false}, \"seed\": 3}",
         "gpt.json", &m));
     OK(fullshard_train_step(m, 1, &in, 0, NULL, &loss));
     CHECK(fabs(loss - log(16.0)) < 0.2); /* about uniform at the start */
     CHECK_STATUS(fullshard_train_step(m, 1, &in, 1, &in, &loss), FULLSHARD_ERR_ARGUMENT,
                  "pass no targets");
     OK(fullshard_model_free(&m));
-    /* Deferred: built on the meta device, each rank initialises its own shards. */
+    /* Deferred (the default): built on the meta device, each rank initialises its own
+       shards. */
     OK(fullshard_model_create_from_json(
         mesh,
         "{\"model\": {\"type\": \"gpt\", \"vocab\": 16, \"context\": 8, \"d_model\": 16,"

@@ -104,6 +104,10 @@ TEST_CASE("config: every key is read") {
                                           "outputs": 1, "blocks": 2})");
   CHECK(r.model.hidden == std::vector<std::int64_t>{8});
   CHECK(r.model.blocks == 2);
+  CHECK(r.model.deferred_init);  // every built-in family: sharded creation by default
+  const Config w = parse("", R"("model": {"type": "mlp", "inputs": 3, "hidden": [8],
+                                          "outputs": 1, "deferred_init": false})");
+  CHECK(!w.model.deferred_init);
 
   const Config g = parse("", R"("model": {"type": "gpt", "vocab": 64, "context": 16,
                                           "d_model": 32, "heads": 4, "layers": 3,

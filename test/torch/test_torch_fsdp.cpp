@@ -254,7 +254,9 @@ TEST_CASE("torch: deferred initialisation: meta parameters, each rank fills only
   CHECK(torch::equal(other->head->bias, torch::full({kOut}, 3.0f)));
 }
 
-TEST_CASE("torch: a deferred GPT: the full model never exists, its shards get GPT-2's init") {
+TEST_CASE(
+    "torch: a deferred GPT: the full model never exists, its shards get GPT-2's init, "
+    "the same values as the whole model's") {
   fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
   fst::GptConfig c;
   c.vocab = 16;
@@ -263,6 +265,7 @@ TEST_CASE("torch: a deferred GPT: the full model never exists, its shards get GP
   c.heads = 2;
   c.layers = 2;
   c.deferred = true;
+  c.seed = 17;
   fst::Gpt gpt(c);
   for (const auto& p : gpt->named_parameters())
     CHECK(p.value().is_meta());
@@ -270,8 +273,23 @@ TEST_CASE("torch: a deferred GPT: the full model never exists, its shards get GP
   for (auto& b : gpt->block_list)
     sharded.fully_shard(b, mesh);
   sharded.fully_shard(gpt, mesh);
-  torch::manual_seed(17 + world_rank());  // each rank draws its own rows
   sharded.initialize([&](const fst::LocalShard& s) { gpt->init_weights(s); });
+  // Each rank's rows are those of the same GPT built whole on one rank.
+  {
+    fst::GptConfig whole_c = c;
+    whole_c.deferred = false;
+    fst::Gpt whole(whole_c);
+    const auto full = whole->named_parameters();
+    const int W = world_size(), r = world_rank();
+    for (const auto& p : gpt->named_parameters()) {
+      CAPTURE(p.key());
+      const torch::Tensor& want = full[p.key()];
+      const std::int64_t chunk = (want.size(0) + W - 1) / W;  // torch.chunk on dim 0
+      const torch::Tensor rows =
+          want.narrow(0, std::min(want.size(0), r * chunk), p.value().size(0));
+      CHECK(torch::equal(p.value(), rows));
+    }
+  }
   for (const auto& p : gpt->named_parameters()) {
     CAPTURE(p.key());
     const torch::Tensor& t = p.value();

@@ -33,6 +33,9 @@ struct GptConfig {
   /// released to the meta device as soon as it is built, so the full model never exists;
   /// after fully_shard, ShardedModel::initialize with init_weights fills the shards.
   bool deferred = false;
+  /// The initial values' seed: drawn counter-based (init.hpp), element by element, so the
+  /// model is the same at any rank count, deferred or not.
+  std::uint64_t seed = 0;
 };
 
 /// One decoder block: x + attn(ln1(x)), then + mlp(ln2(x)).
@@ -68,8 +71,8 @@ class GptImpl : public ::torch::nn::Module {
   at::Tensor loss(const at::Tensor& ids);
 
   /// GPT-2's initialisation of one parameter (the whole tensor, or a rank's shard: the
-  /// function ShardedModel::initialize takes after a deferred construction). Draws from
-  /// LibTorch's default generator: seed it by the shard coordinate before initialize.
+  /// function ShardedModel::initialize takes after a deferred construction), from
+  /// config().seed: the same values whichever rank holds the rows.
   void init_weights(const LocalShard& s) const;
 
   const GptConfig& config() const noexcept { return config_; }

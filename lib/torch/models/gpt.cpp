@@ -1,5 +1,7 @@
 #include "fullshard/torch/gpt.hpp"
 
+#include "fullshard/torch/init.hpp"
+
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/options/embedding.h>
 #include <torch/nn/options/linear.h>
@@ -91,17 +93,17 @@ void GptImpl::init_weights(const LocalShard& s) const {
   // GPT-2's initialisation: N(0, 0.02) for embeddings and weights, zero biases, unit LayerNorm
   // gains, the residual projections scaled by 1/sqrt(2 * layers). Element by element, so a
   // shard draws from the same distribution as the full tensor.
-  ::torch::NoGradGuard no_grad;
   const std::string& name = s.fqn;
   const bool bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
   if (bias) {
-    s.tensor.zero_();
+    fill(s, InitRule::constant(0.0), config_.seed);
   } else if (s.full_shape.size() >= 2) {
     const bool residual =
         name.find(".proj.") != std::string::npos || name.find(".out.") != std::string::npos;
-    s.tensor.normal_(0.0, residual ? 0.02 / std::sqrt(2.0 * double(config_.layers)) : 0.02);
+    fill(s, InitRule::normal(0.0, residual ? 0.02 / std::sqrt(2.0 * double(config_.layers)) : 0.02),
+         config_.seed);
   } else {
-    s.tensor.fill_(1.0);
+    fill(s, InitRule::constant(1.0), config_.seed);
   }
 }
 

@@ -4,9 +4,12 @@
 #include <torch/nn/options/linear.h>
 
 #include <cmath>
+#include <map>
 #include <string>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/torch/deferred_init.hpp"
+#include "fullshard/torch/init.hpp"
 #include "fullshard/torch/sharded_model.hpp"
 
 namespace fullshard::torch {
@@ -29,12 +32,27 @@ ResidualMlpImpl::ResidualMlpImpl(const ResidualMlpConfig& c) {
     if (v <= 0)
       throw InvalidArgument("ResidualMlpConfig: " + std::string(what) + " must be positive, not " +
                             std::to_string(v));
-  input = register_module("input", ::torch::nn::Linear(c.inputs, c.hidden));
+  // Deferred: each piece released as soon as it is made (at most one block exists).
+  auto made = [&](auto holder) {
+    if (c.deferred) to_meta(*holder);
+    return holder;
+  };
+  input = register_module("input", made(::torch::nn::Linear(c.inputs, c.hidden)));
   auto blocks = register_module("blocks", std::make_shared<::torch::nn::Module>("blocks"));
   for (std::int64_t i = 0; i < c.blocks; ++i)
-    block_list.push_back(
-        blocks->register_module(std::to_string(i), std::make_shared<ResidualBlockImpl>(c.hidden)));
-  output = register_module("output", ::torch::nn::Linear(c.hidden, c.outputs));
+    block_list.push_back(blocks->register_module(
+        std::to_string(i), made(std::make_shared<ResidualBlockImpl>(c.hidden))));
+  output = register_module("output", made(::torch::nn::Linear(c.hidden, c.outputs)));
+}
+
+std::function<void(const LocalShard&)> ResidualMlpImpl::initializer(std::uint64_t seed) const {
+  std::map<std::string, InitRule> blocks;
+  for (std::size_t i = 0; i < block_list.size(); ++i) {
+    const double b = 1.0 / std::sqrt(double(block_list[i]->w1.size(1)));
+    for (const char* name : {"w1", "b1", "w2", "b2"})
+      blocks["blocks." + std::to_string(i) + "." + name] = InitRule::uniform(-b, b);
+  }
+  return rule_initializer(default_init_rules(*this, blocks), seed);
 }
 
 at::Tensor ResidualMlpImpl::forward(const at::Tensor& x) {

@@ -1,0 +1,201 @@
+// Sharded creation through the C API: no rank ever holds the whole model. For every built-in
+// family, LibTorch's CPU allocations while the model is created (counted by an allocator this
+// test installs with c10::SetCPUAllocator) peak at one piece (the largest block or root layer,
+// built and released to the meta device before the next), fullshard's own shard storage (the
+// memory ledger) is exactly the plan's sharded bytes, and the model is the same at any rank
+// count: its safetensors export from the job's mesh is byte for byte the export of the same
+// configuration built on one rank. With "deferred_init": false the whole model is allocated
+// (the counter sees it: the check can fail).
+#include <c10/core/CPUAllocator.h>
+#include <doctest/doctest.h>
+#include <mpi.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "fullshard/base/memory_ledger.hpp"
+#include "fullshard/fullshard.h"
+#include "test_support.hpp"
+
+namespace {
+
+// LibTorch's CPU allocator with a count of the bytes it holds (now and the peak since reset).
+class CountingAllocator final : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  c10::DataPtr allocate(std::size_t n) override {
+    return count(n);
+  }
+  void copy_data(void* dest, const void* src, std::size_t n) const override {
+    default_copy_data(dest, src, n);
+  }
+#else
+  c10::DataPtr allocate(std::size_t n) const override {
+    return count(n);
+  }
+#endif
+  std::int64_t now() const {
+    return now_.load();
+  }
+  std::int64_t peak() const {
+    return peak_.load();
+  }
+  void reset_peak() {
+    peak_.store(now_.load());
+  }
+
+ private:
+  struct Held {
+    c10::DataPtr inner;
+    std::size_t n;
+    const CountingAllocator* self;
+  };
+  static void release(void* ctx) {
+    auto* h = static_cast<Held*>(ctx);
+    h->self->now_ -= static_cast<std::int64_t>(h->n);
+    delete h;
+  }
+  c10::DataPtr count(std::size_t n) const {
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    auto* held = new Held{std::move(inner), n, this};
+    const std::int64_t v = now_ += static_cast<std::int64_t>(n);
+    std::int64_t p = peak_.load();
+    while (v > p && !peak_.compare_exchange_weak(p, v)) {
+    }
+    return c10::DataPtr(data, held, &CountingAllocator::release, device);
+  }
+  c10::Allocator* base_;
+  mutable std::atomic<std::int64_t> now_{0}, peak_{0};
+};
+
+CountingAllocator& counter() {
+  static CountingAllocator* a = [] {
+    auto* c = new CountingAllocator(c10::GetDefaultCPUAllocator());  // lives to the end
+    c10::SetCPUAllocator(c, /*priority=*/100);
+    return c;
+  }();
+  return *a;
+}
+
+void require_ok(fullshard_status s) {
+  INFO(fullshard_last_error());
+  REQUIRE(s == FULLSHARD_OK);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The file's bytes with its own name (in the header's metadata) blanked.
+std::string without_name(std::string bytes, const std::string& name) {
+  for (std::size_t at = bytes.find(name); at != std::string::npos; at = bytes.find(name, at))
+    bytes.replace(at, name.size(), std::string(name.size(), '_'));
+  return bytes;
+}
+
+struct Family {
+  const char* name;
+  std::string json;            // "model" object (without deferred_init)
+  std::int64_t largest_piece;  // elements of the largest block or root layer
+  std::int64_t whole;          // elements of the whole model
+};
+
+}  // namespace
+
+TEST_CASE("C API: every built-in family is created sharded, the same at any rank count") {
+  const int rank = fullshard::test::world_rank(), world = fullshard::test::world_size();
+  counter();  // installed before any tensor of the model
+  require_ok(fullshard_init(MPI_COMM_WORLD));
+  fullshard_mesh mesh{0}, one{0};
+  const int shape[1] = {world}, single[1] = {1};
+  require_ok(fullshard_mesh_create(MPI_COMM_WORLD, "cpu", 1, shape, "dp", &mesh));
+  require_ok(fullshard_mesh_create(MPI_COMM_SELF, "cpu", 1, single, "dp", &one));
+
+  const std::int64_t H = 96;
+  const std::vector<Family> families = {
+      {"mlp", R"("type": "mlp", "inputs": 10, "hidden": [96, 64, 96], "outputs": 3)", 64 * 96 + 96,
+       (10 * 96 + 96) + (96 * 64 + 64) + (64 * 96 + 96) + (96 * 3 + 3)},
+      {"residual_mlp",
+       R"("type": "residual_mlp", "inputs": 10, "hidden": 96, "outputs": 3, "blocks": 3)",
+       2 * H * H + 2 * H, (10 * H + H) + 3 * (2 * H * H + 2 * H) + (H * 3 + 3)},
+      // Embeddings 50 x 32 and 8 x 32; a block: 2 LayerNorms (4 x 32), qkv 32 x 96 + 96, proj
+      // 32 x 32 + 32, fc 32 x 128 + 128, out 128 x 32 + 32; ln_f 2 x 32.
+      {"gpt", R"("type": "gpt", "vocab": 50, "context": 8, "d_model": 32, "heads": 2, "layers": 2)",
+       4 * 32 + (32 * 96 + 96) + (32 * 32 + 32) + (32 * 128 + 128) + (128 * 32 + 32),
+       50 * 32 + 8 * 32 +
+           2 * (4 * 32 + (32 * 96 + 96) + (32 * 32 + 32) + (32 * 128 + 128) + (128 * 32 + 32)) +
+           2 * 32},
+      // Convolutions 1 -> 8 (stride 1), 8 -> 16, 16 -> 32 (stride 2), transposed 32 -> 16,
+      // 16 -> 8 (4 x 4), output 8 -> 1.
+      {"conv_autoencoder", R"("type": "conv_autoencoder", "channels": 1, "width": 8, "levels": 2)",
+       32 * 16 * 16 + 16,
+       (8 * 9 + 8) + (16 * 8 * 9 + 16) + (32 * 16 * 9 + 32) + (32 * 16 * 16 + 16) +
+           (16 * 8 * 16 + 8) + (1 * 8 * 9 + 1)},
+  };
+  for (const Family& f : families) {
+    CAPTURE(f.name);
+    for (const bool deferred : {true, false}) {
+      CAPTURE(deferred);
+      const std::string json = std::string(R"({"model": {)") + f.json +
+                               (deferred ? "" : R"(, "deferred_init": false)") +
+                               R"(}, "seed": 11})";
+      const std::int64_t torch_before = counter().now();
+      counter().reset_peak();
+      const std::uint64_t shards_before =
+          fullshard::memory_ledger::counts().now_of(fullshard::MemoryPart::shards);
+      fullshard_model model{0};
+      require_ok(fullshard_model_create_from_json(mesh, json.c_str(), "creation.json", &model));
+      const std::int64_t torch_peak = counter().peak() - torch_before;
+      const std::uint64_t shards =
+          fullshard::memory_ledger::counts().now_of(fullshard::MemoryPart::shards) - shards_before;
+      fullshard_plan_info info{};
+      require_ok(fullshard_model_plan(model, &info));
+      INFO("LibTorch peak while creating " << torch_peak << " B; largest piece "
+                                           << f.largest_piece * 4 << " B; whole model "
+                                           << f.whole * 4 << " B; shards " << shards << " B");
+      CHECK(static_cast<std::int64_t>(shards) == info.sharded_bytes);
+      if (deferred) {
+        CHECK(torch_peak <= f.largest_piece * 4);
+        CHECK(torch_peak > 0);
+        // The same model on one rank: the same file, byte for byte.
+        // Names of one length: the header's metadata names the file.
+        const std::string prefix =
+            std::string("creation_") + f.name + "_np" + std::to_string(world);
+        const std::string here = prefix + "_job.safetensors";
+        const std::string alone = prefix + "_1r" + std::to_string(rank) + ".safetensors";
+        require_ok(fullshard_export_safetensors(model, here.c_str()));
+        fullshard_model single_model{0};
+        require_ok(
+            fullshard_model_create_from_json(one, json.c_str(), "creation.json", &single_model));
+        require_ok(fullshard_export_safetensors(single_model, alone.c_str()));
+        require_ok(fullshard_model_free(&single_model));
+        MPI_Barrier(MPI_COMM_WORLD);  // the job's file is written
+        // The same tensors, byte for byte (the header's metadata names the file).
+        const std::string a = without_name(read_file(here), here),
+                          b = without_name(read_file(alone), alone);
+        CHECK(a.size() > 8);
+        CHECK(a == b);
+        std::remove(alone.c_str());
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank == 0) std::remove(here.c_str());
+      } else {
+        CHECK(torch_peak >= f.whole * 4);  // built whole on every rank
+      }
+      require_ok(fullshard_model_free(&model));
+    }
+  }
+  require_ok(fullshard_mesh_free(&one));
+  require_ok(fullshard_mesh_free(&mesh));
+  require_ok(fullshard_finalize());
+}
