@@ -511,7 +511,7 @@ class Trainer {
                     c.compute_file.empty() ? "the defaults" : c.compute_file.c_str(),
                     static_cast<long long>(rows), c.shape.hidden, c.shape.inputs, c.shape.outputs);
     }
-    const schedule::PlanOptions options = c.auto_plan ? auto_plan(c, base) : base;
+    const schedule::PlanOptions options = c.auto_plan ? auto_plan(rt, c, base) : base;
     if (!c.graph_out.empty() && rank_ == 0) {
       std::ofstream out(c.graph_out);
       out << fullshard::graph::graph_to_json(model_.root()).dump(1) << "\n";
@@ -568,21 +568,9 @@ class Trainer {
   /// The planned memory account (docs/memory.md) against the rank's budget: every rank stops
   /// with the same message where one would not fit (--memory-check refuse).
   void check_memory(const fullshard::Runtime& rt, const schedule::Plan& plan) {
-    schedule::MemoryInputs in;
-    in.optimizer_states = c_.optimizer == "adamw" ? 2 : (c_.momentum > 0 ? 1 : 0);
-    if (mesh_.device_type() == fullshard::DeviceType::cpu) {
-      const std::string shard_dim = mesh_.names().back();
-      in.shared_memory = mesh_.shm(shard_dim) != nullptr;
-      if (const fullshard::NodeSplit* split = mesh_.node_split(shard_dim))
-        in.nodes = split->nodes();
-    }
-    const std::int64_t W = rt.world_size(), r = mesh_.rank();
+    const std::int64_t W = rt.world_size(), r = mesh_.rank();  // rows_ is not set yet
     const int rows = static_cast<int>(c_.batch / W + (r < c_.batch % W ? 1 : 0));
-    in.activations =
-        model_.activation_bytes(rows, c_.param_dtype.value_or(fullshard::DType::f32)) +
-        static_cast<std::size_t>(rows) * (c_.shape.inputs + c_.shape.outputs) * sizeof(float);
-    in.baseline = schedule::process_memory().resident;
-    planned_ = schedule::plan_memory(plan, in);
+    planned_ = schedule::plan_memory(plan, memory_inputs(rows));
     if (c_.device != fullshard::DeviceType::cpu) return;  // the account is of host memory
     apps::BoundedComm world(rt.world(), "train.memory", rt.settings().timeout_s);
     const schedule::MemoryBudget budget =
@@ -598,6 +586,36 @@ class Trainer {
     }
   }
 
+  /// memory_inputs of the rank with the most rows and the largest baseline (every rank
+  /// gets the same).
+  schedule::MemoryInputs largest_memory_inputs(const fullshard::Runtime& rt) const {
+    const std::int64_t W = rt.world_size();
+    schedule::MemoryInputs in = memory_inputs(static_cast<int>((c_.batch + W - 1) / W));
+    unsigned long long baseline = in.baseline;
+    apps::BoundedComm world(rt.world(), "train.memory", rt.settings().timeout_s);
+    world.allreduce(&baseline, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, "the largest baseline");
+    in.baseline = static_cast<std::size_t>(baseline);
+    return in;
+  }
+
+  /// What the memory account needs besides the plan: optimizer states, transport, the
+  /// activations of `rows` batch rows and the process's resident bytes now.
+  schedule::MemoryInputs memory_inputs(int rows) const {
+    schedule::MemoryInputs in;
+    in.optimizer_states = c_.optimizer == "adamw" ? 2 : (c_.momentum > 0 ? 1 : 0);
+    if (mesh_.device_type() == fullshard::DeviceType::cpu) {
+      const std::string shard_dim = mesh_.names().back();
+      in.shared_memory = mesh_.shm(shard_dim) != nullptr;
+      if (const fullshard::NodeSplit* split = mesh_.node_split(shard_dim))
+        in.nodes = split->nodes();
+    }
+    in.activations =
+        model_.activation_bytes(rows, c_.param_dtype.value_or(fullshard::DType::f32)) +
+        static_cast<std::size_t>(rows) * (c_.shape.inputs + c_.shape.outputs) * sizeof(float);
+    in.baseline = schedule::process_memory().resident;
+    return in;
+  }
+
   /// --auto-plan: the blocks' requests become free, the planner chooses, the choice is applied
   /// to the graph (the same on every rank: planning is deterministic).
   schedule::MeshShape plan_mesh() const {
@@ -605,11 +623,17 @@ class Trainer {
                              : schedule::MeshShape::hsdp(mesh_.shape()[0], mesh_.shape()[1]);
   }
 
-  schedule::PlanOptions auto_plan(const Config& c, const schedule::PlanOptions& base) {
+  schedule::PlanOptions auto_plan(const fullshard::Runtime& rt, const Config& c,
+                                  const schedule::PlanOptions& base) {
     const schedule::MeshShape ms = plan_mesh();
     schedule::AutoPlanOptions o;
     o.memory_budget_bytes = c.memory_budget;
     o.state_bytes_per_param_byte = c.optimizer == "sgd" ? 1.0 : 2.0;
+    // The process peak the memory check checks, for the rank that needs the most (the same
+    // inputs on every rank: one choice).
+    o.memory_of = [in = largest_memory_inputs(rt)](const schedule::Plan& p) {
+      return schedule::plan_memory(p, in).process_peak();
+    };
     o.base = base;
     o.keep_requests = false;
     if (c.allow_compression) {  // int8 codes both ways, at the chosen block

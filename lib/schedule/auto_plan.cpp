@@ -32,6 +32,13 @@ namespace {
 
 constexpr std::size_t kNoBound = std::numeric_limits<std::size_t>::max();
 
+/// The memory a plan is held to: the caller's measure (AutoPlanOptions::memory_of) or the
+/// planner's own.
+std::size_t plan_memory_bytes(const Plan& plan, const AutoPlanOptions& o) {
+  return o.memory_of ? o.memory_of(plan)
+                     : predicted_memory_bytes(plan, o.state_bytes_per_param_byte, o.reserved_bytes);
+}
+
 std::string display_name(const std::string& fqn) {
   return fqn.empty() ? "<root>" : fqn;
 }
@@ -268,7 +275,7 @@ class Search {
     Score s;
     s.evaluated = true;
     s.step_ms = p.step_ms;
-    s.memory = predicted_memory_bytes(p, o_.state_bytes_per_param_byte, o_.reserved_bytes);
+    s.memory = plan_memory_bytes(p, o_);
     s.feasible = s.memory <= o_.memory_budget_bytes;
     return s;
   }
@@ -364,8 +371,12 @@ class Search {
     for (const PlannedGroup& g : p.groups)
       if (g.layout.arena_numel > 0 && !(g.shard_size() == 1 && g.param_dtype == g.orig_dtype))
         group = std::max(group, g.gather_bytes() + g.unsharded_bytes());
+    // What every policy of this grouping holds: the planner's persistent bytes, or under a
+    // caller's measure only the sharded parameters (its gradients and state may differ).
     const std::size_t persistent =
-        predicted_memory_bytes(p, o_.state_bytes_per_param_byte, o_.reserved_bytes) - p.peak_bytes;
+        o_.memory_of ? p.sharded_bytes
+                     : predicted_memory_bytes(p, o_.state_bytes_per_param_byte, o_.reserved_bytes) -
+                           p.peak_bytes;
     return {std::max({compute, ag, rs}), persistent + group};
   }
 
@@ -592,8 +603,7 @@ AutoPlan auto_plan_one(const graph::Module& root, MeshShape mesh, const AutoPlan
     const PlanOptions& bo = options.base;
     out.baseline_choice = s.baseline_choice(*b);
     out.baseline = s.baseline_plan(*b, bo);
-    out.baseline_memory_bytes = predicted_memory_bytes(
-        out.baseline, options.state_bytes_per_param_byte, options.reserved_bytes);
+    out.baseline_memory_bytes = plan_memory_bytes(out.baseline, options);
   }
   out.evaluations = s.evaluations();
 
@@ -612,8 +622,7 @@ AutoPlan auto_plan_one(const graph::Module& root, MeshShape mesh, const AutoPlan
   out.choice = s.choice(s.best());
   out.options = s.options(s.best());
   out.plan = s.final_plan(s.best());
-  out.memory_bytes =
-      predicted_memory_bytes(out.plan, options.state_bytes_per_param_byte, options.reserved_bytes);
+  out.memory_bytes = plan_memory_bytes(out.plan, options);
   return out;
 }
 

@@ -20,8 +20,9 @@ curve() { awk '$1 == "step" && $3 == "loss" { print $2, $4 }' "$1"; }
 [[ "$(curve "$work/default.log" | wc -l)" -eq 6 ]] || fail "the default run printed no 6 step lines"
 cmp -s <(curve "$work/default.log") <(curve "$work/cpu.log") ||
   fail "--device cpu gave another loss curve than the default:"$'\n'"$(paste <(curve "$work/default.log") <(curve "$work/cpu.log"))"
-# The same lines apart from the measured times.
-strip() { sed -E 's/(step_ms|comm_ms) [0-9.]+//g; s/in [0-9.]+ s/in T s/; s/median step [0-9.]+ ms [(]comm [0-9.]+ ms[)]//; s/max RSS [0-9.]+ MiB//; s/, heap in use [0-9.]+ MiB//; s/ [0-9.]+ ms at [0-9.]+ GB[/]s//; s/measured median step [0-9.]+ ms = [0-9.]+ x//' "$1"; }
+# The same lines apart from the measured times and the process's resident memory (the memory
+# table's baseline and process peak rows).
+strip() { sed -E '/^  (baseline|process peak) /d; /^  [(]process peak measured/d; s/(step_ms|comm_ms) [0-9.]+//g; s/in [0-9.]+ s/in T s/; s/median step [0-9.]+ ms [(]comm [0-9.]+ ms[)]//; s/max RSS [0-9.]+ MiB//; s/, heap in use [0-9.]+ MiB//; s/ [0-9.]+ ms at [0-9.]+ GB[/]s//; s/measured median step [0-9.]+ ms = [0-9.]+ x//' "$1"; }
 cmp -s <(strip "$work/default.log") <(strip "$work/cpu.log") ||
   fail "--device cpu printed other lines than the default:"$'\n'"$(diff <(strip "$work/default.log") <(strip "$work/cpu.log"))"
 echo "ok: --device cpu is the default path (6 steps, the same losses and lines)"

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -87,8 +88,15 @@ fsdp::ReshardAfterForward reshard(int v) {
   return fsdp::ReshardAfterForward::group_size(v);
 }
 
-// Exhaustive search over the modules that have no request in the graph (root: reshard only).
-Best exhaustive(const char* json, MeshShape mesh) {
+// The planner's default measure of a plan's memory (no optimizer state, nothing reserved).
+std::size_t default_measure(const Plan& p) {
+  return p.sharded_bytes + p.grad_bytes + p.peak_bytes;
+}
+
+// Exhaustive search over the modules that have no request in the graph (root: reshard only),
+// each candidate's memory by `measure`.
+Best exhaustive(const char* json, MeshShape mesh,
+                const std::function<std::size_t(const Plan&)>& measure = default_measure) {
   auto g = load(json);
   std::vector<graph::Module*> free_modules;
   for (graph::Module* m : g->modules_preorder()) {
@@ -125,7 +133,7 @@ Best exhaustive(const char* json, MeshShape mesh) {
           o.forward_prefetch_depth = pf;
           o.reduce_scatter_max_input_buffers = rs;
           const Plan p = Scheduler::plan(*g, mesh, o);
-          const std::size_t mem = p.sharded_bytes + p.grad_bytes + p.peak_bytes;
+          const std::size_t mem = measure(p);
           ++b.candidates;
           b.min_memory = std::min(b.min_memory, mem);
           b.max_memory = std::max(b.max_memory, mem);
@@ -226,6 +234,51 @@ TEST_CASE("auto-plan: an infeasible budget names the smallest feasible peak") {
   // The exact budget is feasible and uses the least memory.
   const AutoPlan a = auto_plan(*g, mesh, auto_options(all.min_memory));
   CHECK(a.memory_bytes == all.min_memory);
+}
+
+TEST_CASE("auto-plan: a caller's memory measure (memory_of) is the one held to the budget") {
+  // Another weighting than the planner's own, with a fixed baseline, as the memory account's
+  // process peak has: the optimum under it differs from the default's.
+  const auto measure = [](const Plan& p) {
+    return p.sharded_bytes + 2 * p.grad_bytes + 3 * p.peak_bytes + (std::size_t(1) << 20);
+  };
+  for (MeshShape mesh : {MeshShape::fsdp(2), MeshShape::fsdp(4)}) {
+    CAPTURE(mesh.shard_size);
+    const Best all = exhaustive(kFour, mesh, measure);
+    REQUIRE(all.min_memory < all.max_memory);
+    for (std::size_t budget : {all.min_memory, (all.min_memory + all.max_memory) / 2}) {
+      CAPTURE(budget);
+      const Best ref = all.within(budget);
+      REQUIRE(ref.feasible);
+      for (std::size_t max_exhaustive : {std::size_t(1) << 20, std::size_t(0)}) {
+        auto g = load(kFour);
+        AutoPlanOptions o = auto_options(budget);
+        o.memory_of = measure;
+        o.max_exhaustive = max_exhaustive;
+        const AutoPlan a = auto_plan(*g, mesh, o);
+        CHECK(a.memory_bytes == measure(a.plan));
+        CHECK(a.memory_bytes <= budget);
+        CHECK(a.baseline_memory_bytes == measure(a.baseline));
+        if (a.exact) {
+          CHECK(a.plan.step_ms == ref.step_ms);
+          CHECK(a.memory_bytes == ref.memory);
+        } else {
+          CHECK(a.plan.step_ms >= ref.step_ms);
+        }
+      }
+    }
+    // One byte under the smallest is infeasible and names the smallest by the same measure.
+    auto g = load(kFour);
+    AutoPlanOptions o = auto_options(all.min_memory - 1);
+    o.memory_of = measure;
+    std::size_t smallest = 0;
+    try {
+      auto_plan(*g, mesh, o);
+    } catch (const AutoPlanInfeasible& e) {
+      smallest = e.smallest_bytes();
+    }
+    CHECK(smallest == all.min_memory);
+  }
 }
 
 TEST_CASE("auto-plan: deterministic, and the user's requests are kept") {

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,13 @@ struct AutoPlanOptions {
   /// like base's; the fastest feasible one wins, base's on a tie. The chosen policy is in
   /// each call's request ("compression") and in AutoPlan::options.
   std::vector<fsdp::CompressionPolicy> compressions;
+  /// The memory a plan takes per rank, compared with memory_budget_bytes. Empty (the
+  /// default): predicted_memory_bytes(plan, state_bytes_per_param_byte, reserved_bytes). A
+  /// caller that checks its job with the memory account passes the account's process peak
+  /// (plan_memory(plan, inputs).process_peak(), docs/memory.md), so that the planner plans
+  /// within what the check will check (the search's memory bound is then the sharded
+  /// parameters alone).
+  std::function<std::size_t(const Plan&)> memory_of;
 };
 
 /// What the auto-planner chose: the fully_shard calls (bottom-up, as a user writes them) and
