@@ -203,6 +203,10 @@ typedef struct fullshard_plan_info {
   int64_t peak_bytes;    /* predicted peak of fullshard's buffer pool per rank */
   int64_t sharded_bytes; /* this rank's sharded parameters */
   int64_t groups;        /* communication groups (fully_shard calls) */
+  /* planned peak of this rank's process (docs/memory.md): shards, gradients, optimizer state,
+   * pool, shared-memory windows and the process's resident memory at creation; LibTorch's
+   * activations are not in it. 0 on a CUDA mesh (the account is of host memory). */
+  int64_t process_peak_bytes;
 } fullshard_plan_info;
 fullshard_status fullshard_model_plan(fullshard_model model, fullshard_plan_info* info);
 

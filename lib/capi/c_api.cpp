@@ -454,6 +454,7 @@ fullshard_status fullshard_model_plan(fullshard_model model, fullshard_plan_info
     out->peak_bytes = p.peak_bytes;
     out->sharded_bytes = p.sharded_bytes;
     out->groups = p.groups;
+    out->process_peak_bytes = p.process_peak_bytes;
   });
 }
 

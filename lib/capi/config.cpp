@@ -315,6 +315,12 @@ Config parse_config(const std::string& text, const std::string& source) {
     }
     o.finish();
   }
+  {
+    Section o = top.object("memory", false);
+    c.memory.budget_mb = o.number("budget_mb", 0.0, 0.0, 1e12);
+    c.memory.check = o.choice("check", {"refuse", "warn", "off"});
+    o.finish();
+  }
   c.seed = std::uint64_t(top.integer("seed", 0, 0, std::numeric_limits<std::int64_t>::max()));
   c.threads = int(top.integer("threads", 0, 0, 4096));
   top.finish();

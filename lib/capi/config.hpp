@@ -58,6 +58,13 @@ struct ShardingSpec {
   int forward_prefetch = 0;
 };
 
+/// "memory": the rank's planned process peak (docs/memory.md) against what it can have, checked
+/// on every rank before the model's shards are allocated.
+struct MemorySpec {
+  double budget_mb = 0.0;        // 0: the cgroup limit or MemAvailable, shared by the node's ranks
+  std::string check = "refuse";  // refuse | warn | off
+};
+
 struct Config {
   std::string source;  // the file name (or "<string>") errors name
   ModelSpec model;
@@ -68,6 +75,7 @@ struct Config {
   DType dtype = DType::f32;                        // the parameters' (f32 | f64)
   std::optional<DType> param_dtype, reduce_dtype;  // mixed precision (FSDP2's policy)
   ShardingSpec sharding;
+  MemorySpec memory;
   std::uint64_t seed = 0;
   int threads = 0;  // LibTorch intra-op threads; 0: the launcher's cores
   /// Every value read, as "key = value" in a fixed order (defaults included): what the ranks

@@ -8,11 +8,14 @@
 #include <filesystem>
 #include <utility>
 
+#include "fullshard/base/bounded_comm.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/mpi_wait.hpp"
 #include "fullshard/checkpoint/checkpoint.hpp"
 #include "fullshard/checkpoint/safetensors.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
+#include "fullshard/schedule/memory_account.hpp"
+#include "fullshard/schedule/memory_budget.hpp"
 #include "fullshard/schedule/plan.hpp"
 #include "fullshard/torch/checkpoint.hpp"
 
@@ -99,8 +102,10 @@ void Trainer::shard() {
     ao.memory_budget_bytes = std::size_t(cfg_.sharding.memory_budget_mb * 1024.0 * 1024.0);
     ao.state_bytes_per_param_byte =
         cfg_.optimizer.type == "adamw" ? 2.0 : (cfg_.optimizer.momentum > 0 ? 1.0 : 0.0);
+    // The planner's own measure of its plans; the process peak is checked below.
     auto_plan.emplace(sharded_->auto_shard(mesh_, ao, model_.blocks));
     plan = &auto_plan->plan;
+    check_memory(*plan);
   } else {
     graph::Module& g = sharded_->graph();
     if (cfg_.sharding.policy == "blocks")
@@ -108,6 +113,7 @@ void Trainer::shard() {
         g.module(sharded_->fqn(*b)).set_fully_shard_request(true);
     g.set_fully_shard_request(true);
     explicit_plan.emplace(sch::Scheduler::plan(g, shape, o));
+    check_memory(*explicit_plan);
     sharded_->apply_plan(*explicit_plan, mesh_);
     plan = &*explicit_plan;
   }
@@ -115,6 +121,33 @@ void Trainer::shard() {
   plan_.peak_bytes = std::int64_t(plan->peak_bytes);
   plan_.sharded_bytes = std::int64_t(plan->sharded_bytes);
   plan_.groups = std::int64_t(plan->groups.size());
+}
+
+void Trainer::check_memory(const schedule::Plan& plan) {
+  namespace sch = fullshard::schedule;
+  const MemorySpec& m = cfg_.memory;
+  // The account is of host memory; a CUDA mesh's parameters live on the device.
+  if (mesh_.device_type() != DeviceType::cpu) return;
+  sch::MemoryInputs in;
+  in.optimizer_states = cfg_.optimizer.type == "adamw" ? 2 : (cfg_.optimizer.momentum > 0 ? 1 : 0);
+  const std::string shard_dim = mesh_.names().back();
+  in.shared_memory = mesh_.shm(shard_dim) != nullptr;
+  if (const NodeSplit* split = mesh_.node_split(shard_dim)) in.nodes = split->nodes();
+  in.rank = mesh_.coordinate(shard_dim);
+  // LibTorch's activations are not declared to the planner: the account leaves them out.
+  in.baseline = sch::process_memory().resident;
+  const sch::MemoryAccount planned = sch::plan_memory(plan, in);
+  plan_.process_peak_bytes = static_cast<std::int64_t>(planned.process_peak());
+  if (m.check == "off") return;
+  BoundedComm comm(mesh_.control_world(), "capi.memory", mesh_.timeout_s());
+  const sch::MemoryBudget budget = sch::rank_memory_budget(
+      comm, static_cast<std::size_t>(m.budget_mb * 1024.0 * 1024.0), "memory.budget_mb");
+  sch::check_memory_budget(
+      comm, planned, budget, m.check == "warn" ? sch::MemoryCheck::warn : sch::MemoryCheck::refuse,
+      "more ranks shrink the shards, gradients and optimizer state; \"sharding\": "
+      "{\"reshard_after_forward\": true} frees each block after its forward; a larger "
+      "\"memory\": {\"budget_mb\"} where the node has it; \"memory\": {\"check\": "
+      "\"warn\"} runs it anyway (LibTorch's activations are not in the account)");
 }
 
 double Trainer::lr() const {

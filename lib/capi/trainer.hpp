@@ -13,6 +13,7 @@
 
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/optim/optimizer.hpp"
+#include "fullshard/schedule/plan.hpp"
 #include "fullshard/torch/sharded_model.hpp"
 #include "lib/capi/config.hpp"
 #include "lib/capi/models.hpp"
@@ -23,6 +24,7 @@ namespace fullshard::capi {
 struct PlanPrediction {
   double step_ms = 0;
   std::int64_t peak_bytes = 0, sharded_bytes = 0, groups = 0;
+  std::int64_t process_peak_bytes = 0;  // the memory account's (0 on a CUDA mesh)
 };
 
 class Trainer {
@@ -58,6 +60,10 @@ class Trainer {
 
  private:
   void shard();
+  /// Plans the process peak (plan_.process_peak_bytes) and checks it against the
+  /// configuration's "memory" budget, on every rank before the shards are allocated
+  /// (MemoryBudgetExceeded on every rank).
+  void check_memory(const schedule::Plan& plan);
   at::Tensor loss_of(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
 
   Config cfg_;

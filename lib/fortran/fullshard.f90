@@ -36,6 +36,7 @@ module fullshard
   type, public, bind(C) :: fullshard_plan_info
     real(c_double) :: step_ms
     integer(c_int64_t) :: peak_bytes, sharded_bytes, groups
+    integer(c_int64_t) :: process_peak_bytes  !< the rank's planned process peak (docs/memory.md)
   end type
 
   ! The C structs (fullshard_mesh / fullshard_model are one uint64_t; Fortran has no unsigned

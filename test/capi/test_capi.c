@@ -221,6 +221,8 @@ static void training(fullshard_mesh mesh) {
   CHECK(plan.step_ms > 0);
   CHECK(plan.peak_bytes > 0);
   CHECK(plan.sharded_bytes > 0 && plan.sharded_bytes <= (int64_t)n * 4);
+  /* The process's resident memory at creation is in it (far more than this model's bytes). */
+  CHECK(plan.process_peak_bytes > plan.sharded_bytes + plan.peak_bytes + (int64_t)n * 4);
   OK(fullshard_model_lr(m, &lr));
   CHECK(lr == 0); /* warm-up from 0 */
 

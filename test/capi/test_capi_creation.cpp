@@ -199,3 +199,70 @@ TEST_CASE("C API: every built-in family is created sharded, the same at any rank
   require_ok(fullshard_mesh_free(&mesh));
   require_ok(fullshard_finalize());
 }
+
+TEST_CASE("C API: a memory budget the plan exceeds is refused on every rank before the shards") {
+  const int world = fullshard::test::world_size();
+  require_ok(fullshard_init(MPI_COMM_WORLD));
+  fullshard_mesh mesh{0};
+  const int shape[1] = {world};
+  require_ok(fullshard_mesh_create(MPI_COMM_WORLD, "cpu", 1, shape, "dp", &mesh));
+  const std::string model =
+      R"({"model": {"type": "residual_mlp", "inputs": 10, "hidden": 96, "outputs": 3,
+                    "blocks": 3}, )";
+  // The process's baseline alone (LibTorch, MPI) is far above 1 MiB.
+  const std::string tight = model + R"("memory": {"budget_mb": 1}})";
+  const std::uint64_t shards_before =
+      fullshard::memory_ledger::counts().now_of(fullshard::MemoryPart::shards);
+  fullshard_model m{0};
+  const fullshard_status s =
+      fullshard_model_create_from_json(mesh, tight.c_str(), "budget.json", &m);
+  const std::string what = fullshard_last_error();
+  CAPTURE(what);
+  CHECK(s == FULLSHARD_ERR_CONFIG);
+  CHECK(m.id == 0);
+  CHECK(what.find("exceeds the memory a rank can have: 1.00 MiB") != std::string::npos);
+  CHECK(what.find("(memory.budget_mb)") != std::string::npos);
+  CHECK(what.find("optimizer state") != std::string::npos);
+  // No shard was allocated.
+  CHECK(fullshard::memory_ledger::counts().now_of(fullshard::MemoryPart::shards) == shards_before);
+  // Every rank refused with the same message.
+  const int length = static_cast<int>(what.size());
+  int lengths[2] = {length, -length};
+  MPI_Allreduce(MPI_IN_PLACE, lengths, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  CHECK(lengths[0] == length);
+  CHECK(-lengths[1] == length);
+
+  // "warn" creates it; so does a budget it fits. The planned process peak is in the plan's
+  // information (the largest over the ranks below).
+  std::int64_t peak = 0;
+  for (const char* memory :
+       {R"("memory": {"budget_mb": 1, "check": "warn"}})", R"("memory": {"budget_mb": 100000}})",
+        R"("memory": {"check": "off"}})"}) {
+    CAPTURE(memory);
+    const std::string json = model + memory;
+    require_ok(fullshard_model_create_from_json(mesh, json.c_str(), "budget.json", &m));
+    CHECK(fullshard::memory_ledger::counts().now_of(fullshard::MemoryPart::shards) > shards_before);
+    fullshard_plan_info info{};
+    require_ok(fullshard_model_plan(m, &info));
+    // Shards, gradients and AdamW's two states (over the rank's rows), the pool, the baseline.
+    CHECK(info.process_peak_bytes > info.sharded_bytes + info.peak_bytes);
+    peak = std::max<std::int64_t>(peak, info.process_peak_bytes);
+    require_ok(fullshard_model_free(&m));
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  // The budget is held against that peak: 10 % below refuses, 10 % above creates (the
+  // baseline, measured at each creation, moves by far less).
+  const double mib = 1024.0 * 1024.0;
+  for (const double factor : {0.9, 1.1}) {
+    CAPTURE(factor);
+    const std::string json =
+        model + R"("memory": {"budget_mb": )" + std::to_string(factor * peak / mib) + "}}";
+    const fullshard_status st =
+        fullshard_model_create_from_json(mesh, json.c_str(), "budget.json", &m);
+    INFO(fullshard_last_error());
+    CHECK(st == (factor < 1 ? FULLSHARD_ERR_CONFIG : FULLSHARD_OK));
+    if (st == FULLSHARD_OK) require_ok(fullshard_model_free(&m));
+  }
+  require_ok(fullshard_mesh_free(&mesh));
+  require_ok(fullshard_finalize());
+}

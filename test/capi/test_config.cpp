@@ -55,9 +55,12 @@ TEST_CASE("config: defaults") {
   CHECK_FALSE(c.param_dtype.has_value());
   CHECK(c.sharding.policy == "blocks");
   CHECK(c.sharding.reshard_after_forward);
+  CHECK(c.memory.budget_mb == 0.0);
+  CHECK(c.memory.check == "refuse");
   CHECK(c.seed == 0);
   CHECK(c.threads == 0);
   CHECK(has(c, "optimizer.lr = 0.001"));
+  CHECK(has(c, "memory.check = refuse"));
 }
 
 TEST_CASE("config: every key is read") {
@@ -71,6 +74,7 @@ TEST_CASE("config: every key is read") {
          "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "float32"},
          "sharding": {"policy": "auto", "reshard_after_forward": false,
                       "forward_prefetch": 2, "memory_budget_mb": 128},
+         "memory": {"budget_mb": 2048.5, "check": "warn"},
          "seed": 42, "threads": 3)",
       R"("model": {"type": "mlp", "inputs": 3, "hidden": [4], "outputs": 2,
                    "activation": "gelu"})");
@@ -93,6 +97,8 @@ TEST_CASE("config: every key is read") {
   CHECK_FALSE(c.sharding.reshard_after_forward);
   CHECK(c.sharding.forward_prefetch == 2);
   CHECK(c.sharding.memory_budget_mb == 128);
+  CHECK(c.memory.budget_mb == 2048.5);
+  CHECK(c.memory.check == "warn");
   CHECK(c.seed == 42);
   CHECK(c.threads == 3);
 
@@ -174,6 +180,9 @@ TEST_CASE("config: every bad value names the file and the key") {
        "cfg.json: sharding.reshard_after_forward: expected true or false, got a number"},
       {R"("sharding": {"forward_prefetch": 17})",
        "cfg.json: sharding.forward_prefetch: 17 is out of range"},
+      {R"("memory": {"budget_mb": -1})", "cfg.json: memory.budget_mb: -1 is out of range"},
+      {R"("memory": {"check": "ignore"})", "cfg.json: memory.check: unknown value \"ignore\""},
+      {R"("memory": {"budget": 1})", "cfg.json: unknown key 'memory.budget' in 'memory'"},
       {R"("seed": -1)", "cfg.json: seed: -1 is out of range"},
       {R"("seed": 1.5)", "cfg.json: seed: expected an integer, got a number"},
       {R"("threads": 5000)", "cfg.json: threads: 5000 is out of range"},

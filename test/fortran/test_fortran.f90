@@ -44,6 +44,7 @@ program test_fortran
   call check(nparams == (3*8 + 8) + (8*8 + 8) + (8*2 + 2), 'parameter count', '')
   call fullshard_model_plan(model, plan)
   call check(plan%groups == 3 .and. plan%step_ms > 0 .and. plan%peak_bytes > 0, 'plan', '')
+  call check(plan%process_peak_bytes > plan%sharded_bytes + plan%peak_bytes, 'process peak', '')
 
   ! Column-major: x(features, samples) is the (samples, features) tensor. The batch's
   ! prediction equals each sample's alone (rank-1 arrays), and a rank-3 array's.
