@@ -18,6 +18,7 @@
 #include "fullshard/graph/json_graph.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
 #include "fullshard/schedule/compute_cost.hpp"
+#include "fullshard/schedule/memory_account.hpp"
 #include "fullshard/schedule/plan.hpp"
 
 namespace {
@@ -69,6 +70,15 @@ const char* const kUsage =
     "                          collectives\n"
     "  --copy-gb-per-s X       copy kernel bandwidth with --network (default 1500)\n"
     "  --trace FILE            write the plan as a Chrome/Perfetto trace (JSON)\n"
+    "\n"
+    "memory per rank (docs/memory.md; printed after the plan):\n"
+    "  --optimizer-states S    state arrays per parameter of an optimizer after backward: 0\n"
+    "                          SGD (default), 1 SGD with momentum, 2 AdamW\n"
+    "  --transport shm|mpi     the shard dim's host collectives: node-local shared memory\n"
+    "                          (default; its windows are counted) or MPI\n"
+    "  --nodes K               nodes the shard dim spans (default 1; shm: two levels)\n"
+    "  --activations SIZE      activations and the front end's scratch per rank (default 0)\n"
+    "  --baseline SIZE         the process before the model (default 0)\n"
     "  --time                  print how long planning took\n"
     "\n"
     "auto-plan (docs/plan-format.md, \"Auto-plan\"):\n"
@@ -149,6 +159,28 @@ void print_auto(const schedule::AutoPlan& a, const schedule::MeshShape& mesh,
               P.peak_bytes);
 }
 
+// The memory account of rank 0 (docs/memory.md): each part in bytes, then the process peak.
+void print_memory(const schedule::Plan& plan, schedule::MemoryInputs in) {
+  // Inside backward the plan's own state count is the optimizer's.
+  if (plan.options.optimizer_in_backward_states >= 0)
+    in.optimizer_states = plan.options.optimizer_in_backward_states;
+  const schedule::MemoryAccount a = schedule::plan_memory(plan, in);
+  std::printf("memory per rank (%d optimizer state arrays, %s, %d node%s):\n", in.optimizer_states,
+              in.shared_memory && plan.mesh.shard_size > 1 ? "shared memory" : "MPI", in.nodes,
+              in.nodes == 1 ? "" : "s");
+  const auto part = [](const char* name, std::size_t bytes) {
+    std::printf("  %-16s %12s (%zu B)\n", name, mib(bytes).c_str(), bytes);
+  };
+  part("baseline", a.baseline);
+  part("shards", a.shards);
+  part("gradients", a.gradients);
+  part("optimizer state", a.optimizer_state);
+  part("pool", a.pool);
+  part("windows", a.windows);
+  part("activations", a.activations);
+  part("process peak", a.process_peak());
+}
+
 // Bytes each rank moves per link level over the iteration (the plan's collectives).
 void print_links(const schedule::Plan& p, const schedule::TwoLevelNetwork& n) {
   schedule::TwoLevelNetwork::LinkBytes total;
@@ -188,6 +220,8 @@ int run(int argc, char** argv) {
   bool auto_mode = false, timing = false;
   schedule::AutoPlanOptions ao;
   bool have_budget = false;
+  schedule::MemoryInputs memory;
+  memory.shared_memory = true;
   double copy_gb_per_s = 1500.0;
 
   fullshard::apps::ArgParser args(argc, argv);
@@ -267,6 +301,19 @@ int run(int argc, char** argv) {
       ao.keep_requests = false;
     } else if (flag == "--choice") {
       choice_path = value();
+    } else if (flag == "--optimizer-states") {
+      memory.optimizer_states = args.int_value(0, 2);
+    } else if (flag == "--transport") {
+      const std::string v = value();
+      if (v != "shm" && v != "mpi")
+        throw UsageError{"--transport expects shm or mpi, got '" + v + "'"};
+      memory.shared_memory = v == "shm";
+    } else if (flag == "--nodes") {
+      memory.nodes = args.int_value(1);
+    } else if (flag == "--activations") {
+      memory.activations = byte_size(value(), "--activations");
+    } else if (flag == "--baseline") {
+      memory.baseline = byte_size(value(), "--baseline");
     } else {
       throw UsageError{"unknown option '" + flag + "' (see --help)"};
     }
@@ -304,6 +351,7 @@ int run(int argc, char** argv) {
   else
     std::fputs(plan.to_text().c_str(), stdout);
   if (network) print_links(plan, *network);
+  print_memory(plan, memory);
   std::printf("serial step time: %.3f ms (every op on one thread, as the host's inline progress)\n",
               schedule::serial_step_ms(plan));
   if (timing)

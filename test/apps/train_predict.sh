@@ -6,7 +6,8 @@
 # and options; the module costs are those of the FLOP formula at the fixed rates; and the
 # predicted step is that plan time plus the optimizer (elements per rank x ns per element)
 # (plus the core wait it prints); with --optimizer-in-backward the updates are the plan's own
-# operations and the optimizer term is 0. With module times for the run's shape in the compute file,
+# operations and the optimizer term is 0. The memory account fullshard-plan prints is the run's
+# planned one, part for part. With module times for the run's shape in the compute file,
 # the modules declare those instead, and the run says so. No timing is asserted.
 #   train_predict.sh MPIEXEC TRAIN_BINARY PLAN_BINARY RANKS
 set -euo pipefail
@@ -31,7 +32,7 @@ flags=(--steps 3 --layers 3 --hidden 64 --inputs 16 --outputs 4 --batch 32 --pre
   || { echo "FAIL: fullshard-train exited with an error:"; cat "$work/train.log"; exit 1; }
 # (fullshard-train's host callbacks assign fresh gradients: no zeroing is planned)
 "$plan" --graph "$work/graph.json" --mesh "$ranks" --prefetch 1 --cost "$work/cost.json" \
-  --fresh-gradients >"$work/plan.log" 2>&1 \
+  --fresh-gradients --optimizer-states 2 >"$work/plan.log" 2>&1 \
   || { echo "FAIL: fullshard-plan exited with an error:"; cat "$work/plan.log"; exit 1; }
 grep '^prediction:' "$work/train.log" || true
 grep -E '^(serial )?step time:' "$work/plan.log" || true
@@ -86,6 +87,27 @@ awk -v ranks="$ranks" -v fused="$1" '
 }
 compare_prediction 0
 
+# compare_memory: the memory account fullshard-plan prints for the graph (rank 0, bytes) is the
+# planned column of the run's memory table (MiB, one decimal) for every library part.
+compare_memory() {
+python3 - "$work/plan.log" "$work/train.log" <<'PY'
+import re, sys
+plan = dict(re.findall(r"^  ([a-z ]+?) +[0-9.]+ [KMG]?i?B \(([0-9]+) B\)$", open(sys.argv[1]).read(), re.M))
+table = dict(re.findall(r"^  ([a-z ()]+?) +([0-9.]+) +[0-9.]+ +\S+$", open(sys.argv[2]).read(), re.M))
+parts = ["shards", "gradients", "optimizer state", "pool", "windows"]
+for p in parts:
+    if p not in plan or p not in table:
+        sys.exit(f"FAIL: no '{p}' in fullshard-plan's memory ({sorted(plan)}) or the run's table ({sorted(table)})")
+    mib = int(plan[p]) / 2**20
+    if abs(round(mib, 1) - float(table[p])) > 0.051:
+        sys.exit(f"FAIL: {p}: fullshard-plan {mib:.4f} MiB, the run planned {table[p]} MiB")
+if int(plan["shards"]) <= 0 or int(plan["optimizer state"]) <= 0:
+    sys.exit("FAIL: no shards or optimizer state in fullshard-plan's memory")
+print("ok: fullshard-plan's memory parts are the run's:", {p: plan[p] for p in parts})
+PY
+}
+compare_memory
+
 # The optimizer inside backward: its updates are the plan's operations.
 "$mpiexec" -n "$ranks" "$train" "${flags[@]}" --cost "$work/cost.json" --optimizer-in-backward \
   --compute "$work/compute.json" --graph-out "$work/graph.json" >"$work/train.log" 2>&1 \
@@ -96,6 +118,7 @@ compare_prediction 0
 grep -q '^optimizer_in_backward: 2 state arrays' "$work/plan.log" \
   || { echo "FAIL: the plan has no optimizer inside backward"; exit 1; }
 compare_prediction 1
+compare_memory
 
 # Module times for this shape (rows 32 / ranks per rank, hidden 64, inputs 16, outputs 4):
 # the modules declare them, not the FLOP formula's costs.
@@ -135,3 +158,17 @@ for name, (f, b) in want.items():
         sys.exit(f"FAIL: {name} declared {got}, the measured module times are {(f, b)}")
 print("ok: every module declared its measured time")
 PY
+
+# The memory account on a model whose parts are megabytes (the table's 0.1 MiB is then < 1 %):
+# AdamW after backward, and SGD with momentum.
+for opt in "adamw 2" "sgd 1"; do
+  read -r name states <<<"$opt"
+  "$mpiexec" -n "$ranks" "$train" --steps 2 --layers 3 --hidden 1024 --inputs 16 --outputs 4 \
+    --batch 32 --optimizer "$name" --momentum 0.9 --graph-out "$work/graph.json" \
+    >"$work/train.log" 2>&1 \
+    || { echo "FAIL: fullshard-train --optimizer $name exited with an error:"; cat "$work/train.log"; exit 1; }
+  "$plan" --graph "$work/graph.json" --mesh "$ranks" --fresh-gradients \
+    --optimizer-states "$states" >"$work/plan.log" 2>&1 \
+    || { echo "FAIL: fullshard-plan exited with an error:"; cat "$work/plan.log"; exit 1; }
+  compare_memory
+done
