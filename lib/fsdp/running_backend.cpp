@@ -139,13 +139,31 @@ Buf RunningBackend::acquire(const engine::Group& g, engine::BufKind kind, std::i
   b.slot = free_slots_.back();
   free_slots_.pop_back();
   transport::Held& m = mem(b);
-  // Gradients a transport keeps in its own memory (shared-memory windows) are only counted.
-  m.tensor = kind == engine::BufKind::grads && transport(g).provides_grads()
+  // Buffers the transport keeps in its own memory (shared-memory windows) or never uses are
+  // only counted (the plan's pool peak has them; schedule::plan_memory leaves them out).
+  m.tensor = counted_only(g, kind)
                  ? device_->reserve(numel, dtype, engine::buf_kind_name(kind), pg(g).name())
                  : device_->acquire(first_user(kind), numel, dtype, engine::buf_kind_name(kind),
                                     pg(g).name());
   if (kind == engine::BufKind::grads) transport(g).take_grads_buffer(m);
   return b;
+}
+
+bool RunningBackend::counted_only(const engine::Group& g, engine::BufKind kind) const {
+  if (g.info.world <= 1) return false;
+  const transport::GroupTransport& t = transport(g);
+  switch (kind) {
+    case engine::BufKind::grads:
+      return t.provides_grads();
+    case engine::BufKind::ag_buffer:  // a gather from the post-forward slices reads the buffer
+      return t.gathers_in_own_memory() && g.state != engine::ShardedState::sharded_post_forward;
+    case engine::BufKind::rs_input:
+      return t.reduces_without_input();
+    case engine::BufKind::rs_output:
+      return t.reduces_without_output();
+    default:
+      return false;
+  }
 }
 
 // The memory goes back once the operations using it ran, at the point the engine says.

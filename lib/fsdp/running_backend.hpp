@@ -103,6 +103,9 @@ class RunningBackend final : public engine::Backend {
   transport::Held& mem(const engine::Buf& b);
   ParamGroup& pg(const engine::Group& g) const;
   transport::GroupTransport& transport(const engine::Group& g) const;
+  /// A buffer of `kind` the group's transport keeps in its own memory or never uses: only
+  /// its bytes are counted (Device::reserve).
+  bool counted_only(const engine::Group& g, engine::BufKind kind) const;
   // The operation's completion (and its channel's last operation).
   engine::Event done(const engine::OpDesc& d, comm::Work w);
   // Operation `d` (completing with `w`) reads or writes `b`.

@@ -11,6 +11,7 @@
 
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
+#include "fullshard/transport/fusions.hpp"
 
 namespace fullshard::schedule {
 namespace {
@@ -124,18 +125,62 @@ MemoryAccount plan_memory(const Plan& plan, const MemoryInputs& in) {
     }
   }
 
-  // The pool over one iteration (from the sharded state, as the plan's events are).
-  // On shared memory the unsharded gradients are the transport's windows (below): the pool
-  // only counts them (Device::reserve).
+  // The pool over one iteration (from the sharded state, as the plan's events are). On
+  // shared memory (a group whose transport is not MPI: compressed groups are) the unsharded
+  // gradients are the transport's windows (below), the gathered shards too, and one node's
+  // reduction needs no input buffer, nor (without HSDP) an output: the pool only counts them
+  // (Device::reserve; fsdp's RunningBackend::counted_only is the same rule).
   const bool shm = in.shared_memory && plan.mesh.shard_size > 1;
+  const std::size_t nodes = static_cast<std::size_t>(std::max(1, in.nodes));
+  const transport::Kind mesh_kind = nodes > 1 ? transport::Kind::two_level : transport::Kind::shm;
+  std::vector<char> on_shm(plan.groups.size(), 0), reduce_fused(plan.groups.size(), 0);
+  for (std::size_t i = 0; i < plan.groups.size() && shm; ++i) {
+    const PlannedGroup& g = plan.groups[i];
+    const transport::Geometry geo = g.geometry(plan.mesh.replicate_size);
+    const transport::Kind k = transport::group_kind(mesh_kind, geo);
+    on_shm[i] = g.shard_size() > 1 && k != transport::Kind::mpi;
+    reduce_fused[i] = transport::fusions(k, geo).copy_out_in_reduce;
+  }
+  const auto counted_only = [&](const BufferEvent& e) {
+    using fsdp::engine::BufKind;
+    const auto gi = static_cast<std::size_t>(e.group);
+    if (!on_shm[gi]) return false;
+    switch (e.kind) {
+      case BufKind::grads:
+        return true;
+      case BufKind::ag_buffer:  // a gather from the post-forward slices reads the buffer
+        return plan.ops[static_cast<std::size_t>(e.op)].k <= 1;
+      case BufKind::rs_input:
+        return nodes == 1;
+      case BufKind::rs_output:
+        return reduce_fused[gi] != 0;
+      default:
+        return false;
+    }
+  };
   PoolReplay pool;
-  for (const BufferEvent& e : plan.events)
-    if (!(shm && e.kind == fsdp::engine::BufKind::grads)) pool.on(plan, e);
+  // An alloc's decision holds for its release (per group and kind: one buffer of a kind in
+  // flight per group at a time).
+  std::map<std::pair<int, int>, int> skipped;
+  for (const BufferEvent& e : plan.events) {
+    int& n = skipped[{e.group, static_cast<int>(e.kind)}];
+    if (e.action == BufferAction::alloc) {
+      if (counted_only(e)) {
+        ++n;
+        continue;
+      }
+    } else if (n > 0) {
+      --n;
+      continue;
+    }
+    pool.on(plan, e);
+  }
   a.pool = pool.resident();
 
   if (shm) {
-    const std::size_t nodes = static_cast<std::size_t>(std::max(1, in.nodes));
-    for (const PlannedGroup& g : plan.groups) {
+    for (std::size_t gi = 0; gi < plan.groups.size(); ++gi) {
+      if (!on_shm[gi]) continue;
+      const PlannedGroup& g = plan.groups[gi];
       const std::size_t gsn = static_cast<std::size_t>(g.layout.shard_numel);
       const std::size_t window = nodes * gsn * dtype_size(g.param_dtype);
       // Without a cast this rank's slot is its shards (counted above).
@@ -145,7 +190,8 @@ MemoryAccount plan_memory(const Plan& plan, const MemoryInputs& in) {
     // back at its reduce-scatter; iterations replayed until no window is added.
     std::vector<std::vector<const BufferEvent*>> at(plan.ops.size());
     for (const BufferEvent& e : plan.events)
-      if (e.kind == fsdp::engine::BufKind::grads && e.action == BufferAction::alloc)
+      if (e.kind == fsdp::engine::BufKind::grads && e.action == BufferAction::alloc &&
+          on_shm[static_cast<std::size_t>(e.group)])
         at[static_cast<std::size_t>(e.op)].push_back(&e);
     GradWindowReplay grads;
     std::size_t before = static_cast<std::size_t>(-1);

@@ -35,6 +35,9 @@ struct Case {
   int states;  // optimizer state arrays: SGD 0, AdamW 2
   bool in_backward;
   bool offload = false;
+  int reshard_k = 0;        // reshard_after_forward = k (the post-forward slices): W == 4
+  bool hsdp = false;        // 2 replicas of W/2 (the reduction's output feeds the all-reduce)
+  bool compressed = false;  // int8 both ways: the group runs on MPI, also on a shm mesh
 };
 
 std::unique_ptr<Module> make_model(int blocks) {
@@ -65,24 +68,38 @@ TEST_CASE("memory account: every planned part equals the library's counted bytes
        {Case{"f32 SGD", DType::f32, 0, false}, Case{"f32 AdamW", DType::f32, 2, false},
         Case{"bf16 AdamW", DType::bf16, 2, false},
         Case{"f32 AdamW inside backward", DType::f32, 2, true},
-        Case{"f32 AdamW, CPU offload", DType::f32, 2, false, true}}) {
-    CAPTURE(k.name);
+        Case{"f32 AdamW, CPU offload", DType::f32, 2, false, true},
+        Case{"f32 AdamW, reshard after forward to 2 ranks", DType::f32, 2, false, false, 2},
+        Case{"f32 AdamW, HSDP 2 x 2", DType::f32, 2, false, false, 0, true},
+        Case{"f32 SGD, int8 collectives", DType::f32, 0, false, false, 0, false, true}}) {
+    const std::string name = k.name;
+    CAPTURE(name);
+    if ((k.reshard_k > 0 || k.hsdp) && W != 4) continue;  // needs W = 4
+    if (k.compressed && W == 1) continue;                 // nothing to compress
     const MemoryCounts before = memory_ledger::counts();
     for (MemoryPart p : {MemoryPart::shards, MemoryPart::gradients, MemoryPart::optimizer_state,
                          MemoryPart::pool, MemoryPart::windows})
       REQUIRE(before.now_of(p) == 0);  // the previous case gave everything back
     {
-      DeviceMesh mesh(test::runtime(), {W}, {"dp"});
+      DeviceMesh mesh = k.hsdp ? DeviceMesh(test::runtime(), {2, W / 2}, {"rep", "dp"})
+                               : DeviceMesh(test::runtime(), {W}, {"dp"});
       auto root = make_model(kBlocks);
       schedule::PlanOptions o;
       if (k.param_dtype != DType::f32) o.defaults.mp_policy.param_dtype = k.param_dtype;
       if (k.in_backward) o.optimizer_in_backward_states = k.states;
       if (k.offload) o.defaults.offload_policy = fsdp::CPUOffloadPolicy{};
-      const schedule::Plan plan = schedule::Scheduler::plan(*root, schedule::MeshShape::fsdp(W), o);
+      if (k.reshard_k > 0)
+        o.defaults.reshard_after_forward = fsdp::ReshardAfterForward::group_size(k.reshard_k);
+      if (k.compressed) {
+        o.defaults.compression.all_gather = kernels::QuantCode::int8;
+        o.defaults.compression.reduce_scatter = kernels::QuantCode::int8;
+      }
+      const schedule::Plan plan = schedule::Scheduler::plan(
+          *root, k.hsdp ? schedule::MeshShape::hsdp(2, W / 2) : schedule::MeshShape::fsdp(W), o);
       schedule::MemoryInputs in;
       in.optimizer_states = k.states;
       in.shared_memory = mesh.shm("dp") != nullptr;
-      in.rank = mesh.rank();
+      in.rank = mesh.coordinate("dp");
       const MemoryAccount planned = schedule::plan_memory(plan, in);
 
       fsdp::apply_fully_shard_requests(*root, mesh, o.defaults);
@@ -128,7 +145,9 @@ TEST_CASE("memory account: every planned part equals the library's counted bytes
       CHECK(measured.windows == planned.windows);
       CHECK(planned.shards > 0);
       if (k.states > 0) CHECK(planned.optimizer_state > 0);
-      if (in.shared_memory) CHECK(planned.windows > 0);
+      // Compressed groups run on MPI (transport::group_kind): no windows.
+      if (in.shared_memory && !k.compressed) CHECK(planned.windows > 0);
+      if (k.compressed) CHECK(planned.windows == 0);
       if (k.in_backward) opt->run_in_backward(false);
     }
   }
