@@ -150,17 +150,17 @@ Buf RunningBackend::acquire(const engine::Group& g, engine::BufKind kind, std::i
 }
 
 bool RunningBackend::counted_only(const engine::Group& g, engine::BufKind kind) const {
-  if (g.info.world <= 1) return false;
   const transport::GroupTransport& t = transport(g);
+  const transport::Fusions f = t.fusions();
   switch (kind) {
     case engine::BufKind::grads:
       return t.provides_grads();
     case engine::BufKind::ag_buffer:  // a gather from the post-forward slices reads the buffer
-      return t.gathers_in_own_memory() && g.state != engine::ShardedState::sharded_post_forward;
+      return f.gather_buffer_unused && g.state != engine::ShardedState::sharded_post_forward;
     case engine::BufKind::rs_input:
-      return t.reduces_without_input();
+      return f.reduce_input_unused;
     case engine::BufKind::rs_output:
-      return t.reduces_without_output();
+      return f.reduce_output_unused;
     default:
       return false;
   }

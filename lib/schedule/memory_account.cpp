@@ -127,33 +127,34 @@ MemoryAccount plan_memory(const Plan& plan, const MemoryInputs& in) {
 
   // The pool over one iteration (from the sharded state, as the plan's events are). On
   // shared memory (a group whose transport is not MPI: compressed groups are) the unsharded
-  // gradients are the transport's windows (below), the gathered shards too, and one node's
-  // reduction needs no input buffer, nor (without HSDP) an output: the pool only counts them
-  // (Device::reserve; fsdp's RunningBackend::counted_only is the same rule).
+  // gradients are the transport's windows (below); the engine buffers its transport never
+  // touches (transport::Fusions, as the running backend reads them) are only counted in the
+  // pool (Device::reserve).
   const bool shm = in.shared_memory && plan.mesh.shard_size > 1;
   const std::size_t nodes = static_cast<std::size_t>(std::max(1, in.nodes));
   const transport::Kind mesh_kind = nodes > 1 ? transport::Kind::two_level : transport::Kind::shm;
-  std::vector<char> on_shm(plan.groups.size(), 0), reduce_fused(plan.groups.size(), 0);
+  std::vector<char> on_shm(plan.groups.size(), 0);
+  std::vector<transport::Fusions> fused(plan.groups.size());
   for (std::size_t i = 0; i < plan.groups.size() && shm; ++i) {
     const PlannedGroup& g = plan.groups[i];
     const transport::Geometry geo = g.geometry(plan.mesh.replicate_size);
     const transport::Kind k = transport::group_kind(mesh_kind, geo);
     on_shm[i] = g.shard_size() > 1 && k != transport::Kind::mpi;
-    reduce_fused[i] = transport::fusions(k, geo).copy_out_in_reduce;
+    fused[i] = transport::fusions(k, geo);
   }
   const auto counted_only = [&](const BufferEvent& e) {
     using fsdp::engine::BufKind;
     const auto gi = static_cast<std::size_t>(e.group);
-    if (!on_shm[gi]) return false;
+    const transport::Fusions& f = fused[gi];
     switch (e.kind) {
       case BufKind::grads:
-        return true;
+        return on_shm[gi] != 0;
       case BufKind::ag_buffer:  // a gather from the post-forward slices reads the buffer
-        return plan.ops[static_cast<std::size_t>(e.op)].k <= 1;
+        return f.gather_buffer_unused && plan.ops[static_cast<std::size_t>(e.op)].k <= 1;
       case BufKind::rs_input:
-        return nodes == 1;
+        return f.reduce_input_unused;
       case BufKind::rs_output:
-        return reduce_fused[gi] != 0;
+        return f.reduce_output_unused;
       default:
         return false;
     }

@@ -326,11 +326,6 @@ class ShmTransport final : public CommTransport {
   // The unsharded gradients live in a gradient window, where peers read their chunks; the
   // pool only counts their bytes (Device::reserve).
   bool provides_grads() const noexcept override { return true; }
-  // The windows hold the gathered shards; one node's reduction reads the gradient windows and
-  // (without HSDP) writes the sharded gradients: the engine's buffers for them stay unused.
-  bool gathers_in_own_memory() const noexcept override { return true; }
-  bool reduces_without_input() const noexcept override { return split_ == nullptr; }
-  bool reduces_without_output() const noexcept override { return fusions().copy_out_in_reduce; }
   void take_grads_buffer(Held& grads) override {
     void* window = writable_grads_window();
     grads_pool_ = std::move(grads.tensor);

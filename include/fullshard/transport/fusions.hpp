@@ -128,6 +128,14 @@ struct Fusions {
   /// (the copy-out, or the reduce-scatter that folds it in), which stores no gradient
   /// (update_in_copy_out).
   bool update_in_copy_out = false;
+  /// The engine's buffers the transport never touches (the engine only reserves their bytes
+  /// in the pool's count, Device::reserve; schedule::plan_memory leaves them out): the
+  /// all-gather buffer where the copy-out is the gather (not for the k-rank gather from
+  /// slices), the reduce-scatter's input where one node's sum reads the gradients in place,
+  /// its output where the shared-memory sum writes the sharded gradients.
+  bool gather_buffer_unused = false;
+  bool reduce_input_unused = false;
+  bool reduce_output_unused = false;
 };
 
 /// Whether the pass that writes a group's reduced gradient shard can run the optimizer's
@@ -166,13 +174,19 @@ constexpr Fusions fusions(Kind k, const Geometry& g) noexcept {
     f.gather_in_copy_out = true;
     f.reduce_reads_in_place = true;
     f.copy_out_in_reduce = g.replicate == 1;  // with HSDP the sum goes to the all-reduce first
+    f.reduce_input_unused = true;
   } else if (k == Kind::two_level) {
     // The all-gather across nodes fills the node's windows, the copy-out reads every slot
     // where it lies; the node's sum reads the gradients in place, and the sum of the nodes'
-    // sums (after an all-to-all across them) divides, casts and accumulates as on one node.
+    // sums (after an all-to-all across them, through the reduce-scatter's input) divides,
+    // casts and accumulates as on one node.
     f.gather_in_copy_out = true;
     f.reduce_reads_in_place = true;
     f.copy_out_in_reduce = g.replicate == 1;
+  }
+  if (k == Kind::shm || k == Kind::two_level) {
+    f.gather_buffer_unused = f.gather_in_copy_out;
+    f.reduce_output_unused = f.copy_out_in_reduce;
   } else if (k == Kind::nccl) {
     // 16-bit reductions sum in NCCL and divide in the copy-out: NCCL would round 1/divisor to
     // the reduce dtype (1/3 -> 0.3340 in bf16) where the host path divides in f32.

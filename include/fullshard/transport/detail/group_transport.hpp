@@ -103,16 +103,6 @@ class GroupTransport {
   /// The unsharded gradients live in the transport's own memory (take_grads_buffer gives it):
   /// the engine only reserves their bytes in the pool's count (Device::reserve).
   virtual bool provides_grads() const noexcept { return false; }
-  /// The all-gather fills the transport's own window and the copy-out reads it there: the
-  /// engine's all-gather buffer is never used (but for a gather from the post-forward slices),
-  /// so the engine only reserves its bytes in the pool's count.
-  virtual bool gathers_in_own_memory() const noexcept { return false; }
-  /// The reduce-scatter reads the unsharded gradients where they lie: its input buffer is
-  /// never used (only reserved).
-  virtual bool reduces_without_input() const noexcept { return false; }
-  /// The reduce-scatter writes the sharded gradients itself: its output buffer is never used
-  /// (only reserved).
-  virtual bool reduces_without_output() const noexcept { return false; }
   /// The engine acquired the unsharded gradients: a transport whose peers read them where
   /// they lie puts its window's memory in `grads` (keeping the reservation for the count).
   virtual void take_grads_buffer(Held& grads);
