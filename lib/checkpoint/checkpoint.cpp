@@ -10,6 +10,7 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 #endif
 
 #include <algorithm>
@@ -857,6 +858,47 @@ void probe_directory(const std::string& dir, int rank) {
   detail::remove_quietly(probe);
 }
 
+// That every rank sees the same directory: rank 0 writes a file with a token no earlier run
+// wrote (its host, pid and clock), every rank reads it back. A node-local path (/tmp on a
+// cluster) passes each rank's own probe but would leave each node's shards on that node.
+void check_shared(const std::string& dir, Comm& c) {
+  if (c.size() == 1) return;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const std::string probe = detail::join(dir, ".probe-shared");
+  std::string token = std::string(host) + " pid " + std::to_string(getpid()) + " t " +
+                      std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  std::exception_ptr err;
+  if (c.rank() == 0)
+    err = attempt([&] {
+      detail::File f = detail::File::create(probe);
+      f.write_all(token.data(), token.size());
+      f.sync();
+      f.close();
+    });
+  agree(c, err, "checkpoint directory check");
+  bcast_string(c, token, 0);
+  err = attempt([&] {
+    std::string seen;
+    std::FILE* f = std::fopen(probe.c_str(), "rb");
+    const bool found = f != nullptr;
+    if (f) {
+      char buf[512];
+      const std::size_t n = std::fread(buf, 1, sizeof buf, f);
+      std::fclose(f);
+      seen.assign(buf, n);
+    }
+    if (seen != token)
+      throw ConfigError("checkpoint directory '" + dir + "' is not shared by the ranks that " +
+                        "write it: rank " + std::to_string(c.rank()) + " (host " + host +
+                        ") does not see the file rank 0 wrote there (" +
+                        (found ? "its content differs" : "no such file") +
+                        "); give a directory on a file system every node mounts");
+  });
+  agree(c, err, "checkpoint directory check");
+  if (c.rank() == 0) detail::remove_quietly(probe);
+}
+
 }  // namespace
 
 DirectoryCheck check_directory(const std::string& dir, const DeviceMesh& mesh) {
@@ -870,6 +912,7 @@ DirectoryCheck check_directory(const std::string& dir, const DeviceMesh& mesh) {
     err = std::current_exception();
   }
   agree(c, err, "checkpoint directory check");
+  check_shared(dir, c);
   DirectoryCheck out;
   struct statvfs st {};
   if (statvfs(dir.c_str(), &st) == 0 && st.f_frsize > 0)

@@ -31,13 +31,19 @@ void agree_across_ranks(const DeviceMesh& mesh, const std::vector<std::string>& 
   const std::size_t i = d - 1;
   std::string first = rank == 0 ? items[i] : std::string();
   c.bcast(first, 0, "MPI_Ibcast (configuration difference)");
-  const std::string& mine = items[i];
+  // The first rank that differs from rank 0 there, and its entry: the same message everywhere.
+  const int other = c.allreduce(items[i] != first ? rank : mesh.size(), MPI_MIN,
+                                "MPI_Iallreduce (configuration difference)");
+  if (other >= mesh.size())  // the hashes differ but the texts do not (a hash collision)
+    return;
+  std::string theirs = rank == other ? items[i] : std::string();
+  c.bcast(theirs, other, "MPI_Ibcast (configuration difference)");
   throw RankMismatch(what + " differs across ranks (found before the first collective), entry " +
                      std::to_string(i) + ": rank 0 has \"" + clip(first) + "\"; rank " +
-                     std::to_string(rank) +
-                     (mine == first ? " agrees with rank 0, another rank differs"
-                                    : " has \"" + clip(mine) + "\"") +
-                     ". Every rank must make the same declarations (" + what + ")");
+                     std::to_string(other) + " has \"" + clip(theirs) +
+                     "\" (the first rank that differs). Every rank must make the same "
+                     "declarations (" +
+                     what + ")");
 }
 
 }  // namespace fullshard
