@@ -1,14 +1,17 @@
 // fullshard-bench-capi: what a training step through the C API costs beside the same step
-// written against the C++ front end.
+// through the C++ training session it adapts, and what the ranks' agreement on the batch
+// costs inside a step.
 //
 //   capi/step/<hidden>  a residual MLP (64 inputs, `hidden` wide, 4 blocks, 16 outputs;
 //                       fully_shard on every block and the root, AdamW) trained on a
 //                       contiguous float32 batch of 128 rows per rank. Each iteration runs
 //                       one C API step (fullshard_train_step on the caller's arrays) and one
-//                       step of the same model and optimizer written in C++ (fst::call, mse,
-//                       backward, step, loss.item()), alternated; the manual time is the C
-//                       API step's (max over ranks). Counters: c_us and cpp_us (medians),
-//                       ratio (the median of the per-pair ratios c / cpp: 1 is no overhead).
+//                       step of a fullshard::session::Session of the same configuration,
+//                       alternated; the manual time is the C API step's (max over ranks).
+//                       Counters: c_us and cpp_us (medians), ratio (the median of the
+//                       per-pair ratios c / cpp: 1 is no overhead); agree_us (the median of
+//                       the batch agreement alone, as every step runs it: describe the batch,
+//                       one 16-byte all-reduce) and agree_share (agree_us / cpp_us).
 //
 // Launch: mpiexec -n 2 build/bench/fullshard-bench-capi [--benchmark_* flags]
 #include <torch/torch.h>
@@ -17,18 +20,19 @@
 #include <string>
 #include <vector>
 
+#include "fullshard/base/bounded_comm.hpp"
 #include "fullshard/fullshard.h"
 #include "fullshard/fullshard.hpp"
-#include "fullshard/torch.hpp"
+#include "fullshard/session/session.hpp"
+#include "lib/session/batch_agreement.hpp"
 #include "mpi_bench.hpp"
 
 namespace {
 
 namespace fs = fullshard;
-namespace fst = fullshard::torch;
 using fs::bench::die;
 
-constexpr int kRows = 128, kIn = 64, kOut = 16, kBlocks = 4;
+constexpr int kRows = 128, kIn = 64, kOut = 16;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -43,8 +47,7 @@ void check(fullshard_status s) {
 void bench_step(benchmark::State& state, const fs::DeviceMesh* mesh, int hidden) {
   try {
     const std::string config =
-        R"({"model": {"type": "residual_mlp", "inputs": 64, "hidden": )" +
-        std::to_string(hidden) +
+        R"({"model": {"type": "residual_mlp", "inputs": 64, "hidden": )" + std::to_string(hidden) +
         R"(, "outputs": 16, "blocks": 4}, "optimizer": {"type": "adamw", "lr": 0.001}})";
     fullshard_mesh cmesh{0};
     const int shape[1] = {mesh->size()};
@@ -52,15 +55,7 @@ void bench_step(benchmark::State& state, const fs::DeviceMesh* mesh, int hidden)
     fullshard_model cmodel{0};
     check(fullshard_model_create_from_json(cmesh, config.c_str(), "bench", &cmodel));
 
-    torch::manual_seed(0);
-    fst::ResidualMlp net(fst::ResidualMlpConfig{kIn, hidden, kOut, kBlocks});
-    fst::ShardedModel sharded(net);
-    for (auto& b : net->block_list)
-      sharded.fully_shard(*b, *mesh);
-    sharded.fully_shard(net, *mesh);
-    torch::optim::AdamW opt(net->parameters(),
-                            torch::optim::AdamWOptions(1e-3).weight_decay(0.0));
-
+    fs::session::Session session(*mesh, fs::session::parse_config(config, "bench"));
     const torch::Tensor x = torch::randn({kRows, kIn}), y = torch::randn({kRows, kOut});
     const int64_t xs[2] = {kRows, kIn}, ys[2] = {kRows, kOut};
     const fullshard_array in = fullshard_array_contiguous(x.data_ptr(), FULLSHARD_FLOAT32, 2, xs);
@@ -71,13 +66,7 @@ void bench_step(benchmark::State& state, const fs::DeviceMesh* mesh, int hidden)
       check(fullshard_train_step(cmodel, 1, &in, 1, &tg, &loss));
       sink += loss;
     };
-    auto cpp_step = [&] {
-      opt.zero_grad();
-      torch::Tensor loss = torch::mse_loss(fst::call(net, x), y);
-      loss.backward();
-      opt.step();
-      sink += loss.item<double>();
-    };
+    auto cpp_step = [&] { sink += session.train_step({x}, {y}); };
     auto slowest = [&](double t) {
       double m = 0;
       MPI_Allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -102,7 +91,18 @@ void bench_step(benchmark::State& state, const fs::DeviceMesh* mesh, int hidden)
       cpp_t.push_back(cpp);
       ratios.push_back(c / cpp);
     }
+    // The batch agreement alone, as train_step runs it.
+    fs::BoundedComm comm(mesh->control_world(), "bench.agreement", 60.0);
+    std::vector<double> agree_t;
+    for (int i = 0; i < 200; ++i) {
+      const double t0 = MPI_Wtime();
+      fs::session::detail::agree_on_batch(comm, fs::session::detail::describe_batch({x}, {y}),
+                                          "bench");
+      agree_t.push_back(slowest(MPI_Wtime() - t0));
+    }
     benchmark::DoNotOptimize(sink);
+    state.counters["agree_us"] = median(agree_t) * 1e6;
+    state.counters["agree_share"] = median(agree_t) / median(cpp_t);
     state.counters["c_us"] = median(c_t) * 1e6;
     state.counters["cpp_us"] = median(cpp_t) * 1e6;
     state.counters["ratio"] = median(ratios);

@@ -1,37 +1,37 @@
-// The C++ side of fullshard-bench-fortran: the same residual MLP, sharding and optimizer as
-// the configuration the Fortran program gives the C API, written with the C++ front end and
-// called from Fortran (bind(C)), so that the two steps alternate in one run.
+// The C++ side of fullshard-bench-fortran: the training session (fullshard/session) with the
+// configuration the Fortran program gives the C API, called from Fortran (bind(C)), so that
+// the two steps alternate in one run and their ratio is the Fortran module's and C API's
+// overhead over the session they adapt.
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 
 #include "fullshard/fullshard.hpp"
-#include "fullshard/torch.hpp"
+#include "fullshard/session/session.hpp"
 
 namespace {
 
 namespace fs = fullshard;
-namespace fst = fullshard::torch;
+
+int world() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
 
 struct CppModel {
   CppModel(int hidden, int inputs, int outputs, int blocks)
       : mesh(MPI_COMM_WORLD, {world()}, {"dp"}, 600.0),
-        net((torch::manual_seed(0), fst::ResidualMlpConfig{inputs, hidden, outputs, blocks})),
-        sharded(net),
-        opt(net->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.0)) {
-    for (auto& b : net->block_list)
-      sharded.fully_shard(*b, mesh);
-    sharded.fully_shard(net, mesh);
-  }
-  static int world() {
-    int n = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &n);
-    return n;
-  }
+        session(mesh,
+                fs::session::parse_config(
+                    R"({"model": {"type": "residual_mlp", "inputs": )" + std::to_string(inputs) +
+                        R"(, "hidden": )" + std::to_string(hidden) + R"(, "outputs": )" +
+                        std::to_string(outputs) + R"(, "blocks": )" + std::to_string(blocks) +
+                        R"(}, "optimizer": {"type": "adamw", "lr": 0.001}})",
+                    "bench")) {}
   fs::DeviceMesh mesh;
-  fst::ResidualMlp net;
-  fst::ShardedModel sharded;
-  torch::optim::AdamW opt;
+  fs::session::Session session;
 };
 
 std::unique_ptr<CppModel> model;
@@ -48,11 +48,7 @@ void bench_cpp_init(int hidden, int inputs, int outputs, int blocks) {
 double bench_cpp_step(const float* x, const float* y, int rows, int inputs, int outputs) {
   const torch::Tensor xt = torch::from_blob(const_cast<float*>(x), {rows, inputs});
   const torch::Tensor yt = torch::from_blob(const_cast<float*>(y), {rows, outputs});
-  model->opt.zero_grad();
-  torch::Tensor loss = torch::mse_loss(fst::call(model->net, xt), yt);
-  loss.backward();
-  model->opt.step();
-  return loss.item<double>();
+  return model->session.train_step({xt}, {yt});
 }
 
 void bench_cpp_free() {

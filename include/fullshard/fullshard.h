@@ -1,7 +1,8 @@
 /* fullshard.h: the C API of fullshard (C99; C++ may include it too). A model described by a
- * JSON configuration file (README, "From C and Fortran") is built with the LibTorch front end,
- * sharded over the ranks of the simulation's own MPI communicator (FSDP2's fully_shard), and
- * trained on the simulation's arrays. Link the CMake target fullshard::c
+ * JSON configuration file (README, "From C and Fortran") is built by fullshard's training
+ * session (C++: fullshard/session/session.hpp, which these calls adapt), sharded over the ranks
+ * of the simulation's own MPI communicator (FSDP2's fully_shard), and trained on the
+ * simulation's arrays. Link the CMake target fullshard::c
  * (find_package(fullshard COMPONENTS C)); Fortran: the module `fullshard`
  * (COMPONENTS Fortran), which wraps these calls.
  *
@@ -35,9 +36,10 @@
  * MPI_THREAD_MULTIPLE is reported in one line by fullshard_init (FULLSHARD_HOST_PROGRESS=
  * thread is then refused). Call fullshard from one thread at a time. LibTorch's intra-op
  * threads default to the cores this rank may use (its affinity mask, or the node's cores
- * divided by its ranks; FULLSHARD_TORCH_THREADS or the configuration's "threads" overrides):
- * since LibTorch sets them through OpenMP, the simulation's OpenMP regions on the same thread
- * use that count too, and the two take turns on the same cores. */
+ * divided by its ranks; FULLSHARD_TORCH_THREADS or the configuration's "threads" overrides)
+ * unless OMP_NUM_THREADS is set, which fullshard then leaves as it is: since LibTorch sets its
+ * count through OpenMP, the simulation's OpenMP regions on the same thread use that count too
+ * (fullshard_init says so in one line on rank 0), and the two take turns on the same cores. */
 #ifndef FULLSHARD_H
 #define FULLSHARD_H
 
@@ -165,8 +167,8 @@ fullshard_status fullshard_model_create(fullshard_mesh mesh, const char* config_
 /** The same from the configuration's text (`source` names it in messages; NULL: "<string>"). */
 fullshard_status fullshard_model_create_from_json(fullshard_mesh mesh, const char* json,
                                                   const char* source, fullshard_model* model);
-/** Frees the model and sets *model to {0}; the null handle is FULLSHARD_OK. Collective over
- * the model's mesh. */
+/** Frees the model and sets *model to {0}; the null handle is FULLSHARD_OK. An asynchronous
+ * save still in flight is committed first. Collective over the model's mesh. */
 fullshard_status fullshard_model_free(fullshard_model* model);
 
 /** One optimizer step: forward of this rank's batch (`inputs`, n_inputs of them, the model's
@@ -176,8 +178,13 @@ fullshard_status fullshard_model_free(fullshard_model* model);
  * gradient clipping, the optimizer and the learning-rate schedule. `*loss` (may be NULL):
  * this rank's loss (reduce it over the ranks yourself when you need the mean). An input of
  * the model's dtype that is contiguous reaches the model without a copy; other inputs are
- * converted or gathered once. Every rank's batch must have the same shape except the batch
- * dim. Collective over the mesh. */
+ * converted or gathered once. Every rank's batch must have the same shapes except the batch
+ * dim, and the same dtypes: a batch that differs on some ranks is refused on every rank
+ * (FULLSHARD_ERR_ARGUMENT naming the ranks and their shapes) before any other collective.
+ * With "accumulation": k in the configuration, the batch is split along its first dim into k
+ * micro-batches (sizes differing by at most one) whose gradients are summed before one
+ * reduce-scatter: the step the whole batch gives, in 1/k of the activation memory.
+ * Collective over the mesh. */
 fullshard_status fullshard_train_step(fullshard_model model, int n_inputs,
                                       const fullshard_array* inputs, int n_targets,
                                       const fullshard_array* targets, double* loss);
@@ -210,11 +217,43 @@ typedef struct fullshard_plan_info {
 } fullshard_plan_info;
 fullshard_status fullshard_model_plan(fullshard_model model, fullshard_plan_info* info);
 
-/** Saves parameters, optimizer state and the step count as a new step directory under `dir`
- * (fullshard's checkpoint format: it loads on any number of ranks). Collective. */
+/* Checkpoints. `dir` is a checkpoint root; NULL (or "") is the configuration's
+ * "checkpoint": {"dir"}, which is checked at fullshard_model_create (created if its parent
+ * exists, written by every rank, and shared by them: a node-local directory on a cluster is
+ * refused there, naming the path and the rank). A checkpoint holds the parameters, the
+ * optimizer state, the step count and the model's and optimizer's identity; it loads on any
+ * number of ranks. "keep_last": n keeps the n most recent step directories. */
+
+/** Saves as a new step directory under `dir` (waiting first for an asynchronous save in
+ * flight). Collective. */
 fullshard_status fullshard_checkpoint_save(fullshard_model model, const char* dir);
+
+/** An asynchronous save in flight (0: none). */
+typedef struct fullshard_save {
+  uint64_t id;
+} fullshard_save;
+
+/** Starts saving in the background: returns once this rank's parameters and optimizer state
+ * are copied into host memory, so training goes on while a thread writes the files; then
+ * fullshard_save_test at step boundaries, or fullshard_save_wait, commits the checkpoint.
+ * One save per model at a time: starting another while one is in flight is
+ * FULLSHARD_ERR_ARGUMENT naming it (fullshard_checkpoint_save, load and model_free wait for it
+ * themselves). Collective. */
+fullshard_status fullshard_checkpoint_save_async(fullshard_model model, const char* dir,
+                                                 fullshard_save* save);
+/** Commits the save when every rank's files are written: *done = 1 and *save = {0} (the handle
+ * is finished); *done = 0 while they are being written. A failed write is reported on every
+ * rank (FULLSHARD_ERR_IO naming the rank and the file; the previous checkpoint stays the
+ * latest). Collective (one small all-reduce). */
+fullshard_status fullshard_save_test(fullshard_save* save, int* done);
+/** Waits for the save and commits it; sets *save to {0}. A finished or freed handle (after
+ * test reported done, or a second wait) is FULLSHARD_ERR_HANDLE. Collective. */
+fullshard_status fullshard_save_wait(fullshard_save* save);
+
 /** Loads the latest checkpoint under `dir` (saved on any number of ranks) into the model and
- * its optimizer, and restores the step count. Collective. */
+ * its optimizer, and restores the step count. A checkpoint of another model or optimizer is
+ * refused on every rank (FULLSHARD_ERR_ARGUMENT naming the first difference) before anything
+ * changes. Collective. */
 fullshard_status fullshard_checkpoint_load(fullshard_model model, const char* dir);
 /** Writes the full (unsharded) parameters as one safetensors file at `path` (rank 0 writes;
  * PyTorch's safetensors.torch.load_file reads it). Collective. */

@@ -1,12 +1,16 @@
-// The C API (include/fullshard/fullshard.h): extern "C" functions over the LibTorch front
-// end. Every function runs its body through `guarded`, which turns every exception into a
-// status and the thread's last-error message; no exception crosses the boundary.
+// The C API (include/fullshard/fullshard.h): extern "C" functions over the training session
+// (fullshard/session/session.hpp), which does all the work: this file converts arrays and
+// handles and maps exceptions to statuses. Every function runs its body through `guarded`, which
+// turns every exception into a status and the thread's last-error message; no exception crosses the
+// boundary.
 #include "fullshard/fullshard.h"
 
 #include <c10/util/Exception.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -23,10 +27,9 @@
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/runtime/runtime.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
+#include "fullshard/session/session.hpp"
 #include "fullshard/torch/threads.hpp"
-#include "lib/capi/config.hpp"
 #include "lib/capi/handles.hpp"
-#include "lib/capi/trainer.hpp"
 
 namespace fs = fullshard;
 namespace capi = fullshard::capi;
@@ -41,11 +44,30 @@ class NotInitialized : public fs::Error {
   using fs::Error::Error;
 };
 
+// A model handle's object: the session and the serial number of its asynchronous saves (a
+// save handle is finished once its model has started no later one and has none in flight).
+struct Model {
+  explicit Model(std::unique_ptr<fs::session::Session> s) : session(std::move(s)) {}
+  std::unique_ptr<fs::session::Session> session;
+  std::uint64_t async_saves = 0;
+};
+
+struct Save {
+  std::shared_ptr<Model> model;
+  std::uint64_t serial = 0;
+  bool in_flight() const {
+    return model->async_saves == serial && model->session->save_in_flight();
+  }
+};
+
 struct State {
   std::unique_ptr<fs::Runtime> runtime;
   int rank = -1;  // in init's communicator (error messages)
   capi::HandleTable<fs::DeviceMesh> meshes{1, "mesh"};
-  capi::HandleTable<capi::Trainer> models{2, "model"};
+  capi::HandleTable<Model> models{2, "model"};
+  capi::HandleTable<Save> saves{3, "save",
+                                "finished (fullshard_save_test reported it done, or "
+                                "fullshard_save_wait returned)"};
 };
 std::optional<State> state;
 
@@ -201,28 +223,13 @@ std::vector<at::Tensor> inputs_of(int n, const fullshard_array* arrays, at::Scal
   return out;
 }
 
-capi::Trainer& model_of(fullshard_model m) {
-  return *live().models.get(m.id, "model");
+fs::session::Session& model_of(fullshard_model m) {
+  return *live().models.get(m.id, "model")->session;
 }
 
-// Parses the configuration on every rank and agrees on it: a file that one rank cannot read
-// or reads differently is reported on every rank (RankMismatch), not a hang.
-capi::Config agreed_config(const fs::DeviceMesh& mesh, const std::string& text,
-                           const std::string& source, std::string error) {
-  std::optional<capi::Config> c;
-  if (error.empty()) {
-    try {
-      c = capi::parse_config(text, source);
-    } catch (const fs::ConfigError& e) {
-      error = e.message();
-    }
-  }
-  std::vector<std::string> items = {error.empty() ? std::string("configuration read")
-                                                  : "configuration refused: " + error};
-  if (c) items.insert(items.end(), c->canonical.begin(), c->canonical.end());
-  fs::agree_across_ranks(mesh, items, "the model configuration " + source);
-  if (!c) throw fs::ConfigError(error);
-  return std::move(*c);
+// A checkpoint directory argument: NULL or "" is the configuration's checkpoint.dir.
+std::string dir_of(const char* dir) {
+  return dir ? std::string(dir) : std::string();
 }
 
 // `read_error`: the configuration file could not be read on this rank (the rank still
@@ -235,8 +242,9 @@ fullshard_status create_model(fullshard_mesh mesh, const std::string& text,
     required(model, "model");
     *model = fullshard_model{0};
     std::shared_ptr<fs::DeviceMesh> m = s.meshes.get(mesh.id, "mesh");
-    auto trainer = std::make_shared<capi::Trainer>(*m, agreed_config(*m, text, source, read_error));
-    model->id = s.models.add(std::move(trainer));
+    auto session = std::make_unique<fs::session::Session>(
+        *m, fs::session::parse_config(*m, text, source, read_error));
+    model->id = s.models.add(std::make_shared<Model>(std::move(session)));
   });
 }
 
@@ -290,7 +298,17 @@ fullshard_status fullshard_init(MPI_Comm comm) {
     State s;
     s.runtime = std::make_unique<fs::Runtime>(comm);
     MPI_Comm_rank(comm, &s.rank);
-    fs::torch::use_launcher_cores(*s.runtime);
+    const int threads = fs::torch::use_launcher_cores(*s.runtime);
+    // The simulation's OMP_NUM_THREADS is its choice and stays; otherwise one line says what
+    // this process's OpenMP regions now use.
+    const char* omp = std::getenv("OMP_NUM_THREADS");
+    const char* own = std::getenv("FULLSHARD_TORCH_THREADS");
+    if (s.rank == 0 && !(omp && *omp))
+      std::fprintf(stderr,
+                   "fullshard_init: %s %d thread%s per rank for LibTorch and OpenMP (%s; set "
+                   "OMP_NUM_THREADS to choose, fullshard then leaves it)\n",
+                   "OMP_NUM_THREADS is not set: using", threads, threads == 1 ? "" : "s",
+                   own && *own ? "FULLSHARD_TORCH_THREADS" : "the cores this rank may use");
     state.emplace(std::move(s));
   });
 }
@@ -302,8 +320,11 @@ fullshard_status fullshard_init_f(MPI_Fint comm) {
 fullshard_status fullshard_finalize(void) {
   return guarded("fullshard_finalize", [&] {
     live();
-    // Models first (they hold meshes), then meshes, then the runtime.
-    state->models.clear();
+    // Saves and models first (they hold meshes), then meshes, then the runtime. A save still
+    // in flight is committed first (collective, as finalize is).
+    state->saves.clear();
+    for (const std::shared_ptr<Model>& m : state->models.clear())
+      if (m->session->save_in_flight()) m->session->wait_save();
     state->meshes.clear();
     state.reset();
   });
@@ -388,6 +409,9 @@ fullshard_status fullshard_model_free(fullshard_model* model) {
     State& s = live();
     required(model, "model");
     if (model->id == 0) return;
+    const std::shared_ptr<Model> m = s.models.get(model->id, "model");
+    // A save in flight is committed first (collective, as free is): nothing saved is lost.
+    if (m->session->save_in_flight()) m->session->wait_save();
     s.models.remove(model->id, "model");
     *model = fullshard_model{0};
   });
@@ -397,7 +421,7 @@ fullshard_status fullshard_train_step(fullshard_model model, int n_inputs,
                                       const fullshard_array* inputs, int n_targets,
                                       const fullshard_array* targets, double* loss) {
   return guarded("fullshard_train_step", [&] {
-    capi::Trainer& t = model_of(model);
+    fs::session::Session& t = model_of(model);
     const std::vector<at::Tensor> in =
         inputs_of(n_inputs, inputs, t.input_dtype(), t.device(), "inputs");
     const std::vector<at::Tensor> tg =
@@ -411,7 +435,7 @@ fullshard_status fullshard_predict(fullshard_model model, int n_inputs,
                                    const fullshard_array* inputs, int n_outputs,
                                    fullshard_array* outputs) {
   return guarded("fullshard_predict", [&] {
-    capi::Trainer& t = model_of(model);
+    fs::session::Session& t = model_of(model);
     const std::vector<at::Tensor> in =
         inputs_of(n_inputs, inputs, t.input_dtype(), t.device(), "inputs");
     if (n_outputs < 0) throw fs::InvalidArgument("n_outputs is negative");
@@ -448,7 +472,7 @@ fullshard_status fullshard_model_num_params(fullshard_model model, int64_t* coun
 
 fullshard_status fullshard_model_plan(fullshard_model model, fullshard_plan_info* info) {
   return guarded("fullshard_model_plan", [&] {
-    const capi::PlanPrediction& p = model_of(model).plan();
+    const fs::session::PlanPrediction& p = model_of(model).plan();
     fullshard_plan_info* out = required(info, "info");
     out->step_ms = p.step_ms;
     out->peak_bytes = p.peak_bytes;
@@ -460,14 +484,61 @@ fullshard_status fullshard_model_plan(fullshard_model model, fullshard_plan_info
 
 fullshard_status fullshard_checkpoint_save(fullshard_model model, const char* dir) {
   return guarded(
-      "fullshard_checkpoint_save", [&] { model_of(model).save_checkpoint(required(dir, "dir")); },
+      "fullshard_checkpoint_save", [&] { model_of(model).save(dir_of(dir)); }, FULLSHARD_ERR_IO);
+}
+
+fullshard_status fullshard_checkpoint_save_async(fullshard_model model, const char* dir,
+                                                 fullshard_save* save) {
+  return guarded(
+      "fullshard_checkpoint_save_async",
+      [&] {
+        State& s = live();
+        required(save, "save");
+        *save = fullshard_save{0};
+        const std::shared_ptr<Model> m = s.models.get(model.id, "model");
+        m->session->save_async(dir_of(dir));
+        auto handle = std::make_shared<Save>();
+        handle->model = m;
+        handle->serial = ++m->async_saves;
+        save->id = s.saves.add(std::move(handle));
+      },
+      FULLSHARD_ERR_IO);
+}
+
+fullshard_status fullshard_save_test(fullshard_save* save, int* done) {
+  return guarded(
+      "fullshard_save_test",
+      [&] {
+        State& s = live();
+        required(save, "save");
+        required(done, "done");
+        const std::shared_ptr<Save> h = s.saves.get(save->id, "save");
+        *done = 0;
+        if (h->in_flight() && !h->model->session->poll_save()) return;
+        s.saves.remove(save->id, "save");
+        *save = fullshard_save{0};
+        *done = 1;
+      },
+      FULLSHARD_ERR_IO);
+}
+
+fullshard_status fullshard_save_wait(fullshard_save* save) {
+  return guarded(
+      "fullshard_save_wait",
+      [&] {
+        State& s = live();
+        required(save, "save");
+        const std::shared_ptr<Save> h = s.saves.get(save->id, "save");
+        s.saves.remove(save->id, "save");
+        *save = fullshard_save{0};
+        if (h->in_flight()) h->model->session->wait_save();
+      },
       FULLSHARD_ERR_IO);
 }
 
 fullshard_status fullshard_checkpoint_load(fullshard_model model, const char* dir) {
   return guarded(
-      "fullshard_checkpoint_load", [&] { model_of(model).load_checkpoint(required(dir, "dir")); },
-      FULLSHARD_ERR_IO);
+      "fullshard_checkpoint_load", [&] { model_of(model).load(dir_of(dir)); }, FULLSHARD_ERR_IO);
 }
 
 fullshard_status fullshard_export_safetensors(fullshard_model model, const char* path) {

@@ -21,7 +21,13 @@ class HandleError : public InvalidArgument {
 template <class T>
 class HandleTable {
  public:
-  HandleTable(std::uint8_t kind, const char* name) : kind_(kind), name_(name) {}
+  /// `gone`: what happened to a handle whose object is gone ("freed (fullshard_<name>_free)"
+  /// unless given).
+  HandleTable(std::uint8_t kind, const char* name, std::string gone = {})
+      : kind_(kind),
+        name_(name),
+        gone_(gone.empty() ? "freed (fullshard_" + std::string(name) + "_free)" : std::move(gone)) {
+  }
 
   std::uint64_t add(std::shared_ptr<T> object) {
     std::size_t slot = 0;
@@ -67,19 +73,19 @@ class HandleTable {
     const std::uint64_t slot = (id & 0xFFFFFFFFu) - 1;
     if (kind != kind_)
       throw HandleError(std::string(what) + " is not a " + name_ + " handle" +
-                        (kind == 1 || kind == 2 ? " (it is a handle of another kind)"
+                        (kind >= 1 && kind <= 3 ? " (it is a handle of another kind)"
                                                 : " (a value fullshard never returned)"));
     if (slot >= slots_.size() || generation == 0 || slots_[slot].generation < generation)
       throw HandleError(std::string(what) + " is not a " + name_ +
                         " handle fullshard returned (a made-up or corrupted value)");
     if (slots_[slot].generation != generation || !slots_[slot].object)
-      throw HandleError(std::string(what) + " is a " + name_ +
-                        " handle that was freed (fullshard_" + name_ + "_free)");
+      throw HandleError(std::string(what) + " is a " + name_ + " handle that was " + gone_);
     return std::size_t(slot);
   }
 
   std::uint8_t kind_;
   const char* name_;
+  std::string gone_;
   std::vector<Slot> slots_;
 };
 

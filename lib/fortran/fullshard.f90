@@ -32,6 +32,10 @@ module fullshard
   type, public :: fullshard_model
     integer(c_int64_t) :: id = 0
   end type
+  !> An asynchronous checkpoint save in flight (0: none).
+  type, public :: fullshard_save
+    integer(c_int64_t) :: id = 0
+  end type
   !> What the planner predicted for one training step (fullshard_model_plan).
   type, public, bind(C) :: fullshard_plan_info
     real(c_double) :: step_ms
@@ -67,6 +71,7 @@ module fullshard
   public :: fullshard_model_step, fullshard_model_lr, fullshard_model_num_params
   public :: fullshard_model_plan
   public :: fullshard_checkpoint_save, fullshard_checkpoint_load, fullshard_export_safetensors
+  public :: fullshard_checkpoint_save_async, fullshard_save_test, fullshard_save_wait
 
   !> fullshard_init(comm [, status]): comm is type(MPI_Comm) or an integer handle. Collective.
   interface fullshard_init
@@ -177,6 +182,25 @@ module fullshard
       type(c_array), intent(out) :: out
       integer(c_int) :: s
     end function
+    function c_checkpoint_save_async(model, dir, save) &
+        bind(C, name="fullshard_checkpoint_save_async") result(s)
+      import :: c_int, c_handle, c_char
+      type(c_handle), value :: model
+      character(kind=c_char), intent(in) :: dir(*)
+      type(c_handle), intent(out) :: save
+      integer(c_int) :: s
+    end function
+    function c_save_test(save, done) bind(C, name="fullshard_save_test") result(s)
+      import :: c_int, c_handle
+      type(c_handle), intent(inout) :: save
+      integer(c_int), intent(out) :: done
+      integer(c_int) :: s
+    end function
+    function c_save_wait(save) bind(C, name="fullshard_save_wait") result(s)
+      import :: c_int, c_handle
+      type(c_handle), intent(inout) :: save
+      integer(c_int) :: s
+    end function
     function c_strlen(p) bind(C, name="strlen") result(n)
       import :: c_ptr, c_size_t
       type(c_ptr), value :: p
@@ -184,27 +208,42 @@ module fullshard
     end function
   end interface
 
-  abstract interface
-    function c_model_i64(model, v) bind(C) result(s)
+  ! One explicit interface per C function: gfortran 12 passes a bind(C) derived type by value
+  ! wrongly through `procedure(abstract interface), bind(C, name=...)` declarations (the
+  ! handle arrived as the string's address), so none is declared that way.
+  interface
+    function c_model_step(model, v) bind(C, name="fullshard_model_step") result(s)
       import :: c_int, c_handle, c_int64_t
       type(c_handle), value :: model
       integer(c_int64_t), intent(out) :: v
       integer(c_int) :: s
     end function
-    function c_model_path(model, path) bind(C) result(s)
+    function c_model_num_params(model, v) bind(C, name="fullshard_model_num_params") result(s)
+      import :: c_int, c_handle, c_int64_t
+      type(c_handle), value :: model
+      integer(c_int64_t), intent(out) :: v
+      integer(c_int) :: s
+    end function
+    function c_checkpoint_save(model, path) bind(C, name="fullshard_checkpoint_save") result(s)
+      import :: c_int, c_handle, c_char
+      type(c_handle), value :: model
+      character(kind=c_char), intent(in) :: path(*)
+      integer(c_int) :: s
+    end function
+    function c_checkpoint_load(model, path) bind(C, name="fullshard_checkpoint_load") result(s)
+      import :: c_int, c_handle, c_char
+      type(c_handle), value :: model
+      character(kind=c_char), intent(in) :: path(*)
+      integer(c_int) :: s
+    end function
+    function c_export_safetensors(model, path) &
+        bind(C, name="fullshard_export_safetensors") result(s)
       import :: c_int, c_handle, c_char
       type(c_handle), value :: model
       character(kind=c_char), intent(in) :: path(*)
       integer(c_int) :: s
     end function
   end interface
-
-  ! The C functions of one signature, bound under their own names.
-  procedure(c_model_i64), bind(C, name="fullshard_model_step") :: c_model_step
-  procedure(c_model_i64), bind(C, name="fullshard_model_num_params") :: c_model_num_params
-  procedure(c_model_path), bind(C, name="fullshard_checkpoint_save") :: c_checkpoint_save
-  procedure(c_model_path), bind(C, name="fullshard_checkpoint_load") :: c_checkpoint_load
-  procedure(c_model_path), bind(C, name="fullshard_export_safetensors") :: c_export_safetensors
 
 contains
 
@@ -491,20 +530,78 @@ contains
     call finish(c_model_plan(c_handle(model%id), info), status)
   end subroutine
 
-  !> A new step directory under `dir` (loads on any number of ranks). Collective.
+  !> A new step directory under `dir` (absent or '': the configuration's checkpoint dir;
+  !> loads on any number of ranks). Waits for an asynchronous save in flight first. Collective.
   subroutine fullshard_checkpoint_save(model, dir, status)
     type(fullshard_model), intent(in) :: model
-    character(*), intent(in) :: dir
+    character(*), intent(in), optional :: dir
     integer, intent(out), optional :: status
-    call finish(c_checkpoint_save(c_handle(model%id), cstr(dir)), status)
+    if (present(dir)) then
+      call finish(c_checkpoint_save(c_handle(model%id), cstr(dir)), status)
+    else
+      call finish(c_checkpoint_save(c_handle(model%id), cstr('')), status)
+    end if
   end subroutine
 
-  !> The latest checkpoint under `dir`, saved on any number of ranks. Collective.
+  !> Starts saving in the background (`dir` as fullshard_checkpoint_save's): returns once this
+  !> rank's state is copied into host memory; fullshard_save_test at step boundaries, or
+  !> fullshard_save_wait, commits. One save per model at a time. Collective.
+  subroutine fullshard_checkpoint_save_async(model, save, dir, status)
+    type(fullshard_model), intent(in) :: model
+    type(fullshard_save), intent(out) :: save
+    character(*), intent(in), optional :: dir
+    integer, intent(out), optional :: status
+    type(c_handle) :: h
+    integer(c_int) :: code
+    h%id = 0
+    if (present(dir)) then
+      code = c_checkpoint_save_async(c_handle(model%id), cstr(dir), h)
+    else
+      code = c_checkpoint_save_async(c_handle(model%id), cstr(''), h)
+    end if
+    save%id = h%id
+    call finish(code, status)
+  end subroutine
+
+  !> Commits the save once every rank's files are written: done = .true. and save is reset
+  !> (finished); .false. while they are being written. Collective.
+  subroutine fullshard_save_test(save, done, status)
+    type(fullshard_save), intent(inout) :: save
+    logical, intent(out) :: done
+    integer, intent(out), optional :: status
+    type(c_handle) :: h
+    integer(c_int) :: d, code
+    h%id = save%id
+    d = 0
+    code = c_save_test(h, d)
+    save%id = h%id
+    done = d /= 0
+    call finish(code, status)
+  end subroutine
+
+  !> Waits for the save and commits it; resets save. Collective.
+  subroutine fullshard_save_wait(save, status)
+    type(fullshard_save), intent(inout) :: save
+    integer, intent(out), optional :: status
+    type(c_handle) :: h
+    integer(c_int) :: code
+    h%id = save%id
+    code = c_save_wait(h)
+    save%id = h%id
+    call finish(code, status)
+  end subroutine
+
+  !> The latest checkpoint under `dir` (absent or '': the configuration's), saved on any
+  !> number of ranks. Collective.
   subroutine fullshard_checkpoint_load(model, dir, status)
     type(fullshard_model), intent(in) :: model
-    character(*), intent(in) :: dir
+    character(*), intent(in), optional :: dir
     integer, intent(out), optional :: status
-    call finish(c_checkpoint_load(c_handle(model%id), cstr(dir)), status)
+    if (present(dir)) then
+      call finish(c_checkpoint_load(c_handle(model%id), cstr(dir)), status)
+    else
+      call finish(c_checkpoint_load(c_handle(model%id), cstr('')), status)
+    end if
   end subroutine
 
   !> The full parameters as one safetensors file (rank 0 writes it). Collective.

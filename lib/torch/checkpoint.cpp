@@ -130,21 +130,23 @@ auto with_state(ShardedModel& model, const ::torch::optim::Optimizer* optimizer,
 
 std::string save_checkpoint(const std::string& dir, ShardedModel& model,
                             const ::torch::optim::Optimizer* optimizer, std::int64_t step,
-                            const checkpoint::SaveOptions& options) {
+                            const checkpoint::SaveOptions& options,
+                            const nlohmann::json& metadata) {
   return with_state(model, optimizer, step,
                     [&](graph::Module& graph, const optim::Optimizer* holder) {
-                      return checkpoint::save(dir, graph, holder, step, {}, {}, options);
+                      return checkpoint::save(dir, graph, holder, step, metadata, {}, options);
                     });
 }
 
 checkpoint::AsyncSave save_checkpoint_async(const std::string& dir, ShardedModel& model,
                                             const ::torch::optim::Optimizer* optimizer,
                                             std::int64_t step,
-                                            const checkpoint::SaveOptions& options) {
-  return with_state(model, optimizer, step,
-                    [&](graph::Module& graph, const optim::Optimizer* holder) {
-                      return checkpoint::save_async(dir, graph, holder, step, {}, {}, options);
-                    });
+                                            const checkpoint::SaveOptions& options,
+                                            const nlohmann::json& metadata) {
+  return with_state(
+      model, optimizer, step, [&](graph::Module& graph, const optim::Optimizer* holder) {
+        return checkpoint::save_async(dir, graph, holder, step, metadata, {}, options);
+      });
 }
 
 checkpoint::Loaded load_checkpoint(const std::string& dir, ShardedModel& model,

@@ -410,6 +410,14 @@ graph::Module& ShardedModel::graph() const {
   return *state_->graph;
 }
 
+std::vector<at::Tensor> ShardedModel::parameters() const {
+  std::vector<at::Tensor> out;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const at::Tensor& p : state_->root->parameters())
+    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  return out;
+}
+
 const std::string& ShardedModel::fqn(const ::torch::nn::Module& module) const {
   auto it = state_->mirror_of.find(&module);
   if (it == state_->mirror_of.end())

@@ -1,5 +1,5 @@
-// The C API's configuration file (lib/capi/config.*): every key read with its value, every
-// bad value refused with a message naming the file and the key.
+// The C API's configuration file (fullshard/session/config.hpp): every key read with its value,
+// every bad value refused with a message naming the file and the key.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "fullshard/base/error.hpp"
-#include "lib/capi/config.hpp"
+#include "fullshard/session/config.hpp"
 
 namespace fs = fullshard;
-using fs::capi::Config;
-using fs::capi::parse_config;
+using fs::session::Config;
+using fs::session::parse_config;
 
 namespace {
 
@@ -54,7 +54,7 @@ TEST_CASE("config: defaults") {
   CHECK(c.dtype == fs::DType::f32);
   CHECK_FALSE(c.param_dtype.has_value());
   CHECK(c.sharding.policy == "blocks");
-  CHECK(c.sharding.reshard_after_forward);
+  CHECK(c.sharding.reshard_after_forward.is_automatic());
   CHECK(c.memory.budget_mb == 0.0);
   CHECK(c.memory.check == "refuse");
   CHECK(c.seed == 0);
@@ -94,7 +94,7 @@ TEST_CASE("config: every key is read") {
   CHECK(c.param_dtype == fs::DType::bf16);
   CHECK(c.reduce_dtype == fs::DType::f32);
   CHECK(c.sharding.policy == "auto");
-  CHECK_FALSE(c.sharding.reshard_after_forward);
+  CHECK(c.sharding.reshard_after_forward.keeps_unsharded());
   CHECK(c.sharding.forward_prefetch == 2);
   CHECK(c.sharding.memory_budget_mb == 128);
   CHECK(c.memory.budget_mb == 2048.5);
@@ -176,8 +176,9 @@ TEST_CASE("config: every bad value names the file and the key") {
       {R"("sharding": {"policy": "auto"})", "cfg.json: sharding.memory_budget_mb: missing"},
       {R"("sharding": {"memory_budget_mb": 10})",
        "cfg.json: unknown key 'sharding.memory_budget_mb' in 'sharding'"},
-      {R"("sharding": {"reshard_after_forward": 1})",
-       "cfg.json: sharding.reshard_after_forward: expected true or false, got a number"},
+      {R"("sharding": {"reshard_after_forward": 0})",
+       "cfg.json: sharding.reshard_after_forward: expected true, false or a number of ranks k >= "
+       "1, got a number (0)"},
       {R"("sharding": {"forward_prefetch": 17})",
        "cfg.json: sharding.forward_prefetch: 17 is out of range"},
       {R"("memory": {"budget_mb": -1})", "cfg.json: memory.budget_mb: -1 is out of range"},
@@ -186,6 +187,21 @@ TEST_CASE("config: every bad value names the file and the key") {
       {R"("seed": -1)", "cfg.json: seed: -1 is out of range"},
       {R"("seed": 1.5)", "cfg.json: seed: expected an integer, got a number"},
       {R"("threads": 5000)", "cfg.json: threads: 5000 is out of range"},
+      {R"("accumulation": 0)", "cfg.json: accumulation: 0 is out of range"},
+      {R"("sharding": {"groups": ["a"]})",
+       "cfg.json: sharding.groups: expected an array of arrays of module names, got a string"},
+      {R"("sharding": {"groups": [["a"], []]})",
+       "cfg.json: sharding.groups: expected an array of arrays of module names, got an array"},
+      {R"("sharding": {"groups": [["a", "b"], ["b"]]})",
+       "cfg.json: sharding.groups: module \"b\" is in more than one group"},
+      {R"("sharding": {"policy": "auto", "memory_budget_mb": 9, "groups": [["a"]]})",
+       "cfg.json: sharding.groups: the auto policy chooses the groups itself"},
+      {R"("checkpoint": {"keep_last": -1})", "cfg.json: checkpoint.keep_last: -1 is out of range"},
+      {R"("checkpoint": {"resume": true})",
+       "cfg.json: checkpoint.resume: true needs checkpoint.dir"},
+      {R"("checkpoint": {"path": "x"})",
+       "cfg.json: unknown key 'checkpoint.path' in 'checkpoint'; this object takes dir, "
+       "keep_last, resume"},
   };
   for (const auto& entry : top) {  // (no structured bindings: CAPTURE captures)
     const auto& text = entry.first;
@@ -242,4 +258,42 @@ TEST_CASE("config: every bad value names the file and the key") {
   // JSON itself: a syntax error and a duplicate key name the file.
   CHECK(error_of(R"("seed": )").find("cfg.json") != std::string::npos);
   CHECK(error_of(R"("seed": 1, "seed": 2)").find("duplicate key 'seed'") != std::string::npos);
+}
+
+TEST_CASE("config: the typed configuration and its JSON form are one") {
+  // to_json writes every key; parsing it gives the same configuration (its canonical lines).
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", kMlp},
+      {R"("optimizer": {"type": "sgd", "lr": 0.5, "momentum": 0.9}, "accumulation": 4,
+          "sharding": {"reshard_after_forward": 2, "groups": [["layers.0", "layers.1"]]},
+          "checkpoint": {"dir": "ck", "keep_last": 2, "resume": true},
+          "mixed_precision": {"param_dtype": "bf16"}, "seed": 7)",
+       kMlp},
+      {R"("lr_schedule": {"type": "warmup_cosine", "warmup_steps": 2, "total_steps": 9},
+          "sharding": {"policy": "auto", "memory_budget_mb": 12, "reshard_after_forward": false})",
+       R"("model": {"type": "gpt", "layers": 3})"},
+      {"", R"("model": {"type": "residual_mlp", "inputs": 2, "outputs": 3, "blocks": 2})"},
+      {"", R"("model": {"type": "conv_autoencoder", "channels": 2, "deferred_init": false})"},
+      {"", R"("model": {"type": "torchscript", "file": "m.pt"})"},
+  };
+  for (const auto& entry : cases) {
+    CAPTURE(entry.first);
+    CAPTURE(entry.second);
+    const Config c = parse(entry.first, entry.second);
+    const std::string text = fs::session::to_json(c).dump();
+    CAPTURE(text);
+    const Config back = parse_config(text, "cfg.json");
+    CHECK(back.canonical == c.canonical);
+    CHECK(fs::session::canonical_lines(c) == c.canonical);
+  }
+  // A configuration built in C++ is checked as a file is.
+  Config c = parse("");
+  c.accumulation = 0;
+  c.source = "my session";
+  CHECK_THROWS_WITH_AS(fs::session::canonical_lines(c),
+                       doctest::Contains("my session: accumulation: 0 is out of range"),
+                       fs::ConfigError);
+  c = parse(R"("sharding": {"reshard_after_forward": 2})");
+  CHECK(c.sharding.reshard_after_forward.value() == 2);
+  CHECK(has(c, "sharding.reshard_after_forward = 2"));
 }

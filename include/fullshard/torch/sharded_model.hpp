@@ -6,7 +6,7 @@
 //   fst::ShardedModel sharded(model);                      // mirrors its module tree
 //   for (auto& block : model->blocks) sharded.fully_shard(*block, mesh);
 //   sharded.fully_shard(*model, mesh);                     // the root last (bottom-up)
-//   torch::optim::AdamW opt(model->parameters(), ...);     // steps on the local shards
+//   torch::optim::AdamW opt(sharded.parameters(), ...);    // the local shards, each once
 //   auto loss = fst::call(model, x).pow(2).mean();         // forward through the hooks
 //   loss.backward();                                       // reduce-scatters the gradients
 //   opt.step();
@@ -87,6 +87,11 @@ class ShardedModel {
   /// The model's module graph (Scheduler::plan plans it; its parameters show what the torch
   /// parameters show).
   graph::Module& graph() const;
+  /// The model's parameter tensors, each once, in registration order: give these to an
+  /// optimizer. LibTorch's Module::parameters() lists a tensor once per module that registers
+  /// it, so a tied weight (a GPT's output head is its token embedding) would be stepped twice
+  /// per step by an optimizer given that list.
+  std::vector<at::Tensor> parameters() const;
   /// The FQN of a module of the model ("" for the root).
   const std::string& fqn(const ::torch::nn::Module& module) const;
   /// The module at `fqn` ("" for the root); InvalidArgument naming it when there is none.

@@ -1,4 +1,4 @@
-#include "lib/capi/config.hpp"
+#include "fullshard/session/config.hpp"
 
 #include <cmath>
 #include <limits>
@@ -11,7 +11,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/json_reader.hpp"
 
-namespace fullshard::capi {
+namespace fullshard::session {
 
 namespace {
 
@@ -125,10 +125,51 @@ class Section {
     record(key, shown + "]");
     return x;
   }
-  /// A DType name (f32, bf16, ...) or absent.
-  std::optional<DType> dtype(const std::string& key, const std::vector<std::string>& allowed) {
+  /// FSDP2's reshard_after_forward: true, false or an integer k >= 1.
+  graph::ReshardAfterForward reshard(const std::string& key, graph::ReshardAfterForward def) {
     const ojson* v = find(key);
-    std::optional<DType> x;
+    graph::ReshardAfterForward x = def;
+    if (v) {
+      if (v->is_boolean())
+        x = v->get<bool>() ? graph::ReshardAfterForward::automatic()
+                           : graph::ReshardAfterForward::never();
+      else if (v->is_number_integer() && v->get<std::int64_t>() >= 1 &&
+               v->get<std::int64_t>() <= (1 << 20))
+        x = graph::ReshardAfterForward::group_size(int(v->get<std::int64_t>()));
+      else
+        fail(key, "true, false or a number of ranks k >= 1", *v);
+    }
+    record(key, x.is_automatic() ? "true" : x.keeps_unsharded() ? "false" : x.to_string());
+    return x;
+  }
+  /// An array of non-empty arrays of distinct non-empty strings (list groups), or absent.
+  std::vector<std::vector<std::string>> name_lists(const std::string& key) {
+    const ojson* v = find(key);
+    std::vector<std::vector<std::string>> x;
+    if (v) {
+      const std::string expected = "an array of arrays of module names";
+      if (!v->is_array()) fail(key, expected, *v);
+      std::set<std::string> seen;
+      for (const auto& list : *v) {
+        if (!list.is_array() || list.empty()) fail(key, expected, list);
+        x.emplace_back();
+        for (const auto& name : list) {
+          if (!name.is_string() || name.get<std::string>().empty()) fail(key, expected, name);
+          if (!seen.insert(name.get<std::string>()).second)
+            throw ConfigError(c_.source + ": " + full(key) + ": module \"" +
+                              name.get<std::string>() + "\" is in more than one group");
+          x.back().push_back(name.get<std::string>());
+        }
+      }
+    }
+    record(key, v ? v->dump() : "[]");
+    return x;
+  }
+  /// A DType name (f32, bf16, ...) or absent.
+  std::optional<DType> dtype(const std::string& key, const std::vector<std::string>& allowed,
+                             std::optional<DType> def = {}) {
+    const ojson* v = find(key);
+    std::optional<DType> x = def;
     if (v) {
       if (!v->is_string()) fail(key, "one of " + join(allowed), *v);
       const std::string s = v->get<std::string>();
@@ -292,7 +333,8 @@ Config parse_config(const std::string& text, const std::string& source) {
     o.finish();
   }
   c.grad_clip = top.number("grad_clip", 0.0, 0.0, 1e30);
-  c.dtype = top.dtype("dtype", {"float32", "f32", "float64", "f64"}).value_or(DType::f32);
+  c.accumulation = int(top.integer("accumulation", 1, 1, 1 << 16));
+  c.dtype = *top.dtype("dtype", {"float32", "f32", "float64", "f64"}, DType::f32);
   {
     Section o = top.object("mixed_precision", false);
     const std::vector<std::string> kinds = {"f32", "float32", "bf16", "bfloat16", "f16", "float16"};
@@ -304,8 +346,14 @@ Config parse_config(const std::string& text, const std::string& source) {
     Section o = top.object("sharding", false);
     ShardingSpec& s = c.sharding;
     s.policy = o.choice("policy", {"blocks", "root", "auto"});
-    s.reshard_after_forward = o.boolean("reshard_after_forward", true);
+    s.reshard_after_forward =
+        o.reshard("reshard_after_forward", graph::ReshardAfterForward::automatic());
     s.forward_prefetch = int(o.integer("forward_prefetch", 0, 0, 16));
+    s.groups = o.name_lists("groups");
+    if (!s.groups.empty() && s.policy == "auto")
+      throw ConfigError(c.source +
+                        ": sharding.groups: the auto policy chooses the groups itself; "
+                        "declare list groups with the blocks or root policy");
     if (s.policy == "auto") {
       s.memory_budget_mb = o.number("memory_budget_mb", 0.0, 1e-6, 1e12);
       if (!o.has("memory_budget_mb"))
@@ -321,10 +369,120 @@ Config parse_config(const std::string& text, const std::string& source) {
     c.memory.check = o.choice("check", {"refuse", "warn", "off"});
     o.finish();
   }
+  {
+    Section o = top.object("checkpoint", false);
+    c.checkpoint.dir = o.text("dir", false);
+    c.checkpoint.keep_last = int(o.integer("keep_last", 0, 0, 1 << 20));
+    c.checkpoint.resume = o.boolean("resume", false);
+    if (c.checkpoint.resume && c.checkpoint.dir.empty())
+      throw ConfigError(c.source + ": checkpoint.resume: true needs checkpoint.dir");
+    o.finish();
+  }
   c.seed = std::uint64_t(top.integer("seed", 0, 0, std::numeric_limits<std::int64_t>::max()));
   c.threads = int(top.integer("threads", 0, 0, 4096));
   top.finish();
   return c;
 }
 
-}  // namespace fullshard::capi
+Config read_config(const std::string& path) {
+  std::string text;
+  try {
+    text = fullshard::detail::read_text_file(path, "configuration");
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ConfigError(e.message());
+  }
+  return parse_config(text, path);
+}
+
+nlohmann::ordered_json to_json(const Config& c) {
+  ojson j;
+  const ModelSpec& m = c.model;
+  ojson& model = j["model"];
+  model["type"] = m.type;
+  if (m.type == "mlp" || m.type == "residual_mlp") {
+    model["inputs"] = m.inputs;
+    model["outputs"] = m.outputs;
+    if (m.type == "mlp") {
+      model["hidden"] = m.hidden;
+      model["activation"] = m.activation;
+    } else {
+      model["hidden"] = m.hidden.empty() ? std::int64_t{256} : m.hidden.front();
+      model["blocks"] = m.blocks;
+    }
+  } else if (m.type == "gpt") {
+    model["vocab"] = m.vocab;
+    model["context"] = m.context;
+    model["d_model"] = m.d_model;
+    model["heads"] = m.heads;
+    model["layers"] = m.layers;
+    model["mlp_ratio"] = m.mlp_ratio;
+    model["checkpoint_blocks"] = m.checkpoint_blocks;
+  } else if (m.type == "conv_autoencoder") {
+    model["channels"] = m.channels;
+    model["out_channels"] = m.out_channels;
+    model["width"] = m.width;
+    model["levels"] = m.levels;
+    model["activation"] = m.activation;
+  } else {
+    model["file"] = m.file;
+  }
+  if (m.type != "torchscript") model["deferred_init"] = m.deferred_init;
+  j["loss"] = c.loss;
+  ojson& o = j["optimizer"];
+  o["type"] = c.optimizer.type;
+  o["lr"] = c.optimizer.lr;
+  o["weight_decay"] = c.optimizer.weight_decay;
+  if (c.optimizer.type == "adamw") {
+    o["beta1"] = c.optimizer.beta1;
+    o["beta2"] = c.optimizer.beta2;
+    o["eps"] = c.optimizer.eps;
+  } else {
+    o["momentum"] = c.optimizer.momentum;
+  }
+  ojson& sched = j["lr_schedule"];
+  sched["type"] = c.lr_schedule.type;
+  if (c.lr_schedule.type == "warmup_cosine") {
+    sched["warmup_steps"] = c.lr_schedule.warmup_steps;
+    sched["total_steps"] = c.lr_schedule.total_steps;
+    sched["min_lr"] = c.lr_schedule.min_lr;
+  }
+  j["grad_clip"] = c.grad_clip;
+  j["accumulation"] = c.accumulation;
+  j["dtype"] = dtype_name(c.dtype);
+  ojson& mp = j["mixed_precision"];
+  mp = ojson::object();
+  if (c.param_dtype) mp["param_dtype"] = dtype_name(*c.param_dtype);
+  if (c.reduce_dtype) mp["reduce_dtype"] = dtype_name(*c.reduce_dtype);
+  ojson& sh = j["sharding"];
+  sh["policy"] = c.sharding.policy;
+  const graph::ReshardAfterForward r = c.sharding.reshard_after_forward;
+  if (r.is_automatic())
+    sh["reshard_after_forward"] = true;
+  else if (r.keeps_unsharded())
+    sh["reshard_after_forward"] = false;
+  else if (r.reshards())
+    sh["reshard_after_forward"] = true;
+  else
+    sh["reshard_after_forward"] = r.value();
+  sh["forward_prefetch"] = c.sharding.forward_prefetch;
+  if (c.sharding.policy == "auto") sh["memory_budget_mb"] = c.sharding.memory_budget_mb;
+  if (!c.sharding.groups.empty()) sh["groups"] = c.sharding.groups;
+  j["memory"] = {{"budget_mb", c.memory.budget_mb}, {"check", c.memory.check}};
+  ojson& ck = j["checkpoint"];
+  ck = ojson::object();
+  if (!c.checkpoint.dir.empty()) ck["dir"] = c.checkpoint.dir;
+  ck["keep_last"] = c.checkpoint.keep_last;
+  ck["resume"] = c.checkpoint.resume;
+  j["seed"] = c.seed;
+  j["threads"] = c.threads;
+  return j;
+}
+
+std::vector<std::string> canonical_lines(const Config& c) {
+  return parse_config(to_json(c).dump(), c.source.empty() ? "<session configuration>" : c.source)
+      .canonical;
+}
+
+}  // namespace fullshard::session

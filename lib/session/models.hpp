@@ -1,6 +1,6 @@
 // The model families of the C API's configuration ("model": {"type": ...}) built as LibTorch
 // modules whose blocks are called through fullshard::torch::call, so that fully_shard on each
-// block and the root is FSDP2's usual wrapping. Private to lib/capi.
+// block and the root is FSDP2's usual wrapping. Private to lib/session.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "fullshard/session/config.hpp"
 #include "fullshard/torch/deferred_init.hpp"
-#include "lib/capi/config.hpp"
 
-namespace fullshard::capi {
+namespace fullshard::session {
 
 struct BuiltModel {
   std::shared_ptr<::torch::nn::Module> root;
@@ -42,4 +42,4 @@ struct BuiltModel {
 BuiltModel build_model(const ModelSpec& spec, at::ScalarType dtype, const std::string& source,
                        std::uint64_t seed);
 
-}  // namespace fullshard::capi
+}  // namespace fullshard::session

@@ -1,4 +1,4 @@
-#include "lib/capi/models.hpp"
+#include "lib/session/models.hpp"
 
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/serialization/import.h>
@@ -19,7 +19,7 @@
 #include "fullshard/torch/residual_mlp.hpp"
 #include "fullshard/torch/sharded_model.hpp"
 
-namespace fullshard::capi {
+namespace fullshard::session {
 
 namespace fst = fullshard::torch;
 namespace nn = ::torch::nn;
@@ -357,4 +357,4 @@ BuiltModel build_model(const ModelSpec& s, at::ScalarType dtype, const std::stri
   return b;
 }
 
-}  // namespace fullshard::capi
+}  // namespace fullshard::session

@@ -1,0 +1,132 @@
+// The typed configuration of a training session (fullshard::session::Session): the model, the
+// loss, the optimizer and its schedule, clipping, precision, sharding, the memory check and
+// checkpoints. The JSON configuration file (README: "the configuration file"; the C API and
+// the Fortran module read it) is one serialisation of it: parse_config reads it, to_json
+// writes it, and every key is checked (name, type, range); an unknown key or a bad value is
+// a ConfigError naming the source, the key and what was expected.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fullshard/base/dtype.hpp"
+#include "fullshard/graph/shard_request.hpp"
+
+namespace fullshard::session {
+
+/// "model": which network. Only the keys of the chosen type are accepted.
+struct ModelSpec {
+  /// mlp | residual_mlp | gpt | conv_autoencoder | torchscript
+  std::string type;
+  // mlp: inputs -> hidden[0] -> ... -> outputs, one block per hidden layer;
+  // residual_mlp: inputs -> hidden (blocks residual blocks) -> outputs.
+  std::int64_t inputs = 0, outputs = 0;
+  std::vector<std::int64_t> hidden;
+  std::int64_t blocks = 0;
+  std::string activation = "relu";  // mlp, conv_autoencoder: relu | gelu | tanh | silu
+  // gpt
+  std::int64_t vocab = 256, context = 128, d_model = 128, heads = 4, layers = 2, mlp_ratio = 4;
+  bool checkpoint_blocks = false;
+  // Built-in families: each piece released to the meta device as it is built and each rank
+  // initialises its own rows (counter-based, the same model at any rank count); false: built
+  // whole with LibTorch's generator, then sharded.
+  bool deferred_init = true;
+  // conv_autoencoder: (N, channels, H, W) -> (N, out_channels, H, W); H and W divisible by
+  // 2^levels.
+  std::int64_t channels = 1, out_channels = 1, width = 16, levels = 2;
+  // torchscript
+  std::string file;
+};
+
+struct OptimizerSpec {
+  std::string type = "adamw";  // adamw | sgd
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.0;
+  double momentum = 0.0;  // sgd
+};
+
+struct ScheduleSpec {
+  std::string type = "constant";  // constant | warmup_cosine
+  int warmup_steps = 0, total_steps = 0;
+  double min_lr = 0.0;
+};
+
+struct ShardingSpec {
+  std::string policy = "blocks";  // blocks | root | auto
+  /// FSDP2's reshard_after_forward: true (JSON true: every group but the root's reshards
+  /// after its forward), false, or k ranks (JSON integer: each rank keeps a 1/k slice; k
+  /// divides the shard dim).
+  graph::ReshardAfterForward reshard_after_forward = graph::ReshardAfterForward::automatic();
+  double memory_budget_mb = 0.0;  // auto
+  int forward_prefetch = 0;
+  /// List groups (FSDP2's fully_shard([m1, m2, ...])): each entry's modules, by fully
+  /// qualified name, in one communication group. Not with the auto policy (it chooses the
+  /// groups). A Session refuses them for LibTorch models (the LibTorch front end shards one
+  /// module per call).
+  std::vector<std::vector<std::string>> groups;
+};
+
+/// "memory": the rank's planned process peak (docs/memory.md) against what it can have, checked
+/// on every rank before the model's shards are allocated.
+struct MemorySpec {
+  double budget_mb = 0.0;        // 0: the cgroup limit or MemAvailable, shared by the node's ranks
+  std::string check = "refuse";  // refuse | warn | off
+};
+
+/// "checkpoint": where and how the session saves (Session::save, save_async, resume).
+struct CheckpointSpec {
+  /// The checkpoint root; empty: none configured (save and load then take a directory).
+  /// Checked before the first step (created if its parent exists; written and read back by
+  /// every rank: a directory one rank cannot write or does not share is refused there).
+  std::string dir;
+  /// Committed step directories kept (the oldest beyond it are removed after each commit);
+  /// 0: keep all.
+  int keep_last = 0;
+  /// Load the latest checkpoint in `dir` at creation when there is one (saved on any number
+  /// of ranks).
+  bool resume = false;
+};
+
+struct Config {
+  std::string source;  // the file name (or "<string>") errors name
+  ModelSpec model;
+  std::string loss = "mse";  // mse | l1 | smooth_l1 | cross_entropy | next_token (gpt)
+  OptimizerSpec optimizer;
+  ScheduleSpec lr_schedule;
+  double grad_clip = 0.0;  // max global gradient norm; 0: off
+  /// Micro-batches per step (gradient accumulation): each rank's batch is split along its
+  /// first dim into this many and their gradients summed before one reduce-scatter; the loss
+  /// is their mean (the same step as the whole batch when they divide it evenly).
+  int accumulation = 1;
+  DType dtype = DType::f32;                        // the parameters' (f32 | f64)
+  std::optional<DType> param_dtype, reduce_dtype;  // mixed precision (FSDP2's policy)
+  ShardingSpec sharding;
+  MemorySpec memory;
+  CheckpointSpec checkpoint;
+  std::uint64_t seed = 0;
+  int threads = 0;  // LibTorch intra-op threads; 0: the launcher's cores
+  /// Every value read, as "key = value" in a fixed order (defaults included): what the ranks
+  /// compare before they build the model (parse_config fills it; canonical_lines computes it).
+  std::vector<std::string> canonical;
+};
+
+/// Parses `text` (JSON) from `source`. ConfigError "<source>: <key>: <problem>".
+Config parse_config(const std::string& text, const std::string& source);
+
+/// Reads and parses the file at `path` (ConfigError naming it when it cannot be read).
+Config read_config(const std::string& path);
+
+/// The configuration as the JSON file would state it (every key, defaults included):
+/// parse_config(to_json(c).dump(), ...) gives `c` back.
+nlohmann::ordered_json to_json(const Config& c);
+
+/// Checks `c` as parse_config checks a file (ranges, combinations; ConfigError naming the
+/// key, with c.source as the source) and returns its "key = value" lines.
+std::vector<std::string> canonical_lines(const Config& c);
+
+}  // namespace fullshard::session

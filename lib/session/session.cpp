@@ -1,0 +1,609 @@
+#include "fullshard/session/session.hpp"
+
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <utility>
+
+#include "fullshard/base/bounded_comm.hpp"
+#include "fullshard/base/error.hpp"
+#include "fullshard/base/json_reader.hpp"
+#include "fullshard/checkpoint/checkpoint.hpp"
+#include "fullshard/checkpoint/format.hpp"
+#include "fullshard/checkpoint/safetensors.hpp"
+#include "fullshard/mesh/agreement.hpp"
+#include "fullshard/optim/optimizer.hpp"
+#include "fullshard/schedule/auto_plan.hpp"
+#include "fullshard/schedule/memory_account.hpp"
+#include "fullshard/schedule/memory_budget.hpp"
+#include "fullshard/schedule/plan.hpp"
+#include "fullshard/torch/checkpoint.hpp"
+#include "fullshard/torch/sharded_model.hpp"
+#include "lib/session/batch_agreement.hpp"
+#include "lib/session/models.hpp"
+
+namespace fullshard::session {
+
+namespace fst = fullshard::torch;
+namespace F = ::torch::nn::functional;
+namespace sch = fullshard::schedule;
+
+namespace {
+
+std::string shape_of(const at::Tensor& t) {
+  std::string s = "(";
+  for (std::int64_t d = 0; d < t.dim(); ++d)
+    s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + ")";
+}
+
+// The lines of a configuration a checkpoint must have been saved with to load into this
+// session: the model's shape (not how it was initialised or where its file was) and dtype,
+// and the optimizer's type (its state is of that kind).
+std::vector<std::string> identity_lines(const std::vector<std::string>& canonical) {
+  std::vector<std::string> out;
+  for (const std::string& l : canonical) {
+    const bool model = l.rfind("model.", 0) == 0 && l.rfind("model.file ", 0) != 0 &&
+                       l.rfind("model.deferred_init ", 0) != 0 &&
+                       l.rfind("model.checkpoint_blocks ", 0) != 0;
+    if (model || l.rfind("dtype ", 0) == 0 || l.rfind("optimizer.type ", 0) == 0) out.push_back(l);
+  }
+  return out;
+}
+
+}  // namespace
+
+Config read_config(const DeviceMesh& mesh, const std::string& path) {
+  std::string text, error;
+  try {
+    text = fullshard::detail::read_text_file(path, "configuration");
+  } catch (const Error& e) {
+    error = e.message();
+  }
+  return parse_config(mesh, text, path, error);
+}
+
+Config parse_config(const DeviceMesh& mesh, const std::string& text, const std::string& source,
+                    std::string read_error) {
+  std::optional<Config> c;
+  if (read_error.empty()) {
+    try {
+      c = parse_config(text, source);
+    } catch (const ConfigError& e) {
+      read_error = e.message();
+    }
+  }
+  std::vector<std::string> items = {read_error.empty() ? std::string("configuration read")
+                                                       : "configuration refused: " + read_error};
+  if (c) items.insert(items.end(), c->canonical.begin(), c->canonical.end());
+  agree_across_ranks(mesh, items, "the configuration " + source);
+  if (!c) throw ConfigError(read_error);
+  return std::move(*c);
+}
+
+struct Session::Impl {
+  Config cfg;
+  DeviceMesh mesh;
+  std::unique_ptr<BoundedComm> control;  // the session's agreements (batch, checkpoints)
+  BuiltModel model;
+  std::unique_ptr<fst::ShardedModel> sharded;
+  std::unique_ptr<::torch::optim::Optimizer> opt;
+  std::size_t opt_tensors = 0;
+  std::optional<optim::WarmupCosine> schedule;
+  std::vector<graph::Parameter*> graph_params;
+  std::int64_t step = 0;
+  std::int64_t num_params = 0;
+  PlanPrediction plan;
+  const void* last_input = nullptr;
+  c10::Device device = c10::Device(c10::kCPU);
+  Progress progress;
+  nlohmann::json identity;  // identity_lines, kept in every checkpoint's metadata
+  checkpoint::AsyncSave pending;
+  bool in_flight = false;
+  std::string pending_dir;
+
+  Impl(const DeviceMesh& m, Config c) : cfg(std::move(c)), mesh(m) {}
+
+  void shard();
+  void check_memory(const sch::Plan& plan);
+  void make_optimizer();
+  at::Tensor loss_of(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
+  /// What the ranks agree on before a step (detail::describe_batch), or "refused (...)" with
+  /// `error` set when this rank's batch is not one the model takes.
+  std::string batch_of(const std::vector<at::Tensor>& inputs,
+                       const std::vector<at::Tensor>& targets, bool training,
+                       std::string& error) const;
+  std::string dir_or_configured(const std::string& dir, const char* call) const;
+  checkpoint::SaveOptions save_options() const;
+  nlohmann::json metadata() const { return {{"session", identity}}; }
+  void check_identity(const std::string& dir);
+  void committed(const std::string& step_dir, std::int64_t step, bool async) {
+    if (progress.on_save) progress.on_save(SaveMetrics{step, step_dir, async});
+  }
+};
+
+Session::Session(const DeviceMesh& mesh, Config config)
+    : impl_(std::make_unique<Impl>(mesh, std::move(config))) {
+  Impl& s = *impl_;
+  // A configuration built in C++ is checked as a file is, and the ranks agree on it.
+  std::string error;
+  std::vector<std::string> lines;
+  try {
+    lines = canonical_lines(s.cfg);
+  } catch (const ConfigError& e) {
+    error = e.message();
+  }
+  std::vector<std::string> items = {error.empty() ? "configuration valid"
+                                                  : "configuration refused: " + error};
+  items.insert(items.end(), lines.begin(), lines.end());
+  const std::string source = s.cfg.source.empty() ? "<session configuration>" : s.cfg.source;
+  agree_across_ranks(s.mesh, items, "the configuration " + source);
+  if (!error.empty()) throw ConfigError(error);
+  s.cfg.canonical = lines;
+  if (!s.cfg.sharding.groups.empty())  // the same on every rank: the ranks agreed above
+    throw ConfigError(source +
+                      ": sharding.groups: list groups are not available for LibTorch models yet "
+                      "(the LibTorch front end shards one module per fully_shard call); shard "
+                      "with the blocks or root policy");
+  s.identity = identity_lines(lines);
+  s.control = BoundedComm::duplicate(s.mesh.control_world(), "session", s.mesh.timeout_s());
+
+  // Before anything is built: a bad checkpoint directory must not cost a whole job.
+  if (!s.cfg.checkpoint.dir.empty()) checkpoint::check_directory(s.cfg.checkpoint.dir, s.mesh);
+
+  if (s.cfg.threads > 0) at::set_num_threads(s.cfg.threads);
+  ::torch::manual_seed(s.cfg.seed);  // TorchScript's buffers and deferred_init false
+  s.model = build_model(s.cfg.model, s.cfg.dtype == DType::f64 ? at::kDouble : at::kFloat,
+                        s.cfg.source, s.cfg.seed);
+  if (s.mesh.device_type() == DeviceType::cuda) {  // the rank's GPU (the runtime bound it)
+    s.device = c10::Device(c10::kCUDA);
+    s.model.root->to(s.device);
+  }
+  s.sharded = std::make_unique<fst::ShardedModel>(s.model.root);
+  for (const at::Tensor& p : s.sharded->parameters())
+    s.num_params += p.numel();
+  s.shard();
+  // Each rank fills its own rows, the values those of the whole model from cfg.seed.
+  if (s.model.initialize) s.sharded->initialize(s.model.initialize);
+  s.graph_params = s.sharded->graph().parameters();
+  s.make_optimizer();
+  if (s.cfg.lr_schedule.type == "warmup_cosine")
+    s.schedule.emplace(s.cfg.optimizer.lr, s.cfg.lr_schedule.warmup_steps,
+                       s.cfg.lr_schedule.total_steps, s.cfg.lr_schedule.min_lr);
+
+  if (s.cfg.checkpoint.resume) {
+    // Resumed when the directory holds a checkpoint (rank 0 looks; every rank follows).
+    int found = 0;
+    if (s.mesh.rank() == 0)
+      found = std::filesystem::exists(std::filesystem::path(s.cfg.checkpoint.dir) / "latest");
+    s.control->bcast(&found, 1, MPI_INT, 0, "resume (MPI_Ibcast)");
+    if (found) load();
+  }
+}
+
+Session::~Session() = default;
+
+void Session::Impl::make_optimizer() {
+  // Each tensor once: a tied weight would otherwise be stepped once per module holding it.
+  std::vector<at::Tensor> params = sharded->parameters();
+  opt_tensors = params.size();
+  const OptimizerSpec& o = cfg.optimizer;
+  if (o.type == "adamw")
+    opt = std::make_unique<::torch::optim::AdamW>(params, ::torch::optim::AdamWOptions(o.lr)
+                                                              .betas({o.beta1, o.beta2})
+                                                              .eps(o.eps)
+                                                              .weight_decay(o.weight_decay));
+  else
+    opt = std::make_unique<::torch::optim::SGD>(
+        params, ::torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+}
+
+void Session::Impl::shard() {
+  sch::PlanOptions o;
+  o.external_gradients = true;
+  o.forward_prefetch_depth = cfg.sharding.forward_prefetch;
+  o.defaults.reshard_after_forward = cfg.sharding.reshard_after_forward;
+  o.defaults.mp_policy.param_dtype = cfg.param_dtype;
+  o.defaults.mp_policy.reduce_dtype = cfg.reduce_dtype;
+  sch::MeshShape shape;
+  shape.shard_size = mesh.size(mesh.names().back());
+  shape.replicate_size = mesh.ndim() > 1 ? mesh.size(mesh.names().front()) : 1;
+
+  const sch::Plan* p = nullptr;
+  std::optional<sch::Plan> explicit_plan;
+  std::optional<sch::AutoPlan> auto_plan;
+  if (cfg.sharding.policy == "auto") {
+    sch::AutoPlanOptions ao;
+    ao.base = o;
+    ao.memory_budget_bytes = std::size_t(cfg.sharding.memory_budget_mb * 1024.0 * 1024.0);
+    ao.state_bytes_per_param_byte =
+        cfg.optimizer.type == "adamw" ? 2.0 : (cfg.optimizer.momentum > 0 ? 1.0 : 0.0);
+    // The planner's own measure of its plans; the process peak is checked below.
+    auto_plan.emplace(sharded->auto_shard(mesh, ao, model.blocks));
+    p = &auto_plan->plan;
+    check_memory(*p);
+  } else {
+    graph::Module& g = sharded->graph();
+    if (cfg.sharding.policy == "blocks")
+      for (const ::torch::nn::Module* b : model.blocks)
+        g.module(sharded->fqn(*b)).set_fully_shard_request(true);
+    g.set_fully_shard_request(true);
+    explicit_plan.emplace(sch::Scheduler::plan(g, shape, o));
+    check_memory(*explicit_plan);
+    sharded->apply_plan(*explicit_plan, mesh);
+    p = &*explicit_plan;
+  }
+  plan.step_ms = p->step_ms;
+  plan.peak_bytes = std::int64_t(p->peak_bytes);
+  plan.sharded_bytes = std::int64_t(p->sharded_bytes);
+  plan.groups = std::int64_t(p->groups.size());
+}
+
+void Session::Impl::check_memory(const sch::Plan& p) {
+  const MemorySpec& m = cfg.memory;
+  // The account is of host memory; a CUDA mesh's parameters live on the device.
+  if (mesh.device_type() != DeviceType::cpu) return;
+  sch::MemoryInputs in;
+  in.optimizer_states = cfg.optimizer.type == "adamw" ? 2 : (cfg.optimizer.momentum > 0 ? 1 : 0);
+  const std::string shard_dim = mesh.names().back();
+  in.shared_memory = mesh.shm(shard_dim) != nullptr;
+  if (const NodeSplit* split = mesh.node_split(shard_dim)) in.nodes = split->nodes();
+  in.rank = mesh.coordinate(shard_dim);
+  // LibTorch's activations are not declared to the planner: the account leaves them out.
+  in.baseline = sch::process_memory().resident;
+  const sch::MemoryAccount planned = sch::plan_memory(p, in);
+  plan.process_peak_bytes = static_cast<std::int64_t>(planned.process_peak());
+  if (m.check == "off") return;
+  BoundedComm comm(mesh.control_world(), "session.memory", mesh.timeout_s());
+  const sch::MemoryBudget budget = sch::rank_memory_budget(
+      comm, static_cast<std::size_t>(m.budget_mb * 1024.0 * 1024.0), "memory.budget_mb");
+  sch::check_memory_budget(
+      comm, planned, budget, m.check == "warn" ? sch::MemoryCheck::warn : sch::MemoryCheck::refuse,
+      "more ranks shrink the shards, gradients and optimizer state; \"sharding\": "
+      "{\"reshard_after_forward\": true} frees each block after its forward; a larger "
+      "\"memory\": {\"budget_mb\"} where the node has it; \"memory\": {\"check\": "
+      "\"warn\"} runs it anyway (LibTorch's activations are not in the account)");
+}
+
+at::Tensor Session::Impl::loss_of(const std::vector<at::Tensor>& in,
+                                  const std::vector<at::Tensor>& targets) {
+  last_input = in.empty() ? nullptr : in[0].data_ptr();
+  if (model.own_loss) return model.own_loss(in);
+  // Shapes are checked against the outputs after the forward: a shape error leaves this
+  // rank's forward unfinished, so it is checked against what the model promises first.
+  const std::vector<at::Tensor> out = model.forward(in);
+  if (targets.size() != out.size())
+    throw InvalidArgument("the model gives " + std::to_string(out.size()) + " output" +
+                          (out.size() == 1 ? "" : "s") + " but " + std::to_string(targets.size()) +
+                          " targets were given");
+  at::Tensor loss;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const at::Tensor& t = targets[i];
+    // Mixed precision computes in param_dtype; the loss is taken in the targets' dtype.
+    const at::Tensor y = at::isFloatingType(out[i].scalar_type()) &&
+                                 at::isFloatingType(t.scalar_type()) &&
+                                 out[i].scalar_type() != t.scalar_type()
+                             ? out[i].to(t.scalar_type())
+                             : out[i];
+    at::Tensor l;
+    if (cfg.loss == "cross_entropy") {
+      if (t.dim() != y.dim() - 1 || t.size(0) != y.size(0))
+        throw InvalidArgument("target " + std::to_string(i) + " has shape " + shape_of(t) +
+                              "; cross_entropy takes class indices of shape (batch) for output " +
+                              shape_of(y));
+      l = F::cross_entropy(y, t.to(at::kLong));
+    } else {
+      if (!t.sizes().equals(y.sizes()))
+        throw InvalidArgument("target " + std::to_string(i) + " has shape " + shape_of(t) +
+                              " but output " + std::to_string(i) + " has shape " + shape_of(y));
+      l = cfg.loss == "mse"  ? F::mse_loss(y, t)
+          : cfg.loss == "l1" ? F::l1_loss(y, t)
+                             : F::smooth_l1_loss(y, t);
+    }
+    loss = loss.defined() ? loss + l : l;
+  }
+  return loss;
+}
+
+std::string Session::Impl::batch_of(const std::vector<at::Tensor>& inputs,
+                                    const std::vector<at::Tensor>& targets, bool training,
+                                    std::string& error) const {
+  // This rank's checks first (count, dtypes, the shapes the model takes): a refusal joins the
+  // agreement as this rank's batch, so that every rank reports it instead of waiting.
+  try {
+    model.check_inputs(inputs);
+    if (training && model.own_loss && !targets.empty())
+      throw InvalidArgument("the " + cfg.model.type + " computes its loss (" + cfg.loss +
+                            ") from its input; pass no targets, not " +
+                            std::to_string(targets.size()));
+  } catch (const InvalidArgument& e) {
+    error = e.message();
+    return "refused (" + error + ")";
+  }
+  std::string d = detail::describe_batch(inputs, targets);
+  const std::int64_t rows = inputs.empty() ? 0 : inputs.front().size(0);
+  for (std::size_t i = 0; i < targets.size(); ++i)
+    if (targets[i].dim() > 0 && targets[i].size(0) != rows)
+      d += " [targets[" + std::to_string(i) + "] has " + std::to_string(targets[i].size(0)) +
+           " samples, inputs[0] " + std::to_string(rows) + "]";
+  if (training && cfg.accumulation > 1 && rows < cfg.accumulation)
+    d += " [" + std::to_string(rows) +
+         " samples for \"accumulation\": " + std::to_string(cfg.accumulation) + " micro-batches]";
+  return d;
+}
+
+double Session::train_step(const std::vector<at::Tensor>& inputs,
+                           const std::vector<at::Tensor>& targets) {
+  Impl& s = *impl_;
+  const auto start = std::chrono::steady_clock::now();
+  std::string error;
+  const std::string batch = s.batch_of(inputs, targets, true, error);
+  detail::agree_on_batch(*s.control, batch, "train_step");
+  if (!error.empty()) throw InvalidArgument(error);
+  const int k = s.cfg.accumulation;
+  const std::int64_t rows = inputs.empty() ? 0 : inputs.front().size(0);
+  if (k > 1 && rows < k)  // the same on every rank (the agreement above)
+    throw InvalidArgument("train_step: the batch has " + std::to_string(rows) +
+                          " samples, fewer than \"accumulation\": " + std::to_string(k) +
+                          " micro-batches");
+  const double rate = lr();
+  for (auto& group : s.opt->param_groups())
+    group.options().set_lr(rate);
+  s.opt->zero_grad();
+  fsdp::FSDPModule& root = s.sharded->state(*s.model.root);
+  double total = 0;
+  std::int64_t lo = 0;
+  for (int mb = 0; mb < k; ++mb) {
+    // Micro-batch mb: sizes differing by at most one (rows / k, the first rows % k one more),
+    // its loss weighted by its share of the batch, so that the step is the whole batch's.
+    const std::int64_t len = rows / k + (mb < rows % k ? 1 : 0);
+    std::vector<at::Tensor> in = inputs, tg = targets;
+    if (k > 1) {
+      for (at::Tensor& t : in)
+        t = t.narrow(0, lo, len);
+      for (at::Tensor& t : tg)
+        if (t.dim() > 0) t = t.narrow(0, lo, len);
+      root.set_requires_gradient_sync(mb == k - 1);
+    }
+    lo += len;
+    at::Tensor loss;
+    try {
+      loss = s.loss_of(in, tg);
+    } catch (...) {
+      // A bad target found after the forward: the groups the forward left unsharded (the
+      // root's) show their shards again, so the optimizer and checkpoints see the shards.
+      try {
+        root.reset_iter_state();
+        root.set_requires_gradient_sync(true);
+      } catch (...) {
+      }
+      throw;
+    }
+    const double weight = k > 1 ? double(len) / double(rows) : 1.0;
+    (k > 1 ? loss * weight : loss).backward();
+    total += weight * loss.item<double>();
+  }
+  if (s.cfg.grad_clip > 0) optim::clip_grad_norm(s.graph_params, s.cfg.grad_clip, s.mesh);
+  s.opt->step();
+  ++s.step;
+  if (s.progress.on_step) {
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    s.progress.on_step(StepMetrics{s.step, total, rate, secs});
+  }
+  return total;
+}
+
+std::vector<at::Tensor> Session::predict(const std::vector<at::Tensor>& inputs) {
+  Impl& s = *impl_;
+  ::torch::NoGradGuard no_grad;
+  std::string error;
+  detail::agree_on_batch(*s.control, s.batch_of(inputs, {}, false, error), "predict");
+  if (!error.empty()) throw InvalidArgument(error);
+  s.last_input = inputs.empty() ? nullptr : inputs[0].data_ptr();
+  s.model.root->eval();
+  std::vector<at::Tensor> out;
+  try {
+    out = s.model.forward(inputs);
+  } catch (...) {
+    s.model.root->train();
+    throw;
+  }
+  s.model.root->train();
+  return out;
+}
+
+std::string Session::Impl::dir_or_configured(const std::string& dir, const char* call) const {
+  if (!dir.empty()) return dir;
+  if (cfg.checkpoint.dir.empty())
+    throw InvalidArgument(std::string(call) +
+                          ": no directory given and the configuration has no "
+                          "\"checkpoint\": {\"dir\"}");
+  return cfg.checkpoint.dir;
+}
+
+checkpoint::SaveOptions Session::Impl::save_options() const {
+  checkpoint::SaveOptions o;
+  o.keep_last = cfg.checkpoint.keep_last;
+  return o;
+}
+
+std::string Session::save(const std::string& dir) {
+  Impl& s = *impl_;
+  const std::string d = s.dir_or_configured(dir, "save");
+  if (s.in_flight) wait_save();
+  const std::string step_dir =
+      fst::save_checkpoint(d, *s.sharded, s.opt.get(), s.step, s.save_options(), s.metadata());
+  s.committed(step_dir, s.step, false);
+  return step_dir;
+}
+
+void Session::save_async(const std::string& dir) {
+  Impl& s = *impl_;
+  const std::string d = s.dir_or_configured(dir, "save_async");
+  if (s.in_flight)
+    throw InvalidArgument("save_async: the save of step " + std::to_string(s.pending.step()) +
+                          " into '" + s.pending_dir +
+                          "' is still in flight; wait for it (wait_save) or poll it (poll_save) "
+                          "before starting another");
+  s.pending = fst::save_checkpoint_async(d, *s.sharded, s.opt.get(), s.step, s.save_options(),
+                                         s.metadata());
+  s.in_flight = true;
+  s.pending_dir = d;
+}
+
+bool Session::save_in_flight() const noexcept {
+  return impl_->in_flight;
+}
+
+bool Session::poll_save() {
+  Impl& s = *impl_;
+  if (!s.in_flight) return true;
+  bool done = false;
+  try {
+    done = s.pending.test();
+  } catch (...) {
+    s.in_flight = false;
+    throw;
+  }
+  if (!done) return false;
+  s.in_flight = false;
+  // test() committed it: its step directory is the one wait() names (no communication now).
+  s.committed(s.pending.wait(), s.pending.step(), true);
+  return true;
+}
+
+std::string Session::wait_save() {
+  Impl& s = *impl_;
+  if (!s.in_flight)
+    throw InvalidArgument(
+        "wait_save: no checkpoint save is in flight (it was committed by an earlier "
+        "poll_save or wait_save, or none was started)");
+  std::string step_dir;
+  try {
+    step_dir = s.pending.wait();
+  } catch (...) {
+    s.in_flight = false;
+    throw;
+  }
+  s.in_flight = false;
+  s.committed(step_dir, s.pending.step(), true);
+  return step_dir;
+}
+
+void Session::Impl::check_identity(const std::string& dir) {
+  // Rank 0 reads the index's metadata; every rank compares it with its own identity.
+  std::string text;
+  if (mesh.rank() == 0) {
+    try {
+      const std::string step_dir = checkpoint::resolve_step_dir(dir);
+      const checkpoint::Index index =
+          checkpoint::parse_index(checkpoint::read_index_text(step_dir), step_dir);
+      if (index.metadata.contains("session"))
+        text = step_dir + "\n" + index.metadata["session"].dump();
+    } catch (const std::exception&) {
+      // No readable checkpoint: the load reports it.
+    }
+  }
+  control->bcast(text, 0, "checkpoint identity (MPI_Ibcast)");
+  if (text.empty()) return;  // saved by other code: the load checks the tensors
+  const std::string step_dir = text.substr(0, text.find('\n'));
+  const nlohmann::json saved = nlohmann::json::parse(text.substr(text.find('\n') + 1));
+  std::vector<std::string> theirs;
+  if (saved.is_array())
+    for (const auto& l : saved)
+      if (l.is_string()) theirs.push_back(l.get<std::string>());
+  const std::vector<std::string> ours = identity.get<std::vector<std::string>>();
+  auto key_of = [](const std::string& l) { return l.substr(0, l.find(" = ")); };
+  for (std::size_t i = 0; i < std::max(ours.size(), theirs.size()); ++i) {
+    const std::string a = i < theirs.size() ? theirs[i] : "(none)";
+    const std::string b = i < ours.size() ? ours[i] : "(none)";
+    if (a == b) continue;
+    const std::string key = key_of(b == "(none)" ? a : b);
+    const bool optimizer = key.rfind("optimizer.", 0) == 0;
+    throw InvalidArgument("checkpoint '" + step_dir + "' was saved by another " +
+                          (optimizer ? "optimizer" : "model") + ": " + a +
+                          " there, but this session's configuration has " + b +
+                          (optimizer ? " (its state would not fit; resume with the optimizer "
+                                       "it was saved with)"
+                                     : ""));
+  }
+}
+
+std::int64_t Session::load(const std::string& dir) {
+  Impl& s = *impl_;
+  const std::string d = s.dir_or_configured(dir, "load");
+  if (s.in_flight) wait_save();
+  s.check_identity(d);
+  s.step = fst::load_checkpoint(d, *s.sharded, s.opt.get()).step;
+  return s.step;
+}
+
+void Session::export_safetensors(const std::string& path) {
+  Impl& s = *impl_;
+  // A full (unsharded) checkpoint beside the file, converted by rank 0, then removed.
+  const std::string tmp = path + ".fullshard-export";
+  checkpoint::SaveOptions so;
+  so.kind = checkpoint::Kind::full;
+  const std::string step_dir =
+      checkpoint::save(tmp, s.sharded->graph(), nullptr, s.step, {}, {}, so);
+  std::string error;
+  if (s.mesh.rank() == 0) {
+    try {
+      checkpoint::checkpoint_to_safetensors(step_dir, path);
+    } catch (const std::exception& e) {
+      error = fullshard::detail::message_of(e);
+      if (error.empty()) error = "rank 0 could not write the safetensors file '" + path + "'";
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(tmp, ec);
+  }
+  // Every rank returns when the file is there (or with rank 0's error).
+  s.control->bcast(error, 0, "safetensors export (MPI_Ibcast)");
+  if (!error.empty()) throw Error(error);
+}
+
+void Session::set_progress(Progress progress) {
+  impl_->progress = std::move(progress);
+}
+
+::torch::nn::Module& Session::module() const noexcept {
+  return *impl_->model.root;
+}
+const Config& Session::config() const noexcept {
+  return impl_->cfg;
+}
+const DeviceMesh& Session::mesh() const noexcept {
+  return impl_->mesh;
+}
+at::ScalarType Session::input_dtype() const noexcept {
+  return impl_->model.input_dtype;
+}
+c10::Device Session::device() const noexcept {
+  return impl_->device;
+}
+std::int64_t Session::step() const noexcept {
+  return impl_->step;
+}
+double Session::lr() const {
+  return impl_->schedule ? impl_->schedule->lr(int(impl_->step)) : impl_->cfg.optimizer.lr;
+}
+std::int64_t Session::num_params() const noexcept {
+  return impl_->num_params;
+}
+std::size_t Session::optimizer_tensors() const {
+  return impl_->opt_tensors;
+}
+const PlanPrediction& Session::plan() const noexcept {
+  return impl_->plan;
+}
+const void* Session::last_input_data() const noexcept {
+  return impl_->last_input;
+}
+
+}  // namespace fullshard::session

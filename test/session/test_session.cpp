@@ -1,0 +1,280 @@
+// The training session (fullshard/session/session.hpp) in C++: gradient accumulation against
+// the whole batch, the ranks' agreement on the batch and on the configuration, asynchronous
+// saves with retention, resume on another rank count, the identity of a checkpoint, and the
+// checks of the checkpoint directory before the first step.
+#include <unistd.h>
+#include "test/torch/torch_doctest.hpp"  // first: LibTorch, then doctest's CHECK macros
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/session/session.hpp"
+#include "test_support.hpp"
+
+namespace fs = fullshard;
+namespace ss = fullshard::session;
+
+namespace {
+
+constexpr int kIn = 6, kOut = 2;
+
+std::string config_text(const std::string& extra = {}, const std::string& optimizer = "adamw",
+                        int hidden = 16) {
+  return R"({"model": {"type": "residual_mlp", "inputs": 6, "hidden": )" + std::to_string(hidden) +
+         R"(, "outputs": 2, "blocks": 3},
+             "optimizer": {"type": ")" +
+         optimizer + R"(", "lr": 0.01}, "seed": 3)" + (extra.empty() ? "" : ", " + extra) + "}";
+}
+
+ss::Config config_of(const std::string& text) {
+  return ss::parse_config(text, "session-test.json");
+}
+
+fs::DeviceMesh world_mesh() {
+  return fs::DeviceMesh(MPI_COMM_WORLD, {fs::test::world_size()}, {"dp"}, 60.0);
+}
+
+// Rows [first, first + rows) of step s's global batch (the same values at any rank count).
+std::pair<torch::Tensor, torch::Tensor> rows_of(int s, std::int64_t first, std::int64_t rows) {
+  torch::Tensor x = torch::empty({rows, kIn}, torch::kDouble);
+  torch::Tensor y = torch::empty({rows, kOut}, torch::kDouble);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    for (int j = 0; j < kIn; ++j)
+      x[i][j] = std::sin(0.37 * double((first + i) * kIn + j) + 1.7 * s);
+    for (int k = 0; k < kOut; ++k)
+      y[i][k] = std::cos(0.11 * double((first + i) * kOut + k) + 0.9 * s);
+  }
+  return {x.to(torch::kFloat), y.to(torch::kFloat)};
+}
+
+// This rank's `rows` rows of step s.
+std::pair<torch::Tensor, torch::Tensor> batch(int s, std::int64_t rows = 8) {
+  return rows_of(s, fs::test::world_rank() * rows, rows);
+}
+
+double mean_over_ranks(double v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return v / fs::test::world_size();
+}
+
+double rel(double a, double b) {
+  return std::abs(a - b) / std::max(std::abs(b), 1e-30);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+int graph_false() {
+  return fs::graph::ReshardAfterForward::never().value();
+}
+
+int step_dirs(const std::string& dir) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("session: accumulation over micro-batches is the whole batch's step") {
+  const fs::DeviceMesh mesh = world_mesh();
+  for (const std::int64_t rows : {8, 10}) {
+    CAPTURE(rows);
+    ss::Session whole(mesh, config_of(config_text()));
+    ss::Session micro(mesh, config_of(config_text(R"("accumulation": 4)")));
+    for (int s = 0; s < 3; ++s) {
+      const auto [x, y] = batch(s, rows);
+      const double a = whole.train_step({x}, {y});
+      const double b = micro.train_step({x}, {y});
+      CHECK(rel(b, a) <= 1e-5);
+    }
+    const auto [x, y] = batch(9, rows);
+    const torch::Tensor pa = whole.predict({x})[0], pb = micro.predict({x})[0];
+    CHECK((pa - pb).abs().max().item<double>() <= 1e-5 * pa.abs().max().item<double>());
+    // Fewer samples than micro-batches: refused on every rank, the session still usable.
+    const auto [xs, ys] = batch(0, 3);
+    CHECK(error_of([&] {
+            micro.train_step({xs}, {ys});
+          }).find("the batch has 3 samples, fewer than \"accumulation\": 4 micro-batches") !=
+          std::string::npos);
+    CHECK(std::isfinite(micro.train_step({x}, {y})));
+  }
+}
+
+TEST_CASE("session: a batch that differs on some ranks is refused on every rank") {
+  if (fs::test::world_size() < 2) return;
+  const fs::DeviceMesh mesh = world_mesh();
+  const int rank = fs::test::world_rank();
+  ss::Session gpt(mesh, config_of(R"({"model": {"type": "gpt", "vocab": 16, "context": 12,
+                                       "d_model": 8, "heads": 2, "layers": 1}})"));
+  // Token sequences of 8 on rank 0 and 6 elsewhere: each valid alone.
+  const torch::Tensor ids = torch::arange(4 * (rank == 0 ? 8 : 6), torch::kLong)
+                                .remainder(16)
+                                .view({4, rank == 0 ? 8 : 6});
+  const std::string msg = error_of([&] { gpt.train_step({ids}, {}); });
+  CAPTURE(msg);
+  CHECK(msg.find("train_step: the ranks' batches differ") != std::string::npos);
+  CHECK(msg.find("rank 0: inputs[0] i64 (*, 8)") != std::string::npos);
+  CHECK(msg.find("inputs[0] i64 (*, 6)") != std::string::npos);
+  CHECK(gpt.step() == 0);
+  // A batch dim that differs is the data-parallel norm: accepted.
+  const torch::Tensor ok = torch::arange(8 * (rank + 2), torch::kLong).remainder(16).view({-1, 8});
+  CHECK(std::isfinite(gpt.train_step({ok}, {})));
+  CHECK(gpt.step() == 1);
+
+  // One rank's batch the model does not take: every rank names that rank and why.
+  ss::Session mlp(mesh, config_of(config_text()));
+  auto [x, y] = batch(0);
+  if (rank == 1) x = torch::zeros({8, kIn + 1});
+  const std::string bad = error_of([&] { mlp.train_step({x}, {y}); });
+  CAPTURE(bad);
+  CHECK(bad.find("rank 1: refused (") != std::string::npos);
+  // Targets with another batch dim than the inputs, on one rank.
+  auto [x2, y2] = batch(0);
+  if (rank == 1) y2 = y2.narrow(0, 0, 7);
+  const std::string rows = error_of([&] { mlp.train_step({x2}, {y2}); });
+  CAPTURE(rows);
+  CHECK(rows.find("[targets[0] has 7 samples, inputs[0] 8]") != std::string::npos);
+  CHECK(mlp.step() == 0);
+}
+
+TEST_CASE("session: the ranks' configurations must agree") {
+  if (fs::test::world_size() < 2) return;
+  const fs::DeviceMesh mesh = world_mesh();
+  ss::Config c = config_of(config_text());
+  if (fs::test::world_rank() == 1) c.optimizer.lr = 0.02;
+  const std::string msg = error_of([&] { ss::Session s(mesh, c); });
+  CAPTURE(msg);
+  CHECK(msg.find("optimizer.lr") != std::string::npos);
+  CHECK(msg.find("rank 1") != std::string::npos);
+  // A configuration built in C++ is checked as a file is.
+  ss::Config bad = config_of(config_text());
+  bad.accumulation = 0;
+  CHECK(error_of([&] { ss::Session s(mesh, bad); }).find("accumulation: 0 is out of range") !=
+        std::string::npos);
+}
+
+TEST_CASE("session: asynchronous saves with retention, resumed on another rank count") {
+  const fs::DeviceMesh mesh = world_mesh();
+  fs::test::SharedTempDir tmp("fullshard-session");
+  const std::string dir = tmp.path + "/ck";
+  const std::string ck = R"("checkpoint": {"dir": ")" + dir + R"(", "keep_last": 2})";
+  ss::Session s(mesh, config_of(config_text(ck)));
+  int commits = 0, steps = 0;
+  s.set_progress({[&](const ss::StepMetrics& m) { steps = int(m.step); },
+                  [&](const ss::SaveMetrics& m) { commits += m.step > 0; }});
+  for (int i = 0; i < 2; ++i) {
+    const auto [x, y] = batch(i);
+    s.train_step({x}, {y});
+  }
+  s.save_async();
+  CHECK(s.save_in_flight());
+  const std::string twice = error_of([&] { s.save_async(); });
+  CHECK(twice.find("the save of step 2 into '" + dir + "' is still in flight") !=
+        std::string::npos);
+  {  // training goes on while the files are written
+    const auto [x, y] = batch(2);
+    s.train_step({x}, {y});
+  }
+  while (!s.poll_save()) {
+  }
+  CHECK_FALSE(s.save_in_flight());
+  CHECK(error_of([&] { s.wait_save(); }).find("no checkpoint save is in flight") !=
+        std::string::npos);
+  for (int i = 3; i < 5; ++i) {
+    const auto [x, y] = batch(i);
+    s.train_step({x}, {y});
+    if (i == 3) s.save_async();  // step 4, written while step 5 trains
+  }
+  s.save();  // waits for step 4's, then saves step 5
+  CHECK(commits == 3);
+  CHECK(steps == 5);
+  if (fs::test::world_rank() == 0) CHECK(step_dirs(dir) == 2);  // keep_last
+
+  // The next step of this run, against a session resumed on rank 0 alone (another rank count)
+  // training on every rank's rows at once.
+  const auto [x, y] = batch(5);
+  const double continued = mean_over_ranks(s.train_step({x}, {y}));
+  MPI_Comm solo = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, fs::test::world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
+  if (solo != MPI_COMM_NULL) {
+    fs::DeviceMesh one(solo, {1}, {"dp"}, 60.0);
+    ss::Session resumed(
+        one, config_of(config_text(R"("checkpoint": {"dir": ")" + dir + R"(", "resume": true})")));
+    CHECK(resumed.step() == 5);
+    const auto [xa, ya] = rows_of(5, 0, 8 * fs::test::world_size());
+    CHECK(rel(resumed.train_step({xa}, {ya}), continued) <= 1e-5);
+    // Another optimizer or another model: refused before anything changes.
+    ss::Session sgd(one, config_of(config_text({}, "sgd")));
+    const std::string opt = error_of([&] { sgd.load(dir); });
+    CAPTURE(opt);
+    CHECK(opt.find("was saved by another optimizer: optimizer.type = adamw there, but this "
+                   "session's configuration has optimizer.type = sgd") != std::string::npos);
+    CHECK(sgd.step() == 0);
+    ss::Session narrow(one, config_of(config_text({}, "adamw", 8)));
+    const std::string model = error_of([&] { narrow.load(dir); });
+    CAPTURE(model);
+    CHECK(model.find("was saved by another model: model.hidden = 16 there") != std::string::npos);
+    MPI_Comm_free(&solo);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("session: the checkpoint directory is checked before the first step") {
+  const fs::DeviceMesh mesh = world_mesh();
+  const std::string unwritable = "/proc/fullshard-session-test";
+  const std::string msg = error_of([&] {
+    ss::Session s(mesh, config_of(config_text(R"("checkpoint": {"dir": ")" + unwritable + "\"}")));
+  });
+  CAPTURE(msg);
+  CHECK(msg.find("checkpoint directory '" + unwritable + "'") != std::string::npos);
+  if (fs::test::world_size() < 2) return;
+  // "ck" relative to a working directory of each rank's own: not one directory.
+  char own[] = "/tmp/fullshard-session-rank-XXXXXX";
+  REQUIRE(mkdtemp(own) != nullptr);
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(own);
+  const std::string local = error_of(
+      [&] { ss::Session s(mesh, config_of(config_text(R"("checkpoint": {"dir": "ck"})"))); });
+  std::filesystem::current_path(cwd);
+  std::filesystem::remove_all(own);
+  CAPTURE(local);
+  CHECK(local.find("checkpoint directory 'ck' is not shared by the ranks that write it: rank 1") !=
+        std::string::npos);
+}
+
+TEST_CASE("session: reshard_after_forward k shards differently and trains the same") {
+  const fs::DeviceMesh mesh = world_mesh();
+  const int world = fs::test::world_size();
+  ss::Session blocks(mesh, config_of(config_text()));
+  const std::string k = world % 2 == 0 ? "2" : "false";
+  ss::Session other(mesh,
+                    config_of(config_text(R"("sharding": {"reshard_after_forward": )" + k + "}")));
+  CHECK(other.config().sharding.reshard_after_forward.value() ==
+        (world % 2 == 0 ? 2 : graph_false()));
+  CHECK(blocks.plan().groups == 4);  // three blocks and the root
+  for (int s = 0; s < 3; ++s) {
+    const auto [x, y] = batch(s);
+    const double a = blocks.train_step({x}, {y});
+    CHECK(rel(other.train_step({x}, {y}), a) <= 1e-5);
+  }
+  // List groups: refused for LibTorch models, on every rank, naming the key.
+  const std::string msg = error_of([&] {
+    ss::Session s(mesh,
+                  config_of(config_text(R"("sharding": {"groups": [["blocks.0", "blocks.1"]]})")));
+  });
+  CAPTURE(msg);
+  CHECK(msg.find("sharding.groups: list groups are not available for LibTorch models") !=
+        std::string::npos);
+}
