@@ -10,6 +10,7 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/json_reader.hpp"
+#include "fullshard/kernels/quantize.hpp"
 
 namespace fullshard::session {
 
@@ -349,6 +350,19 @@ Config parse_config(const std::string& text, const std::string& source) {
     s.reshard_after_forward =
         o.reshard("reshard_after_forward", graph::ReshardAfterForward::automatic());
     s.forward_prefetch = int(o.integer("forward_prefetch", 0, 0, 16));
+    {
+      Section z = o.object("compression", false);
+      const std::string ag = z.choice("all_gather", {"none", "int8", "fp8_e4m3"});
+      const std::string rs = z.choice("reduce_scatter", {"none", "int8"});
+      const std::int64_t block = z.integer("block", 256, 8, 1 << 20);
+      if ((block & (block - 1)) != 0)
+        throw ConfigError(c.source + ": sharding.compression.block: " + std::to_string(block) +
+                          " is not a power of two");
+      if (ag != "none") s.compression.all_gather = kernels::parse_quant_code(ag, ag);
+      if (rs != "none") s.compression.reduce_scatter = kernels::parse_quant_code(rs, rs);
+      s.compression.block = int(block);
+      z.finish();
+    }
     s.groups = o.name_lists("groups");
     if (!s.groups.empty() && s.policy == "auto")
       throw ConfigError(c.source +
@@ -467,6 +481,11 @@ nlohmann::ordered_json to_json(const Config& c) {
   else
     sh["reshard_after_forward"] = r.value();
   sh["forward_prefetch"] = c.sharding.forward_prefetch;
+  const graph::CompressionPolicy& z = c.sharding.compression;
+  sh["compression"] = {
+      {"all_gather", z.all_gather ? kernels::quant_code_name(*z.all_gather) : "none"},
+      {"reduce_scatter", z.reduce_scatter ? kernels::quant_code_name(*z.reduce_scatter) : "none"},
+      {"block", z.block}};
   if (c.sharding.policy == "auto") sh["memory_budget_mb"] = c.sharding.memory_budget_mb;
   if (!c.sharding.groups.empty()) sh["groups"] = c.sharding.groups;
   j["memory"] = {{"budget_mb", c.memory.budget_mb}, {"check", c.memory.check}};

@@ -210,6 +210,7 @@ void Session::Impl::shard() {
   o.defaults.reshard_after_forward = cfg.sharding.reshard_after_forward;
   o.defaults.mp_policy.param_dtype = cfg.param_dtype;
   o.defaults.mp_policy.reduce_dtype = cfg.reduce_dtype;
+  o.defaults.compression = cfg.sharding.compression;
   sch::MeshShape shape;
   shape.shard_size = mesh.size(mesh.names().back());
   shape.replicate_size = mesh.ndim() > 1 ? mesh.size(mesh.names().front()) : 1;

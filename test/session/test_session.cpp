@@ -269,6 +269,15 @@ TEST_CASE("session: reshard_after_forward k shards differently and trains the sa
     const double a = blocks.train_step({x}, {y});
     CHECK(rel(other.train_step({x}, {y}), a) <= 1e-5);
   }
+  // Compressed collectives: int8 all-gathers and reduce-scatters; the first loss (the initial
+  // model's, through quantised parameters) within 2 % of the uncompressed one, but not equal.
+  ss::Session int8(mesh, config_of(config_text(R"("sharding": {"compression": {"all_gather":
+                                                  "int8", "reduce_scatter": "int8"}})")));
+  ss::Session plain(mesh, config_of(config_text()));
+  const auto [x0, y0] = batch(0);
+  const double q = int8.train_step({x0}, {y0}), p = plain.train_step({x0}, {y0});
+  CHECK(rel(q, p) <= 0.02);
+  if (world > 1) CHECK(q != p);  // (one rank gathers nothing: nothing is quantised)
   // List groups: refused for LibTorch models, on every rank, naming the key.
   const std::string msg = error_of([&] {
     ss::Session s(mesh,

@@ -64,6 +64,9 @@ struct ShardingSpec {
   graph::ReshardAfterForward reshard_after_forward = graph::ReshardAfterForward::automatic();
   double memory_budget_mb = 0.0;  // auto
   int forward_prefetch = 0;
+  /// Compressed collectives of every group (int8 or fp8 e4m3 all-gathers, int8
+  /// reduce-scatters, one f32 scale per `block` elements); none by default.
+  graph::CompressionPolicy compression;
   /// List groups (FSDP2's fully_shard([m1, m2, ...])): each entry's modules, by fully
   /// qualified name, in one communication group. Not with the auto policy (it chooses the
   /// groups). A Session refuses them for LibTorch models (the LibTorch front end shards one
