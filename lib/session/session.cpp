@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "fullshard/base/bounded_comm.hpp"
@@ -145,11 +146,6 @@ Session::Session(const DeviceMesh& mesh, Config config)
   agree_across_ranks(s.mesh, items, "the configuration " + source);
   if (!error.empty()) throw ConfigError(error);
   s.cfg.canonical = lines;
-  if (!s.cfg.sharding.groups.empty())  // the same on every rank: the ranks agreed above
-    throw ConfigError(source +
-                      ": sharding.groups: list groups are not available for LibTorch models yet "
-                      "(the LibTorch front end shards one module per fully_shard call); shard "
-                      "with the blocks or root policy");
   s.identity = identity_lines(lines);
   s.control = BoundedComm::duplicate(s.mesh.control_world(), "session", s.mesh.timeout_s());
 
@@ -230,9 +226,24 @@ void Session::Impl::shard() {
     check_memory(*p);
   } else {
     graph::Module& g = sharded->graph();
+    // List groups: each list's first module asks for the group with the others; a module of a
+    // list is not a group of its own.
+    std::set<std::string> listed;
+    for (const auto& group : cfg.sharding.groups)
+      for (const std::string& name : group) {
+        sharded->module(name);  // InvalidArgument naming a module the model does not have
+        listed.insert(name);
+      }
     if (cfg.sharding.policy == "blocks")
-      for (const ::torch::nn::Module* b : model.blocks)
-        g.module(sharded->fqn(*b)).set_fully_shard_request(true);
+      for (const ::torch::nn::Module* b : model.blocks) {
+        const std::string& name = sharded->fqn(*b);
+        if (!listed.count(name)) g.module(name).set_fully_shard_request(true);
+      }
+    for (const auto& group : cfg.sharding.groups) {
+      graph::ShardRequest r;
+      r.group_with.assign(group.begin() + 1, group.end());
+      g.module(group.front()).set_fully_shard_request(r);
+    }
     g.set_fully_shard_request(true);
     explicit_plan.emplace(sch::Scheduler::plan(g, shape, o));
     check_memory(*explicit_plan);

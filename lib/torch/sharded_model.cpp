@@ -344,40 +344,53 @@ ShardedModel::~ShardedModel() {
 
 fsdp::FSDPModule& ShardedModel::fully_shard(::torch::nn::Module& module, const DeviceMesh& mesh,
                                             const fsdp::FullyShardOptions& options) {
+  return fully_shard(std::vector<::torch::nn::Module*>{&module}, mesh, options);
+}
+
+fsdp::FSDPModule& ShardedModel::fully_shard(const std::vector<::torch::nn::Module*>& modules,
+                                            const DeviceMesh& mesh,
+                                            const fsdp::FullyShardOptions& options) {
   detail::ModelState& m = *state_;
-  auto it = m.mirror_of.find(&module);
-  if (it == m.mirror_of.end())
-    throw InvalidArgument("fullshard::torch::fully_shard: the module (" + module.name() +
-                          ") is not part of this model");
-  graph::Module& gm = *it->second;
+  if (modules.empty())
+    throw InvalidArgument("fullshard::torch::fully_shard: an empty list of modules");
+  std::vector<graph::Module*> mirrors;
+  for (::torch::nn::Module* module : modules) {
+    auto it = module ? m.mirror_of.find(module) : m.mirror_of.end();
+    if (it == m.mirror_of.end())
+      throw InvalidArgument("fullshard::torch::fully_shard: the module (" +
+                            (module ? module->name() : std::string("null")) +
+                            ") is not part of this model");
+    mirrors.push_back(it->second);
+  }
+  auto name = [](const graph::Module& gm) {
+    return gm.is_root() ? std::string("root module") : "'" + gm.fqn() + "'";
+  };
   if (m.root_state)
-    throw InvalidArgument("fullshard::torch::fully_shard(" +
-                          (gm.is_root() ? std::string("root module") : "'" + gm.fqn() + "'") +
+    throw InvalidArgument("fullshard::torch::fully_shard(" + name(*mirrors.front()) +
                           "): the root module is already sharded; apply fully_shard bottom-up, "
                           "the root last");
   // Every parameter this call may group lives on the mesh's device, or on the meta device
   // (deferred initialisation); a foreign-device tensor has no values fully_shard could shard.
   const bool cuda = mesh.device_type() == DeviceType::cuda;
-  for (graph::Parameter* p : gm.parameters()) {
-    const at::Tensor& t = m.param_of.at(p->fqn());
-    const bool on_mesh = t.is_meta() || (cuda ? t.device().is_cuda() : t.device().is_cpu());
-    if (p->binding() || on_mesh) continue;  // grouped already, or where it belongs
-    throw InvalidArgument("fullshard::torch::fully_shard(" +
-                          (gm.is_root() ? std::string("root module") : "'" + gm.fqn() + "'") +
-                          "): parameter '" + p->fqn() + "' is on " + t.device().str() +
-                          ", but the mesh is a " + device_type_name(mesh.device_type()) +
-                          " mesh; move the model to the mesh's device first");
-  }
-  fsdp::FSDPModule& st = fsdp::fully_shard(gm, mesh, options);
+  for (graph::Module* gm : mirrors)
+    for (graph::Parameter* p : gm->parameters()) {
+      const at::Tensor& t = m.param_of.at(p->fqn());
+      const bool on_mesh = t.is_meta() || (cuda ? t.device().is_cuda() : t.device().is_cpu());
+      if (p->binding() || on_mesh) continue;  // grouped already, or where it belongs
+      throw InvalidArgument("fullshard::torch::fully_shard(" + name(*gm) + "): parameter '" +
+                            p->fqn() + "' is on " + t.device().str() + ", but the mesh is a " +
+                            device_type_name(mesh.device_type()) +
+                            " mesh; move the model to the mesh's device first");
+    }
+  fsdp::FSDPModule& st = mirrors.size() == 1 ? fsdp::fully_shard(*mirrors.front(), mesh, options)
+                                             : fsdp::fully_shard(mirrors, mesh, options);
   fsdp::use_external_gradients(st);
-  auto s = std::make_unique<detail::ModuleState>();
-  s->model = &m;
-  s->module = &module;
-  s->mirror = &gm;
-  s->fsdp = &st;
-  s->is_root = gm.is_root();
   const c10::Device device =
       cuda ? c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice() : c10::kCPU;
+  // The group's parameters, bound once; every module of a list group sees all of them (the
+  // engine reduces the group after the last module's backward; registering a gradient that
+  // autograd has not made yet is a no-op).
+  std::vector<std::pair<graph::Parameter*, detail::ParameterBinding*>> group;
   for (graph::Parameter* p : fsdp::detail::group_params(st)) {
     m.bindings.push_back(
         std::make_unique<detail::ParameterBinding>(m.param_of.at(p->fqn()), device));
@@ -385,16 +398,25 @@ fsdp::FSDPModule& ShardedModel::fully_shard(::torch::nn::Module& module, const D
     p->set_binding(b);
     b->data_shown(*p, true);
     b->grad_shown(*p, true);
-    s->group.emplace_back(p, b);
+    group.emplace_back(p, b);
   }
-  if (s->is_root) {
-    m.root_state = s.get();
-    detail::materialize_whole(m, device);
+  for (std::size_t i = 0; i < modules.size(); ++i) {
+    auto s = std::make_unique<detail::ModuleState>();
+    s->model = &m;
+    s->module = modules[i];
+    s->mirror = mirrors[i];
+    s->fsdp = &st;
+    s->is_root = mirrors[i]->is_root();
+    s->group = group;
+    if (s->is_root) {
+      m.root_state = s.get();
+      detail::materialize_whole(m, device);
+    }
+    detail::ModuleState* raw = s.get();
+    m.states[modules[i]] = std::move(s);
+    std::lock_guard<std::mutex> lock(detail::registry_mutex);
+    detail::registry()[modules[i]] = raw;
   }
-  detail::ModuleState* raw = s.get();
-  m.states[&module] = std::move(s);
-  std::lock_guard<std::mutex> lock(detail::registry_mutex);
-  detail::registry()[&module] = raw;
   return st;
 }
 
@@ -444,9 +466,10 @@ void ShardedModel::initialize(const std::function<void(const LocalShard&)>& init
   std::unordered_map<const graph::Module*, detail::ModuleState*> state_of;
   for (auto& [module, st] : m.states)
     state_of[st->mirror] = st.get();
+  std::unordered_set<const fsdp::FSDPModule*> done;  // a list group's modules share one
   for (graph::Module* gm : m.graph->modules_preorder()) {
     auto it = state_of.find(gm);
-    if (it == state_of.end()) continue;
+    if (it == state_of.end() || !done.insert(it->second->fsdp).second) continue;
     detail::ModuleState& s = *it->second;
     const auto& members = s.fsdp->group_layout().members;  // layout order, as s.group
     for (std::size_t i = 0; i < s.group.size(); ++i) {
@@ -482,18 +505,18 @@ void ShardedModel::apply_plan(const schedule::Plan& plan, const DeviceMesh& mesh
         "PlanOptions::external_gradients; a LibTorch model's gradients come from autograd "
         "(plan it with external_gradients = true)");
   std::vector<const schedule::PlannedGroup*> groups;
-  for (const schedule::PlannedGroup& g : plan.groups) {
-    if (g.modules.size() != 1)
-      throw InvalidArgument("fullshard::torch::apply_plan: group '" + g.name +
-                            "' holds several modules; ShardedModel shards one module a call");
+  for (const schedule::PlannedGroup& g : plan.groups)
     groups.push_back(&g);
-  }
   // Bottom-up: deeper modules first (stable: the plan's order among equals).
   std::stable_sort(groups.begin(), groups.end(), [](const auto* a, const auto* b) {
     return a->modules.front()->depth() > b->modules.front()->depth();
   });
-  for (const schedule::PlannedGroup* g : groups)
-    fully_shard(module(g->modules.front()->fqn()), mesh, *g->options);
+  for (const schedule::PlannedGroup* g : groups) {
+    std::vector<::torch::nn::Module*> members;
+    for (const graph::Module* gm : g->modules)
+      members.push_back(&module(gm->fqn()));
+    fully_shard(members, mesh, *g->options);
+  }
   schedule::apply_plan_policies(*state_->graph, plan);
 }
 

@@ -254,7 +254,7 @@ TEST_CASE("session: the checkpoint directory is checked before the first step") 
         std::string::npos);
 }
 
-TEST_CASE("session: reshard_after_forward k shards differently and trains the same") {
+TEST_CASE("session: reshard_after_forward k, compression and list groups") {
   const fs::DeviceMesh mesh = world_mesh();
   const int world = fs::test::world_size();
   ss::Session blocks(mesh, config_of(config_text()));
@@ -278,12 +278,23 @@ TEST_CASE("session: reshard_after_forward k shards differently and trains the sa
   const double q = int8.train_step({x0}, {y0}), p = plain.train_step({x0}, {y0});
   CHECK(rel(q, p) <= 0.02);
   if (world > 1) CHECK(q != p);  // (one rank gathers nothing: nothing is quantised)
-  // List groups: refused for LibTorch models, on every rank, naming the key.
+  // List groups (FSDP2's fully_shard([blocks.0, blocks.1])): one group fewer, the same numbers.
+  ss::Session listed(mesh, config_of(config_text(R"("sharding": {"groups": [["blocks.0",
+                                                    "blocks.1"]]})")));
+  CHECK(listed.plan().groups == 3);  // blocks 0 and 1 together, block 2, the root
+  ss::Session reference(mesh, config_of(config_text()));
+  for (int s = 0; s < 3; ++s) {
+    const auto [x, y] = batch(s);
+    const double a = reference.train_step({x}, {y});
+    CHECK(rel(listed.train_step({x}, {y}), a) <= 1e-5);
+  }
+  const auto [xp, yp] = batch(7);
+  const torch::Tensor pa = reference.predict({xp})[0], pb = listed.predict({xp})[0];
+  CHECK((pa - pb).abs().max().item<double>() <= 1e-5 * pa.abs().max().item<double>());
+  // A module the model does not have is named.
   const std::string msg = error_of([&] {
-    ss::Session s(mesh,
-                  config_of(config_text(R"("sharding": {"groups": [["blocks.0", "blocks.1"]]})")));
+    ss::Session s(mesh, config_of(config_text(R"("sharding": {"groups": [["blocks.7"]]})")));
   });
   CAPTURE(msg);
-  CHECK(msg.find("sharding.groups: list groups are not available for LibTorch models") !=
-        std::string::npos);
+  CHECK(msg.find("blocks.7") != std::string::npos);
 }

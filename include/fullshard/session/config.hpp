@@ -68,9 +68,8 @@ struct ShardingSpec {
   /// reduce-scatters, one f32 scale per `block` elements); none by default.
   graph::CompressionPolicy compression;
   /// List groups (FSDP2's fully_shard([m1, m2, ...])): each entry's modules, by fully
-  /// qualified name, in one communication group. Not with the auto policy (it chooses the
-  /// groups). A Session refuses them for LibTorch models (the LibTorch front end shards one
-  /// module per call).
+  /// qualified name, in one communication group; a module of a list is not a group of its own
+  /// under the blocks policy. Not with the auto policy (it chooses the groups).
   std::vector<std::vector<std::string>> groups;
 };
 

@@ -75,6 +75,12 @@ class ShardedModel {
   /// (unshard, reshard, set_requires_gradient_sync, prefetch lists, ...).
   fsdp::FSDPModule& fully_shard(::torch::nn::Module& module, const DeviceMesh& mesh,
                                 const fsdp::FullyShardOptions& options = {});
+  /// FSDP2's fully_shard([m1, m2, ...]): one communication group for several modules (a list
+  /// group), unsharded at the first module's forward and resharded after the last's; the
+  /// gradients are reduce-scattered once, after the backward of every module of the list.
+  fsdp::FSDPModule& fully_shard(const std::vector<::torch::nn::Module*>& modules,
+                                const DeviceMesh& mesh,
+                                const fsdp::FullyShardOptions& options = {});
   template <class Impl>
   fsdp::FSDPModule& fully_shard(const ::torch::nn::ModuleHolder<Impl>& module,
                                 const DeviceMesh& mesh,
