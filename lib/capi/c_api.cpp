@@ -223,6 +223,12 @@ std::vector<at::Tensor> inputs_of(int n, const fullshard_array* arrays, at::Scal
   return out;
 }
 
+// What free and finalize do first, as collective as they are: a save in flight is committed,
+// so that nothing saved is lost.
+void commit_pending_save(Model& m) {
+  if (m.session->save_in_flight()) m.session->wait_save();
+}
+
 fs::session::Session& model_of(fullshard_model m) {
   return *live().models.get(m.id, "model")->session;
 }
@@ -305,9 +311,10 @@ fullshard_status fullshard_init(MPI_Comm comm) {
     const char* own = std::getenv("FULLSHARD_TORCH_THREADS");
     if (s.rank == 0 && !(omp && *omp))
       std::fprintf(stderr,
-                   "fullshard_init: %s %d thread%s per rank for LibTorch and OpenMP (%s; set "
-                   "OMP_NUM_THREADS to choose, fullshard then leaves it)\n",
-                   "OMP_NUM_THREADS is not set: using", threads, threads == 1 ? "" : "s",
+                   "fullshard_init: OMP_NUM_THREADS is not set: using %d thread%s per rank for "
+                   "LibTorch and OpenMP (%s; set OMP_NUM_THREADS to choose, fullshard then "
+                   "leaves it)\n",
+                   threads, threads == 1 ? "" : "s",
                    own && *own ? "FULLSHARD_TORCH_THREADS" : "the cores this rank may use");
     state.emplace(std::move(s));
   });
@@ -324,7 +331,7 @@ fullshard_status fullshard_finalize(void) {
     // in flight is committed first (collective, as finalize is).
     state->saves.clear();
     for (const std::shared_ptr<Model>& m : state->models.clear())
-      if (m->session->save_in_flight()) m->session->wait_save();
+      commit_pending_save(*m);
     state->meshes.clear();
     state.reset();
   });
@@ -409,9 +416,7 @@ fullshard_status fullshard_model_free(fullshard_model* model) {
     State& s = live();
     required(model, "model");
     if (model->id == 0) return;
-    const std::shared_ptr<Model> m = s.models.get(model->id, "model");
-    // A save in flight is committed first (collective, as free is): nothing saved is lost.
-    if (m->session->save_in_flight()) m->session->wait_save();
+    commit_pending_save(*s.models.get(model->id, "model"));
     s.models.remove(model->id, "model");
     *model = fullshard_model{0};
   });

@@ -283,6 +283,17 @@ contains
     c = trim(s)//c_null_char
   end function
 
+  ! A checkpoint directory argument: absent is '' (the configuration's checkpoint.dir).
+  function cdir(dir) result(c)
+    character(*), intent(in), optional :: dir
+    character(kind=c_char, len=:), allocatable :: c
+    if (present(dir)) then
+      c = cstr(dir)
+    else
+      c = c_null_char
+    end if
+  end function
+
   ! ---- runtime ----------------------------------------------------------------------------
 
   subroutine init_f08(comm, status)
@@ -536,11 +547,7 @@ contains
     type(fullshard_model), intent(in) :: model
     character(*), intent(in), optional :: dir
     integer, intent(out), optional :: status
-    if (present(dir)) then
-      call finish(c_checkpoint_save(c_handle(model%id), cstr(dir)), status)
-    else
-      call finish(c_checkpoint_save(c_handle(model%id), cstr('')), status)
-    end if
+    call finish(c_checkpoint_save(c_handle(model%id), cdir(dir)), status)
   end subroutine
 
   !> Starts saving in the background (`dir` as fullshard_checkpoint_save's): returns once this
@@ -554,11 +561,7 @@ contains
     type(c_handle) :: h
     integer(c_int) :: code
     h%id = 0
-    if (present(dir)) then
-      code = c_checkpoint_save_async(c_handle(model%id), cstr(dir), h)
-    else
-      code = c_checkpoint_save_async(c_handle(model%id), cstr(''), h)
-    end if
+    code = c_checkpoint_save_async(c_handle(model%id), cdir(dir), h)
     save%id = h%id
     call finish(code, status)
   end subroutine
@@ -597,11 +600,7 @@ contains
     type(fullshard_model), intent(in) :: model
     character(*), intent(in), optional :: dir
     integer, intent(out), optional :: status
-    if (present(dir)) then
-      call finish(c_checkpoint_load(c_handle(model%id), cstr(dir)), status)
-    else
-      call finish(c_checkpoint_load(c_handle(model%id), cstr('')), status)
-    end if
+    call finish(c_checkpoint_load(c_handle(model%id), cdir(dir)), status)
   end subroutine
 
   !> The full parameters as one safetensors file (rank 0 writes it). Collective.

@@ -327,25 +327,26 @@ std::string Session::Impl::batch_of(const std::vector<at::Tensor>& inputs,
                                     std::string& error) const {
   // This rank's checks first (count, dtypes, the shapes the model takes): a refusal joins the
   // agreement as this rank's batch, so that every rank reports it instead of waiting.
+  const std::int64_t rows = inputs.empty() ? 0 : inputs.front().size(0);
   try {
     model.check_inputs(inputs);
     if (training && model.own_loss && !targets.empty())
       throw InvalidArgument("the " + cfg.model.type + " computes its loss (" + cfg.loss +
                             ") from its input; pass no targets, not " +
                             std::to_string(targets.size()));
+    if (training && cfg.accumulation > 1 && rows < cfg.accumulation)
+      throw InvalidArgument("train_step: the batch has " + std::to_string(rows) +
+                            " samples, fewer than \"accumulation\": " +
+                            std::to_string(cfg.accumulation) + " micro-batches");
   } catch (const InvalidArgument& e) {
     error = e.message();
     return "refused (" + error + ")";
   }
   std::string d = detail::describe_batch(inputs, targets);
-  const std::int64_t rows = inputs.empty() ? 0 : inputs.front().size(0);
   for (std::size_t i = 0; i < targets.size(); ++i)
     if (targets[i].dim() > 0 && targets[i].size(0) != rows)
       d += " [targets[" + std::to_string(i) + "] has " + std::to_string(targets[i].size(0)) +
            " samples, inputs[0] " + std::to_string(rows) + "]";
-  if (training && cfg.accumulation > 1 && rows < cfg.accumulation)
-    d += " [" + std::to_string(rows) +
-         " samples for \"accumulation\": " + std::to_string(cfg.accumulation) + " micro-batches]";
   return d;
 }
 
@@ -359,30 +360,15 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
   if (!error.empty()) throw InvalidArgument(error);
   const int k = s.cfg.accumulation;
   const std::int64_t rows = inputs.empty() ? 0 : inputs.front().size(0);
-  if (k > 1 && rows < k)  // the same on every rank (the agreement above)
-    throw InvalidArgument("train_step: the batch has " + std::to_string(rows) +
-                          " samples, fewer than \"accumulation\": " + std::to_string(k) +
-                          " micro-batches");
   const double rate = lr();
   for (auto& group : s.opt->param_groups())
     group.options().set_lr(rate);
   s.opt->zero_grad();
   fsdp::FSDPModule& root = s.sharded->state(*s.model.root);
-  double total = 0;
-  std::int64_t lo = 0;
-  for (int mb = 0; mb < k; ++mb) {
-    // Micro-batch mb: sizes differing by at most one (rows / k, the first rows % k one more),
-    // its loss weighted by its share of the batch, so that the step is the whole batch's.
-    const std::int64_t len = rows / k + (mb < rows % k ? 1 : 0);
-    std::vector<at::Tensor> in = inputs, tg = targets;
-    if (k > 1) {
-      for (at::Tensor& t : in)
-        t = t.narrow(0, lo, len);
-      for (at::Tensor& t : tg)
-        if (t.dim() > 0) t = t.narrow(0, lo, len);
-      root.set_requires_gradient_sync(mb == k - 1);
-    }
-    lo += len;
+  // The loss of the step, read back once (on a GPU, one synchronisation per step).
+  at::Tensor total;
+  auto forward_backward = [&](const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& tg,
+                              double weight) {
     at::Tensor loss;
     try {
       loss = s.loss_of(in, tg);
@@ -396,19 +382,35 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
       }
       throw;
     }
-    const double weight = k > 1 ? double(len) / double(rows) : 1.0;
-    (k > 1 ? loss * weight : loss).backward();
-    total += weight * loss.item<double>();
+    if (weight != 1.0) loss = loss * weight;
+    loss.backward();
+    total = total.defined() ? total + loss.detach() : loss.detach();
+  };
+  if (k == 1) forward_backward(inputs, targets, 1.0);
+  std::int64_t lo = 0;
+  for (int mb = 0; k > 1 && mb < k; ++mb) {
+    // Micro-batch mb: sizes differing by at most one (rows / k, the first rows % k one more),
+    // its loss weighted by its share of the batch, so that the step is the whole batch's.
+    const std::int64_t len = rows / k + (mb < rows % k ? 1 : 0);
+    std::vector<at::Tensor> in = inputs, tg = targets;
+    for (at::Tensor& t : in)
+      t = t.narrow(0, lo, len);
+    for (at::Tensor& t : tg)
+      if (t.dim() > 0) t = t.narrow(0, lo, len);
+    lo += len;
+    root.set_requires_gradient_sync(mb == k - 1);
+    forward_backward(in, tg, double(len) / double(rows));
   }
   if (s.cfg.grad_clip > 0) optim::clip_grad_norm(s.graph_params, s.cfg.grad_clip, s.mesh);
   s.opt->step();
   ++s.step;
+  const double loss = total.item<double>();
   if (s.progress.on_step) {
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    s.progress.on_step(StepMetrics{s.step, total, rate, secs});
+    s.progress.on_step(StepMetrics{s.step, loss, rate, secs});
   }
-  return total;
+  return loss;
 }
 
 std::vector<at::Tensor> Session::predict(const std::vector<at::Tensor>& inputs) {
