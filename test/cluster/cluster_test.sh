@@ -82,9 +82,12 @@ two_nodes() {
 placement() {
   local launch=("$mpiexec" "${across[@]}") var=OMPI_COMM_WORLD_RANK
   [[ "$case" == srun-* ]] && launch=(srun -N 2 -n 4 --mpi=pmix) var=SLURM_PROCID
-  timeout 60 "${launch[@]}" bash -c "echo \$$var \$(hostname)" >place.log 2>&1 \
-    || fail "${launch[*]} bash -c hostname exited with status $?" place.log
-  sort -n place.log >place
+  # The launcher's own warnings (Open MPI's rsh agent: "setpgid(...) failed" where the machine
+  # forbids it) go to stderr; the placement is read from the ranks' lines only.
+  timeout 60 "${launch[@]}" bash -c "echo \$$var \$(hostname)" >place.log 2>place.err \
+    || { cat place.err >>place.log; fail "${launch[*]} bash -c hostname exited with status $?" place.log; }
+  grep -E '^[0-9]+ [^ ]+$' place.log | sort -n >place || true
+  cat place.err >>place.log
   printf '0 fsnode1\n1 fsnode1\n2 fsnode2\n3 fsnode2\n' | cmp -s - place \
     || fail "the ranks are not 2 per node (want 0,1 on fsnode1 and 2,3 on fsnode2)" place.log
   echo "ok: placement: $(tr '\n' ' ' <place)"
