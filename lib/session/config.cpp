@@ -312,6 +312,7 @@ Config parse_config(const std::string& text, const std::string& source) {
     } else {
       s.momentum = o.number("momentum", 0.0, 0.0, 0.999999);
     }
+    s.in_backward = o.boolean("in_backward", false);
     o.finish();
   }
   {
@@ -336,6 +337,14 @@ Config parse_config(const std::string& text, const std::string& source) {
   c.grad_clip = top.number("grad_clip", 0.0, 0.0, 1e30);
   c.accumulation = int(top.integer("accumulation", 1, 1, 1 << 16));
   c.dtype = *top.dtype("dtype", {"float32", "f32", "float64", "f64"}, DType::f32);
+  if (c.optimizer.in_backward && c.grad_clip > 0)
+    throw ConfigError(c.source +
+                      ": optimizer.in_backward: true cannot clip (grad_clip " +
+                      ojson(c.grad_clip).dump() +
+                      "): a global gradient norm needs every gradient before any update");
+  if (c.optimizer.in_backward && c.dtype != DType::f32)
+    throw ConfigError(c.source + ": optimizer.in_backward: true needs f32 parameters, not dtype " +
+                      dtype_name(c.dtype) + " (fullshard's optimizers are f32)");
   {
     Section o = top.object("mixed_precision", false);
     const std::vector<std::string> kinds = {"f32", "float32", "bf16", "bfloat16", "f16", "float16"};
@@ -455,6 +464,7 @@ nlohmann::ordered_json to_json(const Config& c) {
   } else {
     o["momentum"] = c.optimizer.momentum;
   }
+  o["in_backward"] = c.optimizer.in_backward;
   ojson& sched = j["lr_schedule"];
   sched["type"] = c.lr_schedule.type;
   if (c.lr_schedule.type == "warmup_cosine") {

@@ -1,8 +1,6 @@
 #include "fullshard/session/session.hpp"
 
 #include <torch/nn/functional/loss.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
 #include <chrono>
@@ -23,10 +21,10 @@
 #include "fullshard/schedule/memory_account.hpp"
 #include "fullshard/schedule/memory_budget.hpp"
 #include "fullshard/schedule/plan.hpp"
-#include "fullshard/torch/checkpoint.hpp"
 #include "fullshard/torch/sharded_model.hpp"
 #include "lib/session/batch_agreement.hpp"
 #include "lib/session/models.hpp"
+#include "lib/session/optimizer.hpp"
 
 namespace fullshard::session {
 
@@ -55,6 +53,11 @@ std::vector<std::string> identity_lines(const std::vector<std::string>& canonica
     if (model || l.rfind("dtype ", 0) == 0 || l.rfind("optimizer.type ", 0) == 0) out.push_back(l);
   }
   return out;
+}
+
+// Optimizer state arrays per parameter element (SGD 0 or 1, AdamW 2).
+int state_arrays(const OptimizerSpec& o) {
+  return o.type == "adamw" ? 2 : (o.momentum > 0 ? 1 : 0);
 }
 
 }  // namespace
@@ -93,8 +96,7 @@ struct Session::Impl {
   std::unique_ptr<BoundedComm> control;  // the session's agreements (batch, checkpoints)
   BuiltModel model;
   std::unique_ptr<fst::ShardedModel> sharded;
-  std::unique_ptr<::torch::optim::Optimizer> opt;
-  std::size_t opt_tensors = 0;
+  std::unique_ptr<SessionOptimizer> opt;
   std::optional<optim::WarmupCosine> schedule;
   std::vector<graph::Parameter*> graph_params;
   std::int64_t step = 0;
@@ -112,7 +114,6 @@ struct Session::Impl {
 
   void shard();
   void check_memory(const sch::Plan& plan);
-  void make_optimizer();
   at::Tensor loss_of(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
   /// What the ranks agree on before a step (detail::describe_batch), or "refused (...)" with
   /// `error` set when this rank's batch is not one the model takes.
@@ -167,7 +168,7 @@ Session::Session(const DeviceMesh& mesh, Config config)
   // Each rank fills its own rows, the values those of the whole model from cfg.seed.
   if (s.model.initialize) s.sharded->initialize(s.model.initialize);
   s.graph_params = s.sharded->graph().parameters();
-  s.make_optimizer();
+  s.opt = make_optimizer(s.cfg, *s.sharded);
   if (s.cfg.lr_schedule.type == "warmup_cosine")
     s.schedule.emplace(s.cfg.optimizer.lr, s.cfg.lr_schedule.warmup_steps,
                        s.cfg.lr_schedule.total_steps, s.cfg.lr_schedule.min_lr);
@@ -184,24 +185,11 @@ Session::Session(const DeviceMesh& mesh, Config config)
 
 Session::~Session() = default;
 
-void Session::Impl::make_optimizer() {
-  // Each tensor once: a tied weight would otherwise be stepped once per module holding it.
-  std::vector<at::Tensor> params = sharded->parameters();
-  opt_tensors = params.size();
-  const OptimizerSpec& o = cfg.optimizer;
-  if (o.type == "adamw")
-    opt = std::make_unique<::torch::optim::AdamW>(params, ::torch::optim::AdamWOptions(o.lr)
-                                                              .betas({o.beta1, o.beta2})
-                                                              .eps(o.eps)
-                                                              .weight_decay(o.weight_decay));
-  else
-    opt = std::make_unique<::torch::optim::SGD>(
-        params, ::torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
-}
-
 void Session::Impl::shard() {
   sch::PlanOptions o;
   o.external_gradients = true;
+  // The plan has each group's update inside its reduction (its state arrays in the account).
+  if (cfg.optimizer.in_backward) o.optimizer_in_backward_states = state_arrays(cfg.optimizer);
   o.forward_prefetch_depth = cfg.sharding.forward_prefetch;
   o.defaults.reshard_after_forward = cfg.sharding.reshard_after_forward;
   o.defaults.mp_policy.param_dtype = cfg.param_dtype;
@@ -218,8 +206,7 @@ void Session::Impl::shard() {
     sch::AutoPlanOptions ao;
     ao.base = o;
     ao.memory_budget_bytes = std::size_t(cfg.sharding.memory_budget_mb * 1024.0 * 1024.0);
-    ao.state_bytes_per_param_byte =
-        cfg.optimizer.type == "adamw" ? 2.0 : (cfg.optimizer.momentum > 0 ? 1.0 : 0.0);
+    ao.state_bytes_per_param_byte = state_arrays(cfg.optimizer);
     // The planner's own measure of its plans; the process peak is checked below.
     auto_plan.emplace(sharded->auto_shard(mesh, ao, model.blocks));
     p = &auto_plan->plan;
@@ -261,7 +248,7 @@ void Session::Impl::check_memory(const sch::Plan& p) {
   // The account is of host memory; a CUDA mesh's parameters live on the device.
   if (mesh.device_type() != DeviceType::cpu) return;
   sch::MemoryInputs in;
-  in.optimizer_states = cfg.optimizer.type == "adamw" ? 2 : (cfg.optimizer.momentum > 0 ? 1 : 0);
+  in.optimizer_states = state_arrays(cfg.optimizer);
   const std::string shard_dim = mesh.names().back();
   in.shared_memory = mesh.shm(shard_dim) != nullptr;
   if (const NodeSplit* split = mesh.node_split(shard_dim)) in.nodes = split->nodes();
@@ -330,6 +317,12 @@ std::string Session::Impl::batch_of(const std::vector<at::Tensor>& inputs,
   const std::int64_t rows = inputs.empty() ? 0 : inputs.front().size(0);
   try {
     model.check_inputs(inputs);
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      if (at::isFloatingType(model.input_dtype) && inputs[i].scalar_type() != model.input_dtype)
+        throw InvalidArgument("input " + std::to_string(i) + " is " +
+                              at::toString(inputs[i].scalar_type()) + "; the model takes " +
+                              at::toString(model.input_dtype) +
+                              " (Session::input_dtype(): convert it first)");
     if (training && model.own_loss && !targets.empty())
       throw InvalidArgument("the " + cfg.model.type + " computes its loss (" + cfg.loss +
                             ") from its input; pass no targets, not " +
@@ -361,9 +354,7 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
   const int k = s.cfg.accumulation;
   const std::int64_t rows = inputs.empty() ? 0 : inputs.front().size(0);
   const double rate = lr();
-  for (auto& group : s.opt->param_groups())
-    group.options().set_lr(rate);
-  s.opt->zero_grad();
+  s.opt->begin_step(rate);
   fsdp::FSDPModule& root = s.sharded->state(*s.model.root);
   // The loss of the step, read back once (on a GPU, one synchronisation per step).
   at::Tensor total;
@@ -452,7 +443,7 @@ std::string Session::save(const std::string& dir) {
   const std::string d = s.dir_or_configured(dir, "save");
   if (s.in_flight) wait_save();
   const std::string step_dir =
-      fst::save_checkpoint(d, *s.sharded, s.opt.get(), s.step, s.save_options(), s.metadata());
+      s.opt->save(d, s.step, s.save_options(), s.metadata());
   s.committed(step_dir, s.step, false);
   return step_dir;
 }
@@ -465,8 +456,7 @@ void Session::save_async(const std::string& dir) {
                           " into '" + s.pending_dir +
                           "' is still in flight; wait for it (wait_save) or poll it (poll_save) "
                           "before starting another");
-  s.pending = fst::save_checkpoint_async(d, *s.sharded, s.opt.get(), s.step, s.save_options(),
-                                         s.metadata());
+  s.pending = s.opt->save_async(d, s.step, s.save_options(), s.metadata());
   s.in_flight = true;
   s.pending_dir = d;
 }
@@ -554,7 +544,7 @@ std::int64_t Session::load(const std::string& dir) {
   const std::string d = s.dir_or_configured(dir, "load");
   if (s.in_flight) wait_save();
   s.check_identity(d);
-  s.step = fst::load_checkpoint(d, *s.sharded, s.opt.get()).step;
+  s.step = s.opt->load(d).step;
   return s.step;
 }
 
@@ -611,7 +601,7 @@ std::int64_t Session::num_params() const noexcept {
   return impl_->num_params;
 }
 std::size_t Session::optimizer_tensors() const {
-  return impl_->opt_tensors;
+  return impl_->opt->tensors();
 }
 const PlanPrediction& Session::plan() const noexcept {
   return impl_->plan;

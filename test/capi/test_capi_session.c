@@ -5,7 +5,8 @@
  *   test-capi-session resume DIR  on another rank count: resumes DIR/ck and compares its losses
  *                                 with a straight run's.
  * The global batch is 12 rows split over the ranks (1, 2, 3 or 4), so every rank count trains
- * the same model on the same data. */
+ * the same model on the same data. The optimizer runs inside backward (its checkpoints and
+ * its numbers are those of the step after backward: test/session/test_front_ends.cpp). */
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
@@ -53,8 +54,8 @@ static void refused(fullshard_status s, fullshard_status want, const char* text,
 static void config(char* out, size_t n, const char* checkpoint) {
   snprintf(out, n,
            "{\"model\": {\"type\": \"residual_mlp\", \"inputs\": 6, \"hidden\": 16, "
-           "\"outputs\": 2, \"blocks\": 3}, \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}, "
-           "\"seed\": 3%s%s}",
+           "\"outputs\": 2, \"blocks\": 3}, \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01, "
+           "\"in_backward\": true}, \"seed\": 3%s%s}",
            checkpoint[0] ? ", " : "", checkpoint);
 }
 

@@ -203,6 +203,13 @@ TEST_CASE("config: every bad value names the file and the key") {
        "cfg.json: sharding.groups: module \"b\" is in more than one group"},
       {R"("sharding": {"policy": "auto", "memory_budget_mb": 9, "groups": [["a"]]})",
        "cfg.json: sharding.groups: the auto policy chooses the groups itself"},
+      {R"("optimizer": {"in_backward": 1})",
+       "cfg.json: optimizer.in_backward: expected true or false"},
+      {R"("optimizer": {"in_backward": true}, "grad_clip": 1)",
+       "cfg.json: optimizer.in_backward: true cannot clip (grad_clip 1.0): a global "
+       "gradient norm needs every gradient before any update"},
+      {R"("optimizer": {"in_backward": true}, "dtype": "f64")",
+       "cfg.json: optimizer.in_backward: true needs f32 parameters, not dtype f64"},
       {R"("checkpoint": {"keep_last": -1})", "cfg.json: checkpoint.keep_last: -1 is out of range"},
       {R"("checkpoint": {"resume": true})",
        "cfg.json: checkpoint.resume: true needs checkpoint.dir"},

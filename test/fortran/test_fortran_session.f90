@@ -49,7 +49,8 @@ contains
     character(*), intent(in) :: checkpoint
     character(:), allocatable :: text
     text = '{"model": {"type": "residual_mlp", "inputs": 6, "hidden": 16, "outputs": 2, ' // &
-           '"blocks": 3}, "optimizer": {"type": "adamw", "lr": 0.01}, "seed": 3'
+           '"blocks": 3}, "optimizer": {"type": "adamw", "lr": 0.01, "in_backward": true}, ' // &
+           '"seed": 3'
     if (len(checkpoint) > 0) text = text // ', ' // checkpoint
     text = text // '}'
   end function

@@ -1,7 +1,9 @@
 // One configuration through the three front ends on the same ranks: the C++ session here,
 // the C API (test/capi/test_capi_session.c, "save" mode) and the Fortran module
 // (test/fortran/test_fortran_session.f90, "save" mode), whose losses those runs wrote to
-// files. The three must agree within 1e-6 step by step.
+// files. The three must agree within 1e-6 step by step. The C and Fortran runs step the
+// optimizer inside backward ("in_backward": true), the session here after backward: the
+// optimizer inside backward reaches C and Fortran, with the same numbers.
 #include "test/torch/torch_doctest.hpp"  // first: LibTorch, then doctest's CHECK macros
 
 #include <cmath>

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/base/memory_ledger.hpp"
 #include "fullshard/session/session.hpp"
 #include "test_support.hpp"
 
@@ -297,4 +298,69 @@ TEST_CASE("session: reshard_after_forward k, compression and list groups") {
   });
   CAPTURE(msg);
   CHECK(msg.find("blocks.7") != std::string::npos);
+}
+
+TEST_CASE("session: the optimizer inside backward is the step after it, without sharded grads") {
+  const fs::DeviceMesh mesh = world_mesh();
+  for (const std::string optimizer : {R"("type": "sgd", "momentum": 0.9)", R"("type": "adamw")"}) {
+    CAPTURE(optimizer);
+    auto text = [&](bool in_backward) {
+      return R"({"model": {"type": "residual_mlp", "inputs": 6, "hidden": 16, "outputs": 2,
+                 "blocks": 3}, "seed": 3, "optimizer": {)" +
+             optimizer + R"(, "lr": 0.01, "in_backward": )" + (in_backward ? "true" : "false") +
+             "}}";
+    };
+    ss::Session after(mesh, config_of(text(false)));
+    ss::Session inside(mesh, config_of(text(true)));
+    const auto held = [] {
+      return fs::memory_ledger::counts().now_of(fs::MemoryPart::gradients);
+    };
+    for (int s = 0; s < 3; ++s) {
+      const auto [x, y] = batch(s);
+      // The library's byte count: the step inside backward leaves no sharded gradient behind;
+      // the step after backward holds its shards of the gradient until the next step.
+      const std::uint64_t before = held();
+      const double b = inside.train_step({x}, {y});
+      CHECK(held() == before);
+      const double a = after.train_step({x}, {y});
+      if (s == 0) CHECK(held() > before);
+      CHECK(rel(b, a) <= 1e-6);
+    }
+    CHECK(inside.step() == 3);
+    const std::vector<torch::Tensor> pa = after.module().parameters(),
+                                     pb = inside.module().parameters();
+    REQUIRE(pa.size() == pb.size());
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      if (pa[i].numel() == 0) continue;  // an empty shard (2 output rows over 3 ranks)
+      const double scale = std::max(1e-30, pa[i].abs().max().item<double>());
+      CHECK((pa[i] - pb[i]).abs().max().item<double>() <= 1e-6 * scale);
+    }
+    // Its checkpoint is the same as the step after backward's: either loads into the other.
+    fs::test::SharedTempDir tmp("fullshard-in-backward");
+    const std::string dir = tmp.path + "/ck";
+    inside.save(dir);
+    ss::Session resumed(mesh, config_of(text(false)));
+    CHECK(resumed.load(dir) == 3);
+    const auto [x, y] = batch(3);
+    CHECK(rel(resumed.train_step({x}, {y}), after.train_step({x}, {y})) <= 1e-6);
+  }
+}
+
+TEST_CASE("session: an f64 model trains with LibTorch's optimizer, close to the f32 one") {
+  const fs::DeviceMesh mesh = world_mesh();
+  ss::Session f32(mesh, config_of(config_text()));
+  ss::Session f64(mesh, config_of(config_text(R"("dtype": "f64")")));
+  CHECK((f64.input_dtype() == torch::kDouble));
+  CHECK(f64.optimizer_tensors() == f32.optimizer_tensors());
+  for (int s = 0; s < 3; ++s) {
+    const auto [x, y] = batch(s);
+    const double a = f32.train_step({x}, {y});
+    CHECK(rel(f64.train_step({x.to(torch::kDouble)}, {y.to(torch::kDouble)}), a) <= 1e-5);
+  }
+  // An input of another float dtype is named, not handed to LibTorch's matrix product.
+  const auto [x, y] = batch(3);
+  CHECK(error_of([&] { f64.train_step({x}, {y}); })
+            .find("input 0 is Float; the model takes Double (Session::input_dtype(): convert "
+                  "it first)") != std::string::npos);
+  CHECK(f64.step() == 3);
 }

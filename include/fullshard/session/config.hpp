@@ -48,6 +48,11 @@ struct OptimizerSpec {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.0;
   double momentum = 0.0;  // sgd
+  /// The optimizer inside backward (optim::Optimizer::run_in_backward): each group's shards are
+  /// updated as soon as its reduced gradient lands, so no sharded gradient is held between
+  /// backward and the step. The same numbers as the step after backward. f32 parameters only;
+  /// not with grad_clip (a global norm needs every gradient before any update).
+  bool in_backward = false;
 };
 
 struct ScheduleSpec {
