@@ -202,9 +202,11 @@ fullshard_status fullshard_model_lr(fullshard_model model, double* lr);
 /** The number of parameters of the whole (unsharded) model. */
 fullshard_status fullshard_model_num_params(fullshard_model model, int64_t* count);
 
-/** What the planner predicted for one training step on this mesh, before any step ran. The
- * model's modules declare no compute time (the batch is not known yet): step_ms is the
- * communication and copies, a lower bound; the memory is exact. */
+/** What the planner predicts for one training step (one forward and backward) on this mesh.
+ * At creation the modules' compute costs are not known: step_ms is the communication and
+ * copies, a lower bound. After the calibration steps ("sharding": {"calibrate_steps"}, 10 by
+ * default, after the first step) the modules' measured compute times and the optimizer's are
+ * in it (calibrated_iterations > 0). The memory is exact. */
 typedef struct fullshard_plan_info {
   double step_ms;        /* predicted step time (the plan's cost model) */
   int64_t peak_bytes;    /* predicted peak of fullshard's buffer pool per rank */
@@ -214,6 +216,11 @@ typedef struct fullshard_plan_info {
    * pool, shared-memory windows and the process's resident memory at creation; LibTorch's
    * activations are not in it. 0 on a CUDA mesh (the account is of host memory). */
   int64_t process_peak_bytes;
+  /* 0: default module costs; n: the modules' costs measured over n forwards and backwards */
+  int64_t calibrated_iterations;
+  double optimizer_ms; /* the optimizer's measured step, in step_ms once calibrated */
+  /* the calibration steps' collectives as they ran over the cost model's times (1 before) */
+  double communication_scale;
 } fullshard_plan_info;
 fullshard_status fullshard_model_plan(fullshard_model model, fullshard_plan_info* info);
 

@@ -484,6 +484,9 @@ fullshard_status fullshard_model_plan(fullshard_model model, fullshard_plan_info
     out->sharded_bytes = p.sharded_bytes;
     out->groups = p.groups;
     out->process_peak_bytes = p.process_peak_bytes;
+    out->calibrated_iterations = p.calibrated_iterations;
+    out->optimizer_ms = p.optimizer_ms;
+    out->communication_scale = p.communication_scale;
   });
 }
 

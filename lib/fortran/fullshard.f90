@@ -41,6 +41,9 @@ module fullshard
     real(c_double) :: step_ms
     integer(c_int64_t) :: peak_bytes, sharded_bytes, groups
     integer(c_int64_t) :: process_peak_bytes  !< the rank's planned process peak (docs/memory.md)
+    integer(c_int64_t) :: calibrated_iterations  !< 0: default module costs; n: measured over n
+    real(c_double) :: optimizer_ms               !< the optimizer's measured step (calibrated)
+    real(c_double) :: communication_scale        !< measured over modelled collectives (1 before)
   end type
 
   ! The C structs (fullshard_mesh / fullshard_model are one uint64_t; Fortran has no unsigned

@@ -118,6 +118,42 @@ CostModel CostModel::defaults(const MeshShape& mesh, double alpha_ms, double bus
   return c;
 }
 
+CostModel CostModel::scaled(double factor) const {
+  if (!(factor > 0) || !std::isfinite(factor))
+    throw InvalidArgument("CostModel::scaled: the factor must be > 0 and finite, not " +
+                          std::to_string(factor));
+  CostModel c = *this;
+  auto scale = [factor](AlphaBeta& ab) {
+    ab.alpha_ms *= factor;
+    ab.beta_ms_per_byte *= factor;
+    std::vector<AlphaBeta::Point> points = ab.points;
+    for (AlphaBeta::Point& p : points)
+      p.ms *= factor;
+    ab.set_points(std::move(points));
+  };
+  for (CollectiveKind k : kKinds)
+    for (MeshDim d : kDims)
+      scale(c.collective(k, d));
+  for (CollectiveKind k : kShmKinds)
+    for (MeshDim d : kDims)
+      scale(c.shm_collective(k, d));
+  c.copy_gb_per_s_ /= factor;
+  c.quant_ns_per_element_ *= factor;
+  return c;
+}
+
+CostModel mesh_defaults(const DeviceMesh& mesh) {
+  const std::string shard_dim = mesh.names().back();
+  MeshShape shape = MeshShape::fsdp(mesh.size(shard_dim));
+  if (mesh.ndim() > 1) shape = MeshShape::hsdp(mesh.size(mesh.names().front()), shape.shard_size);
+  CostModel c = CostModel::defaults(shape);
+  if (mesh.node_split(shard_dim))
+    c.set_transport(MeshDim::shard, Transport::two_level);
+  else if (mesh.shm(shard_dim))
+    c.set_transport(MeshDim::shard, Transport::shm);
+  return c;
+}
+
 CostModel::CostModel() {
   // Base values for defaults(); replaced there. Mesh {2, 2}: 1 GB/s bus, alpha 20 us.
   for (CollectiveKind k : kKinds)

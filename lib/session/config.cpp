@@ -338,8 +338,7 @@ Config parse_config(const std::string& text, const std::string& source) {
   c.accumulation = int(top.integer("accumulation", 1, 1, 1 << 16));
   c.dtype = *top.dtype("dtype", {"float32", "f32", "float64", "f64"}, DType::f32);
   if (c.optimizer.in_backward && c.grad_clip > 0)
-    throw ConfigError(c.source +
-                      ": optimizer.in_backward: true cannot clip (grad_clip " +
+    throw ConfigError(c.source + ": optimizer.in_backward: true cannot clip (grad_clip " +
                       ojson(c.grad_clip).dump() +
                       "): a global gradient norm needs every gradient before any update");
   if (c.optimizer.in_backward && c.dtype != DType::f32)
@@ -359,6 +358,7 @@ Config parse_config(const std::string& text, const std::string& source) {
     s.reshard_after_forward =
         o.reshard("reshard_after_forward", graph::ReshardAfterForward::automatic());
     s.forward_prefetch = int(o.integer("forward_prefetch", 0, 0, 16));
+    s.calibrate_steps = int(o.integer("calibrate_steps", 10, 0, 1000));
     {
       Section z = o.object("compression", false);
       const std::string ag = z.choice("all_gather", {"none", "int8", "fp8_e4m3"});
@@ -491,6 +491,7 @@ nlohmann::ordered_json to_json(const Config& c) {
   else
     sh["reshard_after_forward"] = r.value();
   sh["forward_prefetch"] = c.sharding.forward_prefetch;
+  sh["calibrate_steps"] = c.sharding.calibrate_steps;
   const graph::CompressionPolicy& z = c.sharding.compression;
   sh["compression"] = {
       {"all_gather", z.all_gather ? kernels::quant_code_name(*z.all_gather) : "none"},

@@ -74,11 +74,10 @@ class LibTorchOptimizer final : public SessionOptimizer {
     std::vector<at::Tensor> params = model.parameters();
     tensors_ = params.size();
     if (o.type == "adamw")
-      opt_ = std::make_unique<::torch::optim::AdamW>(
-          params, ::torch::optim::AdamWOptions(o.lr)
-                      .betas({o.beta1, o.beta2})
-                      .eps(o.eps)
-                      .weight_decay(o.weight_decay));
+      opt_ = std::make_unique<::torch::optim::AdamW>(params, ::torch::optim::AdamWOptions(o.lr)
+                                                                 .betas({o.beta1, o.beta2})
+                                                                 .eps(o.eps)
+                                                                 .weight_decay(o.weight_decay));
     else
       opt_ = std::make_unique<::torch::optim::SGD>(
           params,

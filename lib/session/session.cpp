@@ -18,6 +18,7 @@
 #include "fullshard/mesh/agreement.hpp"
 #include "fullshard/optim/optimizer.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
+#include "fullshard/schedule/compute_cost.hpp"
 #include "fullshard/schedule/memory_account.hpp"
 #include "fullshard/schedule/memory_budget.hpp"
 #include "fullshard/schedule/plan.hpp"
@@ -102,6 +103,11 @@ struct Session::Impl {
   std::int64_t step = 0;
   std::int64_t num_params = 0;
   PlanPrediction plan;
+  // What the plan was made with (the calibration plans again with measured costs).
+  sch::PlanOptions plan_options;
+  sch::MeshShape plan_shape;
+  int steps_here = 0;       // train_step calls of this session (a resumed one counts afresh)
+  double optimizer_ms = 0;  // summed over the calibration steps
   const void* last_input = nullptr;
   c10::Device device = c10::Device(c10::kCPU);
   Progress progress;
@@ -113,6 +119,12 @@ struct Session::Impl {
   Impl(const DeviceMesh& m, Config c) : cfg(std::move(c)), mesh(m) {}
 
   void shard();
+  bool calibrating() const {
+    return steps_here >= 1 && steps_here <= cfg.sharding.calibrate_steps &&
+           device.type() == c10::kCPU;
+  }
+  void calibrate();
+  void predict_step(const sch::Plan& p);
   void check_memory(const sch::Plan& plan);
   at::Tensor loss_of(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
   /// What the ranks agree on before a step (detail::describe_batch), or "refused (...)" with
@@ -198,6 +210,8 @@ void Session::Impl::shard() {
   sch::MeshShape shape;
   shape.shard_size = mesh.size(mesh.names().back());
   shape.replicate_size = mesh.ndim() > 1 ? mesh.size(mesh.names().front()) : 1;
+  // The collectives as this mesh runs them (shared memory where the ranks share a node).
+  o.cost = sch::mesh_defaults(mesh);
 
   const sch::Plan* p = nullptr;
   std::optional<sch::Plan> explicit_plan;
@@ -237,10 +251,62 @@ void Session::Impl::shard() {
     sharded->apply_plan(*explicit_plan, mesh);
     p = &*explicit_plan;
   }
-  plan.step_ms = p->step_ms;
+  plan_options = p->options;
+  plan_shape = shape;
+  predict_step(*p);
   plan.peak_bytes = std::int64_t(p->peak_bytes);
   plan.sharded_bytes = std::int64_t(p->sharded_bytes);
   plan.groups = std::int64_t(p->groups.size());
+}
+
+void Session::Impl::predict_step(const sch::Plan& p) {
+  // A host mesh runs its collectives inline: the ops one after the other, not overlapped.
+  plan.step_ms =
+      (device.type() == c10::kCPU ? sch::serial_step_ms(p) : p.step_ms) + plan.optimizer_ms;
+}
+
+void Session::Impl::calibrate() {
+  const fst::MeasuredCompute measured = sharded->measured_compute();
+  sharded->measure_compute(false);
+  // The ranks' mean: every rank plans the same step (the map's order is the same everywhere).
+  std::vector<double> v;
+  for (const auto& [fqn, t] : measured.modules) {
+    v.push_back(t.forward_ms);
+    v.push_back(t.backward_ms);
+  }
+  v.push_back(optimizer_ms / cfg.sharding.calibrate_steps);
+  v.push_back(measured.hooks_ms);
+  control->allreduce(v.data(), int(v.size()), MPI_DOUBLE, MPI_SUM,
+                     "plan calibration (MPI_Iallreduce)");
+  for (double& x : v)
+    x /= mesh.size();
+  graph::Module& g = sharded->graph();
+  std::size_t i = 0;
+  for (const auto& entry : measured.modules) {
+    graph::Cost& c = g.module(entry.first).cost();
+    c.forward_ms = v[i++];
+    c.backward_ms = v[i++];
+    c.declared = true;
+  }
+  plan.optimizer_ms = v[i++];
+  plan.calibrated_iterations = std::int64_t(measured.iterations);
+  // The FSDP work as it ran (the hooks: collectives, copies and the waits for them; on a host
+  // whose ranks share cores, waits for peers that were off their core) against the cost
+  // model's operations for it: the model's times scaled by the ratio.
+  const double hooks_ms = v[i];
+  const sch::Plan with_modules = sch::Scheduler::plan(g, plan_shape, plan_options);
+  double modelled_ms = 0;
+  for (const sch::Op& op : with_modules.ops)
+    if (op.kind != sch::OpKind::forward && op.kind != sch::OpKind::backward)
+      modelled_ms += op.end_ms - op.start_ms;
+  if (hooks_ms > 0 && modelled_ms > 0) {
+    plan.communication_scale = hooks_ms / modelled_ms;
+    plan_options.cost =
+        plan_options.cost.value_or(sch::mesh_defaults(mesh)).scaled(plan.communication_scale);
+    predict_step(sch::Scheduler::plan(g, plan_shape, plan_options));
+  } else {
+    predict_step(with_modules);
+  }
 }
 
 void Session::Impl::check_memory(const sch::Plan& p) {
@@ -354,6 +420,9 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
   const int k = s.cfg.accumulation;
   const std::int64_t rows = inputs.empty() ? 0 : inputs.front().size(0);
   const double rate = lr();
+  // The calibration steps (after the first, which faults the buffers in) time the modules.
+  const bool measuring = s.calibrating();
+  if (measuring && s.steps_here == 1) s.sharded->measure_compute(true);
   s.opt->begin_step(rate);
   fsdp::FSDPModule& root = s.sharded->state(*s.model.root);
   // The loss of the step, read back once (on a GPU, one synchronisation per step).
@@ -392,9 +461,17 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
     root.set_requires_gradient_sync(mb == k - 1);
     forward_backward(in, tg, double(len) / double(rows));
   }
+  const auto optimizer_start = std::chrono::steady_clock::now();
   if (s.cfg.grad_clip > 0) optim::clip_grad_norm(s.graph_params, s.cfg.grad_clip, s.mesh);
   s.opt->step();
   ++s.step;
+  if (measuring) {
+    s.optimizer_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                                optimizer_start)
+                          .count();
+    if (s.steps_here + 1 == 1 + s.cfg.sharding.calibrate_steps) s.calibrate();
+  }
+  ++s.steps_here;
   const double loss = total.item<double>();
   if (s.progress.on_step) {
     const double secs =
@@ -442,8 +519,7 @@ std::string Session::save(const std::string& dir) {
   Impl& s = *impl_;
   const std::string d = s.dir_or_configured(dir, "save");
   if (s.in_flight) wait_save();
-  const std::string step_dir =
-      s.opt->save(d, s.step, s.save_options(), s.metadata());
+  const std::string step_dir = s.opt->save(d, s.step, s.save_options(), s.metadata());
   s.committed(step_dir, s.step, false);
   return step_dir;
 }

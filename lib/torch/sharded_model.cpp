@@ -16,6 +16,8 @@
 #include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -41,6 +43,59 @@ struct ModuleState {
   std::vector<std::pair<graph::Parameter*, ParameterBinding*>> group;  // its group's params
 };
 
+// The sharded modules' own compute time and their hooks' time, while measured
+// (ShardedModel::measure_compute): a frame per forward or backward in progress; a module's
+// own time is its span (from the end of its pre-hook to the start of its post-hook) less the
+// spans of the sharded modules inside it (their hooks' waits included); its hooks' time is the
+// rest of its span.
+struct ComputeClock {
+  using Clock = std::chrono::steady_clock;
+  struct Frame {
+    ModuleState* state;
+    Clock::time_point entered, started, ended;
+    double inner_ms = 0;
+  };
+  struct Iteration {
+    std::map<ModuleState*, std::pair<double, double>> modules;  // own forward, backward ms
+    double hooks_ms = 0;
+  };
+  bool on = false;
+  std::vector<Frame> forward, backward;  // in progress, innermost last
+  std::vector<Iteration> iterations;     // per root forward with grad
+
+  static double ms(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  }
+  void enter(std::vector<Frame>& stack, ModuleState* s, Clock::time_point entered) {
+    stack.push_back(Frame{s, entered, Clock::now(), {}, 0.0});
+  }
+  // Before `s`'s post-hook: ends its (innermost) frame into `out` and records its own time;
+  // false when it has none (measuring started inside it).
+  bool own(std::vector<Frame>& stack, ModuleState* s, bool backward_pass, Frame& out) {
+    const Clock::time_point now = Clock::now();
+    for (std::size_t i = stack.size(); i-- > 0;)
+      if (stack[i].state == s) {
+        out = stack[i];
+        out.ended = now;
+        stack.erase(stack.begin() + static_cast<std::ptrdiff_t>(i));
+        if (!iterations.empty()) {
+          auto& t = iterations.back().modules[s];
+          (backward_pass ? t.second : t.first) += ms(out.started, now) - out.inner_ms;
+        }
+        return true;
+      }
+    return false;
+  }
+  // After its post-hook: the hooks' time, and its whole span is inner time of the frame
+  // around it.
+  void leave(std::vector<Frame>& stack, const Frame& f) {
+    const Clock::time_point now = Clock::now();
+    if (!iterations.empty())
+      iterations.back().hooks_ms += ms(f.entered, f.started) + ms(f.ended, now);
+    if (!stack.empty()) stack.back().inner_ms += ms(f.entered, now);
+  }
+};
+
 struct ModelState {
   std::shared_ptr<::torch::nn::Module> root;
   std::unique_ptr<graph::Module> graph;
@@ -56,6 +111,7 @@ struct ModelState {
   bool inference = false;             // the root's forward runs without grad
   bool end_queued = false;            // the end-of-backward callback is queued
   std::vector<ModuleState*> pending;  // pre-backward order
+  ComputeClock clock;
 };
 
 namespace {
@@ -94,10 +150,14 @@ void record_on_copy_in_stream(ModuleState& s) {
 void post_backward(ModuleState& s) {
   if (!s.backward_pending) return;
   s.backward_pending = false;
+  ComputeClock& clock = s.model->clock;
+  ComputeClock::Frame f{};
+  const bool timed = clock.on && clock.own(clock.backward, &s, true, f);
   for (auto& [param, binding] : s.group)
     binding->register_gradient(*param);
   record_on_copy_in_stream(s);
   fsdp::post_backward(*s.mirror);
+  if (timed) clock.leave(clock.backward, f);
 }
 
 void end_backward(ModelState& m) {
@@ -137,10 +197,12 @@ void pre_backward(ModuleState& s) {
     ::torch::autograd::Engine::get_default_engine().queue_callback([&m] { end_backward(m); });
   }
   if (s.backward_pending) return;
+  const auto entered = ComputeClock::Clock::now();
   sync_dropped_gradients(s);
   s.backward_pending = true;
   m.pending.push_back(&s);
   fsdp::pre_backward(*s.mirror);
+  if (m.clock.on) m.clock.enter(m.clock.backward, &s, entered);
 }
 
 using ::torch::autograd::AutogradContext;
@@ -269,6 +331,7 @@ ForwardCall::ForwardCall(ModuleState& s) : state_(&s) {
     throw InvalidArgument("fullshard::torch: " + describe(s) +
                           " was called before fully_shard was applied to the root module; "
                           "call fully_shard on the model's root last, then call the root");
+  const auto entered = ComputeClock::Clock::now();
   const bool recompute = m.root_depth == 0 && !m.pending.empty();
   if (s.is_root) {
     if (m.root_depth++ == 0) {
@@ -276,6 +339,7 @@ ForwardCall::ForwardCall(ModuleState& s) : state_(&s) {
       m.inference = !::torch::GradMode::is_enabled();
       for (auto& [module, st] : m.states)
         sync_dropped_gradients(*st);
+      if (m.clock.on && !m.inference) m.clock.iterations.emplace_back();
     }
   } else if (m.root_depth == 0 && !recompute) {
     throw InvalidArgument("fullshard::torch: " + describe(s) +
@@ -283,10 +347,16 @@ ForwardCall::ForwardCall(ModuleState& s) : state_(&s) {
                           "(fullshard::torch::call(model, ...)) and let it call its children");
   }
   fsdp::pre_forward(*s.mirror);
+  // Measured in a training forward; a recomputation inside backward is backward time.
+  if (m.clock.on && !m.inference && m.pending.empty()) m.clock.enter(m.clock.forward, &s, entered);
 }
 
 ForwardCall::~ForwardCall() {
-  if (!finished_ && state_->is_root) --state_->model->root_depth;
+  if (finished_) return;
+  ModelState& m = *state_->model;
+  ComputeClock::Frame f{};
+  if (m.clock.on) m.clock.own(m.clock.forward, state_, false, f);  // left by an exception
+  if (state_->is_root) --m.root_depth;
 }
 
 namespace {
@@ -308,8 +378,11 @@ std::vector<at::Tensor> ForwardCall::inputs(std::vector<at::Tensor> tensors) {
 std::vector<at::Tensor> ForwardCall::outputs(std::vector<at::Tensor> tensors) {
   ModuleState& s = *state_;
   ModelState& m = *s.model;
+  ComputeClock::Frame f{};
+  const bool timed = m.clock.on && m.clock.own(m.clock.forward, &s, false, f);
   fsdp::post_forward(*s.mirror);
   finished_ = true;
+  if (timed) m.clock.leave(m.clock.forward, f);
   if (s.is_root && --m.root_depth == 0 && m.inference) {
     // No backward follows: every group reshards, the root's too.
     for (fsdp::FSDPModule* st : s.fsdp->subtree_states())
@@ -518,6 +591,62 @@ void ShardedModel::apply_plan(const schedule::Plan& plan, const DeviceMesh& mesh
     fully_shard(members, mesh, *g->options);
   }
   schedule::apply_plan_policies(*state_->graph, plan);
+}
+
+void ShardedModel::measure_compute(bool on) {
+  detail::ComputeClock& c = state_->clock;
+  if (on && state_->root_depth > 0)
+    throw InvalidArgument(
+        "fullshard::torch::ShardedModel::measure_compute: called inside the root's forward; "
+        "start measuring between steps");
+  if (on) {
+    for (auto& [module, st] : state_->states)
+      if (st->fsdp->mesh().device_type() != DeviceType::cpu)
+        throw InvalidArgument(
+            "fullshard::torch::ShardedModel::measure_compute: " + detail::describe(*st) +
+            " computes on a GPU; the host clock measures the CPU only");
+    c.iterations.clear();
+  }
+  c.on = on;
+  c.forward.clear();
+  c.backward.clear();
+}
+
+MeasuredCompute ShardedModel::measured_compute() const {
+  const detail::ComputeClock& c = state_->clock;
+  MeasuredCompute out;
+  out.iterations = c.iterations.size();
+  if (c.iterations.empty()) return out;
+  // The mean over the faster half of the iterations by their measured total (modules and
+  // hooks): what the steps after a warm-up take (the first steps run slower for a while, and
+  // interruptions only add time), and its parts still add up (where ranks share cores, a rank
+  // is off its core in a module in one iteration and in a hook's wait in the next: the parts'
+  // own medians would add up to more than an iteration takes).
+  const std::size_t n = c.iterations.size();
+  std::vector<double> total(n, 0.0);
+  for (std::size_t i = 0; i < n; ++i) {
+    total[i] = c.iterations[i].hooks_ms;
+    for (const auto& [st, t] : c.iterations[i].modules)
+      total[i] += t.first + t.second;
+  }
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < n; ++i)
+    order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return total[a] < total[b]; });
+  const std::size_t keep = std::max<std::size_t>(1, n / 2), first = 0;
+  for (const auto& [module, st] : state_->states)
+    out.modules[st->mirror->fqn()] = schedule::ModuleTime{};
+  for (std::size_t k = first; k < first + keep; ++k) {
+    const detail::ComputeClock::Iteration& it = c.iterations[order[k]];
+    for (const auto& [st, t] : it.modules) {
+      schedule::ModuleTime& m = out.modules[st->mirror->fqn()];
+      m.forward_ms += t.first / double(keep);
+      m.backward_ms += t.second / double(keep);
+    }
+    out.hooks_ms += it.hooks_ms / double(keep);
+  }
+  return out;
 }
 
 schedule::AutoPlan ShardedModel::auto_shard(

@@ -247,6 +247,17 @@ static void training(fullshard_mesh mesh) {
   }
   OK(fullshard_model_step(m, &step));
   CHECK(step == 30);
+  {
+    /* Calibrated after steps 2..11: the modules' measured compute and the optimizer's step are
+     * in the prediction now, on top of the communication it had. */
+    fullshard_plan_info after;
+    OK(fullshard_model_plan(m, &after));
+    CHECK(plan.calibrated_iterations == 0 && plan.optimizer_ms == 0);
+    CHECK(after.calibrated_iterations == 10);
+    CHECK(after.optimizer_ms > 0);
+    CHECK(after.step_ms > plan.step_ms + after.optimizer_ms);
+    CHECK(after.peak_bytes == plan.peak_bytes && after.groups == plan.groups);
+  }
   OK(fullshard_model_lr(m, &lr));
   {
     const double pi = 3.14159265358979323846, p = (30.0 - 2) / (40 - 2);

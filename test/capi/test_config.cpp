@@ -179,6 +179,8 @@ TEST_CASE("config: every bad value names the file and the key") {
       {R"("sharding": {"reshard_after_forward": 0})",
        "cfg.json: sharding.reshard_after_forward: expected true, false or a number of ranks k >= "
        "1, got a number (0)"},
+      {R"("sharding": {"calibrate_steps": -1})",
+       "cfg.json: sharding.calibrate_steps: -1 is out of range"},
       {R"("sharding": {"forward_prefetch": 17})",
        "cfg.json: sharding.forward_prefetch: 17 is out of range"},
       {R"("memory": {"budget_mb": -1})", "cfg.json: memory.budget_mb: -1 is out of range"},

@@ -312,9 +312,7 @@ TEST_CASE("session: the optimizer inside backward is the step after it, without 
     };
     ss::Session after(mesh, config_of(text(false)));
     ss::Session inside(mesh, config_of(text(true)));
-    const auto held = [] {
-      return fs::memory_ledger::counts().now_of(fs::MemoryPart::gradients);
-    };
+    const auto held = [] { return fs::memory_ledger::counts().now_of(fs::MemoryPart::gradients); };
     for (int s = 0; s < 3; ++s) {
       const auto [x, y] = batch(s);
       // The library's byte count: the step inside backward leaves no sharded gradient behind;
@@ -363,4 +361,32 @@ TEST_CASE("session: an f64 model trains with LibTorch's optimizer, close to the 
             .find("input 0 is Float; the model takes Double (Session::input_dtype(): convert "
                   "it first)") != std::string::npos);
   CHECK(f64.step() == 3);
+}
+
+TEST_CASE("session: the plan's prediction is calibrated by the modules' measured times") {
+  const fs::DeviceMesh mesh = world_mesh();
+  ss::Session s(mesh, config_of(config_text(R"("sharding": {"calibrate_steps": 2})")));
+  ss::Session micro(mesh, config_of(config_text(R"("sharding": {"calibrate_steps": 2},
+                                                   "accumulation": 2)")));
+  ss::Session off(mesh, config_of(config_text(R"("sharding": {"calibrate_steps": 0})")));
+  const ss::PlanPrediction before = s.plan();
+  CHECK(before.calibrated_iterations == 0);
+  CHECK(before.optimizer_ms == 0);
+  for (int k = 0; k < 4; ++k) {
+    const auto [x, y] = batch(k);
+    s.train_step({x}, {y});
+    micro.train_step({x}, {y});
+    off.train_step({x}, {y});
+    // Steps 2 and 3 (after the first) are measured; the prediction changes after the third.
+    CHECK(s.plan().calibrated_iterations == (k < 2 ? 0 : 2));
+  }
+  CHECK(micro.plan().calibrated_iterations == 4);  // two micro-batches a step
+  CHECK(off.plan().calibrated_iterations == 0);
+  CHECK(off.plan().step_ms == before.step_ms);
+  const ss::PlanPrediction& after = s.plan();
+  CHECK(after.optimizer_ms > 0);
+  // The modules' compute and the optimizer are in it now, on top of the communication.
+  CHECK(after.step_ms > before.step_ms + after.optimizer_ms);
+  CHECK(after.peak_bytes == before.peak_bytes);
+  CHECK(after.groups == before.groups);
 }

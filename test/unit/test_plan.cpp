@@ -1323,6 +1323,46 @@ TEST_CASE("cost model calibration on shared memory") {
   }
 }
 
+TEST_CASE("cost model: a mesh's defaults run its transport; scaled multiplies every time") {
+  const int W = test::world_size();
+  const DeviceMesh shared(MPI_COMM_WORLD, {W}, {"shard"}, 60.0, HostProgress::inline_,
+                          HostCollectives::auto_);
+  const DeviceMesh mpi(MPI_COMM_WORLD, {W}, {"shard"}, 60.0, HostProgress::inline_,
+                       HostCollectives::mpi);
+  const CostModel s = mesh_defaults(shared), m = mesh_defaults(mpi);
+  // Shared memory where the ranks share a node (a dim of one rank has none).
+  CHECK(s.transport(MeshDim::shard) == (W > 1 ? Transport::shm : Transport::mpi));
+  CHECK(m.transport(MeshDim::shard) == Transport::mpi);
+  CostModel want = CostModel::defaults(MeshShape::fsdp(W));
+  want.set_transport(MeshDim::shard, s.transport(MeshDim::shard));
+  CHECK(s == want);
+  if (W == 4) {
+    const DeviceMesh hsdp(MPI_COMM_WORLD, {2, 2}, {"r", "s"}, 60.0, HostProgress::inline_,
+                          HostCollectives::mpi);
+    CHECK(mesh_defaults(hsdp) == CostModel::defaults(MeshShape::hsdp(2, 2)));
+    const DeviceMesh split(MPI_COMM_WORLD, {4}, {"shard"}, 60.0, HostProgress::inline_,
+                           HostCollectives::auto_, 2);
+    CHECK(mesh_defaults(split).transport(MeshDim::shard) == Transport::two_level);
+  }
+
+  CostModel c = CostModel::defaults(MeshShape::hsdp(2, 4));
+  c.collective(CollectiveKind::all_gather, MeshDim::shard).set_points({{1000, 0.5}, {2000, 0.7}});
+  const CostModel x = c.scaled(2.5);
+  for (CollectiveKind k :
+       {CollectiveKind::all_gather, CollectiveKind::reduce_scatter, CollectiveKind::all_reduce})
+    for (MeshDim d : {MeshDim::shard, MeshDim::replicate})
+      for (double bytes : {0.0, 1500.0, 1e6}) {
+        CAPTURE(collective_kind_name(k));
+        CAPTURE(bytes);
+        CHECK(x.time_ms(k, d, bytes) == doctest::Approx(2.5 * c.time_ms(k, d, bytes)));
+        if (k != CollectiveKind::all_reduce)
+          CHECK(x.shm_time_ms(k, d, bytes) == doctest::Approx(2.5 * c.shm_time_ms(k, d, bytes)));
+      }
+  CHECK(x.copy_ms(1e6) == doctest::Approx(2.5 * c.copy_ms(1e6)));
+  CHECK(x.quant_ms(1e6) == doctest::Approx(2.5 * c.quant_ms(1e6)));
+  CHECK(contains(error_of<InvalidArgument>([&] { c.scaled(0); }), "CostModel::scaled"));
+}
+
 TEST_CASE("cost model calibration of the two-level path (2 pretended nodes of 2 ranks)") {
   if (test::world_size() != 4) return;
   const DeviceMesh mesh(MPI_COMM_WORLD, {4}, {"shard"}, 60.0, HostProgress::inline_,

@@ -13,8 +13,9 @@
 #include "fullshard/transport/fusions.hpp"
 
 namespace fullshard {
+class DeviceMesh;
 class NodeSplit;
-}
+}  // namespace fullshard
 namespace fullshard::comm {
 class Communicator;
 class ShmComm;
@@ -184,6 +185,11 @@ class CostModel {
                              int reps = 3, const comm::ShmComm* shard_shm = nullptr,
                              bool median = false, const NodeSplit* shard_split = nullptr);
 
+  /// The same model with every time multiplied by `factor` (> 0, finite; InvalidArgument
+  /// otherwise): alphas, betas and measured points of every collective, the copy and quantize
+  /// kernels. What a measured-to-predicted ratio of a run's collectives calibrates.
+  CostModel scaled(double factor) const;
+
   bool operator==(const CostModel& o) const noexcept;
   bool operator!=(const CostModel& o) const noexcept { return !(*this == o); }
 
@@ -194,6 +200,12 @@ class CostModel {
   double copy_gb_per_s_ = 10.0;
   double quant_ns_per_element_ = 0.6;
 };
+
+/// CostModel::defaults for `mesh` (its shard and replicate sizes: the last dim shards, a 2-D
+/// mesh's first replicates) with the shard dim's transport as the mesh runs it: shared memory
+/// where its ranks share a node (DeviceMesh::shm), shared memory inside the nodes and MPI
+/// across where it spans nodes (DeviceMesh::node_split), MPI otherwise.
+CostModel mesh_defaults(const DeviceMesh& mesh);
 
 /// A two-level network (cluster scale by simulation): `gpus_per_node` ranks per node joined
 /// by NVLink, nodes joined by InfiniBand with one NIC per GPU. Ranks are numbered node by

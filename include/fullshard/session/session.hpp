@@ -47,11 +47,26 @@ Config read_config(const DeviceMesh& mesh, const std::string& path);
 Config parse_config(const DeviceMesh& mesh, const std::string& text, const std::string& source,
                     std::string read_error = {});
 
-/// The planner's prediction for one step, made before any step ran.
+/// The planner's prediction for one step (one forward and backward; a step of `accumulation`
+/// micro-batches runs that many). Made at creation with default module costs, then again with
+/// the modules' measured compute times after the calibration steps (sharding.calibrate_steps).
 struct PlanPrediction {
+  /// The plan's operations one after the other (a host mesh runs its collectives on the
+  /// calling thread; on a GPU mesh the streams overlapped), plus optimizer_ms. Uncalibrated, the
+  /// modules cost nothing: communication and copies only, a lower bound.
   double step_ms = 0;
   std::int64_t peak_bytes = 0, sharded_bytes = 0, groups = 0;
   std::int64_t process_peak_bytes = 0;  // the memory account's (0 on a CUDA mesh)
+  /// 0: the modules' costs are the defaults (none); n: measured over n training forwards and
+  /// backwards (the ranks' mean of each module's time) and the plan made again with them.
+  std::int64_t calibrated_iterations = 0;
+  /// The optimizer's step (and clipping) per step, measured with the modules; 0 before.
+  double optimizer_ms = 0;
+  /// The calibration steps' FSDP work as it ran (the time in the modules' hooks: collectives,
+  /// copies and the waits for them, the ranks' mean; where ranks share cores, also waits for
+  /// peers off their core) over the cost model's times for the plan's operations of it: the
+  /// plan's cost model is scaled by it. 1 before (and on a GPU mesh).
+  double communication_scale = 1;
 };
 
 /// What the progress callback sees after each step.

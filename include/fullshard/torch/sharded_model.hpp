@@ -28,6 +28,7 @@
 #include <torch/types.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -39,6 +40,7 @@
 #include "fullshard/graph/module.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
+#include "fullshard/schedule/compute_cost.hpp"
 #include "fullshard/schedule/plan.hpp"
 #include "fullshard/torch/deferred_init.hpp"
 
@@ -48,6 +50,19 @@ namespace detail {
 struct ModelState;
 struct ModuleState;
 }  // namespace detail
+
+/// What ShardedModel::measure_compute recorded over the root's training forwards (each with its
+/// backward): the means over the faster half of them by their measured total (modules and
+/// hooks; the fastest of three): what the steady steps take (warm-up and interruptions only
+/// add time), and the parts add up.
+struct MeasuredCompute {
+  /// Per sharded module (by FQN, "" for the root): its own forward and backward ms.
+  std::map<std::string, schedule::ModuleTime> modules;
+  /// The sharded modules' FSDP hooks, all of them, per forward and backward.
+  double hooks_ms = 0;
+  /// The root's training forwards recorded.
+  std::size_t iterations = 0;
+};
 
 /// fullshard's side of one LibTorch model: its module tree mirrored as fullshard's module
 /// graph (names, parameter shapes and dtypes), the FSDP states fully_shard gives its modules,
@@ -128,6 +143,19 @@ class ShardedModel {
   /// schedule::AutoPlanInfeasible when nothing fits.
   schedule::AutoPlan auto_shard(const DeviceMesh& mesh, schedule::AutoPlanOptions options,
                                 const std::vector<const ::torch::nn::Module*>& candidates);
+
+  /// Measures the sharded modules' own compute time, what the planner's module costs stand for
+  /// (graph::Cost: a module's own work, without its children), and the time their FSDP hooks
+  /// take: while on, each training forward and backward of a module fully_shard was applied to
+  /// records its own time, the wall time from the end of its pre-hook (the all-gather waited
+  /// for) to the start of its post-hook less the spans of the sharded modules it calls, and
+  /// its hooks' time (the pre- and post-hook: all-gathers, reduce-scatters, copies and the
+  /// waits for them). A recomputation inside backward (activation checkpointing) counts as
+  /// backward time. true starts afresh; call between steps. CPU meshes only (InvalidArgument
+  /// for a module on a GPU: the host clock does not see its kernels). Not collective.
+  void measure_compute(bool on);
+  /// What measure_compute recorded (see MeasuredCompute).
+  MeasuredCompute measured_compute() const;
 
  private:
   std::unique_ptr<detail::ModelState> state_;
