@@ -9,7 +9,7 @@
 //                 AdamW), 8 sequences of 129 tokens per rank
 //   predict/heat  heat-fortran's surrogate (mlp 10 -> 64 -> 64 -> 1, tanh; AdamW), 1024 rows
 //                 per rank (its 64 x 64 grid over 4 ranks)
-// Each runs one step, the three calibration steps, then the timed steps (manual time: the
+// Each runs one step, the calibration steps (sharding.calibrate_steps, 10), then the timed steps (manual time: the
 // slowest rank's step). Counters: measured_ms (median), default_ms and predicted_ms (the plan's
 // step before and after the calibration), error_pct ((predicted - measured) / measured) and
 // default_error_pct (the same for default_ms),

@@ -94,9 +94,9 @@ program heat_fortran
   sums = [solver_s, train_s]
   call MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE_PRECISION, MPI_MAX, MPI_COMM_WORLD)
   if (rank == 0) then
-    print '(a, f7.3, a, f8.3, a, f7.3, a)', 'solver ', sums(1), ' s; training ', &
+    print '(a, f7.3, a, f8.3, a, f7.3, a, i0, a)', 'solver ', sums(1), ' s; training ', &
       1000*sums(2)/(rounds*train_steps), ' ms per step (plan predicted ', plan%step_ms, &
-      ' ms, calibrated)'
+      ' ms, calibrated over ', plan%calibrated_iterations, ' steps)'
     print '(a, es10.3, a, es10.3, a, f7.4)', 'held-out rmse: surrogate ', rmse_model, &
       ', no-change ', rmse_trivial, ', ratio ', ratio
     if (ratio < 0.5 .and. last_loss < first_loss) then

@@ -205,8 +205,9 @@ fullshard_status fullshard_model_num_params(fullshard_model model, int64_t* coun
 /** What the planner predicts for one training step (one forward and backward) on this mesh.
  * At creation the modules' compute costs are not known: step_ms is the communication and
  * copies, a lower bound. After the calibration steps ("sharding": {"calibrate_steps"}, 10 by
- * default, after the first step) the modules' measured compute times and the optimizer's are
- * in it (calibrated_iterations > 0). The memory is exact. */
+ * default, after the first step; CPU meshes, without accumulation) the modules' measured
+ * compute times and the optimizer's are in it (calibrated_iterations > 0). The memory is
+ * exact. */
 typedef struct fullshard_plan_info {
   double step_ms;        /* predicted step time (the plan's cost model) */
   int64_t peak_bytes;    /* predicted peak of fullshard's buffer pool per rank */

@@ -673,7 +673,11 @@ LoadPlan validate(const std::string& step_dir, const std::string& text, graph::M
                           " holds no optimizer state (saved without an optimizer); "
                           "load it with optimizer = nullptr");
   const auto want = optimizer->state_names();
-  if (want != index.optimizer_state_names) {
+  // Names without tensors constrain nothing: an SGD without momentum saved through LibTorch's
+  // optimizer names its (never made) momentum buffer, fullshard's SGD names none.
+  const bool holds_state = std::any_of(index.tensors.begin(), index.tensors.end(),
+                                       [](const TensorInfo& t) { return !t.is_param(); });
+  if (want != index.optimizer_state_names && holds_state) {
     auto list = [](const std::vector<std::string>& v) {
       std::string s;
       for (const auto& x : v)
@@ -682,7 +686,7 @@ LoadPlan validate(const std::string& step_dir, const std::string& text, graph::M
     };
     throw InvalidArgument(what + ": optimizer state names " + list(index.optimizer_state_names) +
                           " differ from this optimizer's " + list(want) +
-                          " (another optimizer class?)");
+                          " (another optimizer class, or SGD with and without momentum?)");
   }
   std::vector<std::pair<const graph::Parameter*, std::string>> opt_params;
   std::unordered_map<std::string, int> held;

@@ -114,7 +114,13 @@ class LibTorchOptimizer final : public SessionOptimizer {
 }  // namespace
 
 std::unique_ptr<SessionOptimizer> make_optimizer(const Config& cfg, fst::ShardedModel& model) {
-  if (cfg.dtype == DType::f32) return std::make_unique<FullshardOptimizer>(cfg.optimizer, model);
+  // fullshard's optimizers hold f32 parameters (a TorchScript file may bring others); inside
+  // backward they are required (the constructor names a parameter that is not f32).
+  bool f32 = true;
+  for (const graph::Parameter* p : model.graph().parameters())
+    f32 = f32 && p->dtype() == DType::f32;
+  if (f32 || cfg.optimizer.in_backward)
+    return std::make_unique<FullshardOptimizer>(cfg.optimizer, model);
   return std::make_unique<LibTorchOptimizer>(cfg.optimizer, model);
 }
 

@@ -1,7 +1,8 @@
 // The session's optimizer, behind one interface: fullshard's own SGD and AdamW on the model's
-// graph parameters (the shards the LibTorch parameters view) for f32 models — what makes the
-// optimizer inside backward available to LibTorch models — and LibTorch's torch::optim for
-// f64 models (fullshard's optimizers and checkpointed optimizer state are f32). Both step each
+// graph parameters (the shards the LibTorch parameters view) where every parameter is f32 —
+// what makes the optimizer inside backward available to LibTorch models — and LibTorch's
+// torch::optim otherwise (f64 models, a TorchScript file with other dtypes: fullshard's
+// optimizers and checkpointed optimizer state are f32). Both step each
 // tensor once (a tied weight too) and write the same checkpoint format. Private to
 // lib/session.
 #pragma once

@@ -119,9 +119,10 @@ struct Session::Impl {
   Impl(const DeviceMesh& m, Config c) : cfg(std::move(c)), mesh(m) {}
 
   void shard();
+  // The plan is one forward and backward: calibrated where a step is one (no accumulation).
   bool calibrating() const {
     return steps_here >= 1 && steps_here <= cfg.sharding.calibrate_steps &&
-           device.type() == c10::kCPU;
+           device.type() == c10::kCPU && cfg.accumulation == 1;
   }
   void calibrate();
   void predict_step(const sch::Plan& p);
@@ -465,13 +466,13 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
   if (s.cfg.grad_clip > 0) optim::clip_grad_norm(s.graph_params, s.cfg.grad_clip, s.mesh);
   s.opt->step();
   ++s.step;
+  ++s.steps_here;  // first: a calibration that fails is not tried again at every step
   if (measuring) {
     s.optimizer_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
                                                                 optimizer_start)
                           .count();
-    if (s.steps_here + 1 == 1 + s.cfg.sharding.calibrate_steps) s.calibrate();
+    if (s.steps_here == 1 + s.cfg.sharding.calibrate_steps) s.calibrate();
   }
-  ++s.steps_here;
   const double loss = total.item<double>();
   if (s.progress.on_step) {
     const double secs =

@@ -58,6 +58,7 @@ struct ComputeClock {
   struct Iteration {
     std::map<ModuleState*, std::pair<double, double>> modules;  // own forward, backward ms
     double hooks_ms = 0;
+    bool complete = false;  // its backward ended (a step that failed part way is not one)
   };
   bool on = false;
   std::vector<Frame> forward, backward;  // in progress, innermost last
@@ -167,6 +168,7 @@ void end_backward(ModelState& m) {
   for (ModuleState* s : pending)
     if (s != m.root_state) post_backward(*s);
   post_backward(*m.root_state);
+  if (m.clock.on && !m.clock.iterations.empty()) m.clock.iterations.back().complete = true;
 }
 
 // torch's zero_grad(set_to_none) dropped the sharded gradients of `s`'s group: so does
@@ -615,18 +617,23 @@ void ShardedModel::measure_compute(bool on) {
 MeasuredCompute ShardedModel::measured_compute() const {
   const detail::ComputeClock& c = state_->clock;
   MeasuredCompute out;
-  out.iterations = c.iterations.size();
-  if (c.iterations.empty()) return out;
+  for (const auto& [module, st] : state_->states)
+    out.modules[st->mirror->fqn()] = schedule::ModuleTime{};
+  std::vector<const detail::ComputeClock::Iteration*> done;
+  for (const auto& it : c.iterations)
+    if (it.complete) done.push_back(&it);
+  out.iterations = done.size();
+  if (done.empty()) return out;
   // The mean over the faster half of the iterations by their measured total (modules and
   // hooks): what the steps after a warm-up take (the first steps run slower for a while, and
   // interruptions only add time), and its parts still add up (where ranks share cores, a rank
   // is off its core in a module in one iteration and in a hook's wait in the next: the parts'
   // own medians would add up to more than an iteration takes).
-  const std::size_t n = c.iterations.size();
+  const std::size_t n = done.size();
   std::vector<double> total(n, 0.0);
   for (std::size_t i = 0; i < n; ++i) {
-    total[i] = c.iterations[i].hooks_ms;
-    for (const auto& [st, t] : c.iterations[i].modules)
+    total[i] = done[i]->hooks_ms;
+    for (const auto& [st, t] : done[i]->modules)
       total[i] += t.first + t.second;
   }
   std::vector<std::size_t> order(n);
@@ -634,11 +641,9 @@ MeasuredCompute ShardedModel::measured_compute() const {
     order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return total[a] < total[b]; });
-  const std::size_t keep = std::max<std::size_t>(1, n / 2), first = 0;
-  for (const auto& [module, st] : state_->states)
-    out.modules[st->mirror->fqn()] = schedule::ModuleTime{};
-  for (std::size_t k = first; k < first + keep; ++k) {
-    const detail::ComputeClock::Iteration& it = c.iterations[order[k]];
+  const std::size_t keep = std::max<std::size_t>(1, n / 2);
+  for (std::size_t k = 0; k < keep; ++k) {
+    const detail::ComputeClock::Iteration& it = *done[order[k]];
     for (const auto& [st, t] : it.modules) {
       schedule::ModuleTime& m = out.modules[st->mirror->fqn()];
       m.forward_ms += t.first / double(keep);

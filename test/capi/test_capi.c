@@ -248,14 +248,15 @@ static void training(fullshard_mesh mesh) {
   OK(fullshard_model_step(m, &step));
   CHECK(step == 30);
   {
-    /* Calibrated after steps 2..11: the modules' measured compute and the optimizer's step are
-     * in the prediction now, on top of the communication it had. */
+    /* Calibrated after steps 2..11: the modules' measured compute, the optimizer's step and the
+     * cost model scaled to the measured FSDP work are in the prediction now. */
     fullshard_plan_info after;
     OK(fullshard_model_plan(m, &after));
     CHECK(plan.calibrated_iterations == 0 && plan.optimizer_ms == 0);
     CHECK(after.calibrated_iterations == 10);
     CHECK(after.optimizer_ms > 0);
-    CHECK(after.step_ms > plan.step_ms + after.optimizer_ms);
+    CHECK(after.step_ms > after.optimizer_ms && after.step_ms != plan.step_ms);
+    CHECK(plan.communication_scale == 1 && after.communication_scale > 0);
     CHECK(after.peak_bytes == plan.peak_bytes && after.groups == plan.groups);
   }
   OK(fullshard_model_lr(m, &lr));

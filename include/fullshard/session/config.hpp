@@ -71,7 +71,8 @@ struct ShardingSpec {
   int forward_prefetch = 0;
   /// Training steps whose module compute times calibrate the plan's prediction
   /// (Session::plan()), after the first step (which faults the buffers in); 0: none. The
-  /// sharding the plan chose stays; CPU meshes (a GPU mesh keeps the default costs).
+  /// sharding the plan chose stays. CPU meshes (a GPU mesh keeps the default costs) and
+  /// accumulation 1 (the plan is one forward and backward, a step of micro-batches is not).
   int calibrate_steps = 10;
   /// Compressed collectives of every group (int8 or fp8 e4m3 all-gathers, int8
   /// reduce-scatters, one f32 scale per `block` elements); none by default.

@@ -60,7 +60,8 @@ struct MeasuredCompute {
   std::map<std::string, schedule::ModuleTime> modules;
   /// The sharded modules' FSDP hooks, all of them, per forward and backward.
   double hooks_ms = 0;
-  /// The root's training forwards recorded.
+  /// The root's training forwards recorded whose backward ended (one that failed part way is
+  /// not counted).
   std::size_t iterations = 0;
 };
 
