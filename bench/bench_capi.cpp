@@ -31,14 +31,9 @@ namespace {
 
 namespace fs = fullshard;
 using fs::bench::die;
+using fs::bench::median;
 
 constexpr int kRows = 128, kIn = 64, kOut = 16;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 void check(fullshard_status s) {
   if (s != FULLSHARD_OK) throw fs::Error(fullshard_last_error());

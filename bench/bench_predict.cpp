@@ -9,12 +9,12 @@
 //                 AdamW), 8 sequences of 129 tokens per rank
 //   predict/heat  heat-fortran's surrogate (mlp 10 -> 64 -> 64 -> 1, tanh; AdamW), 1024 rows
 //                 per rank (its 64 x 64 grid over 4 ranks)
-// Each runs one step, the calibration steps (sharding.calibrate_steps, 10), then the timed steps (manual time: the
-// slowest rank's step). Counters: measured_ms (median), default_ms and predicted_ms (the plan's
-// step before and after the calibration), error_pct ((predicted - measured) / measured) and
-// default_error_pct (the same for default_ms),
-// optimizer_ms (the measured optimizer step inside predicted_ms), comm_scale (the measured
-// collectives over the cost model's: the plan's communication is scaled by it).
+// Each runs one step, the calibration steps (sharding.calibrate_steps, 10), then the timed steps
+// (manual time: the slowest rank's step). Counters: measured_ms (median), default_ms and
+// predicted_ms (the plan's step before and after the calibration), error_pct ((predicted -
+// measured) / measured) and default_error_pct (the same for default_ms), optimizer_ms (the measured
+// optimizer step inside predicted_ms), comm_scale (the measured collectives over the cost model's:
+// the plan's communication is scaled by it).
 //
 // Launch: mpiexec -n 2 build/bench/fullshard-bench-predict [--benchmark_* flags]
 #include <torch/torch.h>
@@ -30,14 +30,9 @@
 namespace {
 
 namespace fs = fullshard;
+using fs::bench::median;
 namespace ss = fullshard::session;
 using fs::bench::die;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 struct Case {
   std::string config;

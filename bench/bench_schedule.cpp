@@ -41,16 +41,11 @@ namespace {
 
 namespace fs = fullshard;
 using fs::bench::die;
+using fs::bench::median;
 using fs::bench::timed_loop;
 using fs::graph::Module;
 
 volatile double g_sink = 0;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // ---- plan ---------------------------------------------------------------------------------
 

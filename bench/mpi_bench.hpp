@@ -27,6 +27,13 @@
 namespace fullshard::bench {
 
 /// Communicator for barriers and max-time agreement (never timed); set by run_benchmarks.
+/// The median of `v` (the mean of the middle two for an even count).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 inline MPI_Comm& control_comm() {
   static MPI_Comm c = MPI_COMM_NULL;
   return c;

@@ -311,15 +311,10 @@ std::int64_t ResidualMlp::num_params() const noexcept {
 void ResidualMlp::shard(const DeviceMesh& mesh, const schedule::PlanOptions& options,
                         const std::function<void(const schedule::Plan&)>& before_creation) {
   if (impl_->executor) throw InvalidArgument("ResidualMlp::shard: the model is already sharded");
-  schedule::MeshShape ms;
-  if (mesh.ndim() == 1) {
-    ms = schedule::MeshShape::fsdp(mesh.size());
-  } else if (mesh.ndim() == 2) {
-    ms = schedule::MeshShape::hsdp(mesh.shape()[0], mesh.shape()[1]);
-  } else {
+  if (mesh.ndim() > 2)
     throw InvalidArgument("ResidualMlp::shard: mesh " + mesh.describe() +
                           " must be 1-D (FSDP) or 2-D (HSDP: replicate, shard)");
-  }
+  const schedule::MeshShape ms = schedule::MeshShape::of(mesh);
   impl_->plan.emplace(schedule::Scheduler::plan(*root_, ms, options));
   if (before_creation) {
     try {

@@ -619,8 +619,7 @@ class Trainer {
   /// --auto-plan: the blocks' requests become free, the planner chooses, the choice is applied
   /// to the graph (the same on every rank: planning is deterministic).
   schedule::MeshShape plan_mesh() const {
-    return mesh_.ndim() == 1 ? schedule::MeshShape::fsdp(mesh_.size())
-                             : schedule::MeshShape::hsdp(mesh_.shape()[0], mesh_.shape()[1]);
+    return schedule::MeshShape::of(mesh_);
   }
 
   schedule::PlanOptions auto_plan(const fullshard::Runtime& rt, const Config& c,

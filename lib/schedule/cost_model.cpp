@@ -142,11 +142,14 @@ CostModel CostModel::scaled(double factor) const {
   return c;
 }
 
+MeshShape MeshShape::of(const DeviceMesh& mesh) {
+  const int shard = mesh.size(mesh.names().back());
+  return mesh.ndim() > 1 ? hsdp(mesh.size(mesh.names().front()), shard) : fsdp(shard);
+}
+
 CostModel mesh_defaults(const DeviceMesh& mesh) {
   const std::string shard_dim = mesh.names().back();
-  MeshShape shape = MeshShape::fsdp(mesh.size(shard_dim));
-  if (mesh.ndim() > 1) shape = MeshShape::hsdp(mesh.size(mesh.names().front()), shape.shard_size);
-  CostModel c = CostModel::defaults(shape);
+  CostModel c = CostModel::defaults(MeshShape::of(mesh));
   if (mesh.node_split(shard_dim))
     c.set_transport(MeshDim::shard, Transport::two_level);
   else if (mesh.shm(shard_dim))

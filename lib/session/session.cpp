@@ -105,7 +105,6 @@ struct Session::Impl {
   PlanPrediction plan;
   // What the plan was made with (the calibration plans again with measured costs).
   sch::PlanOptions plan_options;
-  sch::MeshShape plan_shape;
   int steps_here = 0;       // train_step calls of this session (a resumed one counts afresh)
   double optimizer_ms = 0;  // summed over the calibration steps
   const void* last_input = nullptr;
@@ -208,9 +207,7 @@ void Session::Impl::shard() {
   o.defaults.mp_policy.param_dtype = cfg.param_dtype;
   o.defaults.mp_policy.reduce_dtype = cfg.reduce_dtype;
   o.defaults.compression = cfg.sharding.compression;
-  sch::MeshShape shape;
-  shape.shard_size = mesh.size(mesh.names().back());
-  shape.replicate_size = mesh.ndim() > 1 ? mesh.size(mesh.names().front()) : 1;
+  const sch::MeshShape shape = sch::MeshShape::of(mesh);
   // The collectives as this mesh runs them (shared memory where the ranks share a node).
   o.cost = sch::mesh_defaults(mesh);
 
@@ -253,7 +250,6 @@ void Session::Impl::shard() {
     p = &*explicit_plan;
   }
   plan_options = p->options;
-  plan_shape = shape;
   predict_step(*p);
   plan.peak_bytes = std::int64_t(p->peak_bytes);
   plan.sharded_bytes = std::int64_t(p->sharded_bytes);
@@ -295,7 +291,7 @@ void Session::Impl::calibrate() {
   // whose ranks share cores, waits for peers that were off their core) against the cost
   // model's operations for it: the model's times scaled by the ratio.
   const double hooks_ms = v[i];
-  const sch::Plan with_modules = sch::Scheduler::plan(g, plan_shape, plan_options);
+  const sch::Plan with_modules = sch::Scheduler::plan(g, sch::MeshShape::of(mesh), plan_options);
   double modelled_ms = 0;
   for (const sch::Op& op : with_modules.ops)
     if (op.kind != sch::OpKind::forward && op.kind != sch::OpKind::backward)
@@ -304,7 +300,7 @@ void Session::Impl::calibrate() {
     plan.communication_scale = hooks_ms / modelled_ms;
     plan_options.cost =
         plan_options.cost.value_or(sch::mesh_defaults(mesh)).scaled(plan.communication_scale);
-    predict_step(sch::Scheduler::plan(g, plan_shape, plan_options));
+    predict_step(sch::Scheduler::plan(g, sch::MeshShape::of(mesh), plan_options));
   } else {
     predict_step(with_modules);
   }

@@ -675,10 +675,8 @@ schedule::AutoPlan ShardedModel::auto_shard(
     if (!gm->is_root() && !free.count(gm)) gm->set_fully_shard_request(false);
   options.keep_requests = true;
   options.base.external_gradients = true;
-  schedule::MeshShape shape;
-  shape.shard_size = mesh.size(mesh.names().back());
-  shape.replicate_size = mesh.ndim() > 1 ? mesh.size(mesh.names().front()) : 1;
-  schedule::AutoPlan ap = schedule::auto_plan(*state_->graph, shape, options);
+  schedule::AutoPlan ap =
+      schedule::auto_plan(*state_->graph, schedule::MeshShape::of(mesh), options);
   schedule::apply_auto_plan(*state_->graph, ap.choice);
   apply_plan(ap.plan, mesh);
   return ap;

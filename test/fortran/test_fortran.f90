@@ -5,6 +5,7 @@ program test_fortran
   use, intrinsic :: iso_c_binding, only: c_float, c_double, c_int64_t
   use mpi_f08
   use fullshard
+  use test_checks
   implicit none
 
   integer, parameter :: nin = 3, nout = 2, nb = 6
@@ -12,7 +13,7 @@ program test_fortran
   type(fullshard_model) :: model, other
   type(fullshard_plan_info) :: plan
   type(MPI_Comm) :: sub
-  integer :: rank, nranks, st, i, s, failures, total
+  integer :: nranks, st, i, s, total
   integer(c_int64_t) :: step, nparams
   real(c_float) :: x(nin, nb), y(nout, nb), out(nout, nb), one(nout), wide(0:nin + 1, 2*nb)
   real(c_float) :: out3(nout, 2, 3), x3(nin, 2, 3), again(nout, nb)
@@ -158,16 +159,6 @@ contains
       y(1, j) = tanh(sum(x(:, j)))
       y(2, j) = x(1, j)*x(2, j)
     end do
-  end subroutine
-
-  subroutine check(ok, what, message)
-    logical, intent(in) :: ok
-    character(*), intent(in) :: what, message
-    character(:), allocatable :: err
-    err = fullshard_last_error()
-    if (ok .and. (len(message) == 0 .or. index(err, message) > 0)) return
-    failures = failures + 1
-    print '(a, i0, 4a)', 'rank ', rank, ': FAILED ', what, '; last error: ', err
   end subroutine
 
 end program test_fortran

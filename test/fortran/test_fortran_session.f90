@@ -10,11 +10,12 @@ program test_fortran_session
   use, intrinsic :: iso_c_binding, only: c_float, c_double, c_int64_t
   use mpi_f08
   use fullshard
+  use test_checks
   implicit none
 
   integer, parameter :: nin = 6, nout = 2, nglobal = 12, nsteps = 8, nsaved = 6
   type(fullshard_mesh) :: mesh
-  integer :: rank, nranks, failures, total
+  integer :: nranks, total
   character(len=1024) :: mode, dir
 
   call MPI_Init()
@@ -156,16 +157,6 @@ contains
                  'the resumed run''s loss is the straight run''s', '')
     end do
     call fullshard_model_free(model)
-  end subroutine
-
-  subroutine check(ok, what, message)
-    logical, intent(in) :: ok
-    character(*), intent(in) :: what, message
-    character(:), allocatable :: err
-    err = fullshard_last_error()
-    if (ok .and. (len(message) == 0 .or. index(err, message) > 0)) return
-    failures = failures + 1
-    print '(a, i0, 4a)', 'rank ', rank, ': FAILED ', what, '; last error: ', err
   end subroutine
 
 end program test_fortran_session

@@ -53,6 +53,8 @@ struct MeshShape {
   /// HSDP: `replicate` copies of a `shard`-rank group (a replicate x shard DeviceMesh).
   static MeshShape hsdp(int replicate, int shard) noexcept { return MeshShape(replicate, shard); }
   int world() const noexcept { return shard_size * replicate_size; }
+  /// The shape of a DeviceMesh: its last dim shards, a 2-D mesh's first replicates.
+  static MeshShape of(const DeviceMesh& mesh);
 
  private:
   MeshShape(int replicate, int shard) noexcept : shard_size(shard), replicate_size(replicate) {}
