@@ -13,7 +13,8 @@ program test_fortran
   type(fullshard_model) :: model, other
   type(fullshard_plan_info) :: plan
   type(MPI_Comm) :: sub
-  integer :: nranks, st, i, s, total
+  integer :: nranks, st, i, s
+  character(len=64) :: line
   integer(c_int64_t) :: step, nparams
   real(c_float) :: x(nin, nb), y(nout, nb), out(nout, nb), one(nout), wide(0:nin + 1, 2*nb)
   real(c_float) :: out3(nout, 2, 3), x3(nin, 2, 3), again(nout, nb)
@@ -134,16 +135,8 @@ program test_fortran
 
   call fullshard_mesh_free(mesh)
   call fullshard_finalize()
-  call MPI_Allreduce(failures, total, 1, MPI_INTEGER, MPI_SUM, MPI_COMM_WORLD)
-  if (rank == 0) then
-    if (total == 0) then
-      print '(a, i0, a)', 'test_fortran: pass (', nranks, ' ranks)'
-    else
-      print '(a, i0, a)', 'test_fortran: FAIL (', total, ' failed checks)'
-    end if
-  end if
-  call MPI_Finalize()
-  if (total /= 0) error stop 1
+  write (line, '(a, i0, a)') 'test_fortran: pass (', nranks, ' ranks)'
+  call finish('test_fortran', trim(line))
 
 contains
 

@@ -15,7 +15,7 @@ program test_fortran_session
 
   integer, parameter :: nin = 6, nout = 2, nglobal = 12, nsteps = 8, nsaved = 6
   type(fullshard_mesh) :: mesh
-  integer :: nranks, total
+  integer :: nranks
   character(len=1024) :: mode, dir
 
   call MPI_Init()
@@ -33,16 +33,7 @@ program test_fortran_session
   end if
   call fullshard_mesh_free(mesh)
   call fullshard_finalize()
-  call MPI_Allreduce(failures, total, 1, MPI_INTEGER, MPI_SUM, MPI_COMM_WORLD)
-  if (rank == 0) then
-    if (total == 0) then
-      print '(3a)', 'test_fortran_session ', trim(mode), ': pass'
-    else
-      print '(a, i0, a)', 'test_fortran_session: FAIL (', total, ' failed checks)'
-    end if
-  end if
-  call MPI_Finalize()
-  if (total /= 0) error stop 1
+  call finish('test_fortran_session', 'test_fortran_session '//trim(mode)//': pass')
 
 contains
 
