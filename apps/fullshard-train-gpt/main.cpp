@@ -1,6 +1,9 @@
-// fullshard-train-gpt: a byte-level GPT (fullshard::torch::Gpt, LibTorch) trained with
-// fully_shard on every block and on the root, on the licence texts every Debian machine has
-// (/usr/share/common-licenses): whole licence families held out for validation.
+// fullshard-train-gpt: a byte-level GPT (fullshard::torch::Gpt, LibTorch) trained through the
+// training session (fullshard/session/session.hpp: fully_shard on every block and on the root,
+// AdamW without weight decay on biases, norms and embeddings, warm-up and cosine schedule,
+// clipping, checkpoints), on the licence texts every Debian machine has
+// (/usr/share/common-licenses): whole licence families held out for validation. The program
+// is the data, the options and the report; the training is the session's.
 #include <mpi.h>
 #include <sys/resource.h>
 
@@ -11,27 +14,22 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "blas_kernel.hpp"
+#include "bounded_comm.hpp"
 #include "cli.hpp"
 #include "fullshard/base/error.hpp"
-#include "fullshard/checkpoint/checkpoint.hpp"
-#include "fullshard/checkpoint/safetensors.hpp"
-#include "fullshard/fsdp/fully_shard.hpp"
-#include "fullshard/optim/optimizer.hpp"
 #include "fullshard/runtime/runtime.hpp"
+#include "fullshard/session/session.hpp"
 #include "fullshard/torch.hpp"
-#include "fullshard/torch/gpt.hpp"
 #include "fullshard/torch/threads.hpp"
 
 #include <torch/cuda.h>
-#include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adamw.h>
 
 namespace fs = fullshard;
 namespace fst = fullshard::torch;
@@ -41,8 +39,10 @@ namespace {
 const char* kUsage =
     "usage: mpirun -n N fullshard-train-gpt [options]\n"
     "\n"
-    "Trains a byte-level GPT-style decoder (LibTorch, fullshard::torch) with fully_shard on\n"
-    "every block and on the root. Data: the licence texts of a directory (default\n"
+    "Trains a byte-level GPT-style decoder (LibTorch, fullshard::torch) through the training\n"
+    "session: fully_shard on every block and on the root, AdamW (betas 0.9, 0.95; no weight\n"
+    "decay on biases, LayerNorms and embeddings), warm-up and cosine decay to lr/10. Data: the "
+    "licence texts of a directory (default\n"
     "/usr/share/common-licenses), each distinct text once; the families named by --val\n"
     "(a family is the name before the first '-': GPL-2 and GPL-3 are GPL) are held out for\n"
     "validation. Each step draws a global batch of random windows (the same on every rank)\n"
@@ -67,6 +67,7 @@ const char* kUsage =
     "  --weight-decay X      (default 0.1)\n"
     "  --clip X              clip the global gradient norm (default 1; 0: off)\n"
     "  --seed N              weights and batches (default 1)\n"
+    "  --optimizer-in-backward  no weight decay anywhere then (a group's update is one rule)\n"
     "fully_shard:\n"
     "  --device cpu|cuda     where the model trains (default cpu); cuda: one GPU per rank,\n"
     "                        NCCL collectives, LibTorch's current stream as the compute\n"
@@ -82,15 +83,22 @@ const char* kUsage =
     "  --eval-windows N      validation windows per evaluation (default 64)\n"
     "  --torch-threads N     LibTorch intra-op threads per rank (default: the cores the\n"
     "                        launcher gave the rank, see README)\n"
+    "checkpoints (checked before the first step: an unwritable directory exits 2):\n"
+    "  --checkpoint-dir DIR  where --save-every saves (a step-<n> directory each time)\n"
+    "  --save-every N        save every N steps and after the last (default 0: never)\n"
+    "  --async-save          save in the background while training goes on\n"
+    "  --keep-last N         keep the N newest checkpoints (default 0: all)\n"
+    "  --resume              continue from the newest checkpoint in --checkpoint-dir (saved\n"
+    "                        on any number of ranks) when there is one\n"
     "weights and batches from files (side-by-side runs, bench/torch/):\n"
     "  --init-from FILE      initial weights from a safetensors file (FQNs as names)\n"
     "  --save-to FILE        the final weights as one safetensors file\n"
     "  --batches FILE        the global batches: little-endian int64 tokens, shape\n"
     "                        [steps][batch][context + 1], instead of random windows\n"
-    "  --no-shard            plain LibTorch on one rank (no fully_shard; the reference of\n"
-    "                        the cost of sharding; the same batches and optimizer)\n"
     "  --deferred-init       build the model on the meta device, block by block, and draw\n"
-    "                        only each rank's shards (other values than the default's)\n";
+    "                        only each rank's shards (the same values)\n"
+    "  --write-config FILE   the session's configuration as JSON (rank 0), e.g. to train the\n"
+    "                        same model through the session API, the C API or Fortran\n";
 
 struct Config {
   fst::GptConfig model;
@@ -103,8 +111,11 @@ struct Config {
   fs::fsdp::ReshardAfterForward reshard = fs::fsdp::ReshardAfterForward::automatic();
   std::string data = "/usr/share/common-licenses";
   std::set<std::string> val{"MPL", "Apache"};
-  std::string init_from, save_to, batches;
-  bool no_shard = false, deferred = false;
+  std::string init_from, save_to, batches, write_config;
+  bool deferred = false, in_backward = false;
+  fs::session::CheckpointSpec checkpoint;
+  int save_every = 0;
+  bool async_save = false;
 };
 
 /// `device_args`: the --device arguments taken out of argv before the Runtime (take_flag).
@@ -166,16 +177,28 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
       c.save_to = a.value();
     else if (f == "--batches")
       c.batches = a.value();
-    else if (f == "--no-shard")
-      a.no_value(), c.no_shard = true;
+    else if (f == "--write-config")
+      c.write_config = a.value();
+    else if (f == "--optimizer-in-backward")
+      a.no_value(), c.in_backward = true;
+    else if (f == "--checkpoint-dir")
+      c.checkpoint.dir = a.value();
+    else if (f == "--save-every")
+      c.save_every = a.int_value(0);
+    else if (f == "--async-save")
+      a.no_value(), c.async_save = true;
+    else if (f == "--keep-last")
+      c.checkpoint.keep_last = a.int_value(0);
+    else if (f == "--resume")
+      a.no_value(), c.checkpoint.resume = true;
     else if (f == "--deferred-init")
       a.no_value(), c.deferred = true;
     else
       a.unknown();
   }
   if (c.warmup < 0) c.warmup = c.steps / 10;
-  if (c.no_shard && c.deferred)
-    throw fs::apps::UsageError{"--deferred-init needs a sharded run (not --no-shard)"};
+  if ((c.save_every > 0 || c.checkpoint.resume) && c.checkpoint.dir.empty())
+    throw fs::apps::UsageError{"--save-every and --resume need --checkpoint-dir"};
 #if !defined(FULLSHARD_GPT_HAVE_CUDA)
   if (c.device == fs::DeviceType::cuda)
     throw fs::apps::UsageError{
@@ -186,8 +209,6 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
     throw fs::apps::UsageError{"--deferred-init is not supported with --device cuda yet"};
   c.model.deferred = c.deferred;
   c.model.seed = c.seed;
-  if (c.no_shard && !c.save_to.empty())
-    throw fs::apps::UsageError{"--save-to needs a sharded run (not --no-shard)"};
   if (c.warmup >= c.steps)
     throw fs::apps::UsageError{"--warmup (" + std::to_string(c.warmup) +
                                ") must be below --steps (" + std::to_string(c.steps) + ")"};
@@ -279,123 +300,118 @@ at::Tensor read_batches(const Config& c) {
   return t;
 }
 
-// The model's weights as one safetensors file: a full checkpoint beside it, converted.
-void save_safetensors(const std::string& path, fs::graph::Module& graph, int rank) {
-  const std::string dir = path + ".ckpt";
-  fs::checkpoint::SaveOptions so;
-  so.kind = fs::checkpoint::Kind::full;
-  const std::string step_dir = fs::checkpoint::save(dir, graph, nullptr, 0, {}, {}, so);
-  if (rank == 0) {
-    fs::checkpoint::checkpoint_to_safetensors(step_dir, path);
-    std::filesystem::remove_all(dir);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-}
-
 double peak_rss_mib() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return double(u.ru_maxrss) / 1024.0;
 }
 
+// The session's configuration of the options: what the program trains, stated once.
+fs::session::Config session_config(const Config& c) {
+  fs::session::Config s;
+  s.source = "fullshard-train-gpt options";
+  fs::session::ModelSpec& m = s.model;
+  m.type = "gpt";
+  m.vocab = c.model.vocab;
+  m.context = c.model.context;
+  m.d_model = c.model.d_model;
+  m.heads = c.model.heads;
+  m.layers = c.model.layers;
+  m.mlp_ratio = c.model.mlp_ratio;
+  m.dropout = c.model.dropout;
+  m.checkpoint_blocks = c.model.checkpoint_blocks;
+  m.deferred_init = c.deferred;
+  s.loss = "next_token";
+  fs::session::OptimizerSpec& o = s.optimizer;
+  o.type = "adamw";
+  o.lr = c.lr;
+  o.beta1 = 0.9;
+  o.beta2 = 0.95;
+  o.weight_decay = c.in_backward ? 0.0 : c.weight_decay;
+  // As GPT-2: weight decay on the blocks' matrices only.
+  if (!c.in_backward && c.weight_decay > 0)
+    o.no_weight_decay = {"tok.*", "pos.*", "ln_f.*", "*.bias", "*.ln*"};
+  o.in_backward = c.in_backward;
+  s.lr_schedule.type = "warmup_cosine";
+  s.lr_schedule.warmup_steps = c.warmup;
+  s.lr_schedule.total_steps = c.steps;
+  s.lr_schedule.min_lr = c.lr / 10;
+  s.grad_clip = c.in_backward ? 0.0 : c.clip;
+  if (c.param_dtype) {
+    s.param_dtype = c.param_dtype;
+    s.reduce_dtype = fs::DType::f32;
+  }
+  s.sharding.reshard_after_forward = c.reshard;
+  s.checkpoint = c.checkpoint;
+  s.seed = c.seed;
+  s.threads = c.threads;
+  return s;
+}
+
 int run(const Config& c, fs::Runtime& rt) {
   const int world = rt.world_size(), rank = rt.rank();
-  if (c.threads > 0) ::torch::set_num_threads(c.threads);
   const int threads = c.threads > 0 ? c.threads : fst::use_launcher_cores(rt);
   const auto [reps, shard] = c.mesh.first > 0 ? c.mesh : std::pair{1, world};
   if (reps * shard != world)
     throw fs::apps::UsageError{"--mesh " + std::to_string(reps) + "x" + std::to_string(shard) +
                                " needs " + std::to_string(reps * shard) + " ranks, not " +
                                std::to_string(world)};
-  if (c.no_shard && world != 1)
-    throw fs::apps::UsageError{"--no-shard runs on one rank, not " + std::to_string(world)};
   if (c.batch % world != 0)
     throw fs::apps::UsageError{"--batch " + std::to_string(c.batch) + " must be divisible by the " +
                                std::to_string(world) + " ranks"};
+  if (c.in_backward && (c.clip > 0 || c.weight_decay > 0) && rank == 0)
+    std::printf(
+        "fullshard-train-gpt: --optimizer-in-backward: no clipping (a global norm needs "
+        "every gradient before any update) and no weight decay (a block's update is one "
+        "rule, and its LayerNorms are not decayed)\n");
   const Corpus corpus = read_corpus(c);
   const double unigram = unigram_entropy(corpus.val);
 
   fs::DeviceMesh mesh = reps > 1
                             ? fs::DeviceMesh(rt, c.device, {reps, shard}, {"replicate", "shard"})
                             : fs::DeviceMesh(rt, c.device, {world}, {"dp"});
-  // The rank's GPU: the Runtime bound it (device 0 of what the rank sees).
-  const c10::Device device =
-      c.device == fs::DeviceType::cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-  ::torch::manual_seed(c.seed);  // the same initial weights on every rank
-  fst::Gpt model(c.model);
-  if (device.is_cuda()) model->to(device);  // drawn on the host: the CPU run's weights
-  fst::ShardedModel sharded(model);         // with --no-shard only the mirror (safetensors)
-  fs::fsdp::FSDPModule* root = nullptr;
-  if (!c.no_shard) {
-    fs::fsdp::FullyShardOptions opts;
-    opts.reshard_after_forward = c.reshard;
-    if (c.param_dtype) {
-      opts.mp_policy.param_dtype = c.param_dtype;
-      opts.mp_policy.reduce_dtype = fs::DType::f32;
-    }
-    for (fst::GptBlock& b : model->block_list)
-      sharded.fully_shard(b, mesh, opts);
-    fs::fsdp::FullyShardOptions root_opts = opts;
-    root_opts.reshard_after_forward = fs::fsdp::ReshardAfterForward::automatic();
-    root = &sharded.fully_shard(*model, mesh, root_opts);
+  fs::session::Session session(mesh, session_config(c));
+  if (!c.write_config.empty() && rank == 0) {
+    std::ofstream out(c.write_config);
+    out << fs::session::to_json(session.config()).dump(2) << "\n";
+    if (!out) throw fs::ConfigError("--write-config " + c.write_config + ": cannot write the file");
   }
-  auto pool_peak_mib = [&] { return root ? double(root->pool_peak_bytes()) / (1 << 20) : 0.0; };
-
-  if (!c.init_from.empty()) {
-    fs::checkpoint::load_safetensors(c.init_from, sharded.graph());
-  } else if (c.deferred) {  // each rank fills its rows: the values do not depend on the ranks
-    sharded.initialize([&](const fst::LocalShard& s) { model->init_weights(s); });
-  }
+  if (!c.init_from.empty()) session.import_safetensors(c.init_from);
   const at::Tensor file_batches = c.batches.empty() ? at::Tensor() : read_batches(c);
+  const c10::Device device = session.device();
+  fs::fsdp::FSDPModule& root = session.sharded().state(session.module());
+  auto pool_peak_mib = [&] { return double(root.pool_peak_bytes()) / (1 << 20); };
+  // The program's own sums (the loss over the ranks), under the library's timeout.
+  fs::apps::BoundedComm sums(mesh.control_world(), "gpt.report", mesh.timeout_s());
+  auto mean_over_ranks = [&](double v, const char* what) {
+    sums.allreduce(&v, 1, MPI_DOUBLE, MPI_SUM, what);
+    return v / world;
+  };
 
-  std::vector<at::Tensor> params;  // each tensor once (the shards)
-  for (const at::Tensor& p : model->parameters())
-    if (std::none_of(params.begin(), params.end(),
-                     [&](const at::Tensor& q) { return q.is_same(p); }))
-      params.push_back(p);
-  // No weight decay on biases, LayerNorm weights and the embeddings, as GPT-2.
-  std::vector<at::Tensor> decay, no_decay;
-  for (const auto& np : model->named_parameters()) {
-    if (std::none_of(params.begin(), params.end(),
-                     [&](const at::Tensor& q) { return q.is_same(np.value()); }))
-      continue;
-    const bool matrix = np.key().find("blocks.") == 0 &&
-                        np.key().find(".weight") != std::string::npos &&
-                        np.key().find(".ln") == std::string::npos;
-    (matrix ? decay : no_decay).push_back(np.value());
-  }
-  ::torch::optim::AdamW opt(
-      {::torch::optim::OptimizerParamGroup(
-           decay,
-           std::make_unique<::torch::optim::AdamWOptions>(
-               ::torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}).weight_decay(c.weight_decay))),
-       ::torch::optim::OptimizerParamGroup(
-           no_decay,
-           std::make_unique<::torch::optim::AdamWOptions>(
-               ::torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}).weight_decay(0.0)))});
-  const fs::optim::WarmupCosine schedule(c.lr, c.warmup, c.steps, c.lr / 10);
-  const std::vector<fs::graph::Parameter*> graph_params = sharded.graph().parameters();
-
-  std::int64_t n_params = 0;
-  for (const fs::graph::Parameter* p : graph_params)
-    n_params += p->numel();
   if (rank == 0)
     std::printf(
         "fullshard-train-gpt: %lld parameters, d_model %lld, %lld blocks x %lld heads, context "
         "%lld; global batch %d on %d ranks (%s), %d LibTorch threads per rank; %zu training "
         "bytes (%zu texts), %zu validation bytes (%zu texts), unigram entropy %.4f nats/byte\n",
-        static_cast<long long>(n_params), static_cast<long long>(c.model.d_model),
+        static_cast<long long>(session.num_params()), static_cast<long long>(c.model.d_model),
         static_cast<long long>(c.model.layers), static_cast<long long>(c.model.heads),
         static_cast<long long>(c.model.context), c.batch, world, mesh.describe().c_str(), threads,
         corpus.train.size(), corpus.train_files.size(), corpus.val.size(), corpus.val_files.size(),
         unigram);
+  if (rank == 0 && session.step() > 0)
+    std::printf("resumed at step %lld from %s\n", static_cast<long long>(session.step()),
+                c.checkpoint.dir.c_str());
+  if (rank == 0)
+    session.set_progress({nullptr, [](const fs::session::SaveMetrics& m) {
+                            std::printf("saved step %lld into %s%s\n",
+                                        static_cast<long long>(m.step), m.step_dir.c_str(),
+                                        m.asynchronous ? " (asynchronous)" : "");
+                          }});
 
   at::Generator data_gen = at::detail::createCPUGenerator(c.seed + 1000);
   const std::int64_t len = c.model.context + 1;
   const int local = c.batch / world;
-  auto evaluate = [&](int step) {
-    ::torch::NoGradGuard no_grad;
-    model->eval();
+  auto evaluate = [&](std::int64_t step) {
     at::Generator g = at::detail::createCPUGenerator(c.seed + 7);  // the same windows each time
     const at::Tensor all = windows(corpus.val, c.eval_windows * world, len, g);
     double sum = 0;
@@ -403,15 +419,12 @@ int run(const Config& c, fs::Runtime& rt) {
     for (int at = 0; at < per_rank; at += local) {
       const int n = std::min(local, per_rank - at);
       const at::Tensor w = all.narrow(0, rank * per_rank + at, n).to(device);
-      sum += model->loss(w).item<double>() * n;
+      sum += session.evaluate({w}, {}) * n;
     }
-    double total = 0;
-    MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    const double val = total / (double(per_rank) * world);
-    model->train();
+    const double val = mean_over_ranks(sum, "validation loss (MPI_Iallreduce)") / per_rank;
     if (rank == 0)
-      std::printf("eval step %d val_loss %.4f unigram %.4f ratio %.3f\n", step, val, unigram,
-                  val / unigram);
+      std::printf("eval step %lld val_loss %.4f unigram %.4f ratio %.3f\n",
+                  static_cast<long long>(step), val, unigram, val / unigram);
     std::fflush(stdout);
     return val;
   };
@@ -419,46 +432,56 @@ int run(const Config& c, fs::Runtime& rt) {
   std::vector<double> times;
   double first_loss = 0, last_loss = 0, last_val = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int step = 1; step <= c.steps; ++step) {
+  // The windows of the steps a resumed run already took are drawn (and dropped): the same
+  // batches as a straight run.
+  for (std::int64_t skipped = 0; !file_batches.defined() && skipped < session.step(); ++skipped)
+    windows(corpus.train, c.batch, len, data_gen);
+  while (session.step() < c.steps) {
+    const std::int64_t step = session.step() + 1;
     const auto start = std::chrono::steady_clock::now();
-    const double lr = schedule.lr(step - 1);
-    for (auto& group : opt.param_groups())
-      static_cast<::torch::optim::AdamWOptions&>(group.options()).lr(lr);
     const at::Tensor batch = file_batches.defined()
                                  ? file_batches[step - 1]
                                  : windows(corpus.train, c.batch, len, data_gen);  // every rank
-    opt.zero_grad();
-    const at::Tensor loss = model->loss(batch.narrow(0, rank * local, local).to(device));
-    // fst::call(model, ...) for the root: Gpt::loss calls forward, which calls the blocks;
-    // the root's hooks run around it here.
-    loss.backward();
-    if (c.clip > 0 && root) fs::optim::clip_grad_norm(graph_params, c.clip, mesh);
-    if (c.clip > 0 && !root) ::torch::nn::utils::clip_grad_norm_(params, c.clip);
-    opt.step();
-    double l = loss.item<double>(), mean = 0;
-    MPI_Allreduce(&l, &mean, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    mean /= world;
+    const double loss =
+        mean_over_ranks(session.train_step({batch.narrow(0, rank * local, local).to(device)}, {}),
+                        "training loss (MPI_Iallreduce)");
+    session.poll_save();
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     times.push_back(ms);
-    if (step == 1) first_loss = mean;
-    last_loss = mean;
+    if (times.size() == 1) first_loss = loss;
+    last_loss = loss;
     if (rank == 0)
-      std::printf("step %d loss %.9f step_ms %.3f peak_mib %.2f\n", step, mean, ms,
-                  pool_peak_mib());
+      std::printf("step %lld loss %.9f step_ms %.3f peak_mib %.2f\n", static_cast<long long>(step),
+                  loss, ms, pool_peak_mib());
     std::fflush(stdout);
+    if (c.save_every > 0 && (step % c.save_every == 0 || step == c.steps)) {
+      if (c.async_save) {
+        if (session.save_in_flight()) session.wait_save();
+        session.save_async();
+      } else {
+        session.save();
+      }
+    }
     if ((c.eval_every > 0 && step % c.eval_every == 0) || step == c.steps)
       last_val = evaluate(step);
   }
+  if (session.save_in_flight()) session.wait_save();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!c.save_to.empty()) save_safetensors(c.save_to, sharded.graph(), rank);
+  if (!c.save_to.empty()) session.export_safetensors(c.save_to);
+  if (times.empty()) {
+    if (rank == 0)
+      std::printf("summary: nothing to train: the checkpoint is at step %lld of %d\n",
+                  static_cast<long long>(session.step()), c.steps);
+    return 0;
+  }
   std::sort(times.begin(), times.end());
   if (rank == 0)
     std::printf(
-        "summary: %d steps in %.1f s, loss %.4f -> %.4f, val_loss %.4f = %.3f x the "
+        "summary: %zu steps in %.1f s, loss %.4f -> %.4f, val_loss %.4f = %.3f x the "
         "unigram entropy, median step %.2f ms, pool peak %.2f MiB, max RSS %.1f MiB\n",
-        c.steps, secs, first_loss, last_loss, last_val, last_val / unigram, times[times.size() / 2],
-        pool_peak_mib(), peak_rss_mib());
+        times.size(), secs, first_loss, last_loss, last_val, last_val / unigram,
+        times[times.size() / 2], pool_peak_mib(), peak_rss_mib());
   return 0;
 }
 

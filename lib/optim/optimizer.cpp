@@ -171,6 +171,46 @@ Optimizer::Optimizer(std::vector<graph::Parameter*> params)
                             "; only f32 parameters are supported");
   }
   state_.resize(params_.size());
+  no_decay_.assign(params_.size(), false);
+}
+
+void Optimizer::set_no_weight_decay(const std::vector<graph::Parameter*>& params) {
+  std::vector<bool> no_decay(params_.size(), false);
+  for (const graph::Parameter* p : params) {
+    const auto at = p ? index_.find(p) : index_.end();
+    if (at == index_.end())
+      throw InvalidArgument(
+          "optimizer: set_no_weight_decay: " + (p ? pname(*p) : std::string("a null parameter")) +
+          " is not a parameter of this optimizer");
+    no_decay[at->second] = true;
+  }
+  std::swap(no_decay_, no_decay);
+  try {
+    check_group_decay(runs_in_backward());
+  } catch (...) {
+    std::swap(no_decay_, no_decay);
+    throw;
+  }
+}
+
+bool Optimizer::has_weight_decay(const graph::Parameter& p) const {
+  const auto at = index_.find(&p);
+  return at == index_.end() || !no_decay_[at->second];
+}
+
+void Optimizer::check_group_decay(bool in_backward) const {
+  if (!in_backward) return;
+  for (fsdp::FSDPModule* st : states_of(params_)) {
+    const graph::Parameter *with = nullptr, *without = nullptr;
+    for (graph::Parameter* q : fsdp::detail::group_params(*st))
+      (has_weight_decay(*q) ? with : without) = q;
+    if (with && without)
+      throw InvalidArgument("optimizer: FSDP group '" + fsdp::detail::group_name(*st) +
+                            "' holds '" + with->fqn() + "' (with weight decay) and '" +
+                            without->fqn() +
+                            "' (without): inside backward a group's update is one rule over "
+                            "its whole shard; group them apart, or step after backward");
+  }
 }
 
 void Optimizer::step() {
@@ -207,9 +247,11 @@ void Optimizer::step() {
       fresh = true;
     }
     stream_ = stream_of(p);
+    updating_no_decay_ = no_decay_[i];
     update(p, g, state_[i], fresh, step_);
   }
   stream_ = nullptr;
+  updating_no_decay_ = false;
 }
 
 void Optimizer::update(graph::Parameter& p, const Tensor& grad, std::vector<Tensor>& state,
@@ -219,6 +261,7 @@ void Optimizer::update(graph::Parameter& p, const Tensor& grad, std::vector<Tens
     throw InvalidArgument("optimizer: " + pname(p) +
                           ": this optimizer has no update rule (override update() or "
                           "element_update())");
+  if (updating_no_decay_) u.weight_decay = 0.0;
   u.param = p.data().data_as<float>();
   u.state0 = !state.empty() ? state[0].data_as<float>() : nullptr;
   u.state1 = state.size() > 1 ? state[1].data_as<float>() : nullptr;
@@ -253,6 +296,7 @@ void Optimizer::run_in_backward(bool enable) {
                               fsdp::detail::group_name(*st) + "' holds parameter '" + q->fqn() +
                               "', which this optimizer does not (its update covers the whole "
                               "group: give the optimizer every parameter of the group)");
+  check_group_decay(true);  // one decay rule per group
   auto update = std::make_shared<detail::InBackward>(*this, probe.state_arrays());
   std::size_t done = 0;
   try {
@@ -316,6 +360,8 @@ kernels::ElementUpdate Optimizer::prepare_group(const fsdp::ShardGroupView& g) {
   stepped_in_backward_ = true;
   kernels::ElementUpdate u;
   element_update(u, fresh, gs.step);
+  // One rule for the whole shard: run_in_backward refused groups that mix the two.
+  if (!g.params.empty() && !has_weight_decay(*g.params.front())) u.weight_decay = 0.0;
   u.param = g.shards.data_as<float>();
   u.state0 = ns > 0 ? gs.state[0].data_as<float>() : nullptr;
   u.state1 = ns > 1 ? gs.state[1].data_as<float>() : nullptr;

@@ -1,5 +1,6 @@
 #include "fullshard/session/config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -143,6 +144,24 @@ class Section {
     record(key, x.is_automatic() ? "true" : x.keeps_unsharded() ? "false" : x.to_string());
     return x;
   }
+  /// An array of distinct non-empty strings, or absent (none).
+  std::vector<std::string> strings(const std::string& key, const std::string& what) {
+    const ojson* v = find(key);
+    std::vector<std::string> x;
+    if (v) {
+      const std::string expected = "an array of " + what;
+      if (!v->is_array()) fail(key, expected, *v);
+      for (const auto& e : *v) {
+        if (!e.is_string() || e.get<std::string>().empty()) fail(key, expected, e);
+        if (std::find(x.begin(), x.end(), e.get<std::string>()) != x.end())
+          throw ConfigError(c_.source + ": " + full(key) + ": \"" + e.get<std::string>() +
+                            "\" is listed twice");
+        x.push_back(e.get<std::string>());
+      }
+    }
+    record(key, v ? v->dump() : "[]");
+    return x;
+  }
   /// An array of non-empty arrays of distinct non-empty strings (list groups), or absent.
   std::vector<std::vector<std::string>> name_lists(const std::string& key) {
     const ojson* v = find(key);
@@ -269,6 +288,7 @@ void read_model(Section m, Config& c) {
     s.layers = m.integer("layers", s.layers, 1, 1 << 16);
     s.mlp_ratio = m.integer("mlp_ratio", s.mlp_ratio, 1, 64);
     s.checkpoint_blocks = m.boolean("checkpoint_blocks", false);
+    s.dropout = m.number("dropout", 0.0, 0.0, 0.99);
     if (s.d_model % s.heads != 0)
       throw ConfigError(c.source + ": model.heads: " + std::to_string(s.heads) +
                         " does not divide model.d_model " + std::to_string(s.d_model));
@@ -304,6 +324,7 @@ Config parse_config(const std::string& text, const std::string& source) {
     s.type = o.choice("type", {"adamw", "sgd"});
     s.lr = o.number("lr", s.lr, 0.0, 1e6);
     s.weight_decay = o.number("weight_decay", 0.0, 0.0, 1e6);
+    s.no_weight_decay = o.strings("no_weight_decay", "parameter name patterns");
     if (s.type == "adamw") {
       const double inf = std::numeric_limits<double>::max();
       s.beta1 = o.number("beta1", s.beta1, 0.0, 0.999999);
@@ -442,6 +463,7 @@ nlohmann::ordered_json to_json(const Config& c) {
     model["layers"] = m.layers;
     model["mlp_ratio"] = m.mlp_ratio;
     model["checkpoint_blocks"] = m.checkpoint_blocks;
+    model["dropout"] = m.dropout;
   } else if (m.type == "conv_autoencoder") {
     model["channels"] = m.channels;
     model["out_channels"] = m.out_channels;
@@ -457,6 +479,7 @@ nlohmann::ordered_json to_json(const Config& c) {
   o["type"] = c.optimizer.type;
   o["lr"] = c.optimizer.lr;
   o["weight_decay"] = c.optimizer.weight_decay;
+  if (!c.optimizer.no_weight_decay.empty()) o["no_weight_decay"] = c.optimizer.no_weight_decay;
   if (c.optimizer.type == "adamw") {
     o["beta1"] = c.optimizer.beta1;
     o["beta2"] = c.optimizer.beta2;

@@ -291,6 +291,7 @@ BuiltModel build_model(const ModelSpec& s, at::ScalarType dtype, const std::stri
     c.layers = s.layers;
     c.mlp_ratio = s.mlp_ratio;
     c.checkpoint_blocks = s.checkpoint_blocks;
+    c.dropout = s.dropout;
     c.deferred = s.deferred_init;
     c.seed = seed;
     fst::Gpt m(c);

@@ -3,6 +3,10 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -15,13 +19,38 @@ namespace fst = fullshard::torch;
 
 namespace {
 
+// The FQNs of the parameters optimizer.no_weight_decay names (a pattern matching none is a
+// ConfigError naming it).
+std::set<std::string> no_decay_names(const Config& cfg, fst::ShardedModel& model) {
+  std::set<std::string> out;
+  for (const std::string& pattern : cfg.optimizer.no_weight_decay) {
+    bool any = false;
+    for (const graph::Parameter* p : model.graph().parameters())
+      if (fnmatch(pattern.c_str(), p->fqn().c_str(), 0) == 0) {
+        out.insert(p->fqn());
+        any = true;
+      }
+    if (!any)
+      throw ConfigError(cfg.source + ": optimizer.no_weight_decay: \"" + pattern +
+                        "\" matches no parameter of the model (names are fully qualified, "
+                        "e.g. \"" +
+                        model.graph().parameters().front()->fqn() + "\")");
+  }
+  return out;
+}
+
 // fullshard's SGD and AdamW on the graph parameters: each update works on the shard the
 // LibTorch parameter views, from the sharded gradient the reduce-scatter wrote (or, inside
 // backward, from the reduction itself: no sharded gradient is kept).
 class FullshardOptimizer final : public SessionOptimizer {
  public:
-  FullshardOptimizer(const OptimizerSpec& o, fst::ShardedModel& model) : model_(model) {
+  FullshardOptimizer(const Config& cfg, fst::ShardedModel& model) : model_(model) {
+    const OptimizerSpec& o = cfg.optimizer;
     std::vector<graph::Parameter*> params = model.graph().parameters();
+    const std::set<std::string> no_decay = no_decay_names(cfg, model);
+    std::vector<graph::Parameter*> without;
+    for (graph::Parameter* p : params)
+      if (no_decay.count(p->fqn())) without.push_back(p);
     if (o.type == "adamw") {
       auto a = std::make_unique<optim::AdamW>(std::move(params), o.lr, o.beta1, o.beta2, o.eps,
                                               o.weight_decay);
@@ -32,7 +61,14 @@ class FullshardOptimizer final : public SessionOptimizer {
       lr_ = &s->lr;
       opt_ = std::move(s);
     }
-    if (o.in_backward) opt_->run_in_backward();
+    opt_->set_no_weight_decay(without);
+    try {
+      if (o.in_backward) opt_->run_in_backward();
+    } catch (const InvalidArgument& e) {
+      if (without.empty()) throw;
+      throw ConfigError(cfg.source +
+                        ": optimizer.no_weight_decay with in_backward: " + e.message());
+    }
   }
   ~FullshardOptimizer() override {
     try {
@@ -70,18 +106,37 @@ class FullshardOptimizer final : public SessionOptimizer {
 // LibTorch's SGD and AdamW on ShardedModel::parameters() (each tensor once): f64 models.
 class LibTorchOptimizer final : public SessionOptimizer {
  public:
-  LibTorchOptimizer(const OptimizerSpec& o, fst::ShardedModel& model) : model_(model) {
-    std::vector<at::Tensor> params = model.parameters();
-    tensors_ = params.size();
+  LibTorchOptimizer(const Config& cfg, fst::ShardedModel& model) : model_(model) {
+    const OptimizerSpec& o = cfg.optimizer;
+    const std::set<std::string> no_decay = no_decay_names(cfg, model);
+    // Two groups, with and without weight decay; each tensor once, by its first name.
+    std::vector<at::Tensor> with, without;
+    for (const auto& np : model.module("").named_parameters()) {
+      auto seen = [&](const at::Tensor& q) { return q.is_same(np.value()); };
+      if (std::any_of(with.begin(), with.end(), seen) ||
+          std::any_of(without.begin(), without.end(), seen))
+        continue;
+      (no_decay.count(np.key()) ? without : with).push_back(np.value());
+    }
+    tensors_ = with.size() + without.size();
+    auto options = [&](double wd) -> std::unique_ptr<::torch::optim::OptimizerOptions> {
+      if (o.type == "adamw")
+        return std::make_unique<::torch::optim::AdamWOptions>(::torch::optim::AdamWOptions(o.lr)
+                                                                  .betas({o.beta1, o.beta2})
+                                                                  .eps(o.eps)
+                                                                  .weight_decay(wd));
+      return std::make_unique<::torch::optim::SGDOptions>(
+          ::torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(wd));
+    };
+    std::vector<::torch::optim::OptimizerParamGroup> groups;
+    if (!with.empty()) groups.emplace_back(with, options(o.weight_decay));
+    if (!without.empty()) groups.emplace_back(without, options(0.0));
     if (o.type == "adamw")
-      opt_ = std::make_unique<::torch::optim::AdamW>(params, ::torch::optim::AdamWOptions(o.lr)
-                                                                 .betas({o.beta1, o.beta2})
-                                                                 .eps(o.eps)
-                                                                 .weight_decay(o.weight_decay));
+      opt_ = std::make_unique<::torch::optim::AdamW>(std::move(groups),
+                                                     ::torch::optim::AdamWOptions(o.lr));
     else
-      opt_ = std::make_unique<::torch::optim::SGD>(
-          params,
-          ::torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+      opt_ = std::make_unique<::torch::optim::SGD>(std::move(groups),
+                                                   ::torch::optim::SGDOptions(o.lr));
   }
 
   void begin_step(double lr) override {
@@ -119,9 +174,8 @@ std::unique_ptr<SessionOptimizer> make_optimizer(const Config& cfg, fst::Sharded
   bool f32 = true;
   for (const graph::Parameter* p : model.graph().parameters())
     f32 = f32 && p->dtype() == DType::f32;
-  if (f32 || cfg.optimizer.in_backward)
-    return std::make_unique<FullshardOptimizer>(cfg.optimizer, model);
-  return std::make_unique<LibTorchOptimizer>(cfg.optimizer, model);
+  if (f32 || cfg.optimizer.in_backward) return std::make_unique<FullshardOptimizer>(cfg, model);
+  return std::make_unique<LibTorchOptimizer>(cfg, model);
 }
 
 }  // namespace fullshard::session

@@ -50,7 +50,8 @@ std::vector<std::string> identity_lines(const std::vector<std::string>& canonica
   for (const std::string& l : canonical) {
     const bool model = l.rfind("model.", 0) == 0 && l.rfind("model.file ", 0) != 0 &&
                        l.rfind("model.deferred_init ", 0) != 0 &&
-                       l.rfind("model.checkpoint_blocks ", 0) != 0;
+                       l.rfind("model.checkpoint_blocks ", 0) != 0 &&
+                       l.rfind("model.dropout ", 0) != 0;
     if (model || l.rfind("dtype ", 0) == 0 || l.rfind("optimizer.type ", 0) == 0) out.push_back(l);
   }
   return out;
@@ -129,9 +130,20 @@ struct Session::Impl {
   at::Tensor loss_of(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
   /// What the ranks agree on before a step (detail::describe_batch), or "refused (...)" with
   /// `error` set when this rank's batch is not one the model takes.
+  enum class Use { train, evaluate, predict };
   std::string batch_of(const std::vector<at::Tensor>& inputs,
-                       const std::vector<at::Tensor>& targets, bool training,
-                       std::string& error) const;
+                       const std::vector<at::Tensor>& targets, Use use, std::string& error) const;
+  /// After a forward that failed part way (a bad target found after it): the groups the
+  /// forward left unsharded (the root's) show their shards again, so that the optimizer and
+  /// checkpoints see the shards.
+  void reshard_after_failure() noexcept {
+    try {
+      fsdp::FSDPModule& root = sharded->state(*model.root);
+      root.reset_iter_state();
+      root.set_requires_gradient_sync(true);
+    } catch (...) {
+    }
+  }
   std::string dir_or_configured(const std::string& dir, const char* call) const;
   checkpoint::SaveOptions save_options() const;
   nlohmann::json metadata() const { return {{"session", identity}}; }
@@ -373,8 +385,9 @@ at::Tensor Session::Impl::loss_of(const std::vector<at::Tensor>& in,
 }
 
 std::string Session::Impl::batch_of(const std::vector<at::Tensor>& inputs,
-                                    const std::vector<at::Tensor>& targets, bool training,
+                                    const std::vector<at::Tensor>& targets, Use use,
                                     std::string& error) const {
+  const bool training = use == Use::train;
   // This rank's checks first (count, dtypes, the shapes the model takes): a refusal joins the
   // agreement as this rank's batch, so that every rank reports it instead of waiting.
   const std::int64_t rows = inputs.empty() ? 0 : inputs.front().size(0);
@@ -386,7 +399,7 @@ std::string Session::Impl::batch_of(const std::vector<at::Tensor>& inputs,
                               at::toString(inputs[i].scalar_type()) + "; the model takes " +
                               at::toString(model.input_dtype) +
                               " (Session::input_dtype(): convert it first)");
-    if (training && model.own_loss && !targets.empty())
+    if (use != Use::predict && model.own_loss && !targets.empty())
       throw InvalidArgument("the " + cfg.model.type + " computes its loss (" + cfg.loss +
                             ") from its input; pass no targets, not " +
                             std::to_string(targets.size()));
@@ -411,7 +424,7 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
   Impl& s = *impl_;
   const auto start = std::chrono::steady_clock::now();
   std::string error;
-  const std::string batch = s.batch_of(inputs, targets, true, error);
+  const std::string batch = s.batch_of(inputs, targets, Impl::Use::train, error);
   detail::agree_on_batch(*s.control, batch, "train_step");
   if (!error.empty()) throw InvalidArgument(error);
   const int k = s.cfg.accumulation;
@@ -430,13 +443,7 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
     try {
       loss = s.loss_of(in, tg);
     } catch (...) {
-      // A bad target found after the forward: the groups the forward left unsharded (the
-      // root's) show their shards again, so the optimizer and checkpoints see the shards.
-      try {
-        root.reset_iter_state();
-        root.set_requires_gradient_sync(true);
-      } catch (...) {
-      }
+      s.reshard_after_failure();
       throw;
     }
     if (weight != 1.0) loss = loss * weight;
@@ -482,7 +489,7 @@ std::vector<at::Tensor> Session::predict(const std::vector<at::Tensor>& inputs) 
   Impl& s = *impl_;
   ::torch::NoGradGuard no_grad;
   std::string error;
-  detail::agree_on_batch(*s.control, s.batch_of(inputs, {}, false, error), "predict");
+  detail::agree_on_batch(*s.control, s.batch_of(inputs, {}, Impl::Use::predict, error), "predict");
   if (!error.empty()) throw InvalidArgument(error);
   s.last_input = inputs.empty() ? nullptr : inputs[0].data_ptr();
   s.model.root->eval();
@@ -495,6 +502,27 @@ std::vector<at::Tensor> Session::predict(const std::vector<at::Tensor>& inputs) 
   }
   s.model.root->train();
   return out;
+}
+
+double Session::evaluate(const std::vector<at::Tensor>& inputs,
+                         const std::vector<at::Tensor>& targets) {
+  Impl& s = *impl_;
+  ::torch::NoGradGuard no_grad;
+  std::string error;
+  detail::agree_on_batch(*s.control, s.batch_of(inputs, targets, Impl::Use::evaluate, error),
+                         "evaluate");
+  if (!error.empty()) throw InvalidArgument(error);
+  s.model.root->eval();
+  double loss = 0;
+  try {
+    loss = s.loss_of(inputs, targets).item<double>();
+  } catch (...) {
+    s.reshard_after_failure();
+    s.model.root->train();
+    throw;
+  }
+  s.model.root->train();
+  return loss;
 }
 
 std::string Session::Impl::dir_or_configured(const std::string& dir, const char* call) const {
@@ -645,12 +673,32 @@ void Session::export_safetensors(const std::string& path) {
   if (!error.empty()) throw Error(error);
 }
 
+void Session::import_safetensors(const std::string& path) {
+  Impl& s = *impl_;
+  if (s.in_flight) wait_save();  // the save in flight reads the parameters
+  std::string error;
+  try {
+    checkpoint::load_safetensors(path, s.sharded->graph());
+  } catch (const std::exception& e) {
+    error = fullshard::detail::message_of(e);
+  }
+  // A read error of one rank's rows is thrown on every rank (the first failing rank's).
+  int failed = error.empty() ? s.mesh.size() : s.mesh.rank();
+  s.control->allreduce(&failed, 1, MPI_INT, MPI_MIN, "safetensors import (MPI_Iallreduce)");
+  if (failed == s.mesh.size()) return;
+  s.control->bcast(error, failed, "safetensors import (MPI_Ibcast)");
+  throw InvalidArgument(error);
+}
+
 void Session::set_progress(Progress progress) {
   impl_->progress = std::move(progress);
 }
 
 ::torch::nn::Module& Session::module() const noexcept {
   return *impl_->model.root;
+}
+fst::ShardedModel& Session::sharded() const noexcept {
+  return *impl_->sharded;
 }
 const Config& Session::config() const noexcept {
   return impl_->cfg;

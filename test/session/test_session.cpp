@@ -367,6 +367,61 @@ TEST_CASE("session: an f64 model trains with LibTorch's optimizer, close to the 
   CHECK(f64.step() == 3);
 }
 
+TEST_CASE("session: optimizer.no_weight_decay updates the named parameters without decay") {
+  const fs::DeviceMesh mesh = world_mesh();
+  // One AdamW step: p' = p (1 - lr wd) - u with the same u with and without decay, so a bias
+  // left out of the decay ends lr wd b0 above the decayed one, and the matrices agree.
+  const double lr = 0.01, wd = 0.5;
+  for (const std::string dtype : {"f32", "f64"}) {  // fullshard's AdamW, LibTorch's
+    CAPTURE(dtype);
+    auto text = [&](const std::string& no_decay) {
+      return R"({"model": {"type": "residual_mlp", "inputs": 6, "hidden": 16, "outputs": 2,
+                 "blocks": 3}, "seed": 3, "dtype": ")" +
+             dtype + R"(", "optimizer": {"type": "adamw", "lr": 0.01, "weight_decay": 0.5)" +
+             no_decay + "}}";
+    };
+    ss::Session all(mesh, config_of(text("")));
+    ss::Session some(mesh, config_of(text(R"(, "no_weight_decay": ["*.bias"])")));
+    const torch::ScalarType t = all.input_dtype();
+    std::vector<std::pair<std::string, torch::Tensor>> before;
+    for (const auto& np : all.module().named_parameters())
+      before.emplace_back(np.key(), np.value().detach().clone());
+    const auto [x, y] = batch(0);
+    CHECK(rel(some.train_step({x.to(t)}, {y.to(t)}), all.train_step({x.to(t)}, {y.to(t)})) <= 1e-6);
+    const auto pa = all.module().named_parameters(), pb = some.module().named_parameters();
+    int biases = 0;
+    for (const auto& [name, b0] : before) {
+      CAPTURE(name);
+      if (b0.numel() == 0) continue;  // an empty shard
+      const torch::Tensor diff = pb[name] - pa[name];
+      const double scale = std::max(1e-30, b0.abs().max().item<double>());
+      if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+        ++biases;
+        CHECK((diff - lr * wd * b0).abs().max().item<double>() <= 1e-5 * scale);
+        CHECK(diff.abs().max().item<double>() >= 1e-3 * scale);  // the decay was left out
+      } else {
+        CHECK(diff.abs().max().item<double>() <= 1e-6 * scale);
+      }
+    }
+    CHECK(biases > 0);
+  }
+  // A pattern that names nothing, and a group inside backward with both kinds: refused.
+  CHECK(error_of([&] {
+          ss::Session s(mesh, config_of(R"({"model": {"type": "residual_mlp", "inputs": 6,
+                                                      "hidden": 16, "outputs": 2, "blocks": 3},
+                                           "optimizer": {"no_weight_decay": ["*.beta"]}})"));
+        }).find("optimizer.no_weight_decay: \"*.beta\" matches no parameter") != std::string::npos);
+  const std::string mixed = error_of([&] {
+    ss::Session s(mesh, config_of(R"({"model": {"type": "residual_mlp", "inputs": 6, "hidden": 16,
+                                     "outputs": 2, "blocks": 3},
+                                   "optimizer": {"no_weight_decay": ["*.bias"],
+                                                 "in_backward": true}})"));
+  });
+  CAPTURE(mixed);
+  CHECK(mixed.find("(with weight decay) and '") != std::string::npos);
+  CHECK(mixed.find(".bias' (without)") != std::string::npos);
+}
+
 TEST_CASE("session: the plan's prediction is calibrated by the modules' measured times") {
   const fs::DeviceMesh mesh = world_mesh();
   ss::Session s(mesh, config_of(config_text(R"("sharding": {"calibrate_steps": 2})")));

@@ -74,6 +74,15 @@ class Optimizer {
   void run_in_backward(bool enable = true);
   bool runs_in_backward() const noexcept { return in_backward_ != nullptr; }
 
+  /// Parameters updated without weight decay (torch: a parameter group with weight_decay 0;
+  /// GPT-2 decays only its matrices, not biases, norms and embeddings); replaces an earlier
+  /// call's list. Each must be a parameter of this optimizer (InvalidArgument naming it).
+  /// Inside backward a group's update covers its whole shard with one rule: a group holding
+  /// parameters with and without weight decay is refused (InvalidArgument naming the group
+  /// and one parameter of each kind, here or by run_in_backward).
+  void set_no_weight_decay(const std::vector<graph::Parameter*>& params);
+  bool has_weight_decay(const graph::Parameter& p) const;
+
   /// Number of step() calls (or the loaded "step"); inside backward, of steps taken.
   std::int64_t steps() const noexcept { return step_; }
   const std::vector<graph::Parameter*>& params() const noexcept { return params_; }
@@ -125,6 +134,9 @@ class Optimizer {
   std::int64_t checked_step(const std::map<std::string, Tensor>& state,
                             std::vector<bool>* has_state = nullptr) const;
   friend class detail::InBackward;
+  /// With `in_backward`: InvalidArgument when a group of these parameters mixes parameters
+  /// with and without weight decay.
+  void check_group_decay(bool in_backward) const;
   /// The update of one group inside backward: its state in slot layout (made on the group's
   /// first update, from the per-parameter state when there is some), its step count.
   kernels::ElementUpdate prepare_group(const fsdp::ShardGroupView& g);
@@ -135,6 +147,8 @@ class Optimizer {
 
   std::vector<graph::Parameter*> params_;
   std::vector<std::vector<Tensor>> state_;  // per parameter: empty until first update
+  std::vector<bool> no_decay_;              // per parameter: updated without weight decay
+  bool updating_no_decay_ = false;          // during update(): the parameter's no_decay_
   std::int64_t step_ = 0;
   void* stream_ = nullptr;
   std::shared_ptr<detail::DeviceExec> exec_;

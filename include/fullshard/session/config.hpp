@@ -31,6 +31,7 @@ struct ModelSpec {
   // gpt
   std::int64_t vocab = 256, context = 128, d_model = 128, heads = 4, layers = 2, mlp_ratio = 4;
   bool checkpoint_blocks = false;
+  double dropout = 0.0;  // after attention and MLP, in training steps only
   // Built-in families: each piece released to the meta device as it is built and each rank
   // initialises its own rows (counter-based, the same model at any rank count); false: built
   // whole with LibTorch's generator, then sharded.
@@ -48,6 +49,12 @@ struct OptimizerSpec {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.0;
   double momentum = 0.0;  // sgd
+  /// Parameters updated without weight decay, by fully qualified name: shell patterns
+  /// (fnmatch; "*" also matches "."), e.g. GPT-2's {"*.bias", "*.ln*", "tok.*", "pos.*"}. A
+  /// pattern that matches no parameter is refused (a misspelt name decays silently otherwise).
+  /// A tied weight is matched by the name it has in checkpoints (its first). Inside backward,
+  /// a group's parameters must all decay or none.
+  std::vector<std::string> no_weight_decay;
   /// The optimizer inside backward (optim::Optimizer::run_in_backward): each group's shards are
   /// updated as soon as its reduced gradient lands, so no sharded gradient is held between
   /// backward and the step. The same numbers as the step after backward. f32 parameters only;

@@ -36,6 +36,10 @@
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/session/config.hpp"
 
+namespace fullshard::torch {
+class ShardedModel;
+}
+
 namespace fullshard::session {
 
 /// Reads the configuration file at `path` on every rank of `mesh` and agrees on it: a file one
@@ -107,6 +111,9 @@ class Session {
   double train_step(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
   /// The model's outputs without gradients. Collective.
   std::vector<at::Tensor> predict(const std::vector<at::Tensor>& inputs);
+  /// This rank's loss on a batch without gradients or updates (the model in eval mode:
+  /// no dropout), checked as train_step checks it. Collective.
+  double evaluate(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
 
   /// Saves parameters, optimizer state, the step count and the configuration's identity as a
   /// new step directory under `dir` (empty: the configured checkpoint.dir), then applies
@@ -133,12 +140,20 @@ class Session {
   std::int64_t load(const std::string& dir = {});
   /// Writes the full parameters as one safetensors file (rank 0 writes). Collective.
   void export_safetensors(const std::string& path);
+  /// Replaces the parameters with those of a safetensors file (fully qualified names, e.g.
+  /// export_safetensors' or PyTorch's model.state_dict()); each rank reads its rows. The
+  /// optimizer state and step count stay. Refused naming the tensor that is missing or has
+  /// another shape. Collective.
+  void import_safetensors(const std::string& path);
 
   void set_progress(Progress progress);
 
   /// The LibTorch model: its parameters() are this rank's shards (a tied weight listed once
   /// per module that registers it; the optimizer holds each once).
   ::torch::nn::Module& module() const noexcept;
+  /// The model's FSDP side: its module graph, each group's controls (state(module())), the
+  /// unique parameter list.
+  fullshard::torch::ShardedModel& sharded() const noexcept;
   const Config& config() const noexcept;
   const DeviceMesh& mesh() const noexcept;
   /// The dtype inputs are converted to (a contiguous input of it is used in place).
