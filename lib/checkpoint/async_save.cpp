@@ -247,7 +247,7 @@ AsyncSave save_async(const std::string& dir, graph::Module& model,
   st->options = checked;
   st->index = std::move(setup.index);
   st->fault = setup.fault;
-  st->pending = detail::start_save(c, dir, step);
+  st->pending = detail::start_save(c, dir, step, st->options);
 
   // The snapshot: this rank's shards into staging, one copy each.
   const std::exception_ptr err = detail::attempt([&] {

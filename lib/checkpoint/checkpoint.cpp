@@ -35,6 +35,7 @@
 #include "fullshard/tensor/staging.hpp"
 #include "lib/checkpoint/collective.hpp"
 #include "lib/checkpoint/io.hpp"
+#include "lib/checkpoint/owner_lock.hpp"
 #include "lib/checkpoint/save_parts.hpp"
 
 namespace fullshard::checkpoint {
@@ -368,16 +369,25 @@ SaveSetup prepare_save(Comm& c, const DeviceMesh& mesh, graph::Module& model,
     s.entries = collect(model, optimizer);
     s.index = base_index(s.entries, mesh, optimizer, options.kind, step, metadata, rng_state,
                          options.block_bytes);
+    if (!options.run.empty()) {  // the run and its lineage: whose retention may delete it
+      s.index.saved_by["run"] = options.run;
+      s.index.saved_by["lineage"] = options.lineage;
+    }
     (void)s.index.metadata.dump();  // invalid UTF-8 in the metadata fails here, on every rank
   });
   agree(c, err, "checkpoint save");
   return s;
 }
 
-PendingStep start_save(Comm& c, const std::string& dir, std::int64_t step) {
+PendingStep start_save(Comm& c, const std::string& dir, std::int64_t step,
+                       const SaveOptions& options) {
   PendingStep p;
   std::exception_ptr err;
-  if (c.rank() == 0) err = attempt([&] { p = begin_step(dir, step); });
+  if (c.rank() == 0)
+    err = attempt([&] {
+      check_not_held_by_another(dir, options.run);  // before begin_step removes leftovers
+      p = begin_step(dir, step);
+    });
   agree(c, err, "checkpoint save");
   bcast_string(c, p.tmp, 0);
   p.root = dir;
@@ -516,7 +526,8 @@ std::string commit_sharded(Comm& c, const std::string& record, Index& index,
 
 void apply_retention(Comm& c, const std::string& dir, const SaveOptions& options) {
   if (options.keep_last <= 0 || c.rank() != 0) return;
-  for (const std::string& problem : prune_steps(dir, options.keep_last, options.keep))
+  for (const std::string& problem : prune_steps(dir, options.keep_last, options.keep,
+                                                options.run.empty() ? nullptr : &options.lineage))
     std::fprintf(stderr, "fullshard[rank 0]: warning: checkpoint retention: %s\n", problem.c_str());
 }
 
@@ -545,7 +556,7 @@ std::string save(const std::string& dir, graph::Module& model, const optim::Opti
   detail::complete_async_save();  // at most one save in flight; its error is raised here
   detail::SaveSetup setup =
       detail::prepare_save(c, mesh, model, optimizer, step, metadata, rng_state, options);
-  const detail::PendingStep pending = detail::start_save(c, dir, step);
+  const detail::PendingStep pending = detail::start_save(c, dir, step, options);
   std::string final_dir;
   if (options.kind == Kind::full) {
     final_dir = save_full(c, mesh, setup.entries, setup.index, pending, setup.fault);

@@ -416,8 +416,25 @@ void abandon_step(const PendingStep& p) noexcept {
   if (!p.tmp.empty()) remove_quietly(p.tmp);
 }
 
+namespace {
+
+// Whether the index at `path` names one of `runs` as its saver (saved_by.run).
+bool saved_by_one_of(const fs::path& path, const std::vector<std::string>& runs) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(read_text(path.string()));
+    const auto& by = j.at("saved_by");
+    if (!by.contains("run") || !by["run"].is_string()) return false;
+    return std::find(runs.begin(), runs.end(), by["run"].get<std::string>()) != runs.end();
+  } catch (const std::exception&) {
+    return false;  // unreadable: not ours to delete
+  }
+}
+
+}  // namespace
+
 std::vector<std::string> prune_steps(const std::string& root, int keep_last,
-                                     const std::vector<std::string>& keep) {
+                                     const std::vector<std::string>& keep,
+                                     const std::vector<std::string>* lineage) {
   std::vector<std::string> problems;
   std::error_code ec;
   auto is_step_name = [](const std::string& n) {
@@ -440,7 +457,9 @@ std::vector<std::string> prune_steps(const std::string& root, int keep_last,
     if (!is_step_name(e.path().filename().string())) continue;
     std::error_code te;
     const fs::file_time_type t = fs::last_write_time(e.path() / kIndexFile, te);
-    if (!te) steps.push_back({e.path(), t});  // no index: not a committed step, left alone
+    if (te) continue;  // no index: not a committed step, left alone
+    if (lineage && !saved_by_one_of(e.path() / kIndexFile, *lineage)) continue;  // another run's
+    steps.push_back({e.path(), t});
   }
   std::sort(steps.begin(), steps.end(), [](const Step& a, const Step& b) {
     return a.committed != b.committed ? a.committed > b.committed

@@ -166,9 +166,12 @@ void abandon_step(const PendingStep& p) noexcept;
 /// Retention (SaveOptions::keep_last): deletes the committed step directories of `root` (a
 /// step-XXXXXXXX[.N] directory holding an index) beyond the `keep_last` most recently
 /// committed (by their index's modification time, newest first), never the one root/latest
-/// names nor those in `keep`. Returns a message per directory it could not delete.
+/// names nor those in `keep`; with `lineage`, only those whose index names one of these runs
+/// (saved_by.run: another run's checkpoints are not counted and never deleted). Returns a
+/// message per directory it could not delete.
 std::vector<std::string> prune_steps(const std::string& root, int keep_last,
-                                     const std::vector<std::string>& keep);
+                                     const std::vector<std::string>& keep,
+                                     const std::vector<std::string>* lineage = nullptr);
 
 /// The byte offset of the first '[' or '{' of `text` (JSON) nested deeper than `max_depth`,
 /// or npos (strings skipped; linear, constant stack; a syntax error is left to the parser).

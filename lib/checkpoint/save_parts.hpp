@@ -54,7 +54,8 @@ std::vector<SaveEntry> collect_entries(graph::Module& model, const optim::Optimi
 
 /// Rank 0 creates the temporary step directory (cleaning what interrupted saves left); every
 /// rank learns it.
-PendingStep start_save(Comm& c, const std::string& dir, std::int64_t step);
+PendingStep start_save(Comm& c, const std::string& dir, std::int64_t step,
+                       const SaveOptions& options);
 
 /// agree(), and on failure rank 0 removes the temporary directory first.
 void agree_or_abandon(Comm& c, const std::exception_ptr& err, const PendingStep& p);

@@ -144,7 +144,8 @@ Settings Settings::from_map(const std::map<std::string, std::string>& vars) {
                                                    "FULLSHARD_BLAS_KERNEL",
                                                    "FULLSHARD_BLAS_KERNEL_CHOSEN",
                                                    "FULLSHARD_SCHED_SLICE_MS",
-                                                   "FULLSHARD_SRUN_RETRIES"};
+                                                   "FULLSHARD_SRUN_RETRIES",
+                                                   "FULLSHARD_LOCK_HEARTBEAT"};
       if (std::find(std::begin(read_elsewhere), std::end(read_elsewhere), var) ==
           std::end(read_elsewhere))
         s.warnings.push_back("unknown environment variable " + var +

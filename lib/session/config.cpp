@@ -420,6 +420,12 @@ Config parse_config(const std::string& text, const std::string& source) {
     c.checkpoint.resume = o.boolean("resume", false);
     if (c.checkpoint.resume && c.checkpoint.dir.empty())
       throw ConfigError(c.source + ": checkpoint.resume: true needs checkpoint.dir");
+    c.checkpoint.start_over = o.boolean("start_over", false);
+    if (c.checkpoint.start_over && c.checkpoint.resume)
+      throw ConfigError(c.source +
+                        ": checkpoint.start_over: true and checkpoint.resume: true contradict "
+                        "each other (resume continues the directory's checkpoints, start_over "
+                        "starts a new run beside them)");
     o.finish();
   }
   c.seed = std::uint64_t(top.integer("seed", 0, 0, std::numeric_limits<std::int64_t>::max()));
@@ -528,6 +534,7 @@ nlohmann::ordered_json to_json(const Config& c) {
   if (!c.checkpoint.dir.empty()) ck["dir"] = c.checkpoint.dir;
   ck["keep_last"] = c.checkpoint.keep_last;
   ck["resume"] = c.checkpoint.resume;
+  ck["start_over"] = c.checkpoint.start_over;
   j["seed"] = c.seed;
   j["threads"] = c.threads;
   return j;

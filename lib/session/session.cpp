@@ -13,6 +13,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/json_reader.hpp"
 #include "fullshard/checkpoint/checkpoint.hpp"
+#include "fullshard/checkpoint/directory_claim.hpp"
 #include "fullshard/checkpoint/format.hpp"
 #include "fullshard/checkpoint/safetensors.hpp"
 #include "fullshard/mesh/agreement.hpp"
@@ -96,6 +97,8 @@ struct Session::Impl {
   Config cfg;
   DeviceMesh mesh;
   std::unique_ptr<BoundedComm> control;  // the session's agreements (batch, checkpoints)
+  // This run's hold on cfg.checkpoint.dir; released last (after a save in flight).
+  std::unique_ptr<checkpoint::DirectoryClaim> claim;
   BuiltModel model;
   std::unique_ptr<fst::ShardedModel> sharded;
   std::unique_ptr<SessionOptimizer> opt;
@@ -145,7 +148,7 @@ struct Session::Impl {
     }
   }
   std::string dir_or_configured(const std::string& dir, const char* call) const;
-  checkpoint::SaveOptions save_options() const;
+  checkpoint::SaveOptions save_options(const std::string& dir) const;
   nlohmann::json metadata() const { return {{"session", identity}}; }
   void check_identity(const std::string& dir);
   void committed(const std::string& step_dir, std::int64_t step, bool async) {
@@ -175,7 +178,16 @@ Session::Session(const DeviceMesh& mesh, Config config)
   s.control = BoundedComm::duplicate(s.mesh.control_world(), "session", s.mesh.timeout_s());
 
   // Before anything is built: a bad checkpoint directory must not cost a whole job.
-  if (!s.cfg.checkpoint.dir.empty()) checkpoint::check_directory(s.cfg.checkpoint.dir, s.mesh);
+  if (!s.cfg.checkpoint.dir.empty()) {
+    checkpoint::check_directory(s.cfg.checkpoint.dir, s.mesh);
+    checkpoint::ClaimOptions co;
+    co.resume = s.cfg.checkpoint.resume;
+    co.start_over = s.cfg.checkpoint.start_over;
+    co.resume_hint = "\"checkpoint\": {\"resume\": true} (fullshard-train-gpt: --resume)";
+    co.start_over_hint =
+        "\"checkpoint\": {\"start_over\": true} (fullshard-train-gpt: --start-over)";
+    s.claim = std::make_unique<checkpoint::DirectoryClaim>(s.cfg.checkpoint.dir, s.mesh, co);
+  }
 
   if (s.cfg.threads > 0) at::set_num_threads(s.cfg.threads);
   ::torch::manual_seed(s.cfg.seed);  // TorchScript's buffers and deferred_init false
@@ -534,9 +546,12 @@ std::string Session::Impl::dir_or_configured(const std::string& dir, const char*
   return cfg.checkpoint.dir;
 }
 
-checkpoint::SaveOptions Session::Impl::save_options() const {
+checkpoint::SaveOptions Session::Impl::save_options(const std::string& dir) const {
   checkpoint::SaveOptions o;
   o.keep_last = cfg.checkpoint.keep_last;
+  // The configured directory is this run's: its saves carry the run and its retention spares
+  // other runs' checkpoints.
+  if (claim && dir == cfg.checkpoint.dir) claim->apply(o);
   return o;
 }
 
@@ -544,7 +559,7 @@ std::string Session::save(const std::string& dir) {
   Impl& s = *impl_;
   const std::string d = s.dir_or_configured(dir, "save");
   if (s.in_flight) wait_save();
-  const std::string step_dir = s.opt->save(d, s.step, s.save_options(), s.metadata());
+  const std::string step_dir = s.opt->save(d, s.step, s.save_options(d), s.metadata());
   s.committed(step_dir, s.step, false);
   return step_dir;
 }
@@ -557,7 +572,7 @@ void Session::save_async(const std::string& dir) {
                           " into '" + s.pending_dir +
                           "' is still in flight; wait for it (wait_save) or poll it (poll_save) "
                           "before starting another");
-  s.pending = s.opt->save_async(d, s.step, s.save_options(), s.metadata());
+  s.pending = s.opt->save_async(d, s.step, s.save_options(d), s.metadata());
   s.in_flight = true;
   s.pending_dir = d;
 }
@@ -645,7 +660,10 @@ std::int64_t Session::load(const std::string& dir) {
   const std::string d = s.dir_or_configured(dir, "load");
   if (s.in_flight) wait_save();
   s.check_identity(d);
-  s.step = s.opt->load(d).step;
+  const checkpoint::Loaded loaded = s.opt->load(d);
+  s.step = loaded.step;
+  // Resumed in the run's own directory: the chain it continues is its lineage.
+  if (s.claim && d == s.cfg.checkpoint.dir) s.claim->resumed_from(loaded.step_dir);
   return s.step;
 }
 

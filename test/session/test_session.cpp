@@ -2,12 +2,16 @@
 // the whole batch, the ranks' agreement on the batch and on the configuration, asynchronous
 // saves with retention, resume on another rank count, the identity of a checkpoint, and the
 // checks of the checkpoint directory before the first step.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "test/torch/torch_doctest.hpp"  // first: LibTorch, then doctest's CHECK macros
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -175,7 +179,8 @@ TEST_CASE("session: asynchronous saves with retention, resumed on another rank c
   fs::test::SharedTempDir tmp("fullshard-session");
   const std::string dir = tmp.path + "/ck";
   const std::string ck = R"("checkpoint": {"dir": ")" + dir + R"(", "keep_last": 2})";
-  ss::Session s(mesh, config_of(config_text(ck)));
+  std::optional<ss::Session> run(std::in_place, mesh, config_of(config_text(ck)));
+  ss::Session& s = *run;
   int commits = 0, steps = 0;
   s.set_progress({[&](const ss::StepMetrics& m) { steps = int(m.step); },
                   [&](const ss::SaveMetrics& m) { commits += m.step > 0; }});
@@ -213,10 +218,21 @@ TEST_CASE("session: asynchronous saves with retention, resumed on another rank c
   const double continued = mean_over_ranks(s.train_step({x}, {y}));
   MPI_Comm solo = MPI_COMM_NULL;
   MPI_Comm_split(MPI_COMM_WORLD, fs::test::world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
+  const std::string resume = R"("checkpoint": {"dir": ")" + dir + R"(", "resume": true})";
+  if (solo != MPI_COMM_NULL) {  // a second run on the directory while this one lives: refused
+    fs::DeviceMesh one(solo, {1}, {"dp"}, 60.0);
+    const std::string second =
+        error_of([&] { ss::Session other(one, config_of(config_text(resume))); });
+    CAPTURE(second);
+    CHECK(second.find("checkpoint directory '" + dir + "' is in use by another run, run ") !=
+          std::string::npos);
+    CHECK(second.find("process " + std::to_string(::getpid()) + ", heartbeat") !=
+          std::string::npos);
+  }
+  run.reset();  // the run ends: its directory is free
   if (solo != MPI_COMM_NULL) {
     fs::DeviceMesh one(solo, {1}, {"dp"}, 60.0);
-    ss::Session resumed(
-        one, config_of(config_text(R"("checkpoint": {"dir": ")" + dir + R"(", "resume": true})")));
+    ss::Session resumed(one, config_of(config_text(resume)));
     CHECK(resumed.step() == 5);
     const auto [xa, ya] = rows_of(5, 0, 8 * fs::test::world_size());
     CHECK(rel(resumed.train_step({xa}, {ya}), continued) <= 1e-5);
@@ -234,6 +250,105 @@ TEST_CASE("session: asynchronous saves with retention, resumed on another rank c
     MPI_Comm_free(&solo);
   }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+namespace {
+
+// A lock file as another run would have left it in `dir`, its heartbeat `age_s` seconds old
+// (rank 0 writes it; every rank returns when it is there).
+void plant_lock(const std::string& dir, const std::string& host, long long pid,
+                const std::string& job, double age_s) {
+  if (fs::test::world_rank() == 0) {
+    std::filesystem::create_directories(dir);
+    const std::string path = dir + "/.fullshard-lock";
+    std::ofstream(path) << R"({"run": "0123456789abcdef", "job": ")" << job << R"(", "host": ")"
+                        << host << R"(", "pid": )" << pid << R"(, "heartbeat_s": 2})"
+                        << "\n";
+    timespec when[2];
+    clock_gettime(CLOCK_REALTIME, &when[0]);
+    when[0].tv_sec -= static_cast<time_t>(age_s);
+    when[1] = when[0];
+    utimensat(AT_FDCWD, path.c_str(), when, 0);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+std::string this_host() {
+  char buf[256] = {};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+}  // namespace
+
+TEST_CASE("session: a run owns its checkpoint directory; retention spares other runs") {
+  const fs::DeviceMesh mesh = world_mesh();
+  fs::test::SharedTempDir tmp("fullshard-owner");
+  const std::string dir = tmp.path + "/ck";
+  auto with = [&](const std::string& extra) {
+    return config_of(
+        config_text(R"("checkpoint": {"dir": ")" + dir + R"(", "keep_last": 1)" + extra + "}"));
+  };
+  auto train = [](ss::Session& s, int steps) {
+    for (int i = 0; i < steps; ++i) {
+      const auto [x, y] = batch(int(s.step()));
+      s.train_step({x}, {y});
+    }
+  };
+  std::string earlier;  // the first run's checkpoint
+  {
+    ss::Session first(mesh, with(""));
+    train(first, 1);
+    earlier = first.save();
+    // Another session saving into the directory the first one owns: refused, nothing lost.
+    ss::Session other(mesh, config_of(config_text()));
+    const std::string into = error_of([&] { other.save(dir); });
+    CAPTURE(into);
+    CHECK(into.find("'" + dir + "' is the checkpoint directory of another run, run ") !=
+          std::string::npos);
+  }
+  // A fresh run on a directory holding checkpoints: refused, naming the way on.
+  const std::string fresh = error_of([&] { ss::Session again(mesh, with("")); });
+  CAPTURE(fresh);
+  CHECK(fresh.find("checkpoint directory '" + dir +
+                   "' holds the checkpoints of an earlier run (latest: step-00000001)") !=
+        std::string::npos);
+  CHECK(fresh.find(R"("checkpoint": {"start_over": true})") != std::string::npos);
+  {
+    // Starting over beside them: keep_last 1 deletes only this run's own older checkpoints.
+    ss::Session over(mesh, with(R"(, "start_over": true)"));
+    for (int k = 0; k < 3; ++k) {
+      train(over, 1);
+      over.save();
+    }
+    if (fs::test::world_rank() == 0) {
+      CHECK(std::filesystem::exists(earlier + "/index.json"));
+      CHECK(step_dirs(dir) == 2);  // the earlier run's and this run's newest
+    }
+  }
+  {
+    // The earlier run's checkpoint still loads (step 1 of the first run).
+    ss::Session check(mesh, config_of(config_text()));
+    CHECK(check.load(earlier) == 1);
+  }
+  // Locks left behind: taken over when stale (an old heartbeat, this Slurm job requeued, a
+  // process of this host that is gone), refused while the owner lives.
+  const std::string resume = R"(, "resume": true)";
+  plant_lock(dir, "elsewhere", 1, "", 10);  // heartbeat 10 s old, interval 2 s
+  CHECK_NOTHROW(ss::Session(mesh, with(resume)));
+  long long pid_max = 4194304;
+  std::ifstream("/proc/sys/kernel/pid_max") >> pid_max;
+  plant_lock(dir, this_host(), pid_max, "", 0);  // no process has that number
+  CHECK_NOTHROW(ss::Session(mesh, with(resume)));
+  plant_lock(dir, "elsewhere", 77, "4242", 0);
+  setenv("SLURM_JOB_ID", "4242", 1);
+  CHECK_NOTHROW(ss::Session(mesh, with(resume)));
+  unsetenv("SLURM_JOB_ID");
+  plant_lock(dir, "elsewhere", 77, "4242", 0);  // another job's, alive
+  const std::string live = error_of([&] { ss::Session s(mesh, with(resume)); });
+  CAPTURE(live);
+  CHECK(live.find("is in use by another run, run 0123456789abcdef (Slurm job 4242, host "
+                  "elsewhere, process 77, heartbeat 0 s ago)") != std::string::npos);
 }
 
 TEST_CASE("session: the checkpoint directory is checked before the first step") {

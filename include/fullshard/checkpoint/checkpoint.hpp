@@ -37,6 +37,12 @@ struct SaveOptions {
   int keep_last = 0;
   /// Step directories retention never deletes (the one this job resumed from).
   std::vector<std::string> keep = {};
+  /// The saving run (DirectoryClaim::apply sets it, with `lineage`): recorded in the index's
+  /// `saved_by`; a directory another run's lock holds is refused. Empty: no claim.
+  std::string run = {};
+  /// With `run`: retention deletes only checkpoints saved by these runs (and, once recorded,
+  /// passes the lineage on to the checkpoint). Empty: any checkpoint.
+  std::vector<std::string> lineage = {};
 };
 
 /// Saves the model's parameters (and, with an optimizer, its state and step count), `step`,

@@ -109,6 +109,10 @@ struct CheckpointSpec {
   /// Load the latest checkpoint in `dir` at creation when there is one (saved on any number
   /// of ranks).
   bool resume = false;
+  /// A fresh run on a `dir` that holds checkpoints (refused otherwise): they are kept, and
+  /// retention deletes only this run's. The session owns `dir` while it lives
+  /// (checkpoint::DirectoryClaim: a second run on it is refused, naming the owner).
+  bool start_over = false;
 };
 
 struct Config {
