@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,7 +42,8 @@ const char* const kUsage =
     "           .safetensors file: its metadata and tensors (checked like every read)\n"
     "  verify   checks the index against its checksum, re-reads every data file and checks\n"
     "           every checksum; prints each problem with its file and tensor\n"
-    "  convert  writes SRC as a new checkpoint in the root DST (atomically, like a save):\n"
+    "  convert  writes SRC as a new checkpoint in the root DST (atomically, like a save;\n"
+    "           DST, and every output file, must lie outside checkpoint directories):\n"
     "           --to full: one file; --to sharded: N shards per tensor along its saved\n"
     "           placement (default N: the number of data files of SRC; at most 1048576)\n"
     "           --to safetensors: the model's parameters as one safetensors file (FQNs as\n"
@@ -57,6 +59,31 @@ const char* const kUsage =
 struct UsageError {
   std::string message;
 };
+
+// The checkpoint directory `path` is or lies in (a root: a `latest`, a run's lock; a step
+// directory: an index.json), checked for the path and each of its parents; empty when none.
+std::string checkpoint_dir_of(const std::string& path) {
+  namespace stdfs = std::filesystem;
+  std::error_code ec;
+  for (stdfs::path p = stdfs::absolute(path, ec).lexically_normal(); !p.empty();
+       p = p.parent_path()) {
+    for (const char* mark : {"latest", ".fullshard-lock", "index.json"})
+      if (stdfs::exists(p / mark, ec)) return p.string();
+    if (p == p.parent_path()) break;
+  }
+  return {};
+}
+
+// fullshard-ckpt never writes into a checkpoint directory (its `latest`, its step
+// directories, a run's directory): an output there is refused before anything is written.
+void refuse_output_in_checkpoint(const std::string& path, const char* what) {
+  const std::string dir = checkpoint_dir_of(path);
+  if (!dir.empty())
+    throw UsageError{std::string(what) + " '" + path + "' is in the checkpoint directory '" + dir +
+                     "': fullshard-ckpt writes only outside checkpoint directories (a "
+                     "checkpoint's files, its 'latest' and a running job's directory are never "
+                     "written over); give a new path"};
+}
 
 // Messages without the "fullshard[rank -]: " prefix (this tool has no ranks).
 std::string clean(std::string s) {
@@ -285,6 +312,8 @@ int convert(const std::vector<std::string>& args) {
     throw UsageError{std::string(graph.empty() ? "--step" : "--graph") +
                      " applies to --from safetensors only"};
 
+  refuse_output_in_checkpoint(pos[1], to == "safetensors" ? "the output file" : "DST");
+  if (!optimizer_out.empty()) refuse_output_in_checkpoint(optimizer_out, "--optimizer-out");
   if (to == "safetensors") {
     if (!from.empty()) throw UsageError{"--to safetensors and --from safetensors together"};
     if (have_shards) throw UsageError{"--shards does not apply to --to safetensors"};

@@ -90,6 +90,8 @@ const char* kUsage =
     "  --keep-last N         keep the N newest checkpoints (default 0: all)\n"
     "  --resume              continue from the newest checkpoint in --checkpoint-dir (saved\n"
     "                        on any number of ranks) when there is one\n"
+    "  --start-over          a fresh run in a --checkpoint-dir holding checkpoints (refused\n"
+    "                        otherwise; they are kept: retention deletes only this run's)\n"
     "weights and batches from files (side-by-side runs, bench/torch/):\n"
     "  --init-from FILE      initial weights from a safetensors file (FQNs as names)\n"
     "  --save-to FILE        the final weights as one safetensors file\n"
@@ -191,14 +193,19 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
       c.checkpoint.keep_last = a.int_value(0);
     else if (f == "--resume")
       a.no_value(), c.checkpoint.resume = true;
+    else if (f == "--start-over")
+      a.no_value(), c.checkpoint.start_over = true;
     else if (f == "--deferred-init")
       a.no_value(), c.deferred = true;
     else
       a.unknown();
   }
   if (c.warmup < 0) c.warmup = c.steps / 10;
-  if ((c.save_every > 0 || c.checkpoint.resume) && c.checkpoint.dir.empty())
-    throw fs::apps::UsageError{"--save-every and --resume need --checkpoint-dir"};
+  if ((c.save_every > 0 || c.checkpoint.resume || c.checkpoint.start_over) &&
+      c.checkpoint.dir.empty())
+    throw fs::apps::UsageError{"--save-every, --resume and --start-over need --checkpoint-dir"};
+  if (c.checkpoint.resume && c.checkpoint.start_over)
+    throw fs::apps::UsageError{"--resume and --start-over contradict each other"};
 #if !defined(FULLSHARD_GPT_HAVE_CUDA)
   if (c.device == fs::DeviceType::cuda)
     throw fs::apps::UsageError{

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -29,6 +30,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/async_save.hpp"
 #include "fullshard/checkpoint/checkpoint.hpp"
+#include "fullshard/checkpoint/directory_claim.hpp"
 #include "fullshard/checkpoint/safetensors.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/graph/json_graph.hpp"
@@ -128,6 +130,11 @@ const char* const kUsage =
     "  --resume DIR          continue from the checkpoint in DIR (saved on any number of\n"
     "                        ranks or mesh) up to --steps S, the total; model, --batch and\n"
     "                        --seed must be those of the saved run\n"
+    "  --start-over          a fresh run in a --checkpoint-dir that holds checkpoints\n"
+    "                        (refused otherwise; they are kept: --keep-last deletes only the\n"
+    "                        checkpoints of this run and of the run it resumed). A run owns\n"
+    "                        its --checkpoint-dir: a second run on it is refused at start\n"
+    "                        (a lock with a heartbeat, README: checkpoint directories)\n"
     "  --init-from FILE      start from these weights (step 0, a fresh optimizer): a\n"
     "                        .safetensors file (each rank reads only its shards' bytes) or\n"
     "                        a fullshard checkpoint (its parameters); names and shapes must\n"
@@ -177,6 +184,7 @@ struct Config {
   bool optimizer_in_backward = false;
   int log_every = 1;
   std::string checkpoint_dir, resume_dir, init_from;
+  bool start_over = false;
   int save_every = 0;
   int keep_last = 0;
   bool async_save = false;
@@ -303,6 +311,8 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
       c.async_save = true;
     } else if (f == "--resume")
       c.resume_dir = a.value();
+    else if (f == "--start-over")
+      a.no_value(), c.start_over = true;
     else if (f == "--init-from")
       c.init_from = a.value();
     else if (f == "--stop-after")
@@ -339,6 +349,8 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
     throw apps::UsageError{"--save-every needs --checkpoint-dir"};
   if (c.keep_last > 0 && c.checkpoint_dir.empty())
     throw apps::UsageError{"--keep-last needs --checkpoint-dir"};
+  if (c.start_over && c.checkpoint_dir.empty())
+    throw apps::UsageError{"--start-over needs --checkpoint-dir"};
   if (c.async_save && c.checkpoint_dir.empty())
     throw apps::UsageError{"--async-save needs --checkpoint-dir"};
   if (c.async_save && c.checkpoint_kind == fullshard::checkpoint::Kind::full)
@@ -674,11 +686,20 @@ class Trainer {
   /// With --checkpoint-dir, before the first step: the directory is created and proven
   /// writable on every rank (ConfigError, exit 2, otherwise), and rank 0 warns when its file
   /// system has less free space than one checkpoint (parameters and optimizer state, f32).
-  void check_checkpoint_dir() const {
+  /// Then the run claims it (checkpoint::DirectoryClaim): another run's directory, or one
+  /// holding checkpoints this run neither resumes nor starts over beside, exits 2.
+  void check_checkpoint_dir() {
     if (c_.checkpoint_dir.empty()) return;
     fullshard::checkpoint::DirectoryCheck d;
     try {
       d = fullshard::checkpoint::check_directory(c_.checkpoint_dir, mesh_);
+      fullshard::checkpoint::ClaimOptions co;
+      co.resume = resumes_checkpoint_dir();
+      co.start_over = c_.start_over;
+      co.resume_hint = "--resume " + c_.checkpoint_dir;
+      co.start_over_hint = "--start-over";
+      claim_ =
+          std::make_unique<fullshard::checkpoint::DirectoryClaim>(c_.checkpoint_dir, mesh_, co);
     } catch (const fullshard::ConfigError& e) {  // agreed: every rank is here
       throw apps::UsageError{std::string("--checkpoint-dir: ") + e.message()};
     }
@@ -1183,7 +1204,8 @@ class Trainer {
                              std::to_string(ck.step) + ", beyond --steps " +
                              std::to_string(c_.steps)};
     const int first_step = static_cast<int>(ck.step);
-    resumed_from_ = ck.step_dir;  // never deleted by --keep-last
+    resumed_from_ = ck.step_dir;                    // never deleted by --keep-last
+    if (claim_) claim_->resumed_from(ck.step_dir);  // its lineage: retention's to prune
     if (rank_ == 0) {
       std::printf("resumed from %s at step %d (%s checkpoint, %.2f MiB read by rank 0 in %.3f s)\n",
                   ck.step_dir.c_str(), first_step, fullshard::checkpoint::kind_name(ck.kind),
@@ -1235,6 +1257,7 @@ class Trainer {
     so.kind = c_.checkpoint_kind;
     so.keep_last = c_.keep_last;
     if (!resumed_from_.empty()) so.keep = {resumed_from_};
+    if (claim_) claim_->apply(so);  // this run's checkpoints; retention spares other runs'
     if (c_.async_save) {
       finish_async_save(steps_done);  // the one before, if still in flight
       async_ = fullshard::checkpoint::save_async(c_.checkpoint_dir, model_.root(), opt_.get(),
@@ -1292,6 +1315,17 @@ class Trainer {
   int rows_ = 0;
   int last_step_ = 0;
   std::string resumed_from_;  // the step directory --resume loaded
+  std::unique_ptr<fullshard::checkpoint::DirectoryClaim> claim_;  // of --checkpoint-dir
+
+  /// Whether --resume continues --checkpoint-dir's checkpoints (it or one of its steps).
+  bool resumes_checkpoint_dir() const {
+    if (c_.resume_dir.empty()) return false;
+    namespace stdfs = std::filesystem;
+    std::error_code ec;
+    const stdfs::path dir = stdfs::weakly_canonical(c_.checkpoint_dir, ec);
+    const stdfs::path from = stdfs::weakly_canonical(c_.resume_dir, ec);
+    return from == dir || from.parent_path() == dir;
+  }
   // --async-save: the save in flight, and the time the training thread spent on it (snapshot,
   // polls, commit).
   fullshard::checkpoint::AsyncSave async_;
@@ -1403,6 +1437,7 @@ std::vector<apps::OptionValue> option_values(const Config& c) {
           {"--checkpoint-kind",
            c.checkpoint_kind == fullshard::checkpoint::Kind::full ? "full" : "sharded"},
           {"--resume", c.resume_dir},
+          {"--start-over", c.start_over ? "on" : "off"},
           {"--init-from", c.init_from},
           {"--stop-after", std::to_string(c.stop_after)},
           {"--device", fullshard::device_type_name(c.device)}};
