@@ -11,7 +11,11 @@
 //                       Counters: c_us and cpp_us (medians), ratio (the median of the
 //                       per-pair ratios c / cpp: 1 is no overhead); agree_us (the median of
 //                       the batch agreement alone, as every step runs it: describe the batch,
-//                       one 16-byte all-reduce) and agree_share (agree_us / cpp_us).
+//                       one 24-byte all-reduce) and agree_share (agree_us / cpp_us);
+//                       finite_us (the median of the non-finite checks alone, as every step
+//                       runs them: the scan of the input and target arrays, one over the
+//                       exponents of the rank's gradient shards, one 8-byte all-reduce) and
+//                       finite_share (finite_us / cpp_us).
 //
 // Launch: mpiexec -n 2 build/bench/fullshard-bench-capi [--benchmark_* flags]
 #include <torch/torch.h>
@@ -23,7 +27,9 @@
 #include "fullshard/base/bounded_comm.hpp"
 #include "fullshard/fullshard.h"
 #include "fullshard/fullshard.hpp"
+#include "fullshard/optim/optimizer.hpp"
 #include "fullshard/session/session.hpp"
+#include "fullshard/torch/sharded_model.hpp"
 #include "lib/session/batch_agreement.hpp"
 #include "mpi_bench.hpp"
 
@@ -95,7 +101,21 @@ void bench_step(benchmark::State& state, const fs::DeviceMesh* mesh, int hidden)
                                           "bench");
       agree_t.push_back(slowest(MPI_Wtime() - t0));
     }
+    // The non-finite checks alone, as train_step runs them (the gradients of the last step).
+    const std::vector<fs::graph::Parameter*> params = session.sharded().graph().parameters();
+    std::vector<double> finite_t;
+    for (int i = 0; i < 200; ++i) {
+      const double t0 = MPI_Wtime();
+      std::string bad = fs::session::detail::non_finite_in({x}, "input");
+      bad += fs::session::detail::non_finite_in({y}, "target");
+      const bool grads = fs::optim::local_all_finite(params, *mesh);
+      int worst[2] = {bad.empty() ? 0 : 1, grads ? 0 : 1};
+      comm.allreduce(worst, 2, MPI_INT, MPI_MIN, "bench non-finite check");
+      finite_t.push_back(slowest(MPI_Wtime() - t0));
+    }
     benchmark::DoNotOptimize(sink);
+    state.counters["finite_us"] = median(finite_t) * 1e6;
+    state.counters["finite_share"] = median(finite_t) / median(cpp_t);
     state.counters["agree_us"] = median(agree_t) * 1e6;
     state.counters["agree_share"] = median(agree_t) / median(cpp_t);
     state.counters["c_us"] = median(c_t) * 1e6;

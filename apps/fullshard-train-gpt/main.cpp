@@ -453,6 +453,12 @@ int run(const Config& c, fs::Runtime& rt) {
         mean_over_ranks(session.train_step({batch.narrow(0, rank * local, local).to(device)}, {}),
                         "training loss (MPI_Iallreduce)");
     session.poll_save();
+    if (std::isnan(loss)) {  // a non-finite value: the session skipped the step on every rank
+      if (rank == 0)
+        std::printf("step %lld skipped (a non-finite value; %lld skipped so far)\n",
+                    static_cast<long long>(step), static_cast<long long>(session.skipped_steps()));
+      continue;
+    }
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     times.push_back(ms);

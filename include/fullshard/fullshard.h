@@ -197,6 +197,12 @@ fullshard_status fullshard_predict(fullshard_model model, int n_inputs,
 
 /** Optimizer steps taken so far (restored by fullshard_checkpoint_load). */
 fullshard_status fullshard_model_step(fullshard_model model, int64_t* step);
+/** Steps skipped for a non-finite value: a NaN or infinity in an input or target array, the
+ * loss or the gradients skips the step on every rank (fullshard_train_step returns
+ * FULLSHARD_OK with loss NaN; the step count stays) or, with "non_finite": {"policy":
+ * "stop"} (or past "max_skipped"), FULLSHARD_ERR_ARGUMENT on every rank naming the step, the
+ * rank and the array ("input 0 holds nan at [3, 2]"). */
+fullshard_status fullshard_model_skipped_steps(fullshard_model model, int64_t* count);
 /** The learning rate of the next step. */
 fullshard_status fullshard_model_lr(fullshard_model model, double* lr);
 /** The number of parameters of the whole (unsharded) model. */

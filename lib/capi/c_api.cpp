@@ -466,6 +466,11 @@ fullshard_status fullshard_model_step(fullshard_model model, int64_t* step) {
   return guarded("fullshard_model_step", [&] { *required(step, "step") = model_of(model).step(); });
 }
 
+fullshard_status fullshard_model_skipped_steps(fullshard_model model, int64_t* count) {
+  return guarded("fullshard_model_skipped_steps",
+                 [&] { *required(count, "count") = model_of(model).skipped_steps(); });
+}
+
 fullshard_status fullshard_model_lr(fullshard_model model, double* lr) {
   return guarded("fullshard_model_lr", [&] { *required(lr, "lr") = model_of(model).lr(); });
 }

@@ -72,6 +72,7 @@ module fullshard
   public :: fullshard_model_create, fullshard_model_create_from_json, fullshard_model_free
   public :: fullshard_train_step, fullshard_predict
   public :: fullshard_model_step, fullshard_model_lr, fullshard_model_num_params
+  public :: fullshard_model_skipped_steps
   public :: fullshard_model_plan
   public :: fullshard_checkpoint_save, fullshard_checkpoint_load, fullshard_export_safetensors
   public :: fullshard_checkpoint_save_async, fullshard_save_test, fullshard_save_wait
@@ -216,6 +217,13 @@ module fullshard
   ! handle arrived as the string's address), so none is declared that way.
   interface
     function c_model_step(model, v) bind(C, name="fullshard_model_step") result(s)
+      import :: c_int, c_handle, c_int64_t
+      type(c_handle), value :: model
+      integer(c_int64_t), intent(out) :: v
+      integer(c_int) :: s
+    end function
+    function c_model_skipped_steps(model, v) bind(C, name="fullshard_model_skipped_steps") &
+        result(s)
       import :: c_int, c_handle, c_int64_t
       type(c_handle), value :: model
       integer(c_int64_t), intent(out) :: v
@@ -520,6 +528,14 @@ contains
     integer(c_int64_t), intent(out) :: step
     integer, intent(out), optional :: status
     call finish(c_model_step(c_handle(model%id), step), status)
+  end subroutine
+
+  ! Steps skipped for a non-finite value (the C API's fullshard_model_skipped_steps).
+  subroutine fullshard_model_skipped_steps(model, count, status)
+    type(fullshard_model), intent(in) :: model
+    integer(c_int64_t), intent(out) :: count
+    integer, intent(out), optional :: status
+    call finish(c_model_skipped_steps(c_handle(model%id), count), status)
   end subroutine
 
   subroutine fullshard_model_lr(model, lr, status)

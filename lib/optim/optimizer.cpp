@@ -573,32 +573,34 @@ bool AdamW::element_update(kernels::ElementUpdate& u, bool, std::int64_t step) c
 
 // ---- clip_grad_norm -------------------------------------------------------------------------
 
-double clip_grad_norm(const std::vector<graph::Parameter*>& params, double max_norm,
-                      const DeviceMesh& mesh) {
-  if (!(max_norm >= 0) || !std::isfinite(max_norm))
-    throw InvalidArgument("clip_grad_norm: max_norm must be finite and >= 0, got " +
-                          std::to_string(max_norm));
+double local_sum_squares(const std::vector<graph::Parameter*>& params, const DeviceMesh& mesh,
+                         Values which) {
+  const bool grads = which == Values::gradients;
+  const char* who = grads ? "clip_grad_norm" : "local_sum_squares";
   double local = 0.0;
-  std::vector<graph::Parameter*> on_device;  // f32 device gradients: summed by kernels
+  std::vector<const Tensor*> on_device;  // f32 device tensors: summed by kernels
   for (graph::Parameter* p : params) {
-    if (p == nullptr) throw InvalidArgument("clip_grad_norm: null parameter in the list");
-    if (const fsdp::FSDPModule* st = state_of(*p); st != nullptr && fsdp::updates_in_backward(*st))
-      throw InvalidArgument("clip_grad_norm: " + pname(*p) +
-                            " is updated by its optimizer inside backward, which consumes its "
-                            "gradient before the norm of all of them is known; clip with the "
-                            "optimizer after backward (run_in_backward(false))");
-    const Tensor& g = p->grad();
+    if (p == nullptr) throw InvalidArgument(std::string(who) + ": null parameter in the list");
+    const Tensor& g = grads ? p->grad() : p->data();
     if (!g.defined()) continue;
     if (g.space() != MemorySpace::host) {
 #if defined(KOKKOS_ENABLE_CUDA)
       if (g.dtype() != DType::f32)
-        throw InvalidArgument("clip_grad_norm: " + pname(*p) + ": device gradient has dtype " +
+        throw InvalidArgument(std::string(who) + ": " + pname(*p) + ": device tensor has dtype " +
                               dtype_name(g.dtype()) + "; only f32 is supported");
-      on_device.push_back(p);
+      on_device.push_back(&g);
       continue;
 #else
       // A host-only Kokkos: "device" memory is host memory, read as on the host.
 #endif
+    }
+    if (g.dtype() == DType::f32) {  // the common case, without a per-element dtype switch
+      const float* x = g.data_as<const float>();
+      double sum = 0.0;
+      for (std::int64_t e = 0, n = g.numel(); e < n; ++e)
+        sum += double(x[e]) * double(x[e]);
+      local += sum;
+      continue;
     }
     for (std::int64_t e = 0; e < g.numel(); ++e) {
       const double x = g.at(e);
@@ -606,28 +608,79 @@ double clip_grad_norm(const std::vector<graph::Parameter*>& params, double max_n
     }
   }
 #if defined(KOKKOS_ENABLE_CUDA)
-  void* stream = mesh.compute_stream().native_handle();
-  detail::DeviceExec execs;  // the instance on the compute stream, for this call
   if (!on_device.empty()) {
-    // One sum of squares per gradient into a device array (asynchronous, on the compute
-    // stream after the backward), then one copy of that array to the host: the only wait.
-    const Kokkos::Cuda& exec = execs.on(stream);
+    // One sum of squares per tensor into a device array (asynchronous, on the compute stream
+    // after the backward), then one copy of that array to the host: the only wait.
+    detail::DeviceExec execs;  // the instance on the compute stream, for this call
+    const Kokkos::Cuda& exec = execs.on(mesh.compute_stream().native_handle());
     Kokkos::View<double*, Kokkos::CudaSpace> sums(
-        Kokkos::view_alloc(exec, std::string("fullshard::clip_grad_norm")), on_device.size());
+        Kokkos::view_alloc(exec, std::string("fullshard::local_sum_squares")), on_device.size());
     for (std::size_t i = 0; i < on_device.size(); ++i) {
-      const float* g = on_device[i]->grad().data_as<const float>();
-      const std::int64_t n = on_device[i]->grad().numel();
+      const float* g = on_device[i]->data_as<const float>();
+      const std::int64_t n = on_device[i]->numel();
       Kokkos::parallel_reduce(
-          "fullshard::clip_grad_norm::sum_sq",
+          "fullshard::local_sum_squares::sum_sq",
           Kokkos::RangePolicy<Kokkos::Cuda, Kokkos::IndexType<std::int64_t>>(exec, 0, n),
           SumSqKernel{g}, Kokkos::subview(sums, i));
     }
     auto host = Kokkos::create_mirror_view(Kokkos::HostSpace(), sums);
     Kokkos::deep_copy(exec, host, sums);
-    exec.fence("fullshard::clip_grad_norm: the sums of squares");
+    exec.fence("fullshard::local_sum_squares: the sums of squares");
     for (std::size_t i = 0; i < on_device.size(); ++i)
       local += host(i);
   }
+#else
+  (void)mesh;
+#endif
+  return local;
+}
+
+bool local_all_finite(const std::vector<graph::Parameter*>& params, const DeviceMesh& mesh,
+                      Values which) {
+  const bool grads = which == Values::gradients;
+  std::vector<graph::Parameter*> rest;  // not host f32: summed (non-finite iff one element is)
+  std::uint32_t seen = 0;  // bit 31 set: an element whose exponent field is all ones (inf, nan)
+  for (graph::Parameter* p : params) {
+    if (p == nullptr) throw InvalidArgument("local_all_finite: null parameter in the list");
+    const Tensor& t = grads ? p->grad() : p->data();
+    if (!t.defined()) continue;
+    if (t.space() != MemorySpace::host || t.dtype() != DType::f32) {
+      rest.push_back(p);
+      continue;
+    }
+    // The exponent field plus one lands in bit 31 exactly when it is all ones: an OR over
+    // eight lanes (SSE2 vectorizes it), at memory speed.
+    const auto* bits = static_cast<const std::uint32_t*>(t.data());
+    const std::int64_t n = t.numel();
+    std::uint32_t lanes[8] = {};
+    std::int64_t e = 0;
+    for (; e + 8 <= n; e += 8)
+      for (int k = 0; k < 8; ++k)
+        lanes[k] |= (bits[e + k] & 0x7f800000u) + 0x00800000u;
+    for (; e < n; ++e)
+      seen |= (bits[e] & 0x7f800000u) + 0x00800000u;
+    for (std::uint32_t l : lanes)
+      seen |= l;
+  }
+  return (seen & 0x80000000u) == 0 && std::isfinite(local_sum_squares(rest, mesh, which));
+}
+
+double clip_grad_norm(const std::vector<graph::Parameter*>& params, double max_norm,
+                      const DeviceMesh& mesh) {
+  if (!(max_norm >= 0) || !std::isfinite(max_norm))
+    throw InvalidArgument("clip_grad_norm: max_norm must be finite and >= 0, got " +
+                          std::to_string(max_norm));
+  for (graph::Parameter* p : params)
+    if (const fsdp::FSDPModule* st = p ? state_of(*p) : nullptr;
+        st != nullptr && fsdp::updates_in_backward(*st))
+      throw InvalidArgument("clip_grad_norm: " + pname(*p) +
+                            " is updated by its optimizer inside backward, which consumes its "
+                            "gradient before the norm of all of them is known; clip with the "
+                            "optimizer after backward (run_in_backward(false))");
+  double local = local_sum_squares(params, mesh, Values::gradients);
+#if defined(KOKKOS_ENABLE_CUDA)
+  void* stream = mesh.compute_stream().native_handle();
+  detail::DeviceExec execs;  // the instance on the compute stream, for the scaling
 #endif
   const std::string& dim = mesh.names().back();
   double total = 0.0;

@@ -2,7 +2,10 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 
@@ -62,12 +65,61 @@ std::string describe_batch(const std::vector<at::Tensor>& inputs,
   return out.empty() ? "no tensors" : out;
 }
 
-void agree_on_batch(BoundedComm& comm, const std::string& description, const std::string& call) {
-  if (comm.size() == 1) return;
+std::string non_finite_in(const std::vector<at::Tensor>& tensors, const char* what) {
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) continue;
+    std::int64_t at_element = -1;
+    double value = 0;
+    if (t.device().is_cpu() && t.is_contiguous() &&
+        (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble)) {
+      // One pass, no allocation: the common case (host arrays, the C API's).
+      auto scan = [&](const auto* x) {
+        for (std::int64_t e = 0, n = t.numel(); e < n; ++e)
+          if (!std::isfinite(x[e])) {
+            at_element = e;
+            value = double(x[e]);
+            return;
+          }
+      };
+      if (t.scalar_type() == at::kFloat)
+        scan(t.data_ptr<float>());
+      else
+        scan(t.data_ptr<double>());
+    } else if (!at::isfinite(t).all().item<bool>()) {
+      const at::Tensor flat = t.reshape({-1});
+      at_element = at::logical_not(at::isfinite(flat)).nonzero()[0][0].item<std::int64_t>();
+      value = flat[at_element].item<double>();
+    }
+    if (at_element < 0) continue;
+    std::string where = "[";
+    for (std::int64_t d = t.dim() - 1, rest = at_element; d >= 0; --d) {
+      where.insert(1, std::to_string(rest % t.size(d)) + (d + 1 < t.dim() ? ", " : ""));
+      rest /= t.size(d);
+    }
+    return std::string(what) + " " + std::to_string(i) + " holds " +
+           (std::isnan(value) ? "nan"
+            : value > 0       ? "inf"
+                              : "-inf") +
+           " at " + where + "]";
+  }
+  return {};
+}
+
+std::string agree_on_batch(BoundedComm& comm, const std::string& description,
+                           const std::string& call, const std::string& bad_data) {
+  if (comm.size() == 1) return bad_data.empty() ? std::string() : "rank 0: " + bad_data;
   const std::uint64_t h = fnv1a64(description);
-  std::uint64_t v[2] = {h, ~h};  // the max of both: the max and the min of h
-  comm.allreduce(v, 2, MPI_UINT64_T, MPI_MAX, "batch agreement (MPI_Iallreduce)");
-  if (v[0] == h && ~v[1] == h) return;
+  // The max of each: the max and the min of h, and the lowest rank with bad data (size - rank).
+  std::uint64_t v[3] = {h, ~h, bad_data.empty() ? 0 : std::uint64_t(comm.size() - comm.rank())};
+  comm.allreduce(v, 3, MPI_UINT64_T, MPI_MAX, "batch agreement (MPI_Iallreduce)");
+  if (v[0] == h && ~v[1] == h) {
+    if (v[2] == 0) return {};
+    const int bad_rank = comm.size() - int(v[2]);
+    std::string msg = bad_data;
+    comm.bcast(msg, bad_rank, "batch agreement (MPI_Ibcast)");
+    return "rank " + std::to_string(bad_rank) + ": " + msg;
+  }
   // A difference: every rank's description to every rank (the error path only).
   std::map<std::string, std::vector<int>> by_batch;
   for (int r = 0; r < comm.size(); ++r) {

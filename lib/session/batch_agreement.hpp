@@ -19,9 +19,16 @@ namespace fullshard::session::detail {
 std::string describe_batch(const std::vector<at::Tensor>& inputs,
                            const std::vector<at::Tensor>& targets);
 
+/// "" when every element of the floating tensors is finite; else what the first holds and
+/// where: "input 0 holds nan at [3, 2]" (`what`: "input", "target").
+std::string non_finite_in(const std::vector<at::Tensor>& tensors, const char* what);
+
 /// Collective over `comm`: returns when every rank's `description` is the same; otherwise
 /// throws InvalidArgument on every rank, the same message, naming `call`, the ranks and what
-/// each has.
-void agree_on_batch(BoundedComm& comm, const std::string& description, const std::string& call);
+/// each has. `bad_data`: this rank's non_finite_in (empty: none); returns the lowest such
+/// rank's, "rank R: <its bad_data>", on every rank (empty when no rank has one). One
+/// all-reduce of three 64-bit words.
+std::string agree_on_batch(BoundedComm& comm, const std::string& description,
+                           const std::string& call, const std::string& bad_data = {});
 
 }  // namespace fullshard::session::detail

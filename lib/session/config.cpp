@@ -357,6 +357,12 @@ Config parse_config(const std::string& text, const std::string& source) {
   }
   c.grad_clip = top.number("grad_clip", 0.0, 0.0, 1e30);
   c.accumulation = int(top.integer("accumulation", 1, 1, 1 << 16));
+  {
+    Section o = top.object("non_finite", false);
+    c.non_finite.policy = o.choice("policy", {"skip", "stop"});
+    c.non_finite.max_skipped = int(o.integer("max_skipped", 10, 0, 1 << 30));
+    o.finish();
+  }
   c.dtype = *top.dtype("dtype", {"float32", "f32", "float64", "f64"}, DType::f32);
   if (c.optimizer.in_backward && c.grad_clip > 0)
     throw ConfigError(c.source + ": optimizer.in_backward: true cannot clip (grad_clip " +
@@ -503,6 +509,7 @@ nlohmann::ordered_json to_json(const Config& c) {
   }
   j["grad_clip"] = c.grad_clip;
   j["accumulation"] = c.accumulation;
+  j["non_finite"] = {{"policy", c.non_finite.policy}, {"max_skipped", c.non_finite.max_skipped}};
   j["dtype"] = dtype_name(c.dtype);
   ojson& mp = j["mixed_precision"];
   mp = ojson::object();

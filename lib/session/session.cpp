@@ -4,7 +4,10 @@
 #include <torch/utils.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <set>
 #include <utility>
@@ -109,8 +112,9 @@ struct Session::Impl {
   PlanPrediction plan;
   // What the plan was made with (the calibration plans again with measured costs).
   sch::PlanOptions plan_options;
-  int steps_here = 0;       // train_step calls of this session (a resumed one counts afresh)
-  double optimizer_ms = 0;  // summed over the calibration steps
+  int steps_here = 0;        // train_step calls of this session (a resumed one counts afresh)
+  std::int64_t skipped = 0;  // steps skipped for a non-finite value (non_finite)
+  double optimizer_ms = 0;   // summed over the calibration steps
   const void* last_input = nullptr;
   c10::Device device = c10::Device(c10::kCPU);
   Progress progress;
@@ -130,6 +134,12 @@ struct Session::Impl {
   void calibrate();
   void predict_step(const sch::Plan& p);
   void check_memory(const sch::Plan& plan);
+  /// A step found holding a non-finite value (`what`, agreed by every rank): counted, and
+  /// skipped (returns NaN) or, by the policy, an InvalidArgument on every rank.
+  double non_finite_step(const std::string& what, bool applied = false);
+  /// Refuses parameters holding a non-finite value (`when`: "initial", "imported", ...):
+  /// InvalidArgument on every rank naming the lowest rank's first such parameter. Collective.
+  void check_parameters_finite(const std::string& when);
   at::Tensor loss_of(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
   /// What the ranks agree on before a step (detail::describe_batch), or "refused (...)" with
   /// `error` set when this rank's batch is not one the model takes.
@@ -204,6 +214,7 @@ Session::Session(const DeviceMesh& mesh, Config config)
   // Each rank fills its own rows, the values those of the whole model from cfg.seed.
   if (s.model.initialize) s.sharded->initialize(s.model.initialize);
   s.graph_params = s.sharded->graph().parameters();
+  s.check_parameters_finite("initial");
   s.opt = make_optimizer(s.cfg, *s.sharded);
   if (s.cfg.lr_schedule.type == "warmup_cosine")
     s.schedule.emplace(s.cfg.optimizer.lr, s.cfg.lr_schedule.warmup_steps,
@@ -437,8 +448,11 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
   const auto start = std::chrono::steady_clock::now();
   std::string error;
   const std::string batch = s.batch_of(inputs, targets, Impl::Use::train, error);
-  detail::agree_on_batch(*s.control, batch, "train_step");
+  std::string bad = error.empty() ? detail::non_finite_in(inputs, "input") : std::string();
+  if (bad.empty() && error.empty()) bad = detail::non_finite_in(targets, "target");
+  bad = detail::agree_on_batch(*s.control, batch, "train_step", bad);
   if (!error.empty()) throw InvalidArgument(error);
+  if (!bad.empty()) return s.non_finite_step(bad + " (found before the forward)");
   const int k = s.cfg.accumulation;
   const std::int64_t rows = inputs.empty() ? 0 : inputs.front().size(0);
   const double rate = lr();
@@ -478,7 +492,31 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
     forward_backward(in, tg, double(len) / double(rows));
   }
   const auto optimizer_start = std::chrono::steady_clock::now();
-  if (s.cfg.grad_clip > 0) optim::clip_grad_norm(s.graph_params, s.cfg.grad_clip, s.mesh);
+  // Non-finite values never reach the parameters: this rank's loss and gradients (inside
+  // backward, already applied: the parameters), then one all-reduce of the lowest rank with
+  // each (size: none).
+  const double loss = total.item<double>();
+  const bool grads_finite =
+      s.cfg.grad_clip > 0
+          ? std::isfinite(optim::clip_grad_norm(s.graph_params, s.cfg.grad_clip, s.mesh))
+          : optim::local_all_finite(
+                s.graph_params, s.mesh,
+                s.cfg.optimizer.in_backward ? optim::Values::parameters : optim::Values::gradients);
+  const int me = s.mesh.rank(), none = s.mesh.size();
+  int worst[2] = {std::isfinite(loss) ? none : me, grads_finite ? none : me};
+  s.control->allreduce(worst, 2, MPI_INT, MPI_MIN, "non-finite check (MPI_Iallreduce)");
+  if (worst[0] < none || worst[1] < none) {
+    const bool by_loss = worst[0] < none;
+    const int rank = by_loss ? worst[0] : worst[1];
+    const std::string what =
+        "rank " + std::to_string(rank) + ": " +
+        (by_loss ? std::string("the loss is not finite")
+         : s.cfg.optimizer.in_backward
+             ? "the parameters hold a non-finite value after the update inside backward"
+             : "the gradients hold a non-finite value") +
+        (by_loss && rank == me ? " (" + std::to_string(loss) + ")" : std::string());
+    return s.non_finite_step(what, s.cfg.optimizer.in_backward);
+  }
   s.opt->step();
   ++s.step;
   ++s.steps_here;  // first: a calibration that fails is not tried again at every step
@@ -488,13 +526,49 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
                           .count();
     if (s.steps_here == 1 + s.cfg.sharding.calibrate_steps) s.calibrate();
   }
-  const double loss = total.item<double>();
   if (s.progress.on_step) {
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     s.progress.on_step(StepMetrics{s.step, loss, rate, secs});
   }
   return loss;
+}
+
+double Session::Impl::non_finite_step(const std::string& what, bool applied) {
+  const std::string step_name = "step " + std::to_string(step + 1);
+  if (applied)
+    throw InvalidArgument(step_name + ": " + what +
+                          "; the optimizer inside backward applied the step before it could be "
+                          "checked, so the run stops (resume from the last checkpoint)");
+  ++skipped;
+  if (cfg.non_finite.policy == "stop" || skipped > cfg.non_finite.max_skipped)
+    throw InvalidArgument(step_name + ": " + what + "; the step was not applied (" +
+                          (cfg.non_finite.policy == "stop"
+                               ? std::string("\"non_finite\": {\"policy\": \"stop\"}")
+                               : std::to_string(skipped) + " steps skipped, more than " +
+                                     "\"non_finite\": {\"max_skipped\": " +
+                                     std::to_string(cfg.non_finite.max_skipped) + "}") +
+                          ")");
+  if (mesh.rank() == 0)
+    std::fprintf(stderr, "fullshard[rank 0]: warning: %s skipped (%lld so far): %s\n",
+                 step_name.c_str(), static_cast<long long>(skipped), what.c_str());
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
+void Session::Impl::check_parameters_finite(const std::string& when) {
+  std::string first;
+  for (graph::Parameter* p : graph_params)
+    if (!optim::local_all_finite({p}, mesh, optim::Values::parameters)) {
+      first = p->fqn();
+      break;
+    }
+  int worst = first.empty() ? mesh.size() : mesh.rank();
+  control->allreduce(&worst, 1, MPI_INT, MPI_MIN, "non-finite parameters (MPI_Iallreduce)");
+  if (worst == mesh.size()) return;
+  control->bcast(first, worst, "non-finite parameters (MPI_Ibcast)");
+  throw InvalidArgument("the " + when + " parameters hold a non-finite value: '" + first +
+                        "' (in rank " + std::to_string(worst) +
+                        "'s shard); refused before any step uses them");
 }
 
 std::vector<at::Tensor> Session::predict(const std::vector<at::Tensor>& inputs) {
@@ -662,6 +736,7 @@ std::int64_t Session::load(const std::string& dir) {
   s.check_identity(d);
   const checkpoint::Loaded loaded = s.opt->load(d);
   s.step = loaded.step;
+  s.check_parameters_finite("checkpoint's (" + loaded.step_dir + ")");
   // Resumed in the run's own directory: the chain it continues is its lineage.
   if (s.claim && d == s.cfg.checkpoint.dir) s.claim->resumed_from(loaded.step_dir);
   return s.step;
@@ -703,7 +778,10 @@ void Session::import_safetensors(const std::string& path) {
   // A read error of one rank's rows is thrown on every rank (the first failing rank's).
   int failed = error.empty() ? s.mesh.size() : s.mesh.rank();
   s.control->allreduce(&failed, 1, MPI_INT, MPI_MIN, "safetensors import (MPI_Iallreduce)");
-  if (failed == s.mesh.size()) return;
+  if (failed == s.mesh.size()) {
+    s.check_parameters_finite("imported (" + path + ")");
+    return;
+  }
   s.control->bcast(error, failed, "safetensors import (MPI_Ibcast)");
   throw InvalidArgument(error);
 }
@@ -735,6 +813,9 @@ std::int64_t Session::step() const noexcept {
 }
 double Session::lr() const {
   return impl_->schedule ? impl_->schedule->lr(int(impl_->step)) : impl_->cfg.optimizer.lr;
+}
+std::int64_t Session::skipped_steps() const noexcept {
+  return impl_->skipped;
 }
 std::int64_t Session::num_params() const noexcept {
   return impl_->num_params;

@@ -2,6 +2,7 @@
  *   test-capi-session save DIR    asynchronous saves while training goes on, keep_last 2, the
  *                                 handles' bad uses, an unwritable checkpoint directory; writes
  *                                 the run's losses to DIR/c_losses.txt
+ *                                 and non-finite data: skipped and counted, or refused
  *   test-capi-session resume DIR  on another rank count: resumes DIR/ck and compares its losses
  *                                 with a straight run's.
  * The global batch is 12 rows split over the ranks (1, 2, 3 or 4), so every rank count trains
@@ -90,6 +91,40 @@ static int step_dirs(const char* dir) {
   return n;
 }
 
+/* A NaN in the last rank's input: the step is skipped on every rank (FULLSHARD_OK, loss NaN,
+ * counted, the step count stays); with the stop policy it is FULLSHARD_ERR_ARGUMENT on every
+ * rank naming the rank, the array and the element. */
+static void non_finite(fullshard_mesh mesh) {
+  static float x[GLOBAL * IN], y[GLOBAL * OUT];
+  const int rows = GLOBAL / world;
+  for (int i = 0; i < rows * IN; ++i)
+    x[i] = (float)sin(0.3 * i);
+  for (int i = 0; i < rows * OUT; ++i)
+    y[i] = (float)cos(0.2 * i);
+  if (rank == world - 1) x[1 * IN + 4] = NAN;
+  const int64_t xs[2] = {rows, IN}, ys[2] = {rows, OUT};
+  fullshard_array a = fullshard_array_contiguous(x, FULLSHARD_FLOAT32, 2, xs);
+  fullshard_array b = fullshard_array_contiguous(y, FULLSHARD_FLOAT32, 2, ys);
+  char text[2048], want[256];
+  config(text, sizeof text, "\"non_finite\": {\"max_skipped\": 3}");
+  fullshard_model m = {0};
+  ok(fullshard_model_create_from_json(mesh, text, "skip.json", &m), "create (skip)");
+  double loss = 0;
+  int64_t skipped = 0, steps = -1;
+  ok(fullshard_train_step(m, 1, &a, 1, &b, &loss), "a step with a NaN input is skipped");
+  check(isnan(loss), "a skipped step's loss is NaN");
+  ok(fullshard_model_skipped_steps(m, &skipped), "fullshard_model_skipped_steps");
+  ok(fullshard_model_step(m, &steps), "fullshard_model_step");
+  check(skipped == 1 && steps == 0, "the skipped step is counted, not taken");
+  ok(fullshard_model_free(&m), "free");
+  config(text, sizeof text, "\"non_finite\": {\"policy\": \"stop\"}");
+  ok(fullshard_model_create_from_json(mesh, text, "stop.json", &m), "create (stop)");
+  snprintf(want, sizeof want, "step 1: rank %d: input 0 holds nan at [1, 4]", world - 1);
+  refused(fullshard_train_step(m, 1, &a, 1, &b, &loss), FULLSHARD_ERR_ARGUMENT, want,
+          "a NaN input with the stop policy");
+  ok(fullshard_model_free(&m), "free");
+}
+
 static void save_mode(fullshard_mesh mesh, const char* dir) {
   char ck[1024], text[2048], path[1200];
   snprintf(ck, sizeof ck, "\"checkpoint\": {\"dir\": \"%s/ck\", \"keep_last\": 2}", dir);
@@ -147,6 +182,7 @@ static void save_mode(fullshard_mesh mesh, const char* dir) {
           "checkpoint directory '/proc/fullshard-capi-session'",
           "an unwritable checkpoint directory");
   check(m.id == 0, "no model for a refused configuration");
+  non_finite(mesh);
 }
 
 static void resume_mode(fullshard_mesh mesh, const char* dir) {

@@ -1,13 +1,16 @@
 ! The training session's checkpoints from Fortran:
 !   test-test_fortran_session save DIR    asynchronous saves while training goes on, keep_last 2,
 !                                         the save handles' bad uses, an unwritable checkpoint
-!                                         directory; writes the losses to DIR/fortran_losses.txt
+!                                         directory, non-finite data (skipped and counted,
+!                                         or refused); writes the losses to
+!                                         DIR/fortran_losses.txt
 !   test-test_fortran_session resume DIR  on another rank count: resumes DIR/ck, the losses of a
 !                                         straight run.
 ! The global batch is 12 samples split over the ranks, so every rank count trains the same
 ! model on the same data (test/capi/test_capi_session.c does the same from C).
 program test_fortran_session
   use, intrinsic :: iso_c_binding, only: c_float, c_double, c_int64_t
+  use, intrinsic :: ieee_arithmetic, only: ieee_value, ieee_quiet_nan, ieee_is_nan
   use mpi_f08
   use fullshard
   use test_checks
@@ -123,6 +126,35 @@ contains
                                           source='unwritable.json', status=st)
     call check(st == FULLSHARD_ERR_CONFIG .and. other%id == 0, 'an unwritable directory', &
                "checkpoint directory '/proc/fullshard-fortran-session'")
+    call non_finite()
+  end subroutine
+
+  ! A NaN in the last rank's input: the step is skipped on every rank (loss NaN, counted, the
+  ! step count stays); with the stop policy FULLSHARD_ERR_ARGUMENT names the rank and element.
+  subroutine non_finite()
+    type(fullshard_model) :: model
+    real(c_float) :: x(nin, nglobal/nranks), y(nout, nglobal/nranks)
+    real(c_double) :: loss
+    integer(c_int64_t) :: skipped, n
+    integer :: i, st
+    character(len=80) :: want
+    do i = 1, nglobal/nranks
+      x(:, i) = real(sin(0.3d0*i), c_float)
+      y(:, i) = real(cos(0.2d0*i), c_float)
+    end do
+    if (rank == nranks - 1) x(5, 2) = ieee_value(0.0_c_float, ieee_quiet_nan)  ! row 1, column 4
+    call fullshard_model_create_from_json(mesh, config('"non_finite": {"max_skipped": 3}'), model)
+    call fullshard_train_step(model, x, y, loss, status=st)
+    call check(st == FULLSHARD_OK .and. ieee_is_nan(loss), 'a NaN input skips the step', '')
+    call fullshard_model_skipped_steps(model, skipped)
+    call fullshard_model_step(model, n)
+    call check(skipped == 1 .and. n == 0, 'the skipped step is counted, not taken', '')
+    call fullshard_model_free(model)
+    call fullshard_model_create_from_json(mesh, config('"non_finite": {"policy": "stop"}'), model)
+    write (want, '(a, i0, a)') 'step 1: rank ', nranks - 1, ': input 0 holds nan at [1, 4]'
+    call fullshard_train_step(model, x, y, loss, status=st)
+    call check(st == FULLSHARD_ERR_ARGUMENT, 'a NaN input with the stop policy', trim(want))
+    call fullshard_model_free(model)
   end subroutine
 
   subroutine resume_mode()

@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -324,6 +325,49 @@ TEST_CASE("clip_grad_norm on a 1-D mesh: full-gradient norm and scaling") {
   CHECK(bad == 0);
   CHECK(close(optim::clip_grad_norm(params, 1e9, mesh), max_norm, 1e-5));
   CHECK(contains(error_of([&] { optim::clip_grad_norm(params, -1.0, mesh); }), "max_norm"));
+}
+
+TEST_CASE("local_sum_squares and local_all_finite against a scan of the local shards") {
+  DeviceMesh mesh = world_mesh();
+  Model model(mesh);
+  model.iteration(0);
+  auto params = model.root->parameters();
+  auto reference = [&](bool grads) {
+    double sq = 0;
+    for (Parameter* p : params) {
+      const Tensor& t = grads ? p->grad() : p->data();
+      for (std::int64_t e = 0; e < t.numel(); ++e)
+        sq += t.at(e) * t.at(e);
+    }
+    return sq;
+  };
+  CHECK(close(optim::local_sum_squares(params, mesh), reference(true), 1e-12));
+  CHECK(close(optim::local_sum_squares(params, mesh, optim::Values::parameters), reference(false),
+              1e-12));
+  CHECK(optim::local_all_finite(params, mesh));
+  CHECK(optim::local_all_finite(params, mesh, optim::Values::parameters));
+  // One non-finite element anywhere (in the eight-lane body, in the tail) is found, and the
+  // largest finite values are not mistaken for one.
+  for (Parameter* p : params) {
+    Tensor g = p->grad();
+    for (std::int64_t e : {std::int64_t{0}, g.numel() / 2, g.numel() - 1}) {
+      if (e < 0 || g.numel() == 0) continue;
+      const double keep = g.at(e);
+      for (double v : {double(std::numeric_limits<float>::quiet_NaN()),
+                       double(std::numeric_limits<float>::infinity()),
+                       -double(std::numeric_limits<float>::infinity())}) {
+        g.set(e, v);
+        CAPTURE(p->fqn());
+        CAPTURE(e);
+        CHECK_FALSE(optim::local_all_finite(params, mesh));
+        CHECK_FALSE(std::isfinite(optim::local_sum_squares(params, mesh)));
+      }
+      g.set(e, double(std::numeric_limits<float>::max()));
+      CHECK(optim::local_all_finite(params, mesh));
+      g.set(e, keep);
+    }
+  }
+  CHECK(optim::local_all_finite(params, mesh));
 }
 
 TEST_CASE("clip_grad_norm under HSDP reduces over the shard dim only") {

@@ -351,6 +351,100 @@ TEST_CASE("session: a run owns its checkpoint directory; retention spares other 
                   "elsewhere, process 77, heartbeat 0 s ago)") != std::string::npos);
 }
 
+TEST_CASE("session: non-finite values never reach the parameters") {
+  const fs::DeviceMesh mesh = world_mesh();
+  const int last = fs::test::world_size() - 1;
+  auto params_of = [](ss::Session& s) {
+    std::vector<torch::Tensor> out;
+    for (const torch::Tensor& p : s.module().parameters())
+      out.push_back(p.detach().clone());
+    return out;
+  };
+  auto same = [](const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+    bool eq = a.size() == b.size();
+    for (std::size_t i = 0; eq && i < a.size(); ++i)
+      eq = torch::equal(a[i], b[i]);
+    return eq;
+  };
+  // Skip: a NaN in one rank's input skips the step on every rank, nothing applied; the next
+  // steps are those of a run that never saw the bad batch.
+  ss::Session s(mesh, config_of(config_text(R"("non_finite": {"max_skipped": 1})")));
+  ss::Session reference(mesh, config_of(config_text()));
+  const std::vector<torch::Tensor> before = params_of(s);
+  {
+    auto [x, y] = batch(0);
+    if (fs::test::world_rank() == last) x[2][3] = std::nan("");
+    CHECK(std::isnan(s.train_step({x}, {y})));
+  }
+  CHECK(s.step() == 0);
+  CHECK(s.skipped_steps() == 1);
+  CHECK(same(params_of(s), before));
+  for (int k = 0; k < 2; ++k) {
+    const auto [x, y] = batch(k);
+    CHECK(rel(s.train_step({x}, {y}), reference.train_step({x}, {y})) <= 1e-6);
+  }
+  // A second bad step is one more than max_skipped 1: refused, naming the step, rank and value.
+  {
+    auto [x, y] = batch(2);
+    if (fs::test::world_rank() == last) y[1][0] = -INFINITY;
+    const std::string msg = error_of([&] { s.train_step({x}, {y}); });
+    CAPTURE(msg);
+    CHECK(msg.find("step 3: rank " + std::to_string(last) +
+                   ": target 0 holds -inf at [1, 0] (found before the forward); the step was "
+                   "not applied (2 steps skipped, more than \"non_finite\": {\"max_skipped\": "
+                   "1})") != std::string::npos);
+  }
+  // Stop: the first bad step is refused. A finite batch whose loss overflows: after backward.
+  ss::Session stop(mesh, config_of(config_text(R"("non_finite": {"policy": "stop"})")));
+  {
+    const auto [x, y] = batch(0);
+    const std::string msg = error_of([&] { stop.train_step({x * 1e30}, {y}); });
+    CAPTURE(msg);
+    CHECK(msg.find("step 1: rank 0: the loss is not finite") != std::string::npos);
+    CHECK(msg.find("the step was not applied (\"non_finite\": {\"policy\": \"stop\"})") !=
+          std::string::npos);
+    CHECK(stop.skipped_steps() == 1);
+  }
+  // Inside backward the update is applied before the check: the run stops, saying so.
+  ss::Session inside(mesh, config_of(R"({"model": {"type": "residual_mlp", "inputs": 6,
+                                                  "hidden": 16, "outputs": 2, "blocks": 3},
+                                       "optimizer": {"in_backward": true}})"));
+  {
+    const auto [x, y] = batch(0);
+    const std::string msg = error_of([&] { inside.train_step({x * 1e30}, {y}); });
+    CAPTURE(msg);
+    CHECK(msg.find("the optimizer inside backward applied the step before it could be checked, "
+                   "so the run stops") != std::string::npos);
+  }
+  // Weights holding a NaN: refused from a checkpoint at resume and from a safetensors file.
+  fs::test::SharedTempDir tmp("fullshard-nonfinite");
+  {
+    ss::Session bad(mesh, config_of(config_text()));
+    {
+      torch::NoGradGuard no_grad;
+      for (torch::Tensor p : bad.module().parameters())
+        if (p.numel() > 0) p.view(-1)[0] = std::nan("");
+    }
+    bad.save(tmp.path + "/ck");
+    bad.export_safetensors(tmp.path + "/bad.safetensors");
+  }
+  const std::string resumed = error_of([&] {
+    ss::Session r(mesh, config_of(config_text(R"("checkpoint": {"dir": ")" + tmp.path +
+                                              R"(/ck", "resume": true})")));
+  });
+  CAPTURE(resumed);
+  CHECK(resumed.find("the checkpoint's (" + tmp.path +
+                     "/ck/step-00000000) parameters hold a non-finite value: '") !=
+        std::string::npos);
+  ss::Session fresh(mesh, config_of(config_text()));
+  const std::string imported =
+      error_of([&] { fresh.import_safetensors(tmp.path + "/bad.safetensors"); });
+  CAPTURE(imported);
+  CHECK(imported.find("the imported (" + tmp.path +
+                      "/bad.safetensors) parameters hold a non-finite value: '") !=
+        std::string::npos);
+}
+
 TEST_CASE("session: the checkpoint directory is checked before the first step") {
   const fs::DeviceMesh mesh = world_mesh();
   const std::string unwritable = "/proc/fullshard-session-test";

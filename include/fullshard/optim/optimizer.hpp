@@ -195,6 +195,23 @@ class AdamW : public Optimizer {
   double beta1_, beta2_, eps_, weight_decay_;
 };
 
+/// What local_sum_squares sums.
+enum class Values { gradients, parameters };
+
+/// The sum of squares (f64) of this rank's local shards of the parameters' gradients (those
+/// that have one) or of the parameters themselves: clip_grad_norm's local part, and a
+/// non-finite check (the sum is finite exactly when every element is: an f32 square cannot
+/// overflow f64). Not collective. Device tensors (f32): kernels on the mesh's compute stream and
+/// one copy of the per-tensor sums to the host.
+double local_sum_squares(const std::vector<graph::Parameter*>& params, const DeviceMesh& mesh,
+                         Values which = Values::gradients);
+
+/// Whether every element of this rank's local shards of the gradients (or of the parameters)
+/// is finite: local_sum_squares' answer, cheaper (host f32: one pass over the exponent bits).
+/// Not collective.
+bool local_all_finite(const std::vector<graph::Parameter*>& params, const DeviceMesh& mesh,
+                      Values which = Values::gradients);
+
 /// torch.nn.utils.clip_grad_norm_ for sharded gradients: the L2 norm of the full gradient
 /// (local sums of squares, one f64 all-reduce over the mesh's last (shard) dim: under HSDP
 /// the replicate dim holds copies); every local gradient is scaled by

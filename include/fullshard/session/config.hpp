@@ -115,6 +115,22 @@ struct CheckpointSpec {
   bool start_over = false;
 };
 
+/// "non_finite": what a step does with a NaN or an infinity. A float input or target holding
+/// one (checked before the forward), a non-finite loss or gradient (after the backward: one
+/// all-reduce of two numbers over the ranks) makes the step skipped on every rank: nothing is
+/// applied, the step count and the schedule do not advance, and it is counted
+/// (Session::skipped_steps). Initial weights, imported weights and checkpoints holding one are
+/// refused. With the optimizer inside backward a bad gradient is already applied when found:
+/// the run stops (an InvalidArgument naming the step and rank; resume from a checkpoint).
+struct NonFiniteSpec {
+  /// skip: a bad step is skipped (rank 0 prints a line) and training goes on, until more than
+  /// max_skipped steps were skipped; stop: the first bad step is an InvalidArgument on every
+  /// rank naming the step, the rank and what held the value (input or target i, the loss,
+  /// the gradients).
+  std::string policy = "skip";
+  int max_skipped = 10;
+};
+
 struct Config {
   std::string source;  // the file name (or "<string>") errors name
   ModelSpec model;
@@ -126,6 +142,7 @@ struct Config {
   /// first dim into this many and their gradients summed before one reduce-scatter; the loss
   /// is their mean (the same step as the whole batch when they divide it evenly).
   int accumulation = 1;
+  NonFiniteSpec non_finite;
   DType dtype = DType::f32;                        // the parameters' (f32 | f64)
   std::optional<DType> param_dtype, reduce_dtype;  // mixed precision (FSDP2's policy)
   ShardingSpec sharding;

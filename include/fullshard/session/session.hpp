@@ -107,7 +107,9 @@ class Session {
   /// shapes (but the first dim) and dtypes (one small all-reduce; a mismatch is refused on
   /// every rank naming the ranks and shapes), then config().accumulation micro-batches of
   /// forward, loss and backward, clipping, the optimizer and the schedule. Returns this
-  /// rank's loss (the micro-batches' mean). Collective.
+  /// rank's loss (the micro-batches' mean). A NaN or infinity in a float input or target, the
+  /// loss or the gradients skips the step on every rank (returns NaN; the step count stays)
+  /// or stops the run, as config().non_finite says. Collective.
   double train_step(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
   /// The model's outputs without gradients. Collective.
   std::vector<at::Tensor> predict(const std::vector<at::Tensor>& inputs);
@@ -162,6 +164,8 @@ class Session {
   /// copied there once).
   c10::Device device() const noexcept;
   std::int64_t step() const noexcept;
+  /// Steps skipped for a non-finite value (config().non_finite).
+  std::int64_t skipped_steps() const noexcept;
   /// The learning rate of the next step.
   double lr() const;
   /// Parameters of the whole model, each tensor once (tied weights counted once).
