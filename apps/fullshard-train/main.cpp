@@ -18,6 +18,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -42,6 +43,8 @@
 #include "fullshard/schedule/compute_cost.hpp"
 #include "fullshard/schedule/memory_account.hpp"
 #include "fullshard/schedule/memory_budget.hpp"
+#include "fullshard/session/config.hpp"
+#include "fullshard/session/non_finite_policy.hpp"
 #include "mlp_cost.hpp"
 #include "residual_mlp.hpp"
 #if defined(FULLSHARD_APPS_HAVE_CUDA)
@@ -79,6 +82,11 @@ const char* const kUsage =
     "  --warmup N            linear warm-up steps, then cosine decay to 0 at S (default: no\n"
     "                        schedule, constant lr)\n"
     "  --clip X              clip the global gradient norm to X (default: off)\n"
+    "  --non-finite P        a step whose loss or gradients hold a NaN or an infinity is\n"
+    "                        never applied: skip (default: skipped, counted, a warning line;\n"
+    "                        the run goes on) or stop (exit 1 naming the step); inside\n"
+    "                        backward the update is applied first, so the run stops\n"
+    "  --max-skipped N       skipped steps before the run stops (default 10)\n"
     "  --optimizer-in-backward\n"
     "                        each group's update runs inside backward, as soon as its\n"
     "                        reduction lands, on the reduction's stream (the same values; no\n"
@@ -174,6 +182,7 @@ struct Config {
   std::uint64_t seed = 1;
   std::string optimizer = "adamw";
   double lr = 1e-3, weight_decay = 0.0, momentum = 0.9, clip = 0.0;
+  fullshard::session::NonFiniteSpec non_finite;
   int warmup = -1;
   std::pair<int, int> mesh{0, 0};
   schedule::PlanOptions plan;
@@ -233,6 +242,12 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
       c.warmup = a.int_value(0);
     else if (f == "--clip")
       c.clip = a.double_value(0.0, 1e30);
+    else if (f == "--non-finite") {
+      c.non_finite.policy = a.value();
+      if (c.non_finite.policy != "skip" && c.non_finite.policy != "stop")
+        throw apps::UsageError{"--non-finite " + c.non_finite.policy + ": expected skip or stop"};
+    } else if (f == "--max-skipped")
+      c.non_finite.max_skipped = a.int_value(0);
     else if (f == "--mesh")
       c.mesh = a.mesh_value();
     else if (f == "--param-dtype")
@@ -746,10 +761,28 @@ class Trainer {
     opt_->zero_grad();
     const double sse = model_.forward_backward(x_.data(), t_.data(), rows_, c_.batch);
     const auto t_fb = Clock::now();
-    if (c_.clip > 0) fullshard::optim::clip_grad_norm(params_, c_.clip, mesh_);
-    opt_->step();
+    // Non-finite values never reach the parameters: this rank's gradients (inside backward,
+    // already applied: the parameters; with clipping, the global norm) fold into the loss's
+    // all-reduce, which is then not finite when any rank's loss or gradients are not.
+    bool finite = true;
+    if (c_.clip > 0)
+      finite = std::isfinite(fullshard::optim::clip_grad_norm(params_, c_.clip, mesh_));
+    else
+      finite = fullshard::optim::local_all_finite(params_, mesh_,
+                                                  c_.optimizer_in_backward
+                                                      ? fullshard::optim::Values::parameters
+                                                      : fullshard::optim::Values::gradients);
+    double loss =
+        apps::sum_over_mesh(finite ? sse : std::numeric_limits<double>::quiet_NaN(), mesh_) /
+        (double(c_.batch) * c_.shape.outputs);
+    if (std::isfinite(loss))
+      opt_->step();
+    else
+      loss = non_finite_.bad_step(step + 1,
+                                  "the loss or the gradients hold a non-finite value (on one "
+                                  "rank at least)",
+                                  c_.optimizer_in_backward, rank_);
     const auto t_opt = Clock::now();
-    const double loss = apps::sum_over_mesh(sse, mesh_) / (double(c_.batch) * c_.shape.outputs);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     if (step > first_step) count_traffic_since(traffic0);
 
@@ -775,8 +808,10 @@ class Trainer {
     faults_.push_back(static_cast<double>(minor_faults() - faults0));
     opt_ms_.push_back(std::chrono::duration<double, std::milli>(t_opt - t_fb).count());
     comm_ms_.push_back(comm);
-    if (step == first_step) first_loss_ = loss;
-    last_loss_ = loss;
+    if (std::isfinite(loss)) {                              // a skipped step has none
+      if (!std::isfinite(first_loss_)) first_loss_ = loss;  // the first step applied
+      last_loss_ = loss;
+    }
     return loss;
   }
 
@@ -844,14 +879,14 @@ class Trainer {
     // moves the shards into the all-gather windows and makes the pool's blocks).
     if (!steady_) fullshard::memory_ledger::reset_peaks();
     steady_ = true;
-    if (rank_ == 0 && ((step + 1) % c_.log_every == 0 || step + 1 == last_step_)) {
+    if (rank_ == 0 && !std::isfinite(loss)) {  // skipped by --non-finite (it said why)
+      std::printf("step %d skipped (non-finite; %lld skipped so far)\n", step + 1,
+                  static_cast<long long>(non_finite_.skipped()));
+    } else if (rank_ == 0 && ((step + 1) % c_.log_every == 0 || step + 1 == last_step_)) {
       std::printf("step %d loss %.9g step_ms %.3f comm_ms %.3f peak_mib %.2f\n", step + 1, loss,
                   step_ms_.back(), comm_ms_.back(), model_.executor().measured_peak_bytes() / kMiB);
-      std::fflush(stdout);
     }
-    if (!std::isfinite(loss))
-      throw fullshard::Error("step " + std::to_string(step + 1) + ": the loss is " +
-                             std::to_string(loss) + " (diverged; lower --lr)");
+    std::fflush(stdout);
   }
 
   /// Saves after every --save-every steps and after the last one (with --checkpoint-dir).
@@ -989,10 +1024,13 @@ class Trainer {
     const double heap = heap_in_use_mib();
     std::printf(
         "summary: %d steps in %.2f s, loss %.6g -> %.6g, median step %.3f ms "
-        "(comm %.3f ms), pool peak %.2f MiB (plan %.2f MiB), max RSS %.1f MiB%s\n",
+        "(comm %.3f ms), pool peak %.2f MiB (plan %.2f MiB), max RSS %.1f MiB%s%s\n",
         steps_run, total_s, first_loss_, last_loss_, median(step_ms_), median(comm_ms_),
         model_.executor().measured_peak_bytes() / kMiB, model_.plan().peak_bytes / kMiB,
-        peak_rss_mib(), heap >= 0 ? (", heap in use " + fmt_mib(heap) + " MiB").c_str() : "");
+        peak_rss_mib(), heap >= 0 ? (", heap in use " + fmt_mib(heap) + " MiB").c_str() : "",
+        non_finite_.skipped() > 0
+            ? (", " + std::to_string(non_finite_.skipped()) + " steps skipped (non-finite)").c_str()
+            : "");
     print_blas();
     if (steps_run > 1) {
       std::vector<double> after_first(step_ms_.begin() + 1, step_ms_.end());
@@ -1316,6 +1354,9 @@ class Trainer {
   int last_step_ = 0;
   std::string resumed_from_;  // the step directory --resume loaded
   std::unique_ptr<fullshard::checkpoint::DirectoryClaim> claim_;  // of --checkpoint-dir
+  fullshard::session::NonFinitePolicy non_finite_{
+      c_.non_finite, "--non-finite stop",
+      "--max-skipped " + std::to_string(c_.non_finite.max_skipped)};
 
   /// Whether --resume continues --checkpoint-dir's checkpoints (it or one of its steps).
   bool resumes_checkpoint_dir() const {
@@ -1337,7 +1378,7 @@ class Trainer {
   // --predict: measured time per kind of op (label up to '(') over the steps after the first.
   std::map<std::string, double> measured_kind_ms_;
   int measured_steps_ = 0;
-  double first_loss_ = 0, last_loss_ = 0;
+  double first_loss_ = std::numeric_limits<double>::quiet_NaN(), last_loss_ = 0;
   std::size_t ops_seen_ = 0;
   // Bytes of the training steps after the first (which also initialises): checkpoint saves
   // and loads are not counted.
@@ -1414,6 +1455,8 @@ std::vector<apps::OptionValue> option_values(const Config& c) {
           {"--momentum", num(c.momentum)},
           {"--warmup", std::to_string(c.warmup)},
           {"--clip", num(c.clip)},
+          {"--non-finite", c.non_finite.policy},
+          {"--max-skipped", std::to_string(c.non_finite.max_skipped)},
           {"--mesh", std::to_string(c.mesh.first) + "x" + std::to_string(c.mesh.second)},
           {"--param-dtype", dtype(c.param_dtype)},
           {"--reduce-dtype", dtype(c.reduce_dtype)},

@@ -26,6 +26,7 @@
 #include "fullshard/schedule/memory_account.hpp"
 #include "fullshard/schedule/memory_budget.hpp"
 #include "fullshard/schedule/plan.hpp"
+#include "fullshard/session/non_finite_policy.hpp"
 #include "fullshard/torch/sharded_model.hpp"
 #include "lib/session/batch_agreement.hpp"
 #include "lib/session/models.hpp"
@@ -112,9 +113,9 @@ struct Session::Impl {
   PlanPrediction plan;
   // What the plan was made with (the calibration plans again with measured costs).
   sch::PlanOptions plan_options;
-  int steps_here = 0;        // train_step calls of this session (a resumed one counts afresh)
-  std::int64_t skipped = 0;  // steps skipped for a non-finite value (non_finite)
-  double optimizer_ms = 0;   // summed over the calibration steps
+  int steps_here = 0;  // train_step calls of this session (a resumed one counts afresh)
+  std::optional<NonFinitePolicy> non_finite;  // cfg.non_finite
+  double optimizer_ms = 0;                    // summed over the calibration steps
   const void* last_input = nullptr;
   c10::Device device = c10::Device(c10::kCPU);
   Progress progress;
@@ -185,6 +186,9 @@ Session::Session(const DeviceMesh& mesh, Config config)
   if (!error.empty()) throw ConfigError(error);
   s.cfg.canonical = lines;
   s.identity = identity_lines(lines);
+  s.non_finite.emplace(
+      s.cfg.non_finite, "\"non_finite\": {\"policy\": \"stop\"}",
+      "\"non_finite\": {\"max_skipped\": " + std::to_string(s.cfg.non_finite.max_skipped) + "}");
   s.control = BoundedComm::duplicate(s.mesh.control_world(), "session", s.mesh.timeout_s());
 
   // Before anything is built: a bad checkpoint directory must not cost a whole job.
@@ -535,24 +539,7 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
 }
 
 double Session::Impl::non_finite_step(const std::string& what, bool applied) {
-  const std::string step_name = "step " + std::to_string(step + 1);
-  if (applied)
-    throw InvalidArgument(step_name + ": " + what +
-                          "; the optimizer inside backward applied the step before it could be "
-                          "checked, so the run stops (resume from the last checkpoint)");
-  ++skipped;
-  if (cfg.non_finite.policy == "stop" || skipped > cfg.non_finite.max_skipped)
-    throw InvalidArgument(step_name + ": " + what + "; the step was not applied (" +
-                          (cfg.non_finite.policy == "stop"
-                               ? std::string("\"non_finite\": {\"policy\": \"stop\"}")
-                               : std::to_string(skipped) + " steps skipped, more than " +
-                                     "\"non_finite\": {\"max_skipped\": " +
-                                     std::to_string(cfg.non_finite.max_skipped) + "}") +
-                          ")");
-  if (mesh.rank() == 0)
-    std::fprintf(stderr, "fullshard[rank 0]: warning: %s skipped (%lld so far): %s\n",
-                 step_name.c_str(), static_cast<long long>(skipped), what.c_str());
-  return std::numeric_limits<double>::quiet_NaN();
+  return non_finite->bad_step(step + 1, what, applied, mesh.rank());
 }
 
 void Session::Impl::check_parameters_finite(const std::string& when) {
@@ -815,7 +802,7 @@ double Session::lr() const {
   return impl_->schedule ? impl_->schedule->lr(int(impl_->step)) : impl_->cfg.optimizer.lr;
 }
 std::int64_t Session::skipped_steps() const noexcept {
-  return impl_->skipped;
+  return impl_->non_finite->skipped();
 }
 std::int64_t Session::num_params() const noexcept {
   return impl_->num_params;
