@@ -517,8 +517,7 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
         (by_loss ? std::string("the loss is not finite")
          : s.cfg.optimizer.in_backward
              ? "the parameters hold a non-finite value after the update inside backward"
-             : "the gradients hold a non-finite value") +
-        (by_loss && rank == me ? " (" + std::to_string(loss) + ")" : std::string());
+             : "the gradients hold a non-finite value");
     return s.non_finite_step(what, s.cfg.optimizer.in_backward);
   }
   s.opt->step();
