@@ -1,5 +1,9 @@
 #include "fullshard/base/json_reader.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -233,15 +237,41 @@ nlohmann::ordered_json parse_json_strict(const std::string& text, const std::str
   return b.take();
 }
 
-std::string read_text_file(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw ConfigError(path + ": cannot read the " + what +
-                      " (cannot open it: " + std::strerror(errno) + ")");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw ConfigError(path + ": cannot read the " + what);
-  return text.str();
+std::string read_text_file(const std::string& path, const std::string& what,
+                           std::uint64_t max_bytes) {
+  auto refused = [&](const std::string& why) {
+    return ConfigError(path + ": cannot read the " + what + " (" + why + ")");
+  };
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; the type is checked on the open file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw refused(std::string("cannot open it: ") + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw refused(std::string("cannot stat it: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    throw refused(std::string("it is not a regular file but ") +
+                  (S_ISFIFO(st.st_mode)                         ? "a FIFO"
+                   : S_ISDIR(st.st_mode)                        ? "a directory"
+                   : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                   : S_ISSOCK(st.st_mode)                       ? "a socket"
+                                                                : "not a file"));
+  if (std::uint64_t(st.st_size) > max_bytes)
+    throw refused(std::to_string(st.st_size) + " bytes, more than the " +
+                  std::to_string(max_bytes) + " a " + what + " may have");
+  std::string text(std::size_t(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw refused(std::string("read failed: ") + std::strerror(errno));
+    if (n == 0) break;  // shrank while read
+    got += std::size_t(n);
+  }
+  text.resize(got);
+  return text;
 }
 
 }  // namespace fullshard::detail

@@ -445,6 +445,21 @@ TEST_CASE("session: non-finite values never reach the parameters") {
         std::string::npos);
 }
 
+TEST_CASE("session: a configuration path that is not a regular file is refused, not waited on") {
+  const fs::DeviceMesh mesh = world_mesh();
+  fs::test::SharedTempDir tmp("fullshard-fifo");
+  const std::string fifo = tmp.path + "/config.json";
+  if (fs::test::world_rank() == 0) REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  MPI_Barrier(MPI_COMM_WORLD);
+  // Opening a FIFO for reading would wait for a writer forever, on every rank.
+  const std::string msg = error_of([&] { ss::read_config(mesh, fifo); });
+  CAPTURE(msg);
+  CHECK(msg.find(fifo + ": cannot read the configuration (it is not a regular file but a FIFO)") !=
+        std::string::npos);
+  const std::string dir = error_of([&] { ss::read_config(mesh, tmp.path); });
+  CHECK(dir.find("it is not a regular file but a directory") != std::string::npos);
+}
+
 TEST_CASE("session: the checkpoint directory is checked before the first step") {
   const fs::DeviceMesh mesh = world_mesh();
   const std::string unwritable = "/proc/fullshard-session-test";

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,9 +39,14 @@ struct JsonLimits {
   std::vector<std::pair<std::string, std::string>> duplicate_words;
 };
 
-/// The whole of file `path`; ConfigError "<path>: cannot read the <what> (cannot open it:
-/// <reason>)" or "<path>: cannot read the <what>" when it cannot be opened or read.
-std::string read_text_file(const std::string& path, const std::string& what);
+/// The largest text file read_text_file reads unless told otherwise.
+inline constexpr std::uint64_t kMaxTextFileBytes = std::uint64_t{1} << 30;
+
+/// The whole of file `path`, which must be a regular file of at most `max_bytes`: a FIFO, a
+/// device or a directory is refused before anything is read (a FIFO would block every rank
+/// forever), and so is a larger file. ConfigError "<path>: cannot read the <what> (<reason>)".
+std::string read_text_file(const std::string& path, const std::string& what,
+                           std::uint64_t max_bytes = kMaxTextFileBytes);
 
 /// Parses `text` (the whole of it) as described above.
 nlohmann::ordered_json parse_json_strict(const std::string& text, const std::string& source,
