@@ -109,8 +109,8 @@ void bench_step(benchmark::State& state, const fs::DeviceMesh* mesh, int hidden)
       std::string bad = fs::session::detail::non_finite_in({x}, "input");
       bad += fs::session::detail::non_finite_in({y}, "target");
       const bool grads = fs::optim::local_all_finite(params, *mesh);
-      int worst[2] = {bad.empty() ? 0 : 1, grads ? 0 : 1};
-      comm.allreduce(worst, 2, MPI_INT, MPI_MIN, "bench non-finite check");
+      int worst = bad.empty() && grads ? 1 : 0;
+      comm.allreduce(&worst, 1, MPI_INT, MPI_MIN, "bench non-finite check");
       finite_t.push_back(slowest(MPI_Wtime() - t0));
     }
     benchmark::DoNotOptimize(sink);

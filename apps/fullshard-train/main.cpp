@@ -85,7 +85,10 @@ const char* const kUsage =
     "  --non-finite P        a step whose loss or gradients hold a NaN or an infinity is\n"
     "                        never applied: skip (default: skipped, counted, a warning line;\n"
     "                        the run goes on) or stop (exit 1 naming the step); inside\n"
-    "                        backward the update is applied first, so the run stops\n"
+    "                        backward the update is applied first, so the run stops;\n"
+    "                        on --device cuda the values are read every few steps, after\n"
+    "                        they were applied, so the run stops there, before a checkpoint\n"
+    "                        holds them\n"
     "  --max-skipped N       skipped steps before the run stops (default 10)\n"
     "  --optimizer-in-backward\n"
     "                        each group's update runs inside backward, as soon as its\n"
@@ -1197,20 +1200,37 @@ class Trainer {
     const int first = (step + 1 - n - first_step) % slots_;
     std::vector<double> sse = cuda_->sse(first, n);
     const std::vector<double> ms = cuda_->step_ms(first, n);
+    // The parameters too: a non-finite gradient applied since the last fetch (one pass on the
+    // GPU, folded into the losses' all-reduce).
+    sse.push_back(
+        fullshard::optim::local_all_finite(params_, mesh_, fullshard::optim::Values::parameters)
+            ? 0.0
+            : std::numeric_limits<double>::quiet_NaN());
     mesh_.world_comm()
-        .all_reduce(sse.data(), sse.data(), static_cast<std::size_t>(n), fullshard::DType::f64,
+        .all_reduce(sse.data(), sse.data(), sse.size(), fullshard::DType::f64,
                     fullshard::comm::ReduceOp::sum, mesh_.stream(fullshard::Channel::main))
         .wait();
+    // Read here, after the steps were applied: a bad one stops the run (whatever --non-finite
+    // says) before a checkpoint holds it (the save points fetch first).
+    const std::string read_late =
+        " (on --device cuda the losses and parameters are read every few steps, after the steps "
+        "were applied, so the run stops here, before a checkpoint holds them; lower --lr, or "
+        "resume from the last checkpoint)";
     for (int k = 0; k < n; ++k) {
       const int s = step + 1 - n + k;
       const double loss = sse[static_cast<std::size_t>(k)] / (double(c_.batch) * c_.shape.outputs);
       if (!std::isfinite(loss))
         throw fullshard::Error("step " + std::to_string(s + 1) + ": the loss is " +
-                               std::to_string(loss) + " (diverged; lower --lr)");
+                               std::to_string(loss) + read_late);
       step_ms_.push_back(ms[static_cast<std::size_t>(k)]);
       if (s == first_step) first_loss_ = loss;
       last_loss_ = loss;
     }
+    if (!std::isfinite(sse.back()))
+      throw fullshard::Error("step " + std::to_string(step + 1) +
+                             ": the parameters hold a non-finite value (a gradient holding one "
+                             "was applied)" +
+                             read_late);
     pending_ = 0;
   }
 

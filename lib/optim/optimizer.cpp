@@ -12,6 +12,7 @@
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/shard_update.hpp"
 #include "fullshard/tensor/staging.hpp"
+#include "lib/base/finite_scan.hpp"
 
 namespace fullshard::optim {
 
@@ -639,7 +640,7 @@ bool local_all_finite(const std::vector<graph::Parameter*>& params, const Device
                       Values which) {
   const bool grads = which == Values::gradients;
   std::vector<graph::Parameter*> rest;  // not host f32: summed (non-finite iff one element is)
-  std::uint32_t seen = 0;  // bit 31 set: an element whose exponent field is all ones (inf, nan)
+  bool finite = true;
   for (graph::Parameter* p : params) {
     if (p == nullptr) throw InvalidArgument("local_all_finite: null parameter in the list");
     const Tensor& t = grads ? p->grad() : p->data();
@@ -648,21 +649,10 @@ bool local_all_finite(const std::vector<graph::Parameter*>& params, const Device
       rest.push_back(p);
       continue;
     }
-    // The exponent field plus one lands in bit 31 exactly when it is all ones: an OR over
-    // eight lanes (SSE2 vectorizes it), at memory speed.
-    const auto* bits = static_cast<const std::uint32_t*>(t.data());
-    const std::int64_t n = t.numel();
-    std::uint32_t lanes[8] = {};
-    std::int64_t e = 0;
-    for (; e + 8 <= n; e += 8)
-      for (int k = 0; k < 8; ++k)
-        lanes[k] |= (bits[e + k] & 0x7f800000u) + 0x00800000u;
-    for (; e < n; ++e)
-      seen |= (bits[e] & 0x7f800000u) + 0x00800000u;
-    for (std::uint32_t l : lanes)
-      seen |= l;
+    finite =
+        fullshard::detail::all_finite(static_cast<const float*>(t.data()), t.numel()) && finite;
   }
-  return (seen & 0x80000000u) == 0 && std::isfinite(local_sum_squares(rest, mesh, which));
+  return finite && std::isfinite(local_sum_squares(rest, mesh, which));
 }
 
 double clip_grad_norm(const std::vector<graph::Parameter*>& params, double max_norm,
@@ -678,32 +668,39 @@ double clip_grad_norm(const std::vector<graph::Parameter*>& params, double max_n
                             "gradient before the norm of all of them is known; clip with the "
                             "optimizer after backward (run_in_backward(false))");
   double local = local_sum_squares(params, mesh, Values::gradients);
-#if defined(KOKKOS_ENABLE_CUDA)
-  void* stream = mesh.compute_stream().native_handle();
-  detail::DeviceExec execs;  // the instance on the compute stream, for the scaling
-#endif
   const std::string& dim = mesh.names().back();
   double total = 0.0;
   mesh.comm(dim, Channel::main)
       .all_reduce(&local, &total, 1, DType::f64, comm::ReduceOp::sum, mesh.stream(Channel::main))
       .wait();
   const double norm = std::sqrt(total);
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0)
-    for (graph::Parameter* p : params) {
-      Tensor g = p->grad();
-      if (!g.defined()) continue;
-#if defined(KOKKOS_ENABLE_CUDA)
-      if (g.space() == MemorySpace::device) {
-        for_each_element("fullshard::clip_grad_norm::scale", ScaleKernel{g.data_as<float>(), coef},
-                         g.numel(), g.space(), stream, execs);
-        continue;
-      }
-#endif
-      for (std::int64_t e = 0; e < g.numel(); ++e)
-        g.set(e, g.at(e) * coef);
-    }
+  scale_to_max_norm(params, norm, max_norm, mesh);
   return norm;
+}
+
+void scale_to_max_norm(const std::vector<graph::Parameter*>& params, double norm, double max_norm,
+                       const DeviceMesh& mesh) {
+  const double coef = max_norm / (norm + 1e-6);
+  if (!(coef < 1.0)) return;  // within the norm (or a non-finite norm: nothing to scale by)
+#if defined(KOKKOS_ENABLE_CUDA)
+  void* stream = mesh.compute_stream().native_handle();
+  detail::DeviceExec execs;  // the instance on the compute stream, for the scaling
+#else
+  (void)mesh;
+#endif
+  for (graph::Parameter* p : params) {
+    Tensor g = p->grad();
+    if (!g.defined()) continue;
+#if defined(KOKKOS_ENABLE_CUDA)
+    if (g.space() == MemorySpace::device) {
+      for_each_element("fullshard::clip_grad_norm::scale", ScaleKernel{g.data_as<float>(), coef},
+                       g.numel(), g.space(), stream, execs);
+      continue;
+    }
+#endif
+    for (std::int64_t e = 0; e < g.numel(); ++e)
+      g.set(e, g.at(e) * coef);
+  }
 }
 
 // ---- WarmupCosine ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/hash.hpp"
+#include "lib/base/finite_scan.hpp"
 
 namespace fullshard::session::detail {
 
@@ -74,18 +75,11 @@ std::string non_finite_in(const std::vector<at::Tensor>& tensors, const char* wh
     if (t.device().is_cpu() && t.is_contiguous() &&
         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble)) {
       // One pass, no allocation: the common case (host arrays, the C API's).
-      auto scan = [&](const auto* x) {
-        for (std::int64_t e = 0, n = t.numel(); e < n; ++e)
-          if (!std::isfinite(x[e])) {
-            at_element = e;
-            value = double(x[e]);
-            return;
-          }
-      };
       if (t.scalar_type() == at::kFloat)
-        scan(t.data_ptr<float>());
+        at_element = fullshard::detail::first_non_finite(t.data_ptr<float>(), t.numel());
       else
-        scan(t.data_ptr<double>());
+        at_element = fullshard::detail::first_non_finite(t.data_ptr<double>(), t.numel());
+      if (at_element >= 0) value = t.reshape({-1})[at_element].item<double>();
     } else if (!at::isfinite(t).all().item<bool>()) {
       const at::Tensor flat = t.reshape({-1});
       at_element = at::logical_not(at::isfinite(flat)).nonzero()[0][0].item<std::int64_t>();

@@ -123,6 +123,9 @@ struct Session::Impl {
   checkpoint::AsyncSave pending;
   bool in_flight = false;
   std::string pending_dir;
+  // Set when a load or import was refused after it had replaced the parameters (a non-finite
+  // value found in them): what was refused; the same on every rank.
+  std::string refused_values;
 
   Impl(const DeviceMesh& m, Config c) : cfg(std::move(c)), mesh(m) {}
 
@@ -141,6 +144,15 @@ struct Session::Impl {
   /// Refuses parameters holding a non-finite value (`when`: "initial", "imported", ...):
   /// InvalidArgument on every rank naming the lowest rank's first such parameter. Collective.
   void check_parameters_finite(const std::string& when);
+  /// InvalidArgument naming `call` while the parameters hold refused values (refused_values):
+  /// nothing trains, predicts or saves them until a load or an import succeeds.
+  void check_usable(const char* call) const {
+    if (!refused_values.empty())
+      throw InvalidArgument(std::string(call) + ": the parameters hold the values of " +
+                            refused_values +
+                            ", which were refused; load a checkpoint or import weights that "
+                            "hold finite values first (or create the session again)");
+  }
   at::Tensor loss_of(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
   /// What the ranks agree on before a step (detail::describe_batch), or "refused (...)" with
   /// `error` set when this rank's batch is not one the model takes.
@@ -449,6 +461,7 @@ std::string Session::Impl::batch_of(const std::vector<at::Tensor>& inputs,
 double Session::train_step(const std::vector<at::Tensor>& inputs,
                            const std::vector<at::Tensor>& targets) {
   Impl& s = *impl_;
+  s.check_usable("train_step");
   const auto start = std::chrono::steady_clock::now();
   std::string error;
   const std::string batch = s.batch_of(inputs, targets, Impl::Use::train, error);
@@ -497,29 +510,45 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
   }
   const auto optimizer_start = std::chrono::steady_clock::now();
   // Non-finite values never reach the parameters: this rank's loss and gradients (inside
-  // backward, already applied: the parameters), then one all-reduce of the lowest rank with
-  // each (size: none).
+  // backward, already applied: the parameters) are checked with one all-reduce per step, the
+  // gradient norm's when clipping. Only a bad step pays a second, to name the rank.
   const double loss = total.item<double>();
-  const bool grads_finite =
-      s.cfg.grad_clip > 0
-          ? std::isfinite(optim::clip_grad_norm(s.graph_params, s.cfg.grad_clip, s.mesh))
-          : optim::local_all_finite(
-                s.graph_params, s.mesh,
-                s.cfg.optimizer.in_backward ? optim::Values::parameters : optim::Values::gradients);
-  const int me = s.mesh.rank(), none = s.mesh.size();
-  int worst[2] = {std::isfinite(loss) ? none : me, grads_finite ? none : me};
-  s.control->allreduce(worst, 2, MPI_INT, MPI_MIN, "non-finite check (MPI_Iallreduce)");
-  if (worst[0] < none || worst[1] < none) {
-    const bool by_loss = worst[0] < none;
-    const int rank = by_loss ? worst[0] : worst[1];
+  const bool loss_ok = std::isfinite(loss);
+  bool grads_ok = true, norm_bad = false;
+  double norm = 0;
+  if (s.cfg.grad_clip > 0) {
+    // The sums of squares of the shard dim's first replica (under HSDP the others hold copies)
+    // beside the count of ranks whose loss or gradients are not finite.
+    const double local = optim::local_sum_squares(s.graph_params, s.mesh);
+    grads_ok = std::isfinite(local);
+    double sums[2] = {s.mesh.rank() < s.mesh.size(s.mesh.names().back()) ? local : 0.0,
+                      loss_ok && grads_ok ? 0.0 : 1.0};
+    s.control->allreduce(sums, 2, MPI_DOUBLE, MPI_SUM,
+                         "gradient norm and non-finite check (MPI_Iallreduce)");
+    norm = std::sqrt(sums[0]);
+    norm_bad = !std::isfinite(norm) || sums[1] > 0;
+  } else {
+    grads_ok = optim::local_all_finite(
+        s.graph_params, s.mesh,
+        s.cfg.optimizer.in_backward ? optim::Values::parameters : optim::Values::gradients);
+  }
+  // The lowest rank with a bad value, its loss before its gradients: 2 rank + (0 loss, 1 grads).
+  const int none = 2 * s.mesh.size();
+  int worst = !loss_ok ? 2 * s.mesh.rank() : !grads_ok ? 2 * s.mesh.rank() + 1 : none;
+  if (s.cfg.grad_clip == 0 || norm_bad)
+    s.control->allreduce(&worst, 1, MPI_INT, MPI_MIN, "non-finite check (MPI_Iallreduce)");
+  if (worst < none || norm_bad) {
     const std::string what =
-        "rank " + std::to_string(rank) + ": " +
-        (by_loss ? std::string("the loss is not finite")
-         : s.cfg.optimizer.in_backward
-             ? "the parameters hold a non-finite value after the update inside backward"
-             : "the gradients hold a non-finite value");
+        worst == none
+            ? std::string("the gradients' norm is not finite")
+            : "rank " + std::to_string(worst / 2) + ": " +
+                  (worst % 2 == 0 ? std::string("the loss is not finite")
+                   : s.cfg.optimizer.in_backward
+                       ? "the parameters hold a non-finite value after the update inside backward"
+                       : "the gradients hold a non-finite value");
     return s.non_finite_step(what, s.cfg.optimizer.in_backward);
   }
+  if (s.cfg.grad_clip > 0) optim::scale_to_max_norm(s.graph_params, norm, s.cfg.grad_clip, s.mesh);
   s.opt->step();
   ++s.step;
   ++s.steps_here;  // first: a calibration that fails is not tried again at every step
@@ -559,6 +588,7 @@ void Session::Impl::check_parameters_finite(const std::string& when) {
 
 std::vector<at::Tensor> Session::predict(const std::vector<at::Tensor>& inputs) {
   Impl& s = *impl_;
+  s.check_usable("predict");
   ::torch::NoGradGuard no_grad;
   std::string error;
   detail::agree_on_batch(*s.control, s.batch_of(inputs, {}, Impl::Use::predict, error), "predict");
@@ -579,6 +609,7 @@ std::vector<at::Tensor> Session::predict(const std::vector<at::Tensor>& inputs) 
 double Session::evaluate(const std::vector<at::Tensor>& inputs,
                          const std::vector<at::Tensor>& targets) {
   Impl& s = *impl_;
+  s.check_usable("evaluate");
   ::torch::NoGradGuard no_grad;
   std::string error;
   detail::agree_on_batch(*s.control, s.batch_of(inputs, targets, Impl::Use::evaluate, error),
@@ -617,6 +648,7 @@ checkpoint::SaveOptions Session::Impl::save_options(const std::string& dir) cons
 
 std::string Session::save(const std::string& dir) {
   Impl& s = *impl_;
+  s.check_usable("save");
   const std::string d = s.dir_or_configured(dir, "save");
   if (s.in_flight) wait_save();
   const std::string step_dir = s.opt->save(d, s.step, s.save_options(d), s.metadata());
@@ -626,6 +658,7 @@ std::string Session::save(const std::string& dir) {
 
 void Session::save_async(const std::string& dir) {
   Impl& s = *impl_;
+  s.check_usable("save_async");
   const std::string d = s.dir_or_configured(dir, "save_async");
   if (s.in_flight)
     throw InvalidArgument("save_async: the save of step " + std::to_string(s.pending.step()) +
@@ -721,8 +754,15 @@ std::int64_t Session::load(const std::string& dir) {
   if (s.in_flight) wait_save();
   s.check_identity(d);
   const checkpoint::Loaded loaded = s.opt->load(d);
+  const std::string what = "checkpoint's (" + loaded.step_dir + ")";
+  try {
+    s.check_parameters_finite(what);
+  } catch (const InvalidArgument&) {
+    s.refused_values = "the checkpoint '" + loaded.step_dir + "'";
+    throw;
+  }
+  s.refused_values.clear();
   s.step = loaded.step;
-  s.check_parameters_finite("checkpoint's (" + loaded.step_dir + ")");
   // Resumed in the run's own directory: the chain it continues is its lineage.
   if (s.claim && d == s.cfg.checkpoint.dir) s.claim->resumed_from(loaded.step_dir);
   return s.step;
@@ -730,6 +770,7 @@ std::int64_t Session::load(const std::string& dir) {
 
 void Session::export_safetensors(const std::string& path) {
   Impl& s = *impl_;
+  s.check_usable("export_safetensors");
   // A full (unsharded) checkpoint beside the file, converted by rank 0, then removed.
   const std::string tmp = path + ".fullshard-export";
   checkpoint::SaveOptions so;
@@ -761,14 +802,23 @@ void Session::import_safetensors(const std::string& path) {
   } catch (const std::exception& e) {
     error = fullshard::detail::message_of(e);
   }
-  // A read error of one rank's rows is thrown on every rank (the first failing rank's).
-  int failed = error.empty() ? s.mesh.size() : s.mesh.rank();
-  s.control->allreduce(&failed, 1, MPI_INT, MPI_MIN, "safetensors import (MPI_Iallreduce)");
-  if (failed == s.mesh.size()) {
-    s.check_parameters_finite("imported (" + path + ")");
+  // A read error of one rank's rows is thrown on every rank (the first failing rank's); -1 in
+  // the second word: some rank replaced its rows.
+  int failed[2] = {error.empty() ? s.mesh.size() : s.mesh.rank(), error.empty() ? -1 : 0};
+  s.control->allreduce(failed, 2, MPI_INT, MPI_MIN, "safetensors import (MPI_Iallreduce)");
+  if (failed[0] == s.mesh.size()) {
+    try {
+      s.check_parameters_finite("imported (" + path + ")");
+    } catch (const InvalidArgument&) {
+      s.refused_values = "the safetensors file '" + path + "'";
+      throw;
+    }
+    s.refused_values.clear();
     return;
   }
-  s.control->bcast(error, failed, "safetensors import (MPI_Ibcast)");
+  s.control->bcast(error, failed[0], "safetensors import (MPI_Ibcast)");
+  // The ranks that read their rows replaced them: the model would be part old, part new.
+  if (failed[1] < 0) s.refused_values = "a safetensors file read in part ('" + path + "')";
   throw InvalidArgument(error);
 }
 

@@ -443,6 +443,73 @@ TEST_CASE("session: non-finite values never reach the parameters") {
   CHECK(imported.find("the imported (" + tmp.path +
                       "/bad.safetensors) parameters hold a non-finite value: '") !=
         std::string::npos);
+  // The refused values are in the parameters now: nothing trains or saves them until weights
+  // holding finite values replace them.
+  const auto [x0, y0] = batch(0);
+  const std::string blocked = error_of([&] { fresh.train_step({x0}, {y0}); });
+  CAPTURE(blocked);
+  CHECK(blocked.find("train_step: the parameters hold the values of the safetensors file '" +
+                     tmp.path + "/bad.safetensors', which were refused") != std::string::npos);
+  CHECK(error_of([&] { fresh.save(tmp.path + "/never"); }).find("save: the parameters hold") !=
+        std::string::npos);
+  ss::Session good(mesh, config_of(config_text()));
+  good.export_safetensors(tmp.path + "/good.safetensors");
+  fresh.import_safetensors(tmp.path + "/good.safetensors");
+  CHECK(rel(fresh.train_step({x0}, {y0}), good.train_step({x0}, {y0})) <= 1e-6);
+  // The same after a refused load into a running session.
+  const std::string loaded = error_of([&] { fresh.load(tmp.path + "/ck"); });
+  CHECK(loaded.find("parameters hold a non-finite value") != std::string::npos);
+  CHECK(error_of([&] { fresh.evaluate({x0}, {y0}); })
+            .find("evaluate: the parameters hold the values of the checkpoint '" + tmp.path +
+                  "/ck/step-00000000', which were refused") != std::string::npos);
+  // With clipping the check rides on the norm's all-reduce, and still names rank and cause.
+  ss::Session clipped(mesh, config_of(config_text(R"("grad_clip": 0.5,
+                                                     "non_finite": {"policy": "stop"})")));
+  const std::string overflow = error_of([&] { clipped.train_step({x0 * 1e30}, {y0}); });
+  CAPTURE(overflow);
+  CHECK(overflow.find("step 1: rank 0: the loss is not finite") != std::string::npos);
+}
+
+TEST_CASE("session: grad_clip scales the step by max_norm over the global gradient norm") {
+  // One SGD step without momentum moves each parameter by -lr g: the unclipped session's moves
+  // give the global gradient norm; the clipped session's must be those moves times
+  // max_norm / (norm + 1e-6).
+  const fs::DeviceMesh mesh = world_mesh();
+  auto text = [](const std::string& extra) {
+    return R"({"model": {"type": "residual_mlp", "inputs": 6, "hidden": 16, "outputs": 2,
+                         "blocks": 3},
+               "optimizer": {"type": "sgd", "lr": 0.1, "momentum": 0}, "seed": 3)" +
+           extra + "}";
+  };
+  ss::Session plain(mesh, config_of(text(""))),
+      clipped(mesh, config_of(text(R"(, "grad_clip": 0.05)")));
+  auto params_of = [](ss::Session& s) {
+    std::vector<torch::Tensor> out;
+    for (const torch::Tensor& p : s.module().parameters())
+      out.push_back(p.detach().clone());
+    return out;
+  };
+  const std::vector<torch::Tensor> before = params_of(plain);
+  const auto [x, y] = batch(0);
+  plain.train_step({x}, {y});
+  clipped.train_step({x}, {y});
+  const std::vector<torch::Tensor> after_plain = params_of(plain), after_clip = params_of(clipped);
+  double sq = 0;  // this rank's shards' share of |lr g|^2 (tied weights: none in this model)
+  for (std::size_t i = 0; i < before.size(); ++i)
+    sq += (after_plain[i] - before[i]).to(torch::kDouble).pow(2).sum().item<double>();
+  MPI_Allreduce(MPI_IN_PLACE, &sq, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  const double norm = std::sqrt(sq) / 0.1;
+  REQUIRE(norm > 0.05 * 2);  // the clip applies
+  const double coef = 0.05 / (norm + 1e-6);
+  double worst = 0;
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    if (before[i].numel() == 0) continue;
+    const torch::Tensor want = before[i] + (after_plain[i] - before[i]) * coef;
+    worst = std::max(worst, (after_clip[i] - want).abs().max().item<double>() /
+                                std::max(want.abs().max().item<double>(), 1e-30));
+  }
+  CAPTURE(norm);
+  CHECK(worst <= 1e-6);
 }
 
 TEST_CASE("session: a configuration path that is not a regular file is refused, not waited on") {

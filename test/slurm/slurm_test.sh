@@ -153,6 +153,11 @@ case "$case" in
     j="$job"
     out="fullshard-train-$j.out"
     wait_line "$j" "$out" "^checkpoint: step [0-9]+ saved" 60
+    # The run holds its checkpoint directory under this job's id (issue 53): the rerun of a
+    # requeue is the same job, so it takes the directory back, also from a lock left behind.
+    lock="$dir/ckpt/.fullshard-lock"
+    grep -Eq "\"job\": ?\"$j\"" "$lock" \
+      || fail "the lock of the checkpoint directory does not name job $j: $(cat "$lock" 2>&1)" "$out"
     # What Slurm sends at the time limit minus 120 s, sent now.
     scancel --batch --signal=USR1 "$j" || fail "scancel --batch --signal=USR1 $j failed" "$out"
     wait_line "$j" "$out" "time limit near: requeueing \(requeue 1 of at most 10\)" 30
@@ -175,6 +180,11 @@ case "$case" in
     [[ -n "$last" && ("$at" == "$last" || "$at" == $((last + 20))) ]] \
       || fail "the rerun resumed at step '$at', the last checkpoint of the first run is step '$last'" "$out"
     grep -q "run 1 of this job on .* (resuming)" "$out" || fail "no '(resuming)' line for run 1" "$out"
+    # The requeue killed the first run, whose lock stayed: the rerun took it over as its own.
+    grep -q "took over the lock of run .*(Slurm job $j, .*it names this Slurm job ($j): the job was requeued" "$out" \
+      || fail "the rerun did not take over the first run's lock as this job's" "$out"
+    grep -Eq "\"job\": ?\"$j\"" "$lock" \
+      || fail "the rerun does not hold the checkpoint directory: $(cat "$lock" 2>&1)" "$out"
     echo "ok: requeued on USR1 (restarts 1), the rerun resumed at step $at"
     # The run would go on for 1e8 steps: cancel it; that ends the job, with Slurm's message.
     scancel "$j"

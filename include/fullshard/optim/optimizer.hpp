@@ -223,6 +223,13 @@ bool local_all_finite(const std::vector<graph::Parameter*>& params, const Device
 double clip_grad_norm(const std::vector<graph::Parameter*>& params, double max_norm,
                       const DeviceMesh& mesh);
 
+/// clip_grad_norm's last part, for a caller that all-reduces the local sums of squares itself
+/// (with other values in the same all-reduce: the training session folds its non-finite check
+/// into it): scales every local gradient by min(1, max_norm / (norm + 1e-6)); nothing for a
+/// norm within max_norm or not finite. Not collective.
+void scale_to_max_norm(const std::vector<graph::Parameter*>& params, double norm, double max_norm,
+                       const DeviceMesh& mesh);
+
 /// Learning rate: linear warm-up from 0 at step 0 to base_lr at warmup_steps, then cosine
 /// decay to min_lr at total_steps (and min_lr after). InvalidArgument unless
 /// 0 <= min_lr <= base_lr (finite), 0 <= warmup_steps < total_steps.
