@@ -23,7 +23,9 @@
 #include "blas_kernel.hpp"
 #include "bounded_comm.hpp"
 #include "cli.hpp"
+#include "fullshard/base/checked.hpp"
 #include "fullshard/base/error.hpp"
+#include "fullshard/checkpoint/checkpoint.hpp"
 #include "fullshard/runtime/runtime.hpp"
 #include "fullshard/session/session.hpp"
 #include "fullshard/torch.hpp"
@@ -289,21 +291,51 @@ at::Tensor windows(const std::vector<std::uint8_t>& text, std::int64_t count, st
 }
 
 // The global batches of a --batches file: [steps][batch][context + 1] int64 tokens.
+/// --batches: a regular file of exactly the run's tokens, checked before anything is allocated
+/// (a short file is refused naming both sizes, not found after allocating the run's batches).
+std::int64_t batches_file_tokens(const Config& c) {
+  namespace stdfs = std::filesystem;
+  const std::string name = "--batches " + c.batches;
+  std::error_code ec;
+  const stdfs::file_status st = stdfs::status(c.batches, ec);
+  if (!stdfs::exists(st)) throw fs::ConfigError(name + ": no such file");
+  if (!stdfs::is_regular_file(st))
+    throw fs::ConfigError(name + ": not a regular file" +
+                          (stdfs::is_directory(st) ? " (a directory)" : " (a special file)"));
+  const std::int64_t len = c.model.context + 1;
+  const std::int64_t n = fs::checked_mul<fs::ConfigError>(
+      fs::checked_mul<fs::ConfigError>(std::int64_t{c.steps}, std::int64_t{c.batch}, name), len,
+      name);
+  const std::int64_t bytes = fs::checked_mul<fs::ConfigError>(n, std::int64_t{8}, name);
+  const auto size = static_cast<std::int64_t>(stdfs::file_size(c.batches, ec));
+  if (ec || size != bytes)
+    throw fs::ConfigError(name + ": expected exactly " + std::to_string(bytes) + " bytes (" +
+                          std::to_string(c.steps) + " steps x " + std::to_string(c.batch) +
+                          " sequences x " + std::to_string(len) + " int64 tokens), the file has " +
+                          (ec ? "an unknown size (" + ec.message() + ")" : std::to_string(size)));
+  return n;
+}
+
 at::Tensor read_batches(const Config& c) {
+  const std::int64_t n = batches_file_tokens(c);
   std::ifstream in(c.batches, std::ios::binary);
   if (!in) throw fs::ConfigError("--batches " + c.batches + ": cannot open the file");
   const std::int64_t len = c.model.context + 1;
-  const std::int64_t n = std::int64_t{c.steps} * c.batch * len;
   at::Tensor t = at::empty({c.steps, c.batch, len}, at::kLong);
   in.read(reinterpret_cast<char*>(t.data_ptr<std::int64_t>()), n * 8);
-  if (in.gcount() != n * 8 || in.peek() != std::char_traits<char>::eof())
-    throw fs::ConfigError("--batches " + c.batches + ": expected exactly " + std::to_string(n * 8) +
-                          " bytes (" + std::to_string(c.steps) + " steps x " +
-                          std::to_string(c.batch) + " sequences x " + std::to_string(len) +
-                          " int64 tokens)");
-  if (t.min().item<std::int64_t>() < 0 || t.max().item<std::int64_t>() >= c.model.vocab)
-    throw fs::ConfigError("--batches " + c.batches + ": tokens outside [0, " +
+  if (in.gcount() != n * 8)
+    throw fs::ConfigError("--batches " + c.batches + ": the file shrank while it was read");
+  if (t.min().item<std::int64_t>() < 0 || t.max().item<std::int64_t>() >= c.model.vocab) {
+    const at::Tensor flat = t.reshape({-1});
+    const std::int64_t at_token =
+        at::logical_or(flat < 0, flat >= c.model.vocab).nonzero()[0][0].item<std::int64_t>();
+    throw fs::ConfigError("--batches " + c.batches + ": token " +
+                          std::to_string(flat[at_token].item<std::int64_t>()) + " (step " +
+                          std::to_string(at_token / (c.batch * len) + 1) + ", sequence " +
+                          std::to_string(at_token / len % c.batch) + ", position " +
+                          std::to_string(at_token % len) + ") is outside the vocabulary [0, " +
                           std::to_string(c.model.vocab) + ")");
+  }
   return t;
 }
 
@@ -377,13 +409,25 @@ int run(const Config& c, fs::Runtime& rt) {
   fs::DeviceMesh mesh = reps > 1
                             ? fs::DeviceMesh(rt, c.device, {reps, shard}, {"replicate", "shard"})
                             : fs::DeviceMesh(rt, c.device, {world}, {"dp"});
+  // Every file the run writes or reads by size, before anything is built: a bad path must not
+  // cost the run.
+  if (!c.save_to.empty()) fs::checkpoint::check_output_file(c.save_to, "--save-to", mesh);
+  if (!c.write_config.empty())
+    fs::checkpoint::check_output_file(c.write_config, "--write-config", mesh);
+  if (!c.batches.empty()) batches_file_tokens(c);
   fs::session::Session session(mesh, session_config(c));
   if (!c.write_config.empty() && rank == 0) {
     std::ofstream out(c.write_config);
     out << fs::session::to_json(session.config()).dump(2) << "\n";
     if (!out) throw fs::ConfigError("--write-config " + c.write_config + ": cannot write the file");
   }
-  if (!c.init_from.empty()) session.import_safetensors(c.init_from);
+  if (!c.init_from.empty()) {
+    try {
+      session.import_safetensors(c.init_from);
+    } catch (const fs::InvalidArgument& e) {  // refused on every rank: exit 2, not an abort
+      throw fs::ConfigError(std::string("--init-from: ") + e.message());
+    }
+  }
   const at::Tensor file_batches = c.batches.empty() ? at::Tensor() : read_batches(c);
   const c10::Device device = session.device();
   fs::fsdp::FSDPModule& root = session.sharded().state(session.module());

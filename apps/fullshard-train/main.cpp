@@ -523,6 +523,15 @@ class Trainer {
                        {"warmup", c.warmup},
                        {"steps", c.steps}}),
         keep_timeline_(!c.trace.empty()) {
+    // The files the run writes (rank 0), before anything is planned or allocated: a bad path
+    // must not cost the run.
+    try {
+      if (!c.trace.empty()) fullshard::checkpoint::check_output_file(c.trace, "--trace", mesh_);
+      if (!c.graph_out.empty())
+        fullshard::checkpoint::check_output_file(c.graph_out, "--graph-out", mesh_);
+    } catch (const fullshard::ConfigError& e) {  // agreed: every rank is here
+      throw apps::UsageError{e.message()};
+    }
     schedule::PlanOptions base = c.plan;
     if (!c.cost_file.empty())
       base.cost =

@@ -935,6 +935,48 @@ DirectoryCheck check_directory(const std::string& dir, const DeviceMesh& mesh) {
   return out;
 }
 
+void check_output_file(const std::string& path, const std::string& what, const DeviceMesh& mesh,
+                       int writer) {
+  namespace stdfs = std::filesystem;
+  const std::unique_ptr<Comm> comm = detail::checkpoint_comm(mesh.control_world(), mesh.timeout_s(),
+                                                             "output file check of '" + path + "'");
+  Comm& c = *comm;
+  std::exception_ptr err;
+  if (c.rank() == writer)
+    err = attempt([&] {
+      const std::string name = what + " '" + path + "'";
+      if (path.empty()) throw ConfigError(what + ": the path is empty");
+      std::error_code ec;
+      const stdfs::path p = stdfs::absolute(path, ec).lexically_normal();
+      if (!p.has_filename()) throw ConfigError(name + " names a directory, not a file");
+      const stdfs::file_status st = stdfs::status(p, ec);
+      if (stdfs::exists(st) && !stdfs::is_regular_file(st))
+        throw ConfigError(name + " exists and is not a regular file (" +
+                          (stdfs::is_directory(st) ? "a directory" : "a special file") + ")");
+      const stdfs::path parent = p.parent_path();
+      if (!stdfs::is_directory(parent, ec))
+        throw ConfigError(name + ": its directory '" + parent.string() +
+                          "' does not exist (a mistyped path? create it first)");
+      if (stdfs::exists(st) && ::access(p.c_str(), W_OK) != 0)
+        throw ConfigError(name + " exists and cannot be written (" + std::strerror(errno) + ")");
+      // A probe beside it: the directory takes new files (the file itself is written whole
+      // at the end, into a new file renamed over it, or opened for writing).
+      const std::string probe =
+          (parent / (".fullshard-probe-" + std::to_string(::getpid()))).string();
+      try {
+        detail::File f = detail::File::create(probe);
+        f.write_all("fullshard\n", 10);
+        f.close();
+      } catch (const std::exception& e) {
+        detail::remove_quietly(probe);
+        throw ConfigError(name + ": its directory '" + parent.string() + "' is not writable (" +
+                          ::fullshard::detail::message_of(e) + ")");
+      }
+      detail::remove_quietly(probe);
+    });
+  agree(c, err, (what + " check").c_str());
+}
+
 Loaded load(const std::string& dir, graph::Module& model, optim::Optimizer* optimizer) {
   const DeviceMesh& mesh = model_mesh(model, "checkpoint::load");
   const std::unique_ptr<Comm> comm = detail::checkpoint_comm(mesh.control_world(), mesh.timeout_s(),

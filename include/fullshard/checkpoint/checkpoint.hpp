@@ -73,6 +73,15 @@ struct DirectoryCheck {
 /// path and the reason. Collective over the mesh.
 DirectoryCheck check_directory(const std::string& dir, const DeviceMesh& mesh);
 
+/// For a run that writes the file `path` when it ends (an exported model, a trace), before its
+/// first step: rank `writer` (the one that will write it) proves that it can: `path` is not a
+/// directory or a special file, its directory exists and takes a new file (a probe written and
+/// removed), and an existing file is writable (it stays as it is). A failure is a ConfigError
+/// on every rank naming `what` (the option: "--save-to") and the path. Collective over the
+/// mesh.
+void check_output_file(const std::string& path, const std::string& what, const DeviceMesh& mesh,
+                       int writer = 0);
+
 /// What load() restored besides the tensors.
 struct Loaded {
   std::int64_t step = 0;
