@@ -267,7 +267,8 @@ fullshard_status fullshard_save_wait(fullshard_save* save);
 /** Loads the latest checkpoint under `dir` (saved on any number of ranks) into the model and
  * its optimizer, and restores the step count. A checkpoint of another model or optimizer is
  * refused on every rank (FULLSHARD_ERR_ARGUMENT naming the first difference) before anything
- * changes. Collective. */
+ * changes; a directory that does not exist or holds no checkpoint, or a file of it that cannot
+ * be read, is FULLSHARD_ERR_IO naming it. Collective. */
 fullshard_status fullshard_checkpoint_load(fullshard_model model, const char* dir);
 /** Writes the full (unsharded) parameters as one safetensors file at `path` (rank 0 writes;
  * PyTorch's safetensors.torch.load_file reads it). Collective. */

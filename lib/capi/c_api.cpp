@@ -213,8 +213,17 @@ std::vector<at::Tensor> inputs_of(int n, const fullshard_array* arrays, at::Scal
   out.reserve(std::size_t(n));
   for (int i = 0; i < n; ++i) {
     at::Tensor t = view_of(arrays[i], std::string(what) + "[" + std::to_string(i) + "]");
+    // Inputs take the model's dtype: an integer field becomes the model's floats, int32
+    // token ids int64 (float token ids stay float: the model refuses them, naming the input).
+    // Targets: integers are class labels (int64, as LibTorch's losses take them), floats the
+    // model's float dtype.
     const bool integral = !at::isFloatingType(t.scalar_type());
-    const at::ScalarType to = integral && want != at::kLong ? t.scalar_type() : want;
+    const bool float_model = at::isFloatingType(want);
+    const bool targets = std::string(what) == "targets";
+    const at::ScalarType to = !targets      ? (integral || float_model ? want : t.scalar_type())
+                              : integral    ? at::kLong
+                              : float_model ? want
+                                            : t.scalar_type();
     const bool as_is = t.scalar_type() == to && t.is_contiguous() && device.is_cpu();
     out.push_back(as_is ? t
                         : t.to(device, to, /*non_blocking=*/false, /*copy=*/false,

@@ -22,12 +22,28 @@ void agree_across_ranks(const DeviceMesh& mesh, const std::vector<std::string>& 
   const std::size_t d = first_difference(c, items, name.c_str());
   if (d == kNoDifference) return;
   const int rank = mesh.rank();
-  if (d == 0)
-    throw RankMismatch(what + " differs across ranks: rank " + std::to_string(rank) + " has " +
-                       std::to_string(items.size()) +
-                       " entries, another rank a different number (every rank must make the same "
-                       "declarations and calls; first entry here: " +
-                       (items.empty() ? std::string("none") : clip(items.front())) + ")");
+  if (d == 0) {
+    // The ranks have different numbers of entries (a rank that could not read a file has
+    // only its refusal): rank 0's count and first entry against the first rank that differs,
+    // the same message on every rank.
+    auto summary = [&] {
+      return std::to_string(items.size()) + (items.size() == 1 ? " entry" : " entries") +
+             ", the first \"" + (items.empty() ? std::string("none") : clip(items.front())) + "\"";
+    };
+    const std::string mine = summary();
+    std::string first = rank == 0 ? mine : std::string();
+    c.bcast(first, 0, "MPI_Ibcast (configuration difference)");
+    const int other = c.allreduce(mine != first ? rank : mesh.size(), MPI_MIN,
+                                  "MPI_Iallreduce (configuration difference)");
+    std::string theirs = rank == other ? mine : std::string();
+    if (other < mesh.size()) c.bcast(theirs, other, "MPI_Ibcast (configuration difference)");
+    throw RankMismatch(what +
+                       " differs across ranks (found before the first collective): rank 0 has " +
+                       first + "; rank " + std::to_string(other) + " has " + theirs +
+                       " (the first rank that differs). Every rank must make the same "
+                       "declarations (" +
+                       what + ")");
+  }
   const std::size_t i = d - 1;
   std::string first = rank == 0 ? items[i] : std::string();
   c.bcast(first, 0, "MPI_Ibcast (configuration difference)");

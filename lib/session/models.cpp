@@ -303,13 +303,27 @@ BuiltModel build_model(const ModelSpec& s, at::ScalarType dtype, const std::stri
     };
     b.own_loss = [m](const std::vector<at::Tensor>& in) mutable { return m->loss(in[0]); };
     b.input_dtype = at::kLong;
-    const std::int64_t context = s.context + 1;
-    b.check_inputs = [context](const std::vector<at::Tensor>& in) {
+    const std::int64_t context = s.context + 1, vocab = s.vocab;
+    b.check_inputs = [context, vocab](const std::vector<at::Tensor>& in) {
       check_count(in, 1, "gpt");
       if (in[0].dim() != 2 || in[0].size(1) < 2 || in[0].size(1) > context)
         throw InvalidArgument("input 0 has shape " + shape_of(in[0]) +
                               "; the gpt takes token ids (batch, time) with 2 <= time <= " +
                               std::to_string(context) + " (context + 1)");
+      if (at::isFloatingType(in[0].scalar_type()))
+        throw InvalidArgument("input 0 is " + std::string(at::toString(in[0].scalar_type())) +
+                              "; the gpt takes integer token ids (Long or Int)");
+      if (in[0].numel() == 0) return;
+      // A token outside the vocabulary would index past the embedding table.
+      const at::Tensor ids = in[0];
+      const at::Tensor outside = at::logical_or(ids < 0, ids >= vocab);
+      if (!outside.any().item<bool>()) return;
+      const at::Tensor where = outside.nonzero()[0];
+      const std::int64_t row = where[0].item<std::int64_t>(), col = where[1].item<std::int64_t>();
+      throw InvalidArgument("input 0 holds token " +
+                            std::to_string(ids[row][col].item<std::int64_t>()) + " at [" +
+                            std::to_string(row) + ", " + std::to_string(col) +
+                            "]; the gpt's vocabulary is [0, " + std::to_string(vocab) + ")");
     };
     b.root = m.ptr();
   } else if (s.type == "conv_autoencoder") {

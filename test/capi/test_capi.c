@@ -300,6 +300,25 @@ static void training(fullshard_mesh mesh) {
     for (int i = 0; i < kBatch * kOut; ++i)
       worst = fmaxf(worst, fabsf(out2[i] - out[i]));
     CHECK(worst == 0);
+    /* An int32 field is converted to the model's floats: the outputs of the same values as
+     * float32. */
+    {
+      int32_t xi[kBatch * kIn];
+      float xf[kBatch * kIn], outf[kBatch * kOut];
+      fullshard_array of = fullshard_array_contiguous(outf, FULLSHARD_FLOAT32, 2, os);
+      for (int i = 0; i < kBatch * kIn; ++i) {
+        xi[i] = (int32_t)(x[i] * 10.0f);
+        xf[i] = (float)xi[i];
+      }
+      in = fullshard_array_contiguous(xf, FULLSHARD_FLOAT32, 2, xs);
+      OK(fullshard_predict(m, 1, &in, 1, &of));
+      in = fullshard_array_contiguous(xi, FULLSHARD_INT32, 2, xs);
+      OK(fullshard_predict(m, 1, &in, 1, &o));
+      worst = 0;
+      for (int i = 0; i < kBatch * kOut; ++i)
+        worst = fmaxf(worst, fabsf(out2[i] - outf[i]));
+      CHECK(worst == 0 && outf[0] != out[0]);
+    }
   }
   /* Bad arrays and counts, before any collective. */
   {
@@ -354,7 +373,7 @@ static void training(fullshard_mesh mesh) {
       again[s] = train(m, 100 + s, rank);
       CHECK(again[s] == after[s]);
     }
-    CHECK_STATUS(fullshard_checkpoint_load(m, "/nonexistent/ckpt"), FULLSHARD_ERR_ARGUMENT,
+    CHECK_STATUS(fullshard_checkpoint_load(m, "/nonexistent/ckpt"), FULLSHARD_ERR_IO,
                  "checkpoint directory '/nonexistent/ckpt' does not exist");
     CHECK_STATUS(fullshard_checkpoint_save(m, "/proc/fullshard-test"), FULLSHARD_ERR_IO,
                  "/proc/fullshard-test");
@@ -434,6 +453,11 @@ static void families(fullshard_mesh mesh) {
     CHECK(fabs(loss - log(16.0)) < 0.2); /* about uniform at the start */
     CHECK_STATUS(fullshard_train_step(m, 1, &in, 1, &in, &loss), FULLSHARD_ERR_ARGUMENT,
                  "pass no targets");
+    /* A token outside the vocabulary, on the last rank: named on every rank. */
+    if (rank == nranks - 1) ids[2 * 9 + 5] = 99;
+    CHECK_STATUS(fullshard_train_step(m, 1, &in, 0, NULL, &loss), FULLSHARD_ERR_ARGUMENT,
+                 "input 0 holds token 99 at [2, 5]; the gpt's vocabulary is [0, 16)");
+    ids[2 * 9 + 5] = 1;
     OK(fullshard_model_free(&m));
     /* Deferred (the default): built on the meta device, each rank initialises its own
        shards. */

@@ -525,6 +525,21 @@ TEST_CASE("session: a configuration path that is not a regular file is refused, 
         std::string::npos);
   const std::string dir = error_of([&] { ss::read_config(mesh, tmp.path); });
   CHECK(dir.find("it is not a regular file but a directory") != std::string::npos);
+  // A file one rank cannot read (a node-local path): every rank names that rank and why.
+  if (fs::test::world_size() > 1) {
+    const int last = fs::test::world_size() - 1;
+    const std::string good = tmp.path + "/good.json", missing = tmp.path + "/missing.json";
+    if (fs::test::world_rank() == 0) std::ofstream(good) << config_text();
+    MPI_Barrier(MPI_COMM_WORLD);
+    const std::string msg =
+        error_of([&] { ss::read_config(mesh, fs::test::world_rank() == last ? missing : good); });
+    CAPTURE(msg);
+    CHECK(msg.find("rank " + std::to_string(last) +
+                   " has 1 entry, the first \"configuration "
+                   "refused: " +
+                   missing) != std::string::npos);
+    CHECK(msg.find("rank 0 has ") != std::string::npos);
+  }
 }
 
 TEST_CASE("session: the checkpoint directory is checked before the first step") {
