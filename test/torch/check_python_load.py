@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
 """Loads a safetensors file written by fullshard-train-gpt (a sharded LibTorch GPT, saved with
---save-to) into the same model in Python and checks it: the Python twin of fullshard::torch::Gpt
-(bench/torch/gpt_fsdp2.py), `model.load_state_dict(state, strict=True)`, every parameter equal
-to the file's tensor, and a finite loss on a batch.
+--save-to) into the same model in Python and checks it against what fullshard computed with
+those weights: the Python twin of fullshard::torch::Gpt (bench/torch/gpt_fsdp2.py) takes the
+file by `model.load_state_dict(state, strict=True)` (every name and shape), and its loss on a
+batch of tokens must equal, within 1e-5, the loss fullshard-train-gpt printed for the same
+weights (--init-from the file) on the same batch (--batches): a tensor in the wrong place, of
+the wrong layout or with the wrong values changes the loss.
 
-Usage: check_python_load.py FILE D_MODEL LAYERS HEADS CONTEXT
+Usage: check_python_load.py FILE D_MODEL LAYERS HEADS CONTEXT BATCHES LOSS
+  BATCHES: the --batches file of that run (int64 tokens, one step of (batch, context + 1)).
+  LOSS: the loss fullshard-train-gpt printed for its step 1.
 
 Reads the file with safetensors.torch when that package is importable (the wheel venv of
 bench/torch), else with the format's own definition (an 8-byte little-endian header size, a
@@ -50,19 +55,20 @@ def read_safetensors(path):
 
 def main():
     path, d, layers, heads, context = sys.argv[1], *map(int, sys.argv[2:6])
+    batches, want = sys.argv[6], float(sys.argv[7])
     state = read_safetensors(path)
     model = GPT(d_model=d, layers=layers, heads=heads, context=context)
     model.load_state_dict(state, strict=True)
-    for name, p in model.state_dict().items():
-        if not torch.equal(p, state[name]):
-            sys.exit(f"FAIL: {name} differs after load_state_dict")
-    torch.manual_seed(0)
-    ids = torch.randint(256, (2, context + 1))
+    with open(batches, "rb") as f:
+        tokens = f.read()
+    ids = torch.tensor(struct.unpack("<%dq" % (len(tokens) // 8), tokens)).reshape(-1, context + 1)
     with torch.no_grad():
         loss = model.loss(ids).item()
-    if not loss == loss or loss <= 0:
-        sys.exit(f"FAIL: loss {loss}")
-    print(f"python load: {len(state)} tensors equal, loss {loss:.4f} (torch {torch.__version__})")
+    err = abs(loss - want) / abs(want)
+    if not err <= 1e-5:
+        sys.exit(f"FAIL: the loss in Python is {loss:.9f}, fullshard printed {want:.9f} (error {err:.2e})")
+    print(f"python load: {len(state)} tensors, loss {loss:.9f} = fullshard's {want:.9f} "
+          f"(error {err:.1e}; torch {torch.__version__})")
 
 
 if __name__ == "__main__":
