@@ -11,8 +11,8 @@
 #include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/shard_update.hpp"
+#include "fullshard/kernels/finite_scan.hpp"
 #include "fullshard/tensor/staging.hpp"
-#include "lib/base/finite_scan.hpp"
 
 namespace fullshard::optim {
 
@@ -649,8 +649,7 @@ bool local_all_finite(const std::vector<graph::Parameter*>& params, const Device
       rest.push_back(p);
       continue;
     }
-    finite =
-        fullshard::detail::all_finite(static_cast<const float*>(t.data()), t.numel()) && finite;
+    finite = kernels::all_finite(static_cast<const float*>(t.data()), t.numel()) && finite;
   }
   return finite && std::isfinite(local_sum_squares(rest, mesh, which));
 }

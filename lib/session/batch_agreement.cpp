@@ -11,7 +11,7 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/hash.hpp"
-#include "lib/base/finite_scan.hpp"
+#include "fullshard/kernels/finite_scan.hpp"
 
 namespace fullshard::session::detail {
 
@@ -76,9 +76,9 @@ std::string non_finite_in(const std::vector<at::Tensor>& tensors, const char* wh
         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble)) {
       // One pass, no allocation: the common case (host arrays, the C API's).
       if (t.scalar_type() == at::kFloat)
-        at_element = fullshard::detail::first_non_finite(t.data_ptr<float>(), t.numel());
+        at_element = kernels::first_non_finite(t.data_ptr<float>(), t.numel());
       else
-        at_element = fullshard::detail::first_non_finite(t.data_ptr<double>(), t.numel());
+        at_element = kernels::first_non_finite(t.data_ptr<double>(), t.numel());
       if (at_element >= 0) value = t.reshape({-1})[at_element].item<double>();
     } else if (!at::isfinite(t).all().item<bool>()) {
       const at::Tensor flat = t.reshape({-1});

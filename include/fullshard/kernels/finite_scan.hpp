@@ -1,15 +1,16 @@
 // Finiteness of host arrays at memory speed: one pass over the exponent bits (an element is a
 // NaN or an infinity exactly when its exponent field is all ones; that field plus one carries
 // into the sign bit), OR-ed over eight lanes without a branch, which the compiler vectorizes.
-// Used by the optimizer's non-finite check of gradient shards and by the session's scan of a
-// step's inputs and targets. Private to the library.
+// Used by the optimizer's non-finite check of gradient shards (optim::local_all_finite) and by
+// the session's scan of a step's inputs and targets; host memory only.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-namespace fullshard::detail {
+namespace fullshard::kernels {
 
+namespace detail {
 template <typename Bits>
 inline bool exponent_all_finite(const void* data, std::int64_t n, Bits exponent, Bits one) {
   constexpr Bits sign = Bits(1) << (8 * sizeof(Bits) - 1);
@@ -28,13 +29,15 @@ inline bool exponent_all_finite(const void* data, std::int64_t n, Bits exponent,
     seen |= l;
   return (seen & sign) == 0;
 }
+}  // namespace detail
 
 /// Whether every one of the `n` floats at `x` is finite.
 inline bool all_finite(const float* x, std::int64_t n) {
-  return exponent_all_finite<std::uint32_t>(x, n, 0x7f800000u, 0x00800000u);
+  return detail::exponent_all_finite<std::uint32_t>(x, n, 0x7f800000u, 0x00800000u);
 }
 inline bool all_finite(const double* x, std::int64_t n) {
-  return exponent_all_finite<std::uint64_t>(x, n, 0x7ff0000000000000ull, 0x0010000000000000ull);
+  return detail::exponent_all_finite<std::uint64_t>(x, n, 0x7ff0000000000000ull,
+                                                    0x0010000000000000ull);
 }
 
 /// The index of the first element that is not finite, or -1 (the element is looked for only
@@ -47,4 +50,4 @@ std::int64_t first_non_finite(const T* x, std::int64_t n) {
   return -1;
 }
 
-}  // namespace fullshard::detail
+}  // namespace fullshard::kernels
