@@ -107,6 +107,8 @@ fullshard_status guarded(const char* call, F&& body,
     return fail(FULLSHARD_ERR_ARGUMENT, e.message());
   } catch (const fs::CommError& e) {
     return fail(FULLSHARD_ERR_COMM, e.message());
+  } catch (const fs::IoError& e) {
+    return fail(FULLSHARD_ERR_IO, e.message());
   } catch (const fs::Error& e) {
     return fail(plain, e.message());
   } catch (const c10::Error& e) {

@@ -26,6 +26,8 @@ void agree(Comm& c, const std::exception_ptr& err, const char* what) {
       type = 2, msg = e.what();
     } catch (const CommError& e) {
       type = 3, msg = e.what();
+    } catch (const IoError& e) {
+      type = 4, msg = e.what();
     } catch (const std::exception& e) {
       msg = e.what();
     } catch (...) {
@@ -43,6 +45,8 @@ void agree(Comm& c, const std::exception_ptr& err, const char* what) {
       throw ConfigError(text);
     case 3:
       throw CommError(text);
+    case 4:
+      throw IoError(text);
     default:
       throw Error(text);
   }

@@ -472,8 +472,8 @@ Index parse_index(const std::string& text, const std::string& where) {
 
 namespace detail {
 
-// A checkpoint that is not there, or whose files are not: an I/O error (fullshard::Error, the
-// C API's FULLSHARD_ERR_IO), not a bad argument.
+// A checkpoint that is not there, or whose files are not: an IoError (the C API's
+// FULLSHARD_ERR_IO), not a bad argument.
 std::string find_step_dir(const std::string& path) {
   if (detail::exists(detail::join(path, kIndexFile))) return path;
   const std::string latest = detail::join(path, "latest");
@@ -482,14 +482,14 @@ std::string find_step_dir(const std::string& path) {
     while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
       name.pop_back();
     if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
-      throw Error("checkpoint " + latest + " does not name a step directory ('" + name + "')");
+      throw IoError("checkpoint " + latest + " does not name a step directory ('" + name + "')");
     const std::string dir = detail::join(path, name);
     if (!detail::exists(detail::join(dir, kIndexFile)))
-      throw Error("checkpoint " + latest + " names '" + name + "', which has no index.json");
+      throw IoError("checkpoint " + latest + " names '" + name + "', which has no index.json");
     return dir;
   }
-  if (!detail::exists(path)) throw Error("checkpoint directory '" + path + "' does not exist");
-  throw Error("'" + path + "' is not a checkpoint: it has no index.json and no 'latest'");
+  if (!detail::exists(path)) throw IoError("checkpoint directory '" + path + "' does not exist");
+  throw IoError("'" + path + "' is not a checkpoint: it has no index.json and no 'latest'");
 }
 
 }  // namespace detail

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "fullshard/base/error.hpp"
+#include "fullshard/checkpoint/torchscript_archive.hpp"
 #include "fullshard/torch/deferred_init.hpp"
 #include "fullshard/torch/gpt.hpp"
 #include "fullshard/torch/init.hpp"
@@ -226,6 +227,12 @@ class ScriptModel : public ScriptMirror {
 };
 
 ::torch::jit::Module load_script(const std::string& file, const std::string& source) {
+  // LibTorch trusts the archive (a short tensor record is read past its end): checked first.
+  try {
+    checkpoint::check_torchscript_archive(file);
+  } catch (const IoError& e) {
+    throw IoError(source + ": model.file: " + e.message());
+  }
   ::torch::jit::Module m;
   try {
     m = ::torch::jit::load(file);
@@ -241,10 +248,19 @@ class ScriptModel : public ScriptMirror {
   return m;
 }
 
+// Whether a scripted module is an nn.Sequential: its type's qualified name without the
+// "___torch_mangle_<n>." parts TorchScript inserts when a process scripts several distinct
+// Sequentials ("__torch__.torch.nn.modules.container.___torch_mangle_1.Sequential").
 bool is_sequential(const ::torch::jit::Module& m) {
   const auto name = m.type()->name();
-  return name &&
-         name->qualifiedName().find("torch.nn.modules.container.Sequential") != std::string::npos;
+  if (!name) return false;
+  std::string q = name->qualifiedName();
+  for (std::size_t at; (at = q.find("___torch_mangle_")) != std::string::npos;) {
+    const std::size_t dot = q.find('.', at);
+    q.erase(at, dot == std::string::npos ? std::string::npos : dot + 1 - at);
+  }
+  const std::string want = "torch.nn.modules.container.Sequential";
+  return q.size() >= want.size() && q.compare(q.size() - want.size(), want.size(), want) == 0;
 }
 
 }  // namespace

@@ -5,11 +5,18 @@ references (run by CTest with Debian's python3-torch, the PyTorch of its libtorc
 Writes into OUTDIR:
   seq.pt, seq.json          a scripted nn.Sequential of residual blocks (one group each)
   multi.pt, multi.json      a scripted module with two inputs and two outputs (one group)
+  mangled.pt, mangled.json  a second scripted nn.Sequential (2 blocks) in the same process:
+                            its type name is mangled (___torch_mangle_<n>.Sequential)
+  mangled_empty.pt, .json   an empty scripted nn.Sequential, mangled too (must be refused)
+  short_record.pt, .json    seq.pt with its first tensor record cut to 4 bytes (LibTorch 1.13
+                            would read past it: must be refused before LibTorch reads it)
   <name>.ref                the global batch, targets, losses of 6 AdamW steps and the
                             outputs after them, as text (one value per line)
 """
+import io
 import json
 import sys
+import zipfile
 
 import torch
 from torch import nn
@@ -81,7 +88,27 @@ def main(outdir):
     a, b = torch.randn(BATCH, 4), torch.randn(BATCH, 3)
     write(outdir, "multi", multi, (a, b), (torch.randn(BATCH, 2), torch.randn(BATCH, 1)),
           {"model": {"type": "torchscript"}, "optimizer": opt})
-    print("make_torchscript: wrote seq and multi to", outdir)
+    # Scripted after seq, these Sequentials of other contents get mangled type names.
+    mangled = nn.Sequential(Block(5), Block(5))
+    write(outdir, "mangled", mangled, (x,), (torch.sin(x),),
+          {"model": {"type": "torchscript"}, "optimizer": opt})
+    empty = torch.jit.script(nn.Sequential())
+    assert "mangle" in empty._c._type().qualified_name(), empty._c._type().qualified_name()
+    empty.save(f"{outdir}/mangled_empty.pt")
+    with open(f"{outdir}/mangled_empty.json", "w") as f:
+        json.dump({"model": {"type": "torchscript", "file": f"{outdir}/mangled_empty.pt"}}, f)
+    # seq.pt with the record of its first tensor storage cut short.
+    src = zipfile.ZipFile(f"{outdir}/seq.pt")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            z.writestr(info.filename, data[:4] if info.filename.endswith("/data/0") else data)
+    with open(f"{outdir}/short_record.pt", "wb") as f:
+        f.write(buf.getvalue())
+    with open(f"{outdir}/short_record.json", "w") as f:
+        json.dump({"model": {"type": "torchscript", "file": f"{outdir}/short_record.pt"}}, f)
+    print("make_torchscript: wrote seq, multi, mangled, mangled_empty and short_record to", outdir)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 /* TorchScript models through the C API, against PyTorch (make_torchscript.py trains the same
  * scripted models unsharded on the global batch): a scripted nn.Sequential (each child a
- * communication group) and a module with two inputs and two outputs (one group). Each rank
- * trains on its slice of the batch; the mean of the ranks' losses is the global loss. */
+ * communication group), one whose type name is mangled, and a module with two inputs and two
+ * outputs (one group). Each rank trains on its slice of the batch; the mean of the ranks'
+ * losses is the global loss. Files that must be refused: an empty (mangled) Sequential, and an
+ * archive whose tensor record is shorter than its storage. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,6 +126,24 @@ static void run(const char* dir, const char* name, int n_in, const int* in_cols,
   free(losses);
 }
 
+/* A file the C API must refuse at creation with `want` and a message holding `text`. */
+static void refused(const char* dir, const char* name, fullshard_mesh mesh, fullshard_status want,
+                    const char* text) {
+  char path[512];
+  fullshard_model m = {0};
+  fullshard_status got;
+  snprintf(path, sizeof path, "%s/%s.json", dir, name);
+  got = fullshard_model_create(mesh, path, &m);
+  if (got != want || strstr(fullshard_last_error(), text) == NULL) {
+    fprintf(stderr, "rank %d: %s: %s, \"%s\" (want %s with \"%s\")\n", rank, name,
+            fullshard_status_name(got), fullshard_last_error(), fullshard_status_name(want), text);
+    ++failures;
+  } else if (rank == 0) {
+    printf("%s: refused: %s\n", name, fullshard_last_error());
+  }
+  if (got == FULLSHARD_OK) OK(fullshard_model_free(&m));
+}
+
 int main(int argc, char** argv) {
   fullshard_mesh mesh = {0};
   int shape[1];
@@ -140,6 +160,28 @@ int main(int argc, char** argv) {
   OK(fullshard_mesh_create(MPI_COMM_WORLD, "cpu", 1, shape, "dp", &mesh));
   run(argv[1], "seq", 1, seq_in, 1, seq_out, mesh);
   run(argv[1], "multi", 2, multi_in, 2, multi_out, mesh);
+  /* A mangled type name (a second Sequential scripted in one process) is still a Sequential:
+   * trained as PyTorch trains it, one group per block and the root. */
+  run(argv[1], "mangled", 1, seq_in, 1, seq_out, mesh);
+  {
+    char path[512];
+    fullshard_model m = {0};
+    fullshard_plan_info info;
+    snprintf(path, sizeof path, "%s/mangled.json", argv[1]);
+    OK(fullshard_model_create(mesh, path, &m));
+    OK(fullshard_model_plan(m, &info));
+    if (info.groups != 3) {
+      fprintf(stderr, "rank %d: mangled: %lld groups, want 3 (2 blocks and the root)\n", rank,
+              (long long)info.groups);
+      ++failures;
+    }
+    OK(fullshard_model_free(&m));
+  }
+  refused(argv[1], "mangled_empty", mesh, FULLSHARD_ERR_CONFIG, "is an empty Sequential");
+  /* A tensor record shorter than its storage: refused before LibTorch reads past it. */
+  refused(argv[1], "short_record", mesh, FULLSHARD_ERR_IO,
+          "record 'seq/data/0' holds 4 bytes, but its storage declares 100 (torch.FloatStorage x "
+          "25)");
   OK(fullshard_mesh_free(&mesh));
   OK(fullshard_finalize());
   {

@@ -693,7 +693,7 @@ TEST_CASE("bad checkpoints: errors name the file and the tensor on every rank; n
       } catch (const InvalidArgument& e) {
         FAIL_CHECK("an InvalidArgument: " << e.what());
         return "";
-      } catch (const Error& e) {
+      } catch (const IoError& e) {
         return e.what();
       }
       FAIL_CHECK("no exception thrown");

@@ -58,6 +58,14 @@ class InvalidArgument : public Error {
   using Error::Error;
 };
 
+/// A file that could not be read or written, or is not what it must be (a missing or corrupt
+/// checkpoint, a truncated TorchScript archive): the message names the file. The C API's
+/// FULLSHARD_ERR_IO.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A failed communication call (MPI or NCCL); the message names communicator and operation.
 class CommError : public Error {
  public:
