@@ -2,8 +2,11 @@
 // trained with AdamW, sharded over the ranks (uneven dims) and unsharded on every rank.
 #include "torch_doctest.hpp"  // first: LibTorch, then doctest's CHECK macros
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -839,4 +842,160 @@ TEST_CASE(
     MPI_Comm_free(&sub);
   }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("torch: parameters view fullshard's shards in place, and the whole tensors are freed") {
+  fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
+  auto net = make_net();
+  // Weak references to the whole tensors' storages: expired once nothing holds them.
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> whole;
+  for (const torch::Tensor& p : net->parameters())
+    whole.push_back(p.storage().getWeakStorageImpl());
+  fst::ShardedModel sharded(net);
+  for (auto& b : net->block_list)
+    sharded.fully_shard(*b, mesh);
+  sharded.fully_shard(*net, mesh);
+  for (const auto& w : whole)
+    CHECK(w.expired());
+  // Each LibTorch parameter is this rank's shard itself (no copy): the same address.
+  std::map<std::string, fs::graph::Parameter*> by_name;
+  for (fs::graph::Parameter* p : sharded.graph().parameters())
+    by_name[p->fqn()] = p;
+  for (const auto& p : net->named_parameters()) {
+    CAPTURE(p.key());
+    REQUIRE(by_name.count(p.key()) == 1);
+    const fs::Tensor& shard = by_name[p.key()]->data();
+    CHECK(p.value().numel() == shard.numel());
+    if (shard.numel() > 0) CHECK(p.value().data_ptr() == shard.data());
+  }
+}
+
+TEST_CASE("torch: explicit forward prefetch through the front end gathers in the order given") {
+  // Block 0 prefetches block 2: its all-gather comes before block 1's; the losses stay. (One
+  // rank gathers nothing.)
+  if (world_size() == 1) return;
+  auto first_gathers = [](bool explicit_prefetch, double& loss) {
+    fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
+    auto net = make_net();
+    fst::ShardedModel sharded(net);
+    for (auto& b : net->block_list)
+      sharded.fully_shard(*b, mesh);
+    sharded.fully_shard(*net, mesh);
+    if (explicit_prefetch)
+      sharded.state(*net->block_list[0])
+          .set_modules_to_forward_prefetch(
+              {&sharded.graph().module(sharded.fqn(*net->block_list[2]))});
+    fs::fsdp::FSDPModule& root = sharded.state(*net);
+    std::vector<fs::fsdp::engine::OpDesc> ran;
+    fs::fsdp::detail::record_operations(root, &ran);
+    auto [x, y] = micro_batch(0, world_rank(), 0, 1);
+    const torch::Tensor l = loss_of(fst::call(net, x), y);
+    loss = l.item<double>();
+    l.backward();
+    fs::fsdp::detail::record_operations(root, nullptr);
+    std::vector<std::string> order;  // the modules' forward all-gathers, in the order issued
+    for (const auto& op : ran)
+      if (op.kind == fs::fsdp::engine::OpKind::all_gather &&
+          op.phase == fs::fsdp::engine::Phase::forward)
+        order.push_back(op.source->fqn());
+    return order;
+  };
+  double implicit_loss = 0, explicit_loss = 0;
+  const std::vector<std::string> implicit = first_gathers(false, implicit_loss);
+  const std::vector<std::string> given = first_gathers(true, explicit_loss);
+  auto at = [](const std::vector<std::string>& v, const std::string& m) {
+    return std::find(v.begin(), v.end(), m) - v.begin();
+  };
+  CAPTURE(given.size());
+  CHECK(at(implicit, "blocks.1") < at(implicit, "blocks.2"));
+  CHECK(at(given, "blocks.2") < at(given, "blocks.1"));
+  CHECK(at(given, "blocks.1") < std::ptrdiff_t(given.size()));
+  CHECK(explicit_loss == implicit_loss);
+}
+
+namespace {
+
+// Two blocks whose second output the loss never uses: its backward never runs.
+struct TwoHeadsImpl : torch::nn::Module {
+  TwoHeadsImpl()
+      : used(register_module("used", std::make_shared<BlockImpl>(kIn, kH))),
+        unused(register_module("unused", std::make_shared<BlockImpl>(kIn, kH))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    const torch::Tensor out = fst::call(used, x);
+    fst::call(unused, x);  // computed, never part of the loss
+    return out;
+  }
+  std::shared_ptr<BlockImpl> used, unused;
+};
+
+}  // namespace
+
+TEST_CASE("torch: a sharded module whose backward never runs is resharded; the step goes on") {
+  fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
+  torch::manual_seed(0);
+  auto sharded_net = std::make_shared<TwoHeadsImpl>();
+  torch::manual_seed(0);
+  auto reference = std::make_shared<TwoHeadsImpl>();
+  fst::ShardedModel sharded(sharded_net);
+  sharded.fully_shard(*sharded_net->used, mesh);
+  sharded.fully_shard(*sharded_net->unused, mesh);
+  sharded.fully_shard(*sharded_net, mesh);
+  torch::optim::SGD opt(sharded_net->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < 3; ++step) {
+    torch::manual_seed(2000 + step);
+    const torch::Tensor x = torch::randn({kBatch * world_size(), kIn});
+    const torch::Tensor y = torch::randn({kBatch * world_size(), kIn});
+    opt.zero_grad();
+    const torch::Tensor mine = x.narrow(0, world_rank() * kBatch, kBatch);
+    torch::mse_loss(fst::call(sharded_net, mine), y.narrow(0, world_rank() * kBatch, kBatch))
+        .backward();
+    // The unused block took no gradient and shows its shards again, like every other group.
+    for (const torch::Tensor& p : sharded_net->unused->parameters())
+      CHECK(!(p.grad().defined() && p.grad().abs().sum().item<double>() > 0));
+    CHECK(sharded.state(*sharded_net->unused).is_sharded());
+    CHECK(sharded.state(*sharded_net->used).is_sharded());
+    opt.step();
+    ref_opt.zero_grad();
+    torch::mse_loss(reference->forward(x), y).backward();
+    ref_opt.step();
+  }
+  // The used block trained as the unsharded reference did; the unused one stayed as it was.
+  for (const auto& [name, block] :
+       {std::make_pair("used", std::make_pair(sharded_net->used, reference->used)),
+        std::make_pair("unused", std::make_pair(sharded_net->unused, reference->unused))}) {
+    CAPTURE(name);
+    const auto mine = block.first->named_parameters(), want = block.second->named_parameters();
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      CAPTURE(mine[i].key());
+      CHECK(rel_diff(mine[i].value(),
+                     shard_rows(want[i].value().detach(), world_rank(), world_size())) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("torch: LibTorch's threads are the launcher's cores unless the user chose them") {
+  const fs::Runtime& rt = fs::test::runtime();
+  const int before = at::get_num_threads();
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const std::string saved = omp ? omp : "";
+  unsetenv("OMP_NUM_THREADS");
+  unsetenv("FULLSHARD_TORCH_THREADS");
+  at::set_num_threads(rt.cores().threads + 5);  // LibTorch's own default: every core
+  CHECK(fst::use_launcher_cores(rt) == rt.cores().threads);
+  CHECK(at::get_num_threads() == rt.cores().threads);
+  setenv("FULLSHARD_TORCH_THREADS", "3", 1);  // the override
+  CHECK(fst::use_launcher_cores(rt) == 3);
+  CHECK(at::get_num_threads() == 3);
+  setenv("FULLSHARD_TORCH_THREADS", "0", 1);
+  CHECK_THROWS_AS(fst::use_launcher_cores(rt), fs::SettingsError);
+  unsetenv("FULLSHARD_TORCH_THREADS");
+  setenv("OMP_NUM_THREADS", "2", 1);  // the user's, which LibTorch read itself: kept
+  at::set_num_threads(rt.cores().threads + 2);
+  CHECK(fst::use_launcher_cores(rt) == rt.cores().threads + 2);
+  if (saved.empty())
+    unsetenv("OMP_NUM_THREADS");
+  else
+    setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  at::set_num_threads(before);
 }
