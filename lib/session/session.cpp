@@ -138,6 +138,10 @@ struct Session::Impl {
   void calibrate();
   void predict_step(const sch::Plan& p);
   void check_memory(const sch::Plan& plan);
+  /// build_model, with a tensor LibTorch cannot allocate named as the model's keys.
+  BuiltModel build(const ModelSpec& spec, at::ScalarType dtype) const;
+  /// "model.type = gpt, model.d_model = 128, ...": the keys that size the model.
+  std::string model_keys() const;
   /// A step found holding a non-finite value (`what`, agreed by every rank): counted, and
   /// skipped (returns NaN) or, by the policy, an InvalidArgument on every rank.
   double non_finite_step(const std::string& what, bool applied = false);
@@ -217,8 +221,7 @@ Session::Session(const DeviceMesh& mesh, Config config)
 
   if (s.cfg.threads > 0) at::set_num_threads(s.cfg.threads);
   ::torch::manual_seed(s.cfg.seed);  // TorchScript's buffers and deferred_init false
-  s.model = build_model(s.cfg.model, s.cfg.dtype == DType::f64 ? at::kDouble : at::kFloat,
-                        s.cfg.source, s.cfg.seed);
+  s.model = s.build(s.cfg.model, s.cfg.dtype == DType::f64 ? at::kDouble : at::kFloat);
   if (s.mesh.device_type() == DeviceType::cuda) {  // the rank's GPU (the runtime bound it)
     s.device = c10::Device(c10::kCUDA);
     s.model.root->to(s.device);
@@ -381,6 +384,32 @@ void Session::Impl::check_memory(const sch::Plan& p) {
       "{\"reshard_after_forward\": true} frees each block after its forward; a larger "
       "\"memory\": {\"budget_mb\"} where the node has it; \"memory\": {\"check\": "
       "\"warn\"} runs it anyway (LibTorch's activations are not in the account)");
+}
+
+std::string Session::Impl::model_keys() const {
+  std::string keys;
+  for (const std::string& l : cfg.canonical)
+    if (l.rfind("model.", 0) == 0 && l.rfind("model.deferred_init ", 0) != 0 &&
+        l.rfind("model.dropout ", 0) != 0 && l.rfind("model.checkpoint_blocks ", 0) != 0)
+      keys += (keys.empty() ? "" : ", ") + l;
+  return keys;
+}
+
+BuiltModel Session::Impl::build(const ModelSpec& spec, at::ScalarType dtype) const {
+  try {
+    return build_model(spec, dtype, cfg.source, cfg.seed);
+  } catch (const c10::Error& e) {
+    // One of the model's tensors does not fit in memory: LibTorch's message names neither the
+    // model nor the keys.
+    std::string what = e.what_without_backtrace();
+    if (what.find("can't allocate memory") == std::string::npos) throw;
+    const std::size_t at = what.find("you tried to allocate");
+    what = at == std::string::npos ? std::string("a tensor") : what.substr(at + 4);
+    what = what.substr(0, what.find('.'));
+    throw ConfigError(cfg.source + ": the model (" + model_keys() +
+                      ") cannot be built: LibTorch could not allocate memory (" + what +
+                      "); choose a smaller model or give it more memory");
+  }
 }
 
 at::Tensor Session::Impl::loss_of(const std::vector<at::Tensor>& in,
