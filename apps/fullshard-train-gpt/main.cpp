@@ -25,6 +25,7 @@
 #include "cli.hpp"
 #include "fullshard/base/checked.hpp"
 #include "fullshard/base/error.hpp"
+#include "fullshard/base/json_reader.hpp"
 #include "fullshard/checkpoint/checkpoint.hpp"
 #include "fullshard/runtime/runtime.hpp"
 #include "fullshard/session/session.hpp"
@@ -246,8 +247,8 @@ Corpus read_corpus(const Config& c) {
   std::set<std::string> seen;
   std::set<std::string> families;
   for (const auto& p : files) {
-    std::ifstream in(p, std::ios::binary);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // A regular file of at most 1 GiB, opened without blocking (the library's text reader).
+    const std::string text = fs::detail::read_text_file(p.string(), "--data file");
     if (text.empty() || !seen.insert(text).second) continue;  // a link to a text read already
     const std::string name = p.filename().string();
     const std::string family = name.substr(0, name.find('-'));
