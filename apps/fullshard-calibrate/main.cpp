@@ -165,6 +165,10 @@ int main(int argc, char** argv) {
     fullshard::DeviceMesh mesh =
         replicate > 1 ? fullshard::DeviceMesh(rt, {replicate, shard}, {"replicate", "shard"})
                       : fullshard::DeviceMesh(rt, {shard}, {"shard"});
+    // The files it writes (rank 0), before the measurements: a bad path must not cost them.
+    if (!compute_out.empty())
+      fullshard::checkpoint::check_output_file(compute_out, "--compute-out", mesh);
+    if (!out.empty()) fullshard::checkpoint::check_output_file(out, "--out", mesh);
     if (!compute_out.empty()) {
 #ifdef FULLSHARD_CALIBRATE_COMPUTE
       fullshard::apps::ComputeCalibration what;
