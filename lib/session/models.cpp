@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "fullshard/base/checked.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/torchscript_archive.hpp"
 #include "fullshard/torch/deferred_init.hpp"
@@ -386,6 +387,47 @@ BuiltModel build_model(const ModelSpec& s, at::ScalarType dtype, const std::stri
   }
   if (dtype != at::kFloat) b.root->to(dtype);
   return b;
+}
+
+std::int64_t parameter_count(const ModelSpec& s, const std::string& source) {
+  const std::string what = source + ": the model's parameter count";
+  auto mul = [&](std::int64_t a, std::int64_t b) { return checked_mul<ConfigError>(a, b, what); };
+  auto add = [&](std::int64_t a, std::int64_t b) { return checked_add<ConfigError>(a, b, what); };
+  // A Linear (or a k x k convolution) from a to b: its weight and bias.
+  auto linear = [&](std::int64_t a, std::int64_t b, std::int64_t k2 = 1) {
+    return add(mul(mul(a, b), k2), b);
+  };
+  std::int64_t n = 0;
+  if (s.type == "mlp") {
+    std::int64_t in = s.inputs;
+    for (std::int64_t h : s.hidden) {
+      n = add(n, linear(in, h));
+      in = h;
+    }
+    return add(n, linear(in, s.outputs));
+  }
+  if (s.type == "residual_mlp") {
+    const std::int64_t h = s.hidden.empty() ? 0 : s.hidden[0];
+    n = add(linear(s.inputs, h), linear(h, s.outputs));
+    return add(n, mul(s.blocks, mul(2, linear(h, h))));
+  }
+  if (s.type == "gpt") {  // the output head is the token embedding (tied)
+    const std::int64_t d = s.d_model, r = mul(s.mlp_ratio, d);
+    const std::int64_t block = add(add(add(mul(4, d), linear(d, mul(3, d))), linear(d, d)),
+                                   add(linear(d, r), linear(r, d)));
+    n = add(mul(add(s.vocab, s.context), d), mul(2, d));
+    return add(n, mul(s.layers, block));
+  }
+  if (s.type == "conv_autoencoder") {
+    n = linear(s.channels, s.width, 9);
+    std::int64_t w = s.width;
+    for (std::int64_t l = 0; l < s.levels; ++l, w = mul(w, 2))
+      n = add(n, linear(w, mul(2, w), 9));
+    for (std::int64_t l = 0; l < s.levels; ++l, w /= 2)
+      n = add(n, linear(w, w / 2, 16));
+    return add(n, linear(s.width, s.out_channels, 9));
+  }
+  return -1;
 }
 
 }  // namespace fullshard::session

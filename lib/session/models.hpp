@@ -42,4 +42,9 @@ struct BuiltModel {
 BuiltModel build_model(const ModelSpec& spec, at::ScalarType dtype, const std::string& source,
                        std::uint64_t seed);
 
+/// The parameters `spec` builds, counted from its keys without building anything (each tied
+/// tensor once); -1 for a TorchScript file. ConfigError naming the source when the count does
+/// not fit in 64 bits.
+std::int64_t parameter_count(const ModelSpec& spec, const std::string& source);
+
 }  // namespace fullshard::session

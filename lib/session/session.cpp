@@ -138,6 +138,10 @@ struct Session::Impl {
   void calibrate();
   void predict_step(const sch::Plan& p);
   void check_memory(const sch::Plan& plan);
+  /// Before a model is built whole on every rank (model.deferred_init false): its parameter
+  /// count (from its keys, nothing built) against the rank's memory, so that a model too large
+  /// is refused naming its keys before LibTorch allocates it. Collective.
+  void check_whole_build(at::ScalarType dtype);
   /// build_model, with a tensor LibTorch cannot allocate named as the model's keys.
   BuiltModel build(const ModelSpec& spec, at::ScalarType dtype) const;
   /// "model.type = gpt, model.d_model = 128, ...": the keys that size the model.
@@ -221,6 +225,7 @@ Session::Session(const DeviceMesh& mesh, Config config)
 
   if (s.cfg.threads > 0) at::set_num_threads(s.cfg.threads);
   ::torch::manual_seed(s.cfg.seed);  // TorchScript's buffers and deferred_init false
+  s.check_whole_build(s.cfg.dtype == DType::f64 ? at::kDouble : at::kFloat);
   s.model = s.build(s.cfg.model, s.cfg.dtype == DType::f64 ? at::kDouble : at::kFloat);
   if (s.mesh.device_type() == DeviceType::cuda) {  // the rank's GPU (the runtime bound it)
     s.device = c10::Device(c10::kCUDA);
@@ -410,6 +415,40 @@ BuiltModel Session::Impl::build(const ModelSpec& spec, at::ScalarType dtype) con
                       ") cannot be built: LibTorch could not allocate memory (" + what +
                       "); choose a smaller model or give it more memory");
   }
+}
+
+void Session::Impl::check_whole_build(at::ScalarType dtype) {
+  const MemorySpec& m = cfg.memory;
+  const std::int64_t params = parameter_count(cfg.model, cfg.source);
+  if (cfg.model.deferred_init || params < 0 || m.check == "off" ||
+      mesh.device_type() != DeviceType::cpu)
+    return;
+  const double whole = double(params) * double(at::elementSize(dtype));
+  BoundedComm comm(mesh.control_world(), "session.memory", mesh.timeout_s());
+  const sch::MemoryBudget budget = sch::rank_memory_budget(
+      comm, static_cast<std::size_t>(m.budget_mb * 1024.0 * 1024.0), "memory.budget_mb");
+  const double need = whole + double(sch::process_memory().resident);
+  // The lowest rank it does not fit, and its budget: the same message on every rank.
+  int over = budget.bytes > 0 && need > double(budget.bytes) ? mesh.rank() : mesh.size();
+  control->allreduce(&over, 1, MPI_INT, MPI_MIN, "whole-model memory check (MPI_Iallreduce)");
+  if (over == mesh.size()) return;
+  char where[64];
+  std::snprintf(where, sizeof where, "%.2f GiB", double(budget.bytes) / double(1 << 30));
+  std::string budget_text = std::string(where) + " (" + budget.source + ")";
+  control->bcast(budget_text, over, "whole-model memory check (MPI_Ibcast)");
+  char size[64];
+  std::snprintf(size, sizeof size, "%.2f GiB", whole / double(1 << 30));
+  const std::string message =
+      "the model (" + model_keys() + ") has " + std::to_string(params) + " parameters, " + size +
+      " in " + at::toString(dtype) +
+      ", which every rank builds whole before sharding (\"model\": {\"deferred_init\": "
+      "false}), but rank " +
+      std::to_string(over) + " may use " + budget_text +
+      "; build only each rank's rows with \"model\": {\"deferred_init\": true} "
+      "(fullshard-train-gpt: --deferred-init), choose a smaller model, or give it more memory "
+      "(\"memory\": {\"check\": \"warn\"} runs it anyway)";
+  if (m.check == "refuse") throw sch::MemoryBudgetExceeded(cfg.source + ": " + message);
+  if (mesh.rank() == 0) std::fprintf(stderr, "fullshard: warning: %s\n", message.c_str());
 }
 
 at::Tensor Session::Impl::loss_of(const std::vector<at::Tensor>& in,

@@ -17,10 +17,12 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/memory_ledger.hpp"
+#include "fullshard/schedule/memory_budget.hpp"
 #include "fullshard/session/session.hpp"
 #include "fullshard/torch/checkpoint.hpp"
 #include "fullshard/torch/residual_mlp.hpp"
 #include "fullshard/torch/sharded_model.hpp"
+#include "lib/session/models.hpp"
 #include "test_support.hpp"
 
 namespace fs = fullshard;
@@ -790,4 +792,50 @@ TEST_CASE("session: a checkpoint of LibTorch's SGD loads into the session's opti
   ss::Session s(mesh, config_of(config_text("", "sgd")));
   CHECK(s.load(dir) == 2);
   CHECK(rel(s.train_step({x}, {y}), want) <= 1e-6);
+}
+
+TEST_CASE("session: parameter counts from the keys; a whole build too large is refused first") {
+  const fs::DeviceMesh mesh = world_mesh();
+  // The count from the keys equals the parameters built, for every family, both builds.
+  for (const std::string model :
+       {R"({"type": "mlp", "inputs": 6, "hidden": [16, 12], "outputs": 2})",
+        R"({"type": "residual_mlp", "inputs": 6, "hidden": 16, "outputs": 2, "blocks": 3})",
+        R"({"type": "gpt", "vocab": 16, "context": 8, "d_model": 16, "heads": 2, "layers": 2})",
+        R"({"type": "conv_autoencoder", "channels": 2, "out_channels": 3, "width": 4,
+            "levels": 2})"})
+    for (const bool deferred : {true, false}) {
+      CAPTURE(model);
+      CAPTURE(deferred);
+      ss::Config c = config_of(R"({"model": )" + model + "}");
+      c.model.deferred_init = deferred;
+      ss::Session s(mesh, c);
+      CHECK(ss::parameter_count(c.model, "test") == s.num_params());
+    }
+  // A GPT of 2 GiB in f32, built whole on every rank, against a budget 512 MiB above the
+  // largest rank's resident memory: refused before anything is built.
+  double resident = double(fs::schedule::process_memory().resident);
+  MPI_Allreduce(MPI_IN_PLACE, &resident, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  const std::string budget = std::to_string(int(resident / (1 << 20)) + 512);
+  const std::string big = R"({"model": {"type": "gpt", "d_model": 2048, "heads": 8, "layers": 10,
+                                        "deferred_init": false},
+                              "memory": {"budget_mb": )" +
+                          budget + "}}";
+  const std::string msg = error_of([&] { ss::Session s(mesh, config_of(big)); });
+  CAPTURE(msg);
+  CHECK(msg.find("the model (model.type = gpt, model.vocab = 256, model.context = 128, "
+                 "model.d_model = 2048, model.heads = 8, model.layers = 10, model.mlp_ratio = 4) "
+                 "has 504373248 parameters, 1.88 GiB in Float, which every rank builds whole "
+                 "before sharding") != std::string::npos);
+  CHECK(msg.find("memory.budget_mb") != std::string::npos);
+  // Unchecked ("memory": {"check": "off"}), a tensor LibTorch cannot allocate (48 GiB) is named
+  // by the model's keys too.
+  const std::string huge = error_of([&] {
+    ss::Session s(mesh, config_of(R"({"model": {"type": "gpt", "d_model": 65536, "heads": 1,
+                                                 "layers": 1, "deferred_init": false},
+                                      "memory": {"check": "off"}})"));
+  });
+  CAPTURE(huge);
+  CHECK(huge.find("model.d_model = 65536, model.heads = 1, model.layers = 1, model.mlp_ratio = "
+                  "4) cannot be built: LibTorch could not allocate memory (tried to allocate "
+                  "51539607552 bytes)") != std::string::npos);
 }

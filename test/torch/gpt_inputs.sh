@@ -5,7 +5,7 @@
 #   --batches: a file shorter than the run (checked by size before the run's batches are
 #     allocated: here 100,000,000 steps, 54 GB), a token outside the vocabulary;
 #   --init-from: weights holding a NaN;
-#   --d-model too large for memory: named by the model's keys.
+#   --d-model too large for memory: refused from the model's keys before it is built.
 #   gpt_inputs.sh MPIEXEC PROGRAM WORKDIR
 set -uo pipefail
 mpiexec="$1" program="$2" work="$3"
@@ -39,11 +39,11 @@ open(sys.argv[1], "wb").write(struct.pack("<%dq" % len(tokens), *tokens))
 PY
 refused "--batches $work/vocab.bin: token 300 (step 2, sequence 2, position 3) is outside the vocabulary [0, 256)" \
   --steps 2 --batches "$work/vocab.bin"
-# A model one of whose tensors cannot be allocated (--d-model 65536: a 48 GiB matrix): named
-# by its keys, not LibTorch's allocator message alone.
+# A model too large for the ranks' memory (--d-model 65536: 51.6 G parameters), refused from
+# its keys before anything is built.
 small=("${gpt[@]}")
 gpt=(--d-model 65536 --layers 1 --heads 1 --context 16 --batch 4 --eval-every 0)
-refused "the model (model.type = gpt, model.vocab = 256, model.context = 16, model.d_model = 65536, model.heads = 1, model.layers = 1, model.mlp_ratio = 4) cannot be built: LibTorch could not allocate memory (tried to allocate" \
+refused "the model (model.type = gpt, model.vocab = 256, model.context = 16, model.d_model = 65536, model.heads = 1, model.layers = 1, model.mlp_ratio = 4) has 51558416384 parameters" \
   --steps 2
 gpt=("${small[@]}")
 # Weights holding a NaN: a good file with one element of its first f32 tensor replaced.
