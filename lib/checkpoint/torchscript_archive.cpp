@@ -4,10 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "fullshard/base/error.hpp"
@@ -126,6 +129,10 @@ class ZipDirectory {
            std::to_string(limits.max_records));
     if (cd_offset > size || cd_size > size - cd_offset)
       fail("its central directory lies outside the file");
+    // At most a full entry (46 bytes and three 64 KiB fields) per record.
+    if (cd_size > count * (46 + 3 * 65535) || cd_size > (std::uint64_t{256} << 20))
+      fail("its central directory (" + std::to_string(cd_size) + " bytes) is larger than " +
+           std::to_string(count) + " records can be");
     std::vector<unsigned char> cd(cd_size);
     bytes.read(cd_offset, cd.data(), cd_size);
     std::size_t p = 0;
@@ -174,8 +181,15 @@ class ZipDirectory {
       if (data > size || csize > size - data)
         fail("record '" + entry + "' (" + std::to_string(csize) +
              " bytes) reaches past the end of the file (truncated?)");
-      if (!records_.emplace(entry, Record{data, usize, method == 8}).second)
-        fail("record '" + entry + "' appears twice");
+      // LibTorch finds records by name without regard to case: two names that differ only in
+      // case would let it read one the check did not.
+      std::string lower = entry;
+      for (char& ch : lower)
+        ch = char(std::tolower(static_cast<unsigned char>(ch)));
+      if (!records_.emplace(entry, Record{data, usize, method == 8}).second ||
+          !lowercase_.insert(lower).second)
+        fail("record '" + entry + "' appears twice (names are compared without regard to case)");
+      if (k == 0) first_ = entry;
       p += 46 + nlen + xlen + mlen;
     }
   }
@@ -192,7 +206,7 @@ class ZipDirectory {
     if (r == nullptr) fail("record '" + entry + "' is missing");
     if (r->deflated)
       fail("record '" + entry + "' is deflated; torch.jit.save stores its pickles as they are");
-    if (r->size > std::uint64_t(limit))
+    if (limit < 0 || r->size > std::uint64_t(limit))
       fail("record '" + entry + "' has " + std::to_string(r->size) + " bytes, more than the " +
            std::to_string(limit) + " a pickle may have");
     std::vector<unsigned char> out(r->size);
@@ -200,11 +214,14 @@ class ZipDirectory {
     return out;
   }
   const std::map<std::string, Record>& records() const { return records_; }
+  /// The central directory's first entry (LibTorch takes the archive's folder from it).
+  const std::string& first() const { return first_; }
 
  private:
   const Bytes& bytes_;
-  std::string name_;
+  std::string name_, first_;
   std::map<std::string, Record> records_;
+  std::set<std::string> lowercase_;
 };
 
 // ---- The pickles: a stack machine for what torch.jit.save writes ------------------------------
@@ -224,8 +241,14 @@ struct Value {
     other
   } kind = Kind::none;
   std::int64_t integer = 0;  // integer; storage: its index
-  std::string text;          // text; global: "module.name"
-  Items items;               // tuple
+  // text; global: "module.name". Shared: a value is copied by DUP and the memo in O(1).
+  std::shared_ptr<const std::string> str;
+  Items items;    // tuple
+  int depth = 0;  // tuple nesting (a deeper one is kept as `other`: freed without recursion)
+  const std::string& text() const {
+    static const std::string none;
+    return str ? *str : none;
+  }
 };
 
 struct Storage {
@@ -235,15 +258,15 @@ struct Storage {
 
 std::int64_t item_size(const std::string& type) {
   static const std::map<std::string, std::int64_t> sizes = {
-      {"torch.FloatStorage", 4},        {"torch.DoubleStorage", 8},
-      {"torch.HalfStorage", 2},         {"torch.BFloat16Storage", 2},
-      {"torch.LongStorage", 8},         {"torch.IntStorage", 4},
-      {"torch.ShortStorage", 2},        {"torch.CharStorage", 1},
-      {"torch.ByteStorage", 1},         {"torch.BoolStorage", 1},
-      {"torch.ComplexFloatStorage", 8}, {"torch.ComplexDoubleStorage", 16},
-      {"torch.QInt8Storage", 1},        {"torch.QUInt8Storage", 1},
-      {"torch.QInt32Storage", 4},       {"torch.QUInt4x2Storage", 1},
-      {"torch.QUInt2x4Storage", 1}};
+      {"torch.FloatStorage", 4},          {"torch.DoubleStorage", 8},
+      {"torch.HalfStorage", 2},           {"torch.BFloat16Storage", 2},
+      {"torch.LongStorage", 8},           {"torch.IntStorage", 4},
+      {"torch.ShortStorage", 2},          {"torch.CharStorage", 1},
+      {"torch.ByteStorage", 1},           {"torch.BoolStorage", 1},
+      {"torch.ComplexHalfStorage", 4},    {"torch.ComplexFloatStorage", 8},
+      {"torch.ComplexDoubleStorage", 16}, {"torch.QInt8Storage", 1},
+      {"torch.QUInt8Storage", 1},         {"torch.QInt32Storage", 4},
+      {"torch.QUInt4x2Storage", 1},       {"torch.QUInt2x4Storage", 1}};
   const auto it = sizes.find(type);
   return it == sizes.end() ? 0 : it->second;
 }
@@ -368,7 +391,7 @@ class PickleCheck {
           const Value name = pop(), module = pop();
           if (name.kind != Value::Kind::text || module.kind != Value::Kind::text)
             fail(at, "STACK_GLOBAL of a non-string");
-          push_global(module.text + "." + name.text);
+          push_global(module.text() + "." + name.text());
           break;
         }
         case 'R':
@@ -458,18 +481,28 @@ class PickleCheck {
       fail(pos_, "a string of " + std::to_string(n) + " bytes runs past the end");
     Value v;
     v.kind = Value::Kind::text;
-    v.text.assign(reinterpret_cast<const char*>(take(std::size_t(n))), std::size_t(n));
+    v.str = std::make_shared<const std::string>(reinterpret_cast<const char*>(take(std::size_t(n))),
+                                                std::size_t(n));
     push(std::move(v));
   }
   void push_global(std::string name) {
     Value v;
     v.kind = Value::Kind::global;
-    v.text = std::move(name);
+    v.str = std::make_shared<const std::string>(std::move(name));
     push(std::move(v));
   }
   void push_tuple(std::vector<Value> items) {
     Value v;
     v.kind = Value::Kind::tuple;
+    for (const Value& i : items)
+      v.depth = std::max(v.depth, i.depth + 1);
+    v.depth = std::max(v.depth, 1);
+    // The checks read tuples two deep (a rebuild's sizes in its arguments); deeper ones are
+    // kept as opaque values, so that freeing them never recurses deeply.
+    if (v.depth > 3) {
+      push_other();
+      return;
+    }
     v.items = std::make_shared<std::vector<Value>>(std::move(items));
     push(std::move(v));
   }
@@ -513,12 +546,12 @@ class PickleCheck {
     const Value pid = pop();
     const std::vector<Value>* t = pid.kind == Value::Kind::tuple ? pid.items.get() : nullptr;
     if (t == nullptr || t->size() != 5 || (*t)[0].kind != Value::Kind::text ||
-        (*t)[0].text != "storage" || (*t)[1].kind != Value::Kind::global ||
+        (*t)[0].text() != "storage" || (*t)[1].kind != Value::Kind::global ||
         (*t)[2].kind != Value::Kind::text || (*t)[4].kind != Value::Kind::integer)
       fail(at, "a persistent id that is not ('storage', type, key, location, numel)");
-    const std::string& type = (*t)[1].text;
+    const std::string& type = (*t)[1].text();
     const std::int64_t item = item_size(type), numel = (*t)[4].integer;
-    const std::string record = prefix_ + (*t)[2].text;
+    const std::string record = prefix_ + (*t)[2].text();
     if (item == 0) fail(at, "storage '" + record + "' has an unknown type " + type);
     if (numel < 0 || numel > (std::int64_t{1} << 60) / item)
       fail(at, "storage '" + record + "' declares " + std::to_string(numel) + " elements");
@@ -545,13 +578,14 @@ class PickleCheck {
   void reduce(std::size_t at) {
     const Value args = pop(), callable = pop();
     if (callable.kind == Value::Kind::global &&
-        (callable.text == "torch._utils._rebuild_tensor_v2" ||
-         callable.text == "torch._utils._rebuild_tensor")) {
+        (callable.text() == "torch._utils._rebuild_tensor_v2" ||
+         callable.text() == "torch._utils._rebuild_tensor")) {
       const std::vector<Value>* a = args.kind == Value::Kind::tuple ? args.items.get() : nullptr;
       if (a == nullptr || a->size() < 4 || (*a)[0].kind != Value::Kind::storage ||
           (*a)[1].kind != Value::Kind::integer || (*a)[2].kind != Value::Kind::tuple ||
           (*a)[3].kind != Value::Kind::tuple || (*a)[2].items->size() != (*a)[3].items->size())
-        fail(at, callable.text + " with arguments that are not (storage, offset, sizes, strides)");
+        fail(at,
+             callable.text() + " with arguments that are not (storage, offset, sizes, strides)");
       const Storage& s = storages_[std::size_t((*a)[0].integer)];
       const std::int64_t offset = (*a)[1].integer;
       constexpr std::int64_t kMax = std::int64_t{1} << 60;
@@ -605,6 +639,9 @@ TorchScriptArchive check(const Bytes& bytes, const std::string& name,
     }
   }
   if (out.prefix.empty()) zip.fail("it has no data.pkl: not a TorchScript file");
+  if (zip.first().compare(0, out.prefix.size() + 1, out.prefix + "/") != 0)
+    zip.fail("its first record '" + zip.first() + "' is not in the folder of its data.pkl ('" +
+             out.prefix + "')");
   std::vector<Storage> storages;
   for (const char* archive : {"data", "constants"}) {
     const std::string pickle = out.prefix + "/" + archive + ".pkl";
@@ -614,8 +651,11 @@ TorchScriptArchive check(const Bytes& bytes, const std::string& name,
         .run();
   }
   out.storages = std::int64_t(storages.size());
-  for (const Storage& s : storages)
+  for (const Storage& s : storages) {
+    if (s.numel * s.item > (std::int64_t{1} << 62) - out.storage_bytes)
+      zip.fail("its storages declare more than 2^62 bytes together");
     out.storage_bytes += s.numel * s.item;
+  }
   return out;
 }
 

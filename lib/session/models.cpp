@@ -260,8 +260,8 @@ bool is_sequential(const ::torch::jit::Module& m) {
     const std::size_t dot = q.find('.', at);
     q.erase(at, dot == std::string::npos ? std::string::npos : dot + 1 - at);
   }
-  const std::string want = "torch.nn.modules.container.Sequential";
-  return q.size() >= want.size() && q.compare(q.size() - want.size(), want.size(), want) == 0;
+  return q == "__torch__.torch.nn.modules.container.Sequential" ||
+         q == "torch.nn.modules.container.Sequential";
 }
 
 }  // namespace
@@ -327,7 +327,7 @@ BuiltModel build_model(const ModelSpec& s, at::ScalarType dtype, const std::stri
         throw InvalidArgument("input 0 has shape " + shape_of(in[0]) +
                               "; the gpt takes token ids (batch, time) with 2 <= time <= " +
                               std::to_string(context) + " (context + 1)");
-      if (at::isFloatingType(in[0].scalar_type()))
+      if (!at::isIntegralType(in[0].scalar_type(), /*includeBool=*/false))
         throw InvalidArgument("input 0 is " + std::string(at::toString(in[0].scalar_type())) +
                               "; the gpt takes integer token ids (Long or Int)");
       if (in[0].numel() == 0) return;

@@ -226,7 +226,32 @@ Session::Session(const DeviceMesh& mesh, Config config)
   if (s.cfg.threads > 0) at::set_num_threads(s.cfg.threads);
   ::torch::manual_seed(s.cfg.seed);  // TorchScript's buffers and deferred_init false
   s.check_whole_build(s.cfg.dtype == DType::f64 ? at::kDouble : at::kFloat);
-  s.model = s.build(s.cfg.model, s.cfg.dtype == DType::f64 ? at::kDouble : at::kFloat);
+  // Built on every rank; a rank that cannot (its copy of a file, its memory) is named on every
+  // rank instead of leaving the others waiting in the first collective.
+  {
+    std::string error;
+    int kind = 0;  // 1 IoError, 2 ConfigError, 3 another error
+    try {
+      s.model = s.build(s.cfg.model, s.cfg.dtype == DType::f64 ? at::kDouble : at::kFloat);
+    } catch (const IoError& e) {
+      error = e.message(), kind = 1;
+    } catch (const ConfigError& e) {
+      error = e.message(), kind = 2;
+    } catch (const std::exception& e) {
+      error = fullshard::detail::message_of(e), kind = 3;
+    }
+    int first = error.empty() ? s.mesh.size() : s.mesh.rank();
+    s.control->allreduce(&first, 1, MPI_INT, MPI_MIN, "model build (MPI_Iallreduce)");
+    if (first < s.mesh.size()) {
+      s.control->bcast(error, first, "model build (MPI_Ibcast)");
+      s.control->bcast(&kind, 1, MPI_INT, first, "model build (MPI_Ibcast)");
+      const std::string text =
+          s.mesh.rank() == first ? error : "rank " + std::to_string(first) + ": " + error;
+      if (kind == 1) throw IoError(text);
+      if (kind == 2) throw ConfigError(text);
+      throw Error(text);
+    }
+  }
   if (s.mesh.device_type() == DeviceType::cuda) {  // the rank's GPU (the runtime bound it)
     s.device = c10::Device(c10::kCUDA);
     s.model.root->to(s.device);
@@ -613,6 +638,9 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
                   (worst % 2 == 0 ? std::string("the loss is not finite")
                    : s.cfg.optimizer.in_backward
                        ? "the parameters hold a non-finite value after the update inside backward"
+                   : s.cfg.grad_clip > 0
+                       ? "the gradients hold a non-finite value (or their sum of squares "
+                         "overflows)"
                        : "the gradients hold a non-finite value");
     return s.non_finite_step(what, s.cfg.optimizer.in_backward);
   }
@@ -865,10 +893,12 @@ void Session::import_safetensors(const std::string& path) {
   Impl& s = *impl_;
   if (s.in_flight) wait_save();  // the save in flight reads the parameters
   std::string error;
+  int io = 0;  // the failure is an IoError (a file that cannot be read), not a mismatch
   try {
     checkpoint::load_safetensors(path, s.sharded->graph());
   } catch (const std::exception& e) {
     error = fullshard::detail::message_of(e);
+    io = dynamic_cast<const IoError*>(&e) != nullptr;
   }
   // A read error of one rank's rows is thrown on every rank (the first failing rank's); -1 in
   // the second word: some rank replaced its rows.
@@ -885,8 +915,10 @@ void Session::import_safetensors(const std::string& path) {
     return;
   }
   s.control->bcast(error, failed[0], "safetensors import (MPI_Ibcast)");
+  s.control->bcast(&io, 1, MPI_INT, failed[0], "safetensors import (MPI_Ibcast)");
   // The ranks that read their rows replaced them: the model would be part old, part new.
   if (failed[1] < 0) s.refused_values = "a safetensors file read in part ('" + path + "')";
+  if (io) throw IoError(error);
   throw InvalidArgument(error);
 }
 
