@@ -67,6 +67,13 @@ struct NetImpl : torch::nn::Module {
   std::vector<std::shared_ptr<BlockImpl>> block_list;
 };
 
+// FSDP2's usual wrapping: fully_shard on every block, then on the root (returned).
+auto& shard_blocks_and_root(fst::ShardedModel& sharded, NetImpl& net, const fs::DeviceMesh& mesh) {
+  for (auto& b : net.block_list)
+    sharded.fully_shard(*b, mesh);
+  return sharded.fully_shard(net, mesh);
+}
+
 constexpr int64_t kIn = 7, kD = 10, kH = 13, kOut = 5, kBatch = 3;
 
 std::shared_ptr<NetImpl> make_net(double dropout = 0) {
@@ -121,9 +128,7 @@ TEST_CASE("torch: fully_shard gives dim-0 shards with the FQNs, and shard-shaped
     full.emplace_back(p.key(), p.value().clone());
 
   fst::ShardedModel sharded(net);
-  for (auto& b : net->block_list)
-    sharded.fully_shard(*b, mesh);
-  sharded.fully_shard(*net, mesh);
+  shard_blocks_and_root(sharded, *net, mesh);
   CHECK(sharded.fqn(*net->block_list[1]->fc1) == "blocks.1.fc1");
 
   auto params = net->named_parameters();
@@ -156,9 +161,7 @@ TEST_CASE("torch: 10 AdamW steps sharded equal unsharded LibTorch on the global 
 
   auto net = make_net();
   fst::ShardedModel sharded(net);
-  for (auto& b : net->block_list)
-    sharded.fully_shard(*b, mesh);
-  sharded.fully_shard(*net, mesh);
+  shard_blocks_and_root(sharded, *net, mesh);
   train(net, 10, true);
 
   auto want = ref->named_parameters();
@@ -195,9 +198,7 @@ TEST_CASE("torch: deferred initialisation: meta parameters, each rank fills only
   }
   CHECK(net->block_list[0]->fc1->weight.is_meta());  // the module's own handle follows
   fst::ShardedModel sharded(net);
-  for (auto& b : net->block_list)
-    sharded.fully_shard(*b, mesh);
-  sharded.fully_shard(*net, mesh);
+  shard_blocks_and_root(sharded, *net, mesh);
   for (const auto& p : net->named_parameters()) {  // this rank's shards, zeros until filled
     CAPTURE(p.key());
     CHECK(p.value().device().is_cpu());
@@ -539,9 +540,7 @@ TEST_CASE("torch: an inference forward equals the unsharded one and reshards eve
   auto ref = make_net();
   auto net = make_net();
   fst::ShardedModel sharded(net);
-  for (auto& b : net->block_list)
-    sharded.fully_shard(*b, mesh);
-  auto& root = sharded.fully_shard(*net, mesh);
+  auto& root = shard_blocks_and_root(sharded, *net, mesh);
   auto [x, y] = global_batch(3);
   torch::NoGradGuard no_grad;
   const torch::Tensor got = fst::call(net, x);
@@ -794,9 +793,7 @@ TEST_CASE(
     fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
     auto net = make_net();
     fst::ShardedModel sharded(net);
-    for (auto& b : net->block_list)
-      sharded.fully_shard(*b, mesh);
-    sharded.fully_shard(*net, mesh);
+    shard_blocks_and_root(sharded, *net, mesh);
     torch::optim::AdamW opt(net->parameters(), opts);
     train(net, opt, 0, 5, world_rank(), world_size());
     fst::save_checkpoint(dir.path, sharded, &opt, 5);
@@ -828,9 +825,7 @@ TEST_CASE(
       auto net = std::make_shared<NetImpl>(kIn, kD, kH, kOut, 3);
       fst::to_meta(*net);
       fst::ShardedModel sharded(net);
-      for (auto& b : net->block_list)
-        sharded.fully_shard(*b, mesh);
-      sharded.fully_shard(*net, mesh);
+      shard_blocks_and_root(sharded, *net, mesh);
       torch::optim::AdamW opt(net->parameters(), opts);
       // From the asynchronous checkpoint (step 5, although training went on while it was written).
       const fs::checkpoint::Loaded loaded =
@@ -852,9 +847,7 @@ TEST_CASE("torch: parameters view fullshard's shards in place, and the whole ten
   for (const torch::Tensor& p : net->parameters())
     whole.push_back(p.storage().getWeakStorageImpl());
   fst::ShardedModel sharded(net);
-  for (auto& b : net->block_list)
-    sharded.fully_shard(*b, mesh);
-  sharded.fully_shard(*net, mesh);
+  shard_blocks_and_root(sharded, *net, mesh);
   for (const auto& w : whole)
     CHECK(w.expired());
   // Each LibTorch parameter is this rank's shard itself (no copy): the same address.
@@ -878,9 +871,7 @@ TEST_CASE("torch: explicit forward prefetch through the front end gathers in the
     fs::DeviceMesh mesh(fs::test::runtime(), {world_size()}, {"dp"});
     auto net = make_net();
     fst::ShardedModel sharded(net);
-    for (auto& b : net->block_list)
-      sharded.fully_shard(*b, mesh);
-    sharded.fully_shard(*net, mesh);
+    shard_blocks_and_root(sharded, *net, mesh);
     if (explicit_prefetch)
       sharded.state(*net->block_list[0])
           .set_modules_to_forward_prefetch(
