@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 
 #include "fullshard/base/error.hpp"
@@ -303,6 +304,13 @@ void ResidualMlp::materialize() {
     p->materialize();
 }
 
+std::vector<std::string> ResidualMlp::identity() const {
+  return {"model.native = residual_mlp", "model.inputs = " + std::to_string(shape_.inputs),
+          "model.hidden = " + std::to_string(shape_.hidden),
+          "model.outputs = " + std::to_string(shape_.outputs),
+          "model.blocks = " + std::to_string(shape_.blocks)};
+}
+
 std::int64_t ResidualMlp::num_params() const noexcept {
   const std::int64_t I = shape_.inputs, H = shape_.hidden, O = shape_.outputs;
   return H * I + H + shape_.blocks * (2 * H * H + 2 * H) + O * H + O;
@@ -332,8 +340,8 @@ void ResidualMlp::shard(const DeviceMesh& mesh, const schedule::PlanOptions& opt
   impl_->executor = std::make_unique<schedule::Executor>(*root_, mesh, *impl_->plan);
 }
 
-std::size_t ResidualMlp::activation_bytes(int rows, DType param_dtype) const noexcept {
-  const std::size_t r = static_cast<std::size_t>(std::max(rows, 0));
+std::size_t ResidualMlp::activation_bytes(std::int64_t rows, DType param_dtype) const noexcept {
+  const std::size_t r = static_cast<std::size_t>(std::max<std::int64_t>(rows, 0));
   const auto H = static_cast<std::size_t>(shape_.hidden),
              I = static_cast<std::size_t>(shape_.inputs),
              O = static_cast<std::size_t>(shape_.outputs),
@@ -373,24 +381,24 @@ schedule::Executor& ResidualMlp::executor() {
   return *impl_->executor;
 }
 
-void ResidualMlp::set_batch(const float* x, const float* target, int rows,
+void ResidualMlp::set_batch(const float* x, const float* target, std::int64_t rows,
                             std::int64_t global_rows) {
-  if (rows < 0 || global_rows < rows || global_rows <= 0)
+  if (rows < 0 || global_rows < rows || global_rows <= 0 || rows > std::numeric_limits<int>::max())
     throw InvalidArgument("ResidualMlp::forward_backward: rows " + std::to_string(rows) +
                           " and global rows " + std::to_string(global_rows) +
                           " must satisfy 0 <= rows <= global rows, global rows > 0");
   Impl& im = *impl_;
-  im.resize(rows);
+  im.resize(static_cast<int>(rows));
   im.x = x;
   im.target = target;
-  im.rows = rows;
+  im.rows = static_cast<int>(rows);
   im.global_rows = global_rows;
   im.training = true;
   im.predict_out = nullptr;
   im.sse = 0.0;
 }
 
-double ResidualMlp::forward_backward(const float* x, const float* target, int rows,
+double ResidualMlp::forward_backward(const float* x, const float* target, std::int64_t rows,
                                      std::int64_t global_rows) {
   set_batch(x, target, rows, global_rows);
   executor().step();
@@ -398,12 +406,14 @@ double ResidualMlp::forward_backward(const float* x, const float* target, int ro
   return impl_->sse;
 }
 
-void ResidualMlp::predict(const float* x, int rows, float* out) {
-  if (rows < 0) throw InvalidArgument("ResidualMlp::predict: rows must be >= 0");
+void ResidualMlp::predict(const float* x, std::int64_t rows, float* out) {
+  if (rows < 0 || rows > std::numeric_limits<int>::max())
+    throw InvalidArgument("ResidualMlp::predict: rows " + std::to_string(rows) +
+                          " must be in [0, 2^31)");
   Impl& im = *impl_;
-  im.resize(rows);
+  im.resize(static_cast<int>(rows));
   im.x = x;
-  im.rows = rows;
+  im.rows = static_cast<int>(rows);
   im.training = false;
   im.predict_out = out;
   executor().forward();

@@ -27,6 +27,7 @@
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/schedule/executor.hpp"
 #include "fullshard/schedule/plan.hpp"
+#include "fullshard/session/native_session.hpp"
 
 namespace fullshard::apps {
 
@@ -37,21 +38,26 @@ struct MlpShape {
   int blocks = 4;
 };
 
-class ResidualMlp {
+/// A session::NativeModel: fullshard::session::NativeSession trains it.
+class ResidualMlp final : public session::NativeModel {
  public:
   /// Builds the graph ("input", "blocks.<i>", "output") and declares the parameters' initial
   /// values from `seed` (Parameter::init_sharded: shard() fills each rank's rows only, the same
   /// values whatever the world size; nothing is allocated before). InvalidArgument for
   /// non-positive sizes.
   ResidualMlp(MlpShape shape, std::uint64_t seed);
-  ~ResidualMlp();
+  ~ResidualMlp() override;
   ResidualMlp(const ResidualMlp&) = delete;
   ResidualMlp& operator=(const ResidualMlp&) = delete;
 
   const MlpShape& shape() const noexcept { return shape_; }
-  graph::Module& root() noexcept { return *root_; }
+  graph::Module& root() noexcept override { return *root_; }
   /// Number of parameters (elements) of the whole model.
-  std::int64_t num_params() const noexcept;
+  std::int64_t num_params() const noexcept override;
+  std::int64_t inputs() const noexcept override { return shape_.inputs; }
+  std::int64_t outputs() const noexcept override { return shape_.outputs; }
+  /// "model.native = residual_mlp", then its inputs, hidden, outputs and blocks.
+  std::vector<std::string> identity() const override;
 
   /// For a model used unsharded (no shard()): makes every parameter's full tensor from its
   /// initial values.
@@ -63,13 +69,14 @@ class ResidualMlp {
   /// `before_creation`, when given, sees the plan before any parameter is created (where a
   /// front end checks the memory account, and may throw to stop).
   void shard(const DeviceMesh& mesh, const schedule::PlanOptions& options,
-             const std::function<void(const schedule::Plan&)>& before_creation = {});
+             const std::function<void(const schedule::Plan&)>& before_creation = {}) override;
   const schedule::Plan& plan() const;
 
   /// Bytes of the activations and scratch a step over `rows` local samples holds (f32; with a
   /// 16-bit param_dtype also the f32 copies of one block's weights and gradients): the
   /// memory account's activations (docs/memory.md).
-  std::size_t activation_bytes(int rows, DType param_dtype = DType::f32) const noexcept;
+  std::size_t activation_bytes(std::int64_t rows,
+                               DType param_dtype = DType::f32) const noexcept override;
   /// Bytes the activations and scratch hold now (the vectors' capacities).
   std::size_t activations_held() const noexcept;
   schedule::Executor& executor();
@@ -78,17 +85,18 @@ class ResidualMlp {
   /// outputs, row-major; the pointers are read during the call only); `global_rows` is the
   /// global batch. Afterwards every parameter's grad() is its shard of the gradient of the
   /// global mean loss. Returns this rank's sum of squared errors (not averaged).
-  double forward_backward(const float* x, const float* target, int rows, std::int64_t global_rows);
+  double forward_backward(const float* x, const float* target, std::int64_t rows,
+                          std::int64_t global_rows) override;
 
   /// Sets the batch the modules' callbacks read (x, target, rows, global rows; sizes the
   /// activations) as forward_backward does, without running a step: for running the
   /// callbacks on their own (fullshard-calibrate times them on an unsharded model whose
   /// gradients the caller allocated). Same arguments and errors as forward_backward.
-  void set_batch(const float* x, const float* target, int rows, std::int64_t global_rows);
+  void set_batch(const float* x, const float* target, std::int64_t rows, std::int64_t global_rows);
 
   /// Forward only (evaluation): writes rows x outputs predictions to `out`, then reshards
   /// every group. Collective like a training step (every rank calls it; rows may be 0).
-  void predict(const float* x, int rows, float* out);
+  void predict(const float* x, std::int64_t rows, float* out) override;
 
  private:
   struct Impl;

@@ -37,16 +37,33 @@ Surrogate::Surrogate(const Options& o, MPI_Comm train_comm, double timeout_s, Ho
   shape.outputs = 1;
   shape.blocks = o.blocks;
   model_ = std::make_unique<ResidualMlp>(shape, o.seed);
-  model_->shard(mesh_, o.plan);
-  opt_ = std::make_unique<optim::AdamW>(model_->root().parameters(), o.lr, 0.9, 0.999, 1e-8,
-                                        o.weight_decay);
-  schedule_ = std::make_unique<optim::WarmupCosine>(o.lr, o.warmup_steps(), o.optimizer_steps(),
-                                                    0.05 * o.lr);
+  const std::int64_t max_rows = o.batch / size_ + 1;
+  session_ = std::make_unique<session::NativeSession>(mesh_, *model_, session_config(o), max_rows);
   x_.reserve(static_cast<std::size_t>(o.buffer) * inputs_);
   y_.reserve(static_cast<std::size_t>(o.buffer));
 }
 
 Surrogate::~Surrogate() = default;
+
+session::Config Surrogate::session_config(const Options& o) {
+  session::Config c;
+  c.source = "heat-surrogate's options";
+  c.model.type = "native";
+  c.optimizer.type = "adamw";
+  c.optimizer.lr = o.lr;
+  c.optimizer.weight_decay = o.weight_decay;
+  c.lr_schedule.type = "warmup_cosine";
+  c.lr_schedule.warmup_steps = o.warmup_steps();
+  c.lr_schedule.total_steps = o.optimizer_steps();
+  c.lr_schedule.min_lr = 0.05 * o.lr;
+  c.grad_clip = o.clip;
+  c.param_dtype = o.plan.defaults.mp_policy.param_dtype;
+  c.reduce_dtype = o.plan.defaults.mp_policy.reduce_dtype;
+  c.sharding.reshard_after_forward = o.plan.defaults.reshard_after_forward;
+  c.sharding.forward_prefetch = o.plan.forward_prefetch_depth;
+  c.seed = o.seed;
+  return c;
+}
 
 void Surrogate::fix_scales(const std::vector<float>& records) {
   // Sums over every training rank's first records: [records, sum (p - c)^2 off the centre,
@@ -115,7 +132,6 @@ void Surrogate::train() {
   const auto global_rows = static_cast<std::int64_t>(global);
   bx_.resize(static_cast<std::size_t>(rows) * inputs_);
   by_.resize(static_cast<std::size_t>(rows));
-  const std::vector<graph::Parameter*>& params = opt_->params();
   for (int s = 0; s < o_.train_steps; ++s, ++step_) {
     for (int i = 0; i < rows; ++i) {
       const double u = uniform01(o_.seed, kStreamBatch + static_cast<std::uint64_t>(rank_),
@@ -125,22 +141,22 @@ void Surrogate::train() {
                   bx_.data() + static_cast<std::size_t>(i) * inputs_);
       by_[i] = y_[static_cast<std::size_t>(row)];
     }
-    opt_->lr = schedule_->lr(static_cast<int>(step_));
-    opt_->zero_grad();
-    sse_since_ += model_->forward_backward(bx_.data(), by_.data(), rows, global_rows);
-    if (o_.clip > 0) optim::clip_grad_norm(params, o_.clip, mesh_);
-    opt_->step();
-    rows_since_ += global_rows;
+    // The global mean loss; NaN for a step the session skipped (a non-finite value).
+    const double loss = session_->train_step(bx_.data(), by_.data(), rows, global_rows);
+    if (std::isfinite(loss)) {
+      sse_since_ += loss * static_cast<double>(global_rows);
+      rows_since_ += global_rows;
+    }
     presented_ += global_rows;
   }
 }
 
 TrainProgress Surrogate::take_progress() {
-  double v[2] = {sse_since_, static_cast<double>(received_)};
-  sum_in_place(v, 2, "training progress");
+  double received = static_cast<double>(received_);
+  sum_in_place(&received, 1, "training progress");
   TrainProgress p;
-  p.loss = rows_since_ > 0 ? v[0] / static_cast<double>(rows_since_) : 0.0;
-  p.received = static_cast<std::int64_t>(v[1]);
+  p.loss = rows_since_ > 0 ? sse_since_ / static_cast<double>(rows_since_) : 0.0;
+  p.received = static_cast<std::int64_t>(received);
   p.presented = presented_;
   sse_since_ = 0;
   rows_since_ = 0;

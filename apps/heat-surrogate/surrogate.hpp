@@ -19,7 +19,7 @@
 
 #include "bounded_comm.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
-#include "fullshard/optim/optimizer.hpp"
+#include "fullshard/session/native_session.hpp"
 #include "options.hpp"
 #include "residual_mlp.hpp"
 
@@ -59,8 +59,9 @@ struct TrainProgress {
 
 class Surrogate {
  public:
-  /// Collective over `train_comm` (the training ranks): builds the 1-D mesh "shard" on it,
-  /// shards the model (every block, then the root) and creates the optimizer.
+  /// Collective over `train_comm` (the training ranks): builds the 1-D mesh "shard" on it and
+  /// the training session (session::NativeSession) of the model: every block, then the root,
+  /// sharded; AdamW under a warm-up cosine schedule, clipping, the non-finite check.
   Surrogate(const Options& o, MPI_Comm train_comm, double timeout_s, HostProgress progress);
   ~Surrogate();
   Surrogate(const Surrogate&) = delete;
@@ -69,6 +70,9 @@ class Surrogate {
   std::int64_t num_params() const noexcept { return model_->num_params(); }
   const DeviceMesh& mesh() const noexcept { return mesh_; }
   const ResidualMlp& model() const noexcept { return *model_; }
+  /// The session's configuration for these options (what --help's training flags set).
+  static session::Config session_config(const Options& o);
+  const session::NativeSession& session() const noexcept { return *session_; }
 
   /// Adds a round's training records (`stride` floats each) to the replay buffer, replacing
   /// the oldest beyond --buffer. The first call fixes the feature scales: collective.
@@ -95,8 +99,7 @@ class Surrogate {
   int patch_ = 0, stride_ = 0, inputs_ = 0;
   DeviceMesh mesh_;
   std::unique_ptr<ResidualMlp> model_;
-  std::unique_ptr<optim::AdamW> opt_;
-  std::unique_ptr<optim::WarmupCosine> schedule_;
+  std::unique_ptr<session::NativeSession> session_;
   bool scaled_ = false;
   double s_in_ = 1, s_out_ = 1, mean_c_ = 0, s_c_ = 1;
   // Replay buffer (features and targets), a ring of at most --buffer rows.
@@ -104,7 +107,7 @@ class Surrogate {
   std::int64_t size_rows_ = 0, next_row_ = 0;
   // Counters.
   std::int64_t step_ = 0, received_ = 0, presented_ = 0;
-  double sse_since_ = 0;              // local, normalised units
+  double sse_since_ = 0;              // every rank's, normalised units
   std::int64_t rows_since_ = 0;       // global rows since the last take_progress
   std::vector<float> bx_, by_, out_;  // minibatch / evaluation scratch
 };

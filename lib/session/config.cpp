@@ -266,8 +266,8 @@ const std::vector<std::string> kActivations = {"relu", "gelu", "tanh", "silu"};
 
 void read_model(Section m, Config& c) {
   ModelSpec& s = c.model;
-  s.type =
-      m.choice("type", {"mlp", "residual_mlp", "gpt", "conv_autoencoder", "torchscript"}, true);
+  s.type = m.choice(
+      "type", {"mlp", "residual_mlp", "gpt", "conv_autoencoder", "torchscript", "native"}, true);
   if (s.type == "mlp" || s.type == "residual_mlp") {
     s.inputs = m.integer("inputs", 0, 1, kMaxSize);
     s.outputs = m.integer("outputs", 0, 1, kMaxSize);
@@ -298,11 +298,13 @@ void read_model(Section m, Config& c) {
     s.width = m.integer("width", 16, 1, 1 << 16);
     s.levels = m.integer("levels", 2, 1, 8);
     s.activation = m.choice("activation", kActivations);
-  } else {
+  } else if (s.type == "torchscript") {
     s.file = m.text("file", true);
   }
-  // Built-in families: no rank ever holds the whole model unless asked.
-  if (s.type != "torchscript") s.deferred_init = m.boolean("deferred_init", true);
+  // Built-in families: no rank ever holds the whole model unless asked (a native model is
+  // created sharded by the program's model).
+  if (s.type != "torchscript" && s.type != "native")
+    s.deferred_init = m.boolean("deferred_init", true);
   m.finish();
 }
 
@@ -315,8 +317,11 @@ Config parse_config(const std::string& text, const std::string& source) {
   Section top(j, "", c);
   read_model(top.object("model", true), c);
   const bool gpt = c.model.type == "gpt";
+  // A native model computes its own loss: the mean squared error.
   c.loss =
       top.choice("loss", gpt ? std::vector<std::string>{"next_token"}
+                         : c.model.type == "native"
+                             ? std::vector<std::string>{"mse"}
                              : std::vector<std::string>{"mse", "l1", "smooth_l1", "cross_entropy"});
   {
     Section o = top.object("optimizer", false);
@@ -357,6 +362,10 @@ Config parse_config(const std::string& text, const std::string& source) {
   }
   c.grad_clip = top.number("grad_clip", 0.0, 0.0, 1e30);
   c.accumulation = int(top.integer("accumulation", 1, 1, 1 << 16));
+  if (c.accumulation > 1 && c.model.type == "native")
+    throw ConfigError(c.source + ": accumulation: " + std::to_string(c.accumulation) +
+                      ": a native model takes one batch per step (NativeSession::train_step); "
+                      "give it the whole batch");
   {
     Section o = top.object("non_finite", false);
     c.non_finite.policy = o.choice("policy", {"skip", "stop"});
@@ -482,10 +491,10 @@ nlohmann::ordered_json to_json(const Config& c) {
     model["width"] = m.width;
     model["levels"] = m.levels;
     model["activation"] = m.activation;
-  } else {
+  } else if (m.type == "torchscript") {
     model["file"] = m.file;
   }
-  if (m.type != "torchscript") model["deferred_init"] = m.deferred_init;
+  if (m.type != "torchscript" && m.type != "native") model["deferred_init"] = m.deferred_init;
   j["loss"] = c.loss;
   ojson& o = j["optimizer"];
   o["type"] = c.optimizer.type;

@@ -16,11 +16,16 @@
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/graph/shard_request.hpp"
 
+namespace fullshard {
+class DeviceMesh;
+}
+
 namespace fullshard::session {
 
 /// "model": which network. Only the keys of the chosen type are accepted.
 struct ModelSpec {
-  /// mlp | residual_mlp | gpt | conv_autoencoder | torchscript
+  /// mlp | residual_mlp | gpt | conv_autoencoder | torchscript: LibTorch models the session
+  /// builds (Session); native: a model the program gives (NativeSession, no other key).
   std::string type;
   // mlp: inputs -> hidden[0] -> ... -> outputs, one block per hidden layer;
   // residual_mlp: inputs -> hidden (blocks residual blocks) -> outputs.
@@ -160,6 +165,15 @@ Config parse_config(const std::string& text, const std::string& source);
 
 /// Reads and parses the file at `path` (ConfigError naming it when it cannot be read).
 Config read_config(const std::string& path);
+
+/// Reads the configuration file at `path` on every rank of `mesh` and agrees on it: a file one
+/// rank cannot read, or reads differently, is a ConfigError (RankMismatch naming the rank and
+/// the first differing key) on every rank instead of a hang. Collective.
+Config read_config(const DeviceMesh& mesh, const std::string& path);
+/// The same for configuration text (`source` names it in messages); `read_error`: this rank
+/// could not read it (the rank still joins the agreement, so that every rank reports it).
+Config parse_config(const DeviceMesh& mesh, const std::string& text, const std::string& source,
+                    std::string read_error = {});
 
 /// The configuration as the JSON file would state it (every key, defaults included):
 /// parse_config(to_json(c).dump(), ...) gives `c` back.

@@ -1,0 +1,77 @@
+// What every training session offers whatever its model (Session: a LibTorch module;
+// NativeSession: a model fullshard computes itself): checkpoints, safetensors, progress, the
+// configuration, the step count and schedule, the plan's prediction. Free of LibTorch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "fullshard/mesh/device_mesh.hpp"
+#include "fullshard/session/config.hpp"
+#include "fullshard/session/metrics.hpp"
+
+namespace fullshard::session {
+
+class SessionCore;
+
+class SessionBase {
+ public:
+  SessionBase(const SessionBase&) = delete;
+  SessionBase& operator=(const SessionBase&) = delete;
+
+  /// Saves parameters, optimizer state, the step count and the configuration's identity as a
+  /// new step directory under `dir` (empty: the configured checkpoint.dir), then applies
+  /// checkpoint.keep_last. Waits for an asynchronous save in flight first. Returns the step
+  /// directory. Collective.
+  std::string save(const std::string& dir = {});
+  /// The same in the background: returns once this rank's state is copied into host staging
+  /// memory; poll_save() at step boundaries, or wait_save(), commits. A second save_async
+  /// while one is in flight is InvalidArgument (wait for it first). Collective.
+  void save_async(const std::string& dir = {});
+  /// Whether an asynchronous save is in flight (started, not yet committed or failed); local.
+  bool save_in_flight() const noexcept;
+  /// Commits the asynchronous save when every rank's files are written: true when it is
+  /// committed (or none is in flight), false while it is being written. A failed write is
+  /// thrown on every rank. Collective.
+  bool poll_save();
+  /// Waits for the asynchronous save in flight and commits it; returns its step directory.
+  /// InvalidArgument when none is in flight. Collective.
+  std::string wait_save();
+
+  /// Loads the latest checkpoint under `dir` (empty: checkpoint.dir), saved on any number of
+  /// ranks, into the model and optimizer, and restores the step count. Refused on every rank,
+  /// naming what differs, when it was saved by another model or optimizer. Collective.
+  std::int64_t load(const std::string& dir = {});
+  /// Writes the full parameters as one safetensors file (rank 0 writes). Collective.
+  void export_safetensors(const std::string& path);
+  /// Replaces the parameters with those of a safetensors file (fully qualified names, e.g.
+  /// export_safetensors' or PyTorch's model.state_dict()); each rank reads its rows. The
+  /// optimizer state and step count stay. Refused naming the tensor that is missing or has
+  /// another shape. Collective.
+  void import_safetensors(const std::string& path);
+
+  void set_progress(Progress progress);
+
+  const Config& config() const noexcept;
+  const DeviceMesh& mesh() const noexcept;
+  std::int64_t step() const noexcept;
+  /// Steps skipped for a non-finite value (config().non_finite).
+  std::int64_t skipped_steps() const noexcept;
+  /// The learning rate of the next step.
+  double lr() const;
+  /// Parameter tensors the optimizer steps (each once, also when tied).
+  std::size_t optimizer_tensors() const;
+  const PlanPrediction& plan() const noexcept;
+
+ protected:
+  SessionBase() = default;
+  ~SessionBase() = default;
+  /// The session's core (set by the derived session once it is made).
+  void attach(SessionCore& core) noexcept { core_ = &core; }
+
+ private:
+  SessionCore* core_ = nullptr;
+};
+
+}  // namespace fullshard::session

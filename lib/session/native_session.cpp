@@ -1,0 +1,201 @@
+#include "fullshard/session/native_session.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <set>
+#include <utility>
+
+#include "fullshard/base/error.hpp"
+#include "fullshard/kernels/finite_scan.hpp"
+#include "fullshard/schedule/auto_plan.hpp"
+#include "lib/session/session_core.hpp"
+
+namespace fullshard::session {
+
+namespace sch = fullshard::schedule;
+
+namespace {
+
+const char* const kMemoryAdvice =
+    "more ranks shrink the shards, gradients and optimizer state; \"sharding\": "
+    "{\"reshard_after_forward\": true} frees each block after its forward; \"optimizer\": "
+    "{\"in_backward\": true} drops the sharded gradients; a larger \"memory\": {\"budget_mb\"} "
+    "where the node has it; \"memory\": {\"check\": \"warn\"} runs it anyway";
+
+// "input holds nan at [3, 2]" for the first non-finite value of a rows x cols array; "".
+std::string non_finite_at(const float* v, std::int64_t rows, std::int64_t cols, const char* what) {
+  if (rows <= 0 || cols <= 0 || v == nullptr) return {};
+  const std::int64_t i = kernels::first_non_finite(v, rows * cols);
+  if (i < 0) return {};
+  return std::string(what) + " holds " +
+         (std::isnan(v[i]) ? "nan"
+          : v[i] > 0       ? "inf"
+                           : "-inf") +
+         " at [" + std::to_string(i / cols) + ", " + std::to_string(i % cols) + "]";
+}
+
+}  // namespace
+
+struct NativeSession::Impl : SessionCore {
+  NativeModel& model;
+
+  Impl(const DeviceMesh& m, NativeModel& net, Config c)
+      : SessionCore(m, std::move(c), net.identity()), model(net) {}
+  ~Impl() override { release(); }
+
+  void shard(std::int64_t max_rows);
+  void check_rows(std::int64_t rows, std::int64_t global_rows, const float* x, const float* target,
+                  const char* call) const;
+};
+
+void NativeSession::Impl::shard(std::int64_t max_rows) {
+  const std::size_t activations =
+      model.activation_bytes(max_rows, cfg.param_dtype.value_or(DType::f32)) +
+      std::size_t(std::max<std::int64_t>(max_rows, 0)) *
+          std::size_t(model.inputs() + model.outputs()) * sizeof(float);
+  sch::PlanOptions o = plan_options_of_config();
+  graph::Module& g = model.root();
+  const std::string& policy = cfg.sharding.policy;
+  if (policy == "auto") {
+    sch::AutoPlanOptions ao;
+    ao.base = o;
+    ao.memory_budget_bytes = std::size_t(cfg.sharding.memory_budget_mb * 1024.0 * 1024.0);
+    ao.state_bytes_per_param_byte = state_arrays(cfg.optimizer);
+    ao.keep_requests = false;  // the model's blocks are the baseline
+    // The planner plans within what the memory check checks.
+    ao.memory_of = [in = memory_inputs(activations)](const sch::Plan& p) {
+      return sch::plan_memory(p, in).process_peak();
+    };
+    const sch::AutoPlan a = sch::auto_plan(g, sch::MeshShape::of(mesh), ao);
+    sch::apply_auto_plan(g, a.choice);
+    o = a.options;
+  } else {
+    // List groups: each list's first module asks for the group with the others; a module of a
+    // list is not a group of its own.
+    std::set<std::string> listed;
+    for (const auto& group : cfg.sharding.groups)
+      for (const std::string& name : group) {
+        if (g.find_module(name) == nullptr)
+          throw ConfigError(cfg.source + ": sharding.groups: the model has no module '" + name +
+                            "'");
+        listed.insert(name);
+      }
+    for (graph::Module* m : g.modules_preorder())
+      if (m != &g && (policy == "root" || listed.count(m->fqn())))
+        m->set_fully_shard_request(false);
+    for (const auto& group : cfg.sharding.groups) {
+      graph::ShardRequest r;
+      r.group_with.assign(group.begin() + 1, group.end());
+      g.module(group.front()).set_fully_shard_request(r);
+    }
+    g.set_fully_shard_request(true);
+  }
+  model.shard(mesh, o, [&](const sch::Plan& p) {
+    check_memory(p, activations, kMemoryAdvice);
+    record_plan(p, mesh.device_type() == DeviceType::cpu);
+  });
+}
+
+void NativeSession::Impl::check_rows(std::int64_t rows, std::int64_t global_rows, const float* x,
+                                     const float* target, const char* call) const {
+  if (rows < 0 || global_rows < rows || (rows > 0 && (x == nullptr || target == nullptr)))
+    throw InvalidArgument(
+        std::string(call) + ": rank " + std::to_string(mesh.rank()) + " passed " +
+        std::to_string(rows) + " rows of a global batch of " + std::to_string(global_rows) +
+        (rows > 0 && (x == nullptr || target == nullptr) ? " without its inputs or targets" : "") +
+        " (0 <= rows <= global_rows; every rank must pass valid arrays, "
+        "since the step is collective)");
+}
+
+NativeSession::NativeSession(const DeviceMesh& mesh, NativeModel& model, Config config,
+                             std::int64_t max_rows)
+    : impl_(std::make_unique<Impl>(mesh, model, std::move(config))) {
+  Impl& s = *impl_;
+  attach(s);
+  if (s.cfg.model.type != "native")
+    throw ConfigError(s.cfg.source +
+                      ": model.type: a NativeSession trains the model the "
+                      "program gives; its configuration says \"model\": {\"type\": \"native\"}, "
+                      "not \"" +
+                      s.cfg.model.type + "\" (fullshard::session::Session builds that)");
+  if (s.cfg.dtype != DType::f32)
+    throw ConfigError(s.cfg.source + ": dtype: a native model's parameters are f32, not " +
+                      dtype_name(s.cfg.dtype));
+  s.shard(max_rows);
+  s.start(model.root(), make_graph_optimizer(s.cfg, model.root()));
+}
+
+NativeSession::~NativeSession() = default;
+
+double NativeSession::train_step(const float* x, const float* target, std::int64_t rows,
+                                 std::int64_t global_rows) {
+  Impl& s = *impl_;
+  s.check_usable("train_step");
+  s.check_rows(rows, global_rows, x, target, "train_step");
+  const auto start = std::chrono::steady_clock::now();
+  const std::int64_t in = s.model.inputs(), out = s.model.outputs();
+  std::string input_problem = non_finite_at(x, rows, in, "the input");
+  if (input_problem.empty()) input_problem = non_finite_at(target, rows, out, "the target");
+  if (s.cfg.optimizer.in_backward) {
+    // The update runs inside backward: a bad input is found before any (one more all-reduce).
+    int worst = input_problem.empty() ? s.mesh.size() : s.mesh.rank();
+    s.control->allreduce(&worst, 1, MPI_INT, MPI_MIN, "input check (MPI_Iallreduce)");
+    if (worst < s.mesh.size()) {
+      s.control->bcast(input_problem, worst, "non-finite input (MPI_Ibcast)");
+      return s.non_finite_step("rank " + std::to_string(worst) + ": " + input_problem +
+                               " (found before the forward)");
+    }
+  }
+  const double rate = s.lr();
+  s.opt->begin_step(rate);
+  const double sse = s.model.forward_backward(x, target, rows, global_rows);
+  SessionCore::StepTotals totals;
+  const std::string bad = s.check_step(sse, double(rows), input_problem, totals);
+  if (totals.rows != double(global_rows))
+    throw InvalidArgument("train_step: the ranks passed " +
+                          std::to_string(std::int64_t(totals.rows)) +
+                          " rows together, but global_rows is " + std::to_string(global_rows) +
+                          (s.cfg.optimizer.in_backward
+                               ? " (the update inside backward was applied with the wrong scale)"
+                               : " (nothing was applied)"));
+  if (!bad.empty()) return s.non_finite_step(bad, s.cfg.optimizer.in_backward);
+  s.apply_step(totals);
+  const double loss = totals.loss / (double(global_rows) * double(out));
+  s.report_step(loss, rate, start);
+  return loss;
+}
+
+void NativeSession::predict(const float* x, std::int64_t rows, float* out) {
+  Impl& s = *impl_;
+  s.check_usable("predict");
+  if (rows < 0 || (rows > 0 && (x == nullptr || out == nullptr)))
+    throw InvalidArgument("predict: rank " + std::to_string(s.mesh.rank()) + " passed " +
+                          std::to_string(rows) + " rows" +
+                          (rows > 0 ? " without its inputs or its output array" : ""));
+  s.model.predict(x, rows, out);
+}
+
+double NativeSession::evaluate(const float* x, const float* target, std::int64_t rows) {
+  Impl& s = *impl_;
+  s.check_usable("evaluate");
+  s.check_rows(rows, rows, x, target, "evaluate");
+  const std::int64_t O = s.model.outputs();
+  std::vector<float> y(std::size_t(rows) * std::size_t(O));
+  s.model.predict(x, rows, y.data());
+  double sums[2] = {0, double(rows) * double(O)};
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    const double d = double(y[i]) - double(target[i]);
+    sums[0] += d * d;
+  }
+  s.control->allreduce(sums, 2, MPI_DOUBLE, MPI_SUM, "evaluation loss (MPI_Iallreduce)");
+  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+}
+
+NativeModel& NativeSession::model() const noexcept {
+  return impl_->model;
+}
+std::int64_t NativeSession::num_params() const noexcept {
+  return impl_->model.num_params();
+}
+
+}  // namespace fullshard::session
