@@ -385,6 +385,10 @@ fs::session::Config session_config(const Config& c) {
   s.checkpoint = c.checkpoint;
   s.seed = c.seed;
   s.threads = c.threads;
+  // The session's advice names this program's options.
+  s.option_names = {{"checkpoint.resume", "--resume"},
+                    {"checkpoint.start_over", "--start-over"},
+                    {"model.deferred_init", "--deferred-init"}};
   return s;
 }
 

@@ -432,9 +432,14 @@ Config parse_config(const std::string& text, const std::string& source) {
     Section o = top.object("checkpoint", false);
     c.checkpoint.dir = o.text("dir", false);
     c.checkpoint.keep_last = int(o.integer("keep_last", 0, 0, 1 << 20));
+    c.checkpoint.kind = o.choice("kind", {"sharded", "full"});
     c.checkpoint.resume = o.boolean("resume", false);
-    if (c.checkpoint.resume && c.checkpoint.dir.empty())
-      throw ConfigError(c.source + ": checkpoint.resume: true needs checkpoint.dir");
+    c.checkpoint.resume_from = o.text("resume_from", false);
+    if (!c.checkpoint.resume_from.empty() && !c.checkpoint.resume)
+      throw ConfigError(c.source + ": checkpoint.resume_from: set without checkpoint.resume: true");
+    if (c.checkpoint.resume && c.checkpoint.dir.empty() && c.checkpoint.resume_from.empty())
+      throw ConfigError(
+          c.source + ": checkpoint.resume: true needs checkpoint.dir (or checkpoint.resume_from)");
     c.checkpoint.start_over = o.boolean("start_over", false);
     if (c.checkpoint.start_over && c.checkpoint.resume)
       throw ConfigError(c.source +
@@ -549,11 +554,22 @@ nlohmann::ordered_json to_json(const Config& c) {
   ck = ojson::object();
   if (!c.checkpoint.dir.empty()) ck["dir"] = c.checkpoint.dir;
   ck["keep_last"] = c.checkpoint.keep_last;
+  ck["kind"] = c.checkpoint.kind;
   ck["resume"] = c.checkpoint.resume;
+  if (!c.checkpoint.resume_from.empty()) ck["resume_from"] = c.checkpoint.resume_from;
   ck["start_over"] = c.checkpoint.start_over;
   j["seed"] = c.seed;
   j["threads"] = c.threads;
   return j;
+}
+
+std::string Config::setting(const std::string& key, const std::string& value) const {
+  const auto it = option_names.find(key);
+  if (it != option_names.end()) return it->second;
+  // "a.b" -> "a": {"b": value}
+  const std::size_t dot = key.find('.');
+  if (dot == std::string::npos) return "\"" + key + "\": " + value;
+  return "\"" + key.substr(0, dot) + "\": {\"" + key.substr(dot + 1) + "\": " + value + "}";
 }
 
 std::vector<std::string> canonical_lines(const Config& c) {

@@ -92,6 +92,9 @@ class GraphOptimizer final : public SessionOptimizer {
   checkpoint::Loaded load(const std::string& dir) override {
     return checkpoint::load(dir, root_, opt_.get());
   }
+  std::uint64_t reserve_async_staging() override {
+    return checkpoint::reserve_async_staging(root_, opt_.get());
+  }
 
  private:
   graph::Module& root_;

@@ -73,6 +73,10 @@ class LibTorchOptimizer final : public SessionOptimizer {
   checkpoint::Loaded load(const std::string& dir) override {
     return fst::load_checkpoint(dir, model_, opt_.get());
   }
+  // LibTorch's optimizer state is staged as its save finds it: the parameters' staging only.
+  std::uint64_t reserve_async_staging() override {
+    return checkpoint::reserve_async_staging(model_.graph(), nullptr);
+  }
 
  private:
   fst::ShardedModel& model_;

@@ -308,10 +308,10 @@ void Session::Impl::check_whole_build(at::ScalarType dtype) {
       " in " + at::toString(dtype) +
       ", which every rank builds whole before sharding (\"model\": {\"deferred_init\": "
       "false}), but rank " +
-      std::to_string(over) + " may use " + budget_text +
-      "; build only each rank's rows with \"model\": {\"deferred_init\": true} "
-      "(fullshard-train-gpt: --deferred-init), choose a smaller model, or give it more memory "
-      "(\"memory\": {\"check\": \"warn\"} runs it anyway)";
+      std::to_string(over) + " may use " + budget_text + "; build only each rank's rows with " +
+      cfg.setting("model.deferred_init", "true") +
+      ", choose a smaller model, or give it more memory (" +
+      cfg.setting("memory.check", "\"warn\"") + " runs it anyway)";
   if (m.check == "refuse") throw sch::MemoryBudgetExceeded(cfg.source + ": " + message);
   if (mesh.rank() == 0) std::fprintf(stderr, "fullshard: warning: %s\n", message.c_str());
 }

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "fullshard/base/error.hpp"
 #include "lib/session/session_core.hpp"
 
 namespace fullshard::session {
@@ -27,8 +28,25 @@ std::int64_t SessionBase::load(const std::string& dir) {
 void SessionBase::export_safetensors(const std::string& path) {
   core_->export_safetensors(path);
 }
-void SessionBase::import_safetensors(const std::string& path) {
-  core_->import_safetensors(path);
+checkpoint::SafetensorsLoaded SessionBase::import_safetensors(const std::string& path, bool cast) {
+  return core_->import_safetensors(path, cast);
+}
+const checkpoint::Loaded& SessionBase::last_loaded() const noexcept {
+  return core_->last_loaded;
+}
+checkpoint::Loaded SessionBase::load_parameters(const std::string& dir) {
+  return core_->load_parameters(dir);
+}
+void SessionBase::set_checkpoint_metadata(nlohmann::json extra) {
+  if (!extra.is_object() || extra.contains("session"))
+    throw InvalidArgument(
+        "set_checkpoint_metadata: the metadata must be a JSON object without the key "
+        "\"session\" (the session's own), not " +
+        extra.dump().substr(0, 200));
+  core_->metadata_extra = std::move(extra);
+}
+std::uint64_t SessionBase::reserve_async_staging() {
+  return core_->reserve_async_staging();
 }
 void SessionBase::set_progress(Progress progress) {
   core_->progress = std::move(progress);

@@ -60,19 +60,20 @@ SessionCore::SessionCore(const DeviceMesh& m, Config c,
   id.insert(id.end(), model_identity.begin(), model_identity.end());
   identity = id;
   non_finite.emplace(
-      cfg.non_finite, "\"non_finite\": {\"policy\": \"stop\"}",
-      "\"non_finite\": {\"max_skipped\": " + std::to_string(cfg.non_finite.max_skipped) + "}");
+      cfg.non_finite, cfg.setting("non_finite.policy", "\"stop\""),
+      cfg.setting("non_finite.max_skipped", std::to_string(cfg.non_finite.max_skipped)));
   control = BoundedComm::duplicate(mesh.control_world(), "session", mesh.timeout_s());
 
   // Before anything is built: a bad checkpoint directory must not cost a whole job.
   if (!cfg.checkpoint.dir.empty()) {
-    checkpoint::check_directory(cfg.checkpoint.dir, mesh);
+    free_bytes = checkpoint::check_directory(cfg.checkpoint.dir, mesh).free_bytes;
     checkpoint::ClaimOptions co;
-    co.resume = cfg.checkpoint.resume;
+    // Resuming another directory's checkpoint is a fresh run here.
+    co.resume = cfg.checkpoint.resume && (cfg.checkpoint.resume_from.empty() ||
+                                          in_checkpoint_dir(cfg.checkpoint.resume_from));
     co.start_over = cfg.checkpoint.start_over;
-    co.resume_hint = "\"checkpoint\": {\"resume\": true} (fullshard-train-gpt: --resume)";
-    co.start_over_hint =
-        "\"checkpoint\": {\"start_over\": true} (fullshard-train-gpt: --start-over)";
+    co.resume_hint = cfg.setting("checkpoint.resume", "true");
+    co.start_over_hint = cfg.setting("checkpoint.start_over", "true");
     claim = std::make_unique<checkpoint::DirectoryClaim>(cfg.checkpoint.dir, mesh, co);
   }
 }
@@ -138,15 +139,41 @@ void SessionCore::record_plan(const sch::Plan& p, bool serial) {
   plan.groups = std::int64_t(p.groups.size());
 }
 
+bool SessionCore::in_checkpoint_dir(const std::string& path) const {
+  if (cfg.checkpoint.dir.empty()) return false;
+  namespace stdfs = std::filesystem;
+  std::error_code ec;
+  const stdfs::path dir = stdfs::weakly_canonical(cfg.checkpoint.dir, ec);
+  const stdfs::path p = stdfs::weakly_canonical(path, ec);
+  return p == dir || p.parent_path() == dir;
+}
+
 void SessionCore::start(graph::Module& model_root, std::unique_ptr<SessionOptimizer> optimizer) {
   root = &model_root;
   graph_params = model_root.parameters();
   check_parameters_finite("initial");
+  if (free_bytes && mesh.rank() == 0) {
+    // One checkpoint (f32 parameters and optimizer state); with keep_last K, K kept and the
+    // new one being written.
+    double elements = 0;
+    for (const graph::Parameter* p : graph_params)
+      elements += double(p->numel());
+    const int keep = cfg.checkpoint.keep_last;
+    const double need =
+        elements * 4.0 * (1 + state_arrays(cfg.optimizer)) * (keep > 0 ? keep + 1 : 1);
+    if (double(*free_bytes) < need)
+      std::fprintf(stderr,
+                   "fullshard: warning: checkpoint directory %s has %.2f MiB free, but a "
+                   "checkpoint needs about %.2f MiB\n",
+                   cfg.checkpoint.dir.c_str(), double(*free_bytes) / (1 << 20), need / (1 << 20));
+  }
   opt = std::move(optimizer);
   if (cfg.lr_schedule.type == "warmup_cosine")
     schedule.emplace(cfg.optimizer.lr, cfg.lr_schedule.warmup_steps, cfg.lr_schedule.total_steps,
                      cfg.lr_schedule.min_lr);
-  if (cfg.checkpoint.resume) {
+  if (!cfg.checkpoint.resume_from.empty()) {
+    load(cfg.checkpoint.resume_from);
+  } else if (cfg.checkpoint.resume) {
     // Resumed when the directory holds a checkpoint (rank 0 looks; every rank follows).
     int found = 0;
     if (mesh.rank() == 0)
@@ -268,15 +295,29 @@ std::string SessionCore::dir_or_configured(const std::string& dir, const char* c
 
 checkpoint::SaveOptions SessionCore::save_options(const std::string& dir) const {
   checkpoint::SaveOptions o;
+  o.kind = cfg.checkpoint.kind == "full" ? checkpoint::Kind::full : checkpoint::Kind::sharded;
   o.keep_last = cfg.checkpoint.keep_last;
+  if (!resumed_step_dir.empty()) o.keep = {resumed_step_dir};
   // The configured directory is this run's: its saves carry the run and its retention spares
   // other runs' checkpoints.
   if (claim && dir == cfg.checkpoint.dir) claim->apply(o);
   return o;
 }
 
+nlohmann::json SessionCore::metadata() const {
+  nlohmann::json m = metadata_extra.is_object() ? metadata_extra : nlohmann::json::object();
+  m["session"] = identity;
+  return m;
+}
+
 void SessionCore::committed(const std::string& step_dir, std::int64_t at, bool async) const {
-  if (progress.on_save) progress.on_save(SaveMetrics{at, step_dir, async});
+  if (!progress.on_save) return;
+  SaveMetrics m{at, step_dir, async};
+  if (async) {
+    m.write_seconds = pending.write_seconds();
+    m.staging_bytes = pending.staging_bytes();
+  }
+  progress.on_save(m);
 }
 
 std::string SessionCore::save(const std::string& dir) {
@@ -387,9 +428,31 @@ std::int64_t SessionCore::load(const std::string& dir) {
   }
   refused_values.clear();
   step = loaded.step;
-  // Resumed in the run's own directory: the chain it continues is its lineage.
-  if (claim && d == cfg.checkpoint.dir) claim->resumed_from(loaded.step_dir);
+  last_loaded = loaded;
+  // Resumed in the run's own directory: the chain it continues is its lineage, and the step
+  // resumed from is kept.
+  if (claim && in_checkpoint_dir(d)) {
+    claim->resumed_from(loaded.step_dir);
+    resumed_step_dir = loaded.step_dir;
+  }
   return step;
+}
+
+checkpoint::Loaded SessionCore::load_parameters(const std::string& dir) {
+  if (in_flight) wait_save();  // the save in flight reads the parameters
+  const checkpoint::Loaded loaded = checkpoint::load(dir, *root, nullptr);
+  try {
+    check_parameters_finite("checkpoint's (" + loaded.step_dir + ")");
+  } catch (const InvalidArgument&) {
+    refused_values = "the checkpoint '" + loaded.step_dir + "'";
+    throw;
+  }
+  refused_values.clear();
+  return loaded;
+}
+
+std::uint64_t SessionCore::reserve_async_staging() {
+  return opt->reserve_async_staging();
 }
 
 void SessionCore::export_safetensors(const std::string& path) {
@@ -415,12 +478,15 @@ void SessionCore::export_safetensors(const std::string& path) {
   if (!error.empty()) throw Error(error);
 }
 
-void SessionCore::import_safetensors(const std::string& path) {
+checkpoint::SafetensorsLoaded SessionCore::import_safetensors(const std::string& path, bool cast) {
   if (in_flight) wait_save();  // the save in flight reads the parameters
   std::string error;
   int io = 0;  // the failure is an IoError (a file that cannot be read), not a mismatch
+  checkpoint::SafetensorsLoaded read;
   try {
-    checkpoint::load_safetensors(path, *root);
+    checkpoint::SafetensorsLoadOptions lo;
+    lo.cast = cast;
+    read = checkpoint::load_safetensors(path, *root, lo);
   } catch (const std::exception& e) {
     error = fullshard::detail::message_of(e);
     io = dynamic_cast<const IoError*>(&e) != nullptr;
@@ -437,7 +503,7 @@ void SessionCore::import_safetensors(const std::string& path) {
       throw;
     }
     refused_values.clear();
-    return;
+    return read;
   }
   control->bcast(error, failed[0], "safetensors import (MPI_Ibcast)");
   control->bcast(&io, 1, MPI_INT, failed[0], "safetensors import (MPI_Ibcast)");

@@ -20,6 +20,7 @@
 #include "fullshard/checkpoint/async_save.hpp"
 #include "fullshard/checkpoint/checkpoint.hpp"
 #include "fullshard/checkpoint/directory_claim.hpp"
+#include "fullshard/checkpoint/safetensors.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/optim/optimizer.hpp"
@@ -99,8 +100,10 @@ class SessionCore {
   bool poll_save();
   std::string wait_save();
   std::int64_t load(const std::string& dir);
+  checkpoint::Loaded load_parameters(const std::string& dir);
+  std::uint64_t reserve_async_staging();
   void export_safetensors(const std::string& path);
-  void import_safetensors(const std::string& path);
+  checkpoint::SafetensorsLoaded import_safetensors(const std::string& path, bool cast);
 
   Config cfg;
   DeviceMesh mesh;
@@ -119,6 +122,10 @@ class SessionCore {
   checkpoint::AsyncSave pending;
   bool in_flight = false;
   std::string pending_dir;
+  nlohmann::json metadata_extra;            // the program's keys in every checkpoint's metadata
+  checkpoint::Loaded last_loaded;           // the last load's (step_dir empty before one)
+  std::string resumed_step_dir;             // of checkpoint.dir, resumed from: never removed
+  std::optional<std::uint64_t> free_bytes;  // checkpoint.dir's file system, at creation
   // Set when a load or import was refused after it had replaced the parameters (a non-finite
   // value found in them): what was refused; the same on every rank.
   std::string refused_values;
@@ -126,7 +133,9 @@ class SessionCore {
  private:
   std::string dir_or_configured(const std::string& dir, const char* call) const;
   checkpoint::SaveOptions save_options(const std::string& dir) const;
-  nlohmann::json metadata() const { return {{"session", identity}}; }
+  nlohmann::json metadata() const;
+  /// Whether `path` is checkpoint.dir or one of its step directories.
+  bool in_checkpoint_dir(const std::string& path) const;
   void check_identity(const std::string& dir);
   void committed(const std::string& step_dir, std::int64_t step, bool async) const;
 };

@@ -40,6 +40,8 @@ class SessionOptimizer {
                                            const checkpoint::SaveOptions& options,
                                            const nlohmann::json& metadata) = 0;
   virtual checkpoint::Loaded load(const std::string& dir) = 0;
+  /// Allocates and faults in the staging memory of asynchronous saves; returns its bytes.
+  virtual std::uint64_t reserve_async_staging() = 0;
 };
 
 /// Optimizer state arrays per parameter element (SGD 0 or 1, AdamW 2).

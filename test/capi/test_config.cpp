@@ -217,7 +217,7 @@ TEST_CASE("config: every bad value names the file and the key") {
        "cfg.json: checkpoint.resume: true needs checkpoint.dir"},
       {R"("checkpoint": {"path": "x"})",
        "cfg.json: unknown key 'checkpoint.path' in 'checkpoint'; this object takes dir, "
-       "keep_last, resume"},
+       "keep_last, kind, resume"},
   };
   for (const auto& entry : top) {  // (no structured bindings: CAPTURE captures)
     const auto& text = entry.first;

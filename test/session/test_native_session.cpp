@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
@@ -102,6 +103,11 @@ std::vector<double> by_hand(const ss::Config& c, int steps) {
     losses.push_back(fs::apps::sum_over_mesh(sse, mesh) / (double(kGlobalRows) * kShape.outputs));
   }
   return losses;
+}
+
+// The straight run's loss of step `steps` (counted from 1) by hand.
+double by_session_reference(const ss::Config& c, int steps) {
+  return by_hand(c, steps).back();
 }
 
 std::vector<double> by_session(ss::NativeSession& s, int first, int last) {
@@ -274,4 +280,95 @@ TEST_CASE("native session: a wrong global batch and configurations it cannot tak
     ss::NativeSession s(mesh, net, c, kGlobalRows);
     CHECK(s.plan().groups == 1);
   }
+}
+
+TEST_CASE("native session: checkpoint kind, resume_from, the program's metadata, weights only") {
+  fs::test::SharedTempDir tmp("fullshard-native-ck");
+  const std::string dir = tmp.path + "/ck";
+  ss::Config c = native_config();
+  c.checkpoint.dir = dir;
+  c.checkpoint.kind = "full";
+  c.checkpoint.keep_last = 1;
+  std::vector<double> straight;
+  std::vector<ss::SaveMetrics> saves;
+  {
+    fs::DeviceMesh mesh = world_mesh();
+    fs::apps::ResidualMlp net(kShape, c.seed);
+    ss::NativeSession s(mesh, net, c, kGlobalRows);
+    s.set_progress({{}, [&](const ss::SaveMetrics& m) { saves.push_back(m); }});
+    s.set_checkpoint_metadata({{"data", {{"batch", kGlobalRows}, {"seed", 5}}}});
+    CHECK(fs::test::error_of<fs::InvalidArgument>([&] {
+            s.set_checkpoint_metadata({{"session", 1}});
+          }).find("without the key \"session\"") != std::string::npos);
+    straight = by_session(s, 0, 2);
+    s.save();  // step 2
+    const std::vector<double> more = by_session(s, 2, 4);
+    straight.insert(straight.end(), more.begin(), more.end());
+    s.save();  // step 4; keep_last 1 removes step 2
+  }
+  REQUIRE(saves.size() == 2);
+  CHECK(saves[1].step == 4);
+  CHECK_FALSE(saves[1].asynchronous);
+  const std::string step4 = saves[1].step_dir;
+  CHECK_FALSE(std::filesystem::exists(saves[0].step_dir));
+  {
+    // Resumed from step 4's directory by name: its metadata comes back, it is never removed.
+    ss::Config r = c;
+    r.checkpoint.resume = true;
+    r.checkpoint.resume_from = step4;
+    fs::DeviceMesh mesh = world_mesh();
+    fs::apps::ResidualMlp net(kShape, c.seed + 1);
+    ss::NativeSession s(mesh, net, r, kGlobalRows);
+    CHECK(s.step() == 4);
+    CHECK(s.last_loaded().step_dir == step4);
+    CHECK(s.last_loaded().kind == fs::checkpoint::Kind::full);
+    CHECK(s.last_loaded().metadata["data"]["seed"] == 5);
+    CHECK(rel(by_session(s, 4, 5)[0], by_session_reference(c, 5)) <= 1e-6);
+    s.save();  // step 5: keep_last 1, but the step resumed from stays
+    CHECK(std::filesystem::exists(step4));
+  }
+  {
+    // Weights only: step 0, a fresh optimizer; the predictions are the checkpoint's.
+    fs::DeviceMesh mesh = world_mesh();
+    fs::apps::ResidualMlp a(kShape, c.seed + 2);
+    ss::NativeSession sa(mesh, a, native_config(), kGlobalRows);
+    const fs::checkpoint::Loaded l = sa.load_parameters(step4);
+    CHECK(l.step == 4);
+    CHECK(sa.step() == 0);
+    fs::apps::ResidualMlp b(kShape, c.seed + 3);
+    ss::NativeSession sb(mesh, b, native_config(), kGlobalRows);
+    sb.load(step4);
+    const Batch x = batch_of(7);
+    std::vector<float> ya(x.t.size()), yb(x.t.size());
+    sa.predict(x.x.data(), x.rows, ya.data());
+    sb.predict(x.x.data(), x.rows, yb.data());
+    CHECK(ya == yb);
+  }
+}
+
+TEST_CASE("native session: a program's option names in the advice; async save metrics") {
+  fs::test::SharedTempDir tmp("fullshard-native-async");
+  ss::Config c = native_config();
+  c.non_finite.policy = "stop";
+  c.option_names = {{"non_finite.policy", "--non-finite"}};
+  CHECK(c.setting("non_finite.policy", "\"skip\"") == "--non-finite");
+  CHECK(c.setting("checkpoint.resume", "true") == "\"checkpoint\": {\"resume\": true}");
+  fs::DeviceMesh mesh = world_mesh();
+  fs::apps::ResidualMlp net(kShape, c.seed);
+  ss::NativeSession s(mesh, net, c, kGlobalRows);
+  std::vector<ss::SaveMetrics> saves;
+  s.set_progress({{}, [&](const ss::SaveMetrics& m) { saves.push_back(m); }});
+  const std::uint64_t staging = s.reserve_async_staging();
+  by_session(s, 0, 1);
+  s.save_async(tmp.path + "/ck");
+  s.wait_save();
+  REQUIRE(saves.size() == 1);
+  CHECK(saves[0].asynchronous);
+  CHECK(saves[0].staging_bytes == staging);
+  CHECK(saves[0].write_seconds >= 0);
+  Batch b = batch_of(1);
+  b.t[0] = std::numeric_limits<float>::infinity();
+  const std::string e = fs::test::error_of<fs::InvalidArgument>(
+      [&] { s.train_step(b.x.data(), b.t.data(), b.rows, kGlobalRows); });
+  CHECK(e.find("(--non-finite)") != std::string::npos);
 }

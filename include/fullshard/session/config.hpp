@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -111,9 +112,16 @@ struct CheckpointSpec {
   /// Committed step directories kept (the oldest beyond it are removed after each commit);
   /// 0: keep all.
   int keep_last = 0;
+  /// sharded: every rank writes its shards (the default; asynchronous saves need it); full:
+  /// rank 0 gathers and writes one consolidated file.
+  std::string kind = "sharded";
   /// Load the latest checkpoint in `dir` at creation when there is one (saved on any number
   /// of ranks).
   bool resume = false;
+  /// With `resume`: load this checkpoint instead (a checkpoint root or one step directory,
+  /// refused when missing); `dir` is then optional. One of `dir`'s own continues the run's
+  /// lineage there; the step directory resumed from is never removed by keep_last.
+  std::string resume_from;
   /// A fresh run on a `dir` that holds checkpoints (refused otherwise): they are kept, and
   /// retention deletes only this run's. The session owns `dir` while it lives
   /// (checkpoint::DirectoryClaim: a second run on it is refused, naming the owner).
@@ -155,6 +163,13 @@ struct Config {
   CheckpointSpec checkpoint;
   std::uint64_t seed = 0;
   int threads = 0;  // LibTorch intra-op threads; 0: the launcher's cores
+  /// How a program's user sets a key, where it is not the configuration file: "--resume" for
+  /// "checkpoint.resume" (fullshard-train's options); messages that advise a setting name it
+  /// so (setting()). Not part of the JSON form nor of what the ranks compare.
+  std::map<std::string, std::string> option_names;
+  /// `key` set to `value` as the user would write it: option_names' entry ("--resume"), or
+  /// the JSON form ("\"checkpoint\": {\"resume\": true}").
+  std::string setting(const std::string& key, const std::string& value) const;
   /// Every value read, as "key = value" in a fixed order (defaults included): what the ranks
   /// compare before they build the model (parse_config fills it; canonical_lines computes it).
   std::vector<std::string> canonical;

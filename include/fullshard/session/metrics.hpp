@@ -44,6 +44,9 @@ struct SaveMetrics {
   std::int64_t step = 0;
   std::string step_dir;
   bool asynchronous = false;
+  /// Asynchronous saves: this rank's background write (seconds) and its staging memory.
+  double write_seconds = 0;
+  std::uint64_t staging_bytes = 0;
 };
 
 /// Called on every rank, from the calling thread, inside the session's calls.

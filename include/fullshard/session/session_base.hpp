@@ -7,6 +7,10 @@
 #include <cstdint>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "fullshard/checkpoint/checkpoint.hpp"
+#include "fullshard/checkpoint/safetensors.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/session/config.hpp"
 #include "fullshard/session/metrics.hpp"
@@ -43,13 +47,28 @@ class SessionBase {
   /// ranks, into the model and optimizer, and restores the step count. Refused on every rank,
   /// naming what differs, when it was saved by another model or optimizer. Collective.
   std::int64_t load(const std::string& dir = {});
+  /// What the last load read (the step directory, its metadata, kind and bytes); the step
+  /// directory is empty before one.
+  const checkpoint::Loaded& last_loaded() const noexcept;
+  /// The parameters of the checkpoint at `dir` (a root or a step directory, saved on any
+  /// number of ranks), without optimizer state or step count (a fresh start from its
+  /// weights). Refused as load() refuses. Collective.
+  checkpoint::Loaded load_parameters(const std::string& dir);
+  /// Keys (any JSON object's, but "session") written into every checkpoint's metadata beside
+  /// the session's identity, e.g. what a program needs to continue its data stream; read back
+  /// through last_loaded().metadata.
+  void set_checkpoint_metadata(nlohmann::json extra);
+  /// Allocates and faults in the host staging memory of asynchronous saves, so that the first
+  /// save_async costs a step no more than later ones; returns its bytes on this rank.
+  std::uint64_t reserve_async_staging();
   /// Writes the full parameters as one safetensors file (rank 0 writes). Collective.
   void export_safetensors(const std::string& path);
   /// Replaces the parameters with those of a safetensors file (fully qualified names, e.g.
   /// export_safetensors' or PyTorch's model.state_dict()); each rank reads its rows. The
   /// optimizer state and step count stay. Refused naming the tensor that is missing or has
-  /// another shape. Collective.
-  void import_safetensors(const std::string& path);
+  /// another shape, or another dtype unless `cast` (converted, as PyTorch's load_state_dict
+  /// does). Collective.
+  checkpoint::SafetensorsLoaded import_safetensors(const std::string& path, bool cast = false);
 
   void set_progress(Progress progress);
 
