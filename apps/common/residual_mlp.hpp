@@ -58,6 +58,8 @@ class ResidualMlp final : public session::NativeModel {
   std::int64_t outputs() const noexcept override { return shape_.outputs; }
   /// "model.native = residual_mlp", then its inputs, hidden, outputs and blocks.
   std::vector<std::string> identity() const override;
+  /// Its backward assigns a fresh gradient (Parameter::grad_fresh) instead of adding.
+  bool assigns_fresh_gradients() const override { return true; }
 
   /// For a model used unsharded (no shard()): makes every parameter's full tensor from its
   /// initial values.

@@ -29,9 +29,7 @@
 #include "bounded_comm.hpp"
 #include "cli.hpp"
 #include "fullshard/base/error.hpp"
-#include "fullshard/checkpoint/async_save.hpp"
 #include "fullshard/checkpoint/checkpoint.hpp"
-#include "fullshard/checkpoint/directory_claim.hpp"
 #include "fullshard/checkpoint/safetensors.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/graph/json_graph.hpp"
@@ -44,9 +42,10 @@
 #include "fullshard/schedule/memory_account.hpp"
 #include "fullshard/schedule/memory_budget.hpp"
 #include "fullshard/session/config.hpp"
-#include "fullshard/session/non_finite_policy.hpp"
+#include "fullshard/session/native_session.hpp"
 #include "mlp_cost.hpp"
 #include "residual_mlp.hpp"
+#include "teacher.hpp"
 #if defined(FULLSHARD_APPS_HAVE_CUDA)
 #include "residual_mlp_cuda.hpp"
 #endif
@@ -172,6 +171,9 @@ const char* const kUsage =
     "                        (host streams run inline) plus the optimizer step\n"
     "  --graph-out FILE      write the model's graph JSON (the declared costs and the plan's\n"
     "                        fully_shard requests) for fullshard-plan\n"
+    "  --write-config FILE   the training session's configuration as JSON (rank 0): these\n"
+    "                        options as the session takes them (fullshard::session::\n"
+    "                        NativeSession, \"model\": {\"type\": \"native\"})\n"
     "  --log-every N         print every N-th step line (default 1; the last step always)\n"
     "  --help                print this help\n"
     "\n"
@@ -191,7 +193,7 @@ struct Config {
   schedule::PlanOptions plan;
   std::optional<fullshard::DType> param_dtype, reduce_dtype;
   std::string trace;
-  std::string cost_file, compute_file, graph_out;
+  std::string cost_file, compute_file, graph_out, write_config;
   bool predict = false;
   bool optimizer_in_backward = false;
   int log_every = 1;
@@ -310,6 +312,8 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
       c.compute_file = a.value();
     else if (f == "--graph-out")
       c.graph_out = a.value();
+    else if (f == "--write-config")
+      c.write_config = a.value();
     else if (f == "--predict") {
       a.no_value();
       c.predict = true;
@@ -396,57 +400,6 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
   return c;
 }
 
-/// The teacher: t = Bt tanh(At x + ct), fixed by the seed, the same on every rank.
-class Teacher {
- public:
-  Teacher(const apps::MlpShape& s, std::uint64_t seed) : s_(s), seed_(seed) {
-    const int T = kWidth, I = s.inputs, O = s.outputs;
-    a_.resize(static_cast<std::size_t>(T) * I);
-    b_.resize(static_cast<std::size_t>(O) * T);
-    c_.resize(T);
-    for (std::size_t e = 0; e < a_.size(); ++e)
-      a_[e] = apps::normal01(seed, kTeacherStream, e) / std::sqrt(double(I));
-    for (std::size_t e = 0; e < b_.size(); ++e)
-      b_[e] = apps::normal01(seed, kTeacherStream + 1, e) / std::sqrt(double(T));
-    for (int e = 0; e < T; ++e)
-      c_[e] = apps::uniform01(seed, kTeacherStream + 2, static_cast<std::uint64_t>(e)) - 0.5;
-  }
-
-  /// Samples [first, first + rows) of the data stream: inputs and targets, row-major.
-  void batch(std::int64_t first, int rows, std::vector<float>& x, std::vector<float>& t) const {
-    const int T = kWidth, I = s_.inputs, O = s_.outputs;
-    x.resize(static_cast<std::size_t>(rows) * I);
-    t.resize(static_cast<std::size_t>(rows) * O);
-    std::vector<double> xi(I), hid(T);
-    for (int r = 0; r < rows; ++r) {
-      const auto sample = static_cast<std::uint64_t>(first + r);
-      for (int i = 0; i < I; ++i) {
-        xi[i] = apps::normal01(seed_, kDataStream, sample * I + i);
-        x[static_cast<std::size_t>(r) * I + i] = static_cast<float>(xi[i]);
-      }
-      for (int j = 0; j < T; ++j) {
-        double acc = c_[j];
-        for (int i = 0; i < I; ++i)
-          acc += a_[static_cast<std::size_t>(j) * I + i] * xi[i];
-        hid[j] = std::tanh(acc);
-      }
-      for (int o = 0; o < O; ++o) {
-        double acc = 0;
-        for (int j = 0; j < T; ++j)
-          acc += b_[static_cast<std::size_t>(o) * T + j] * hid[j];
-        t[static_cast<std::size_t>(r) * O + o] = static_cast<float>(acc);
-      }
-    }
-  }
-
- private:
-  static constexpr int kWidth = 64;
-  static constexpr std::uint64_t kTeacherStream = 1u << 20, kDataStream = 1u << 21;
-  apps::MlpShape s_;
-  std::uint64_t seed_;
-  std::vector<double> a_, b_, c_;
-};
-
 long minor_faults() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
@@ -506,9 +459,66 @@ const double kMiB = 1024.0 * 1024.0;
 
 /// One training run: set-up (constructor), restoring state (restore), steps (step), logging
 /// (log_step), checkpoints (save), and the end (summary, write_trace).
+/// The training session's configuration for these options: a native model, its optimizer,
+/// schedule, clipping, non-finite policy, precision, sharding, memory check and checkpoints;
+/// the session's messages name these options.
+fullshard::session::Config session_config(const Config& c) {
+  fullshard::session::Config s;
+  s.source = "fullshard-train's options";
+  s.model.type = "native";
+  s.optimizer.type = c.optimizer;
+  s.optimizer.lr = c.lr;
+  s.optimizer.weight_decay = c.weight_decay;
+  if (c.optimizer == "sgd") s.optimizer.momentum = c.momentum;
+  s.optimizer.in_backward = c.optimizer_in_backward;
+  if (c.warmup >= 0) {  // linear warm-up, then cosine decay to 0 at --steps
+    s.lr_schedule.type = "warmup_cosine";
+    s.lr_schedule.warmup_steps = c.warmup;
+    s.lr_schedule.total_steps = c.steps;
+  }
+  s.grad_clip = c.clip;
+  s.non_finite = c.non_finite;
+  s.param_dtype = c.plan.defaults.mp_policy.param_dtype;
+  s.reduce_dtype = c.plan.defaults.mp_policy.reduce_dtype;
+  fullshard::session::ShardingSpec& sh = s.sharding;
+  sh.reshard_after_forward = c.plan.defaults.reshard_after_forward;
+  sh.forward_prefetch = c.plan.forward_prefetch_depth;
+  sh.compression = c.plan.defaults.compression;
+  sh.cost_file = c.cost_file;
+  const double mib = 1024.0 * 1024.0;
+  if (c.auto_plan) {
+    sh.policy = "auto";
+    sh.memory_budget_mb = double(c.memory_budget) / mib;
+    sh.allow_compression = c.allow_compression;
+  }
+  s.memory.budget_mb = double(c.memory_budget) / mib;
+  s.memory.check = c.memory_check == schedule::MemoryCheck::refuse ? "refuse"
+                   : c.memory_check == schedule::MemoryCheck::warn ? "warn"
+                                                                   : "off";
+  fullshard::session::CheckpointSpec& ck = s.checkpoint;
+  ck.dir = c.checkpoint_dir;
+  ck.keep_last = c.keep_last;
+  ck.kind = fullshard::checkpoint::kind_name(c.checkpoint_kind);
+  ck.resume = !c.resume_dir.empty();
+  ck.resume_from = c.resume_dir;
+  ck.start_over = c.start_over;
+  s.seed = c.seed;
+  s.option_names = {{"non_finite.policy", "--non-finite"},
+                    {"non_finite.max_skipped", "--max-skipped"},
+                    {"checkpoint.resume", "--resume " + c.checkpoint_dir},
+                    {"checkpoint.start_over", "--start-over"},
+                    {"memory.budget_mb", "--memory-budget"},
+                    {"memory.check", "--memory-check"},
+                    {"sharding.reshard_after_forward", "--reshard"},
+                    {"sharding.cost_file", "--cost"},
+                    {"optimizer.in_backward", "--optimizer-in-backward"}};
+  return s;
+}
+
 class Trainer {
  public:
-  /// Set-up: mesh, sharded model, teacher, optimizer, lr schedule, this rank's batch slice.
+  /// Set-up: mesh, teacher, this rank's batch slice, the training session (the sharded model,
+  /// its optimizer and schedule).
   Trainer(const fullshard::Runtime& rt, const Config& c)
       : c_(c),
         rank_(rt.rank()),
@@ -529,13 +539,11 @@ class Trainer {
       if (!c.trace.empty()) fullshard::checkpoint::check_output_file(c.trace, "--trace", mesh_);
       if (!c.graph_out.empty())
         fullshard::checkpoint::check_output_file(c.graph_out, "--graph-out", mesh_);
+      if (!c.write_config.empty())
+        fullshard::checkpoint::check_output_file(c.write_config, "--write-config", mesh_);
     } catch (const fullshard::ConfigError& e) {  // agreed: every rank is here
       throw apps::UsageError{e.message()};
     }
-    schedule::PlanOptions base = c.plan;
-    if (!c.cost_file.empty())
-      base.cost =
-          schedule::CostModel::load_json(c.cost_file, schedule::CostModel::defaults(plan_mesh()));
     if (!c.compute_file.empty()) rates_ = schedule::ComputeRates::load_json(c.compute_file, rates_);
     // Costs for the largest share of the batch (the same on every rank: one plan).
     if (c.predict) {
@@ -550,12 +558,6 @@ class Trainer {
                     c.compute_file.empty() ? "the defaults" : c.compute_file.c_str(),
                     static_cast<long long>(rows), c.shape.hidden, c.shape.inputs, c.shape.outputs);
     }
-    const schedule::PlanOptions options = c.auto_plan ? auto_plan(rt, c, base) : base;
-    if (!c.graph_out.empty() && rank_ == 0) {
-      std::ofstream out(c.graph_out);
-      out << fullshard::graph::graph_to_json(model_.root()).dump(1) << "\n";
-      if (!out) throw fullshard::Error("--graph-out: cannot write '" + c.graph_out + "'");
-    }
     // The bandwidth of the summary's byte floor, measured before the model exists (its
     // buffers given back) so that it adds nothing to the process's peak.
     // The size a rank's shards stream (8 to 64 MiB): no more memory than the model's own.
@@ -566,9 +568,48 @@ class Trainer {
     malloc_trim(0);
 #endif
     reset_peak_rss();
-    // The memory account is planned and checked against the budget before anything is
-    // created; memory freed while creating goes back to the system.
-    model_.shard(mesh_, options, [&](const schedule::Plan& plan) { check_memory(rt, plan); });
+    // This rank's slice of every global batch: rows split as evenly as possible.
+    const std::int64_t dp_rank = mesh_.rank();
+    dp_ = rt.world_size();
+    base_ = c.batch / dp_;
+    const std::int64_t extra = c.batch % dp_;
+    rows_ = static_cast<int>(base_ + (dp_rank < extra ? 1 : 0));
+    first_row_ = dp_rank * base_ + std::min(dp_rank, extra);
+    last_step_ = c.stop_after >= 0 ? std::min(c.steps, c.stop_after) : c.steps;
+    // The training session: the checkpoint directory checked and claimed, the plan (or the
+    // auto-planner's) and its memory account checked against the budget before anything is
+    // created, the optimizer, the schedule, the resume. Refusals the ranks agreed on exit 2.
+    try {
+      session_ = std::make_unique<fullshard::session::NativeSession>(mesh_, model_,
+                                                                     session_config(c), rows_);
+    } catch (const schedule::MemoryBudgetExceeded& e) {
+      throw apps::UsageError{std::string("memory: ") + e.message()};
+    } catch (const fullshard::ConfigError& e) {
+      throw apps::UsageError{e.message()};
+    }
+    planned_ = session_->planned_memory();
+    if (const schedule::AutoPlan* a = session_->auto_plan(); a && rank_ == 0)
+      std::printf(
+          "auto-plan: %zu fully_shard calls, prefetch %d, %d reduce-scatter buffers%s: "
+          "predicted step %.3f ms, %s per rank (every block + root: %.3f ms, %s); %zu plans\n",
+          a->choice.calls.size(), a->choice.forward_prefetch_depth,
+          a->choice.reduce_scatter_max_input_buffers,
+          a->options.defaults.compression.any() ? ", int8 compressed collectives" : "",
+          a->plan.step_ms, schedule::format_bytes(a->memory_bytes).c_str(), a->baseline.step_ms,
+          schedule::format_bytes(a->baseline_memory_bytes).c_str(), a->evaluations);
+    if (!c.write_config.empty() && rank_ == 0) {
+      std::ofstream out(c.write_config);
+      out << fullshard::session::to_json(session_->config()).dump(2) << "\n";
+      if (!out) throw fullshard::Error("--write-config: cannot write '" + c.write_config + "'");
+    }
+    if (!c.graph_out.empty() && rank_ == 0) {
+      std::ofstream out(c.graph_out);
+      out << fullshard::graph::graph_to_json(model_.root()).dump(1) << "\n";
+      if (!out) throw fullshard::Error("--graph-out: cannot write '" + c.graph_out + "'");
+    }
+    session_->set_progress(
+        {[this](const fullshard::session::StepMetrics& m) { fb_s_ = m.forward_backward_seconds; },
+         [this](const fullshard::session::SaveMetrics& m) { report_save(m); }});
 #ifdef __GLIBC__
     malloc_trim(0);
 #endif
@@ -582,116 +623,6 @@ class Trainer {
     }
 #endif
     params_ = model_.root().parameters();
-    if (c.optimizer == "sgd") {
-      auto o = std::make_unique<fullshard::optim::SGD>(params_, c.lr, c.momentum, c.weight_decay);
-      sgd_ = o.get();
-      opt_ = std::move(o);
-    } else {
-      auto o = std::make_unique<fullshard::optim::AdamW>(params_, c.lr, 0.9, 0.999, 1e-8,
-                                                         c.weight_decay);
-      adamw_ = o.get();
-      opt_ = std::move(o);
-    }
-    if (c.optimizer_in_backward) opt_->run_in_backward();
-    if (c.warmup >= 0) schedule_.emplace(c.lr, c.warmup, c.steps);
-    // This rank's slice of every global batch: rows split as evenly as possible.
-    const std::int64_t dp_rank = mesh_.rank();
-    dp_ = rt.world_size();
-    base_ = c.batch / dp_;
-    const std::int64_t extra = c.batch % dp_;
-    rows_ = static_cast<int>(base_ + (dp_rank < extra ? 1 : 0));
-    first_row_ = dp_rank * base_ + std::min(dp_rank, extra);
-    last_step_ = c.stop_after >= 0 ? std::min(c.steps, c.stop_after) : c.steps;
-  }
-
-  /// The planned memory account (docs/memory.md) against the rank's budget: every rank stops
-  /// with the same message where one would not fit (--memory-check refuse).
-  void check_memory(const fullshard::Runtime& rt, const schedule::Plan& plan) {
-    const std::int64_t W = rt.world_size(), r = mesh_.rank();  // rows_ is not set yet
-    const int rows = static_cast<int>(c_.batch / W + (r < c_.batch % W ? 1 : 0));
-    planned_ = schedule::plan_memory(plan, memory_inputs(rows));
-    if (c_.device != fullshard::DeviceType::cpu) return;  // the account is of host memory
-    apps::BoundedComm world(rt.world(), "train.memory", rt.settings().timeout_s);
-    const schedule::MemoryBudget budget =
-        schedule::rank_memory_budget(world, c_.memory_budget, "--memory-budget");
-    const std::string advice =
-        "more ranks shrink the shards, gradients and optimizer state; --reshard true frees "
-        "each block after its forward; --optimizer-in-backward drops the sharded gradients; "
-        "--memory-check warn runs it anyway";
-    try {
-      schedule::check_memory_budget(world, planned_, budget, c_.memory_check, advice);
-    } catch (const schedule::MemoryBudgetExceeded& e) {  // agreed: every rank is here
-      throw apps::UsageError{std::string("memory: ") + e.message()};
-    }
-  }
-
-  /// memory_inputs of the rank with the most rows and the largest baseline (every rank
-  /// gets the same).
-  schedule::MemoryInputs largest_memory_inputs(const fullshard::Runtime& rt) const {
-    const std::int64_t W = rt.world_size();
-    schedule::MemoryInputs in = memory_inputs(static_cast<int>((c_.batch + W - 1) / W));
-    unsigned long long baseline = in.baseline;
-    apps::BoundedComm world(rt.world(), "train.memory", rt.settings().timeout_s);
-    world.allreduce(&baseline, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, "the largest baseline");
-    in.baseline = static_cast<std::size_t>(baseline);
-    return in;
-  }
-
-  /// What the memory account needs besides the plan: optimizer states, transport, the
-  /// activations of `rows` batch rows and the process's resident bytes now.
-  schedule::MemoryInputs memory_inputs(int rows) const {
-    schedule::MemoryInputs in;
-    in.optimizer_states = c_.optimizer == "adamw" ? 2 : (c_.momentum > 0 ? 1 : 0);
-    if (mesh_.device_type() == fullshard::DeviceType::cpu) {
-      const std::string shard_dim = mesh_.names().back();
-      in.shared_memory = mesh_.shm(shard_dim) != nullptr;
-      if (const fullshard::NodeSplit* split = mesh_.node_split(shard_dim))
-        in.nodes = split->nodes();
-    }
-    in.activations =
-        model_.activation_bytes(rows, c_.param_dtype.value_or(fullshard::DType::f32)) +
-        static_cast<std::size_t>(rows) * (c_.shape.inputs + c_.shape.outputs) * sizeof(float);
-    in.baseline = schedule::process_memory().resident;
-    return in;
-  }
-
-  /// --auto-plan: the blocks' requests become free, the planner chooses, the choice is applied
-  /// to the graph (the same on every rank: planning is deterministic).
-  schedule::MeshShape plan_mesh() const {
-    return schedule::MeshShape::of(mesh_);
-  }
-
-  schedule::PlanOptions auto_plan(const fullshard::Runtime& rt, const Config& c,
-                                  const schedule::PlanOptions& base) {
-    const schedule::MeshShape ms = plan_mesh();
-    schedule::AutoPlanOptions o;
-    o.memory_budget_bytes = c.memory_budget;
-    o.state_bytes_per_param_byte = c.optimizer == "sgd" ? 1.0 : 2.0;
-    // The process peak the memory check checks, for the rank that needs the most (the same
-    // inputs on every rank: one choice).
-    o.memory_of = [in = largest_memory_inputs(rt)](const schedule::Plan& p) {
-      return schedule::plan_memory(p, in).process_peak();
-    };
-    o.base = base;
-    o.keep_requests = false;
-    if (c.allow_compression) {  // int8 codes both ways, at the chosen block
-      fullshard::fsdp::CompressionPolicy z;
-      z.all_gather = z.reduce_scatter = fullshard::kernels::QuantCode::int8;
-      z.block = base.defaults.compression.block;
-      o.compressions.push_back(z);
-    }
-    const schedule::AutoPlan a = schedule::auto_plan(model_.root(), ms, o);
-    schedule::apply_auto_plan(model_.root(), a.choice);
-    if (rank_ == 0)
-      std::printf(
-          "auto-plan: %zu fully_shard calls, prefetch %d, %d reduce-scatter buffers%s: "
-          "predicted step %.3f ms, %s per rank (every block + root: %.3f ms, %s); %zu plans\n",
-          a.choice.calls.size(), a.choice.forward_prefetch_depth,
-          a.choice.reduce_scatter_max_input_buffers,
-          a.options.defaults.compression.any() ? ", int8 compressed collectives" : "",
-          a.plan.step_ms, schedule::format_bytes(a.memory_bytes).c_str(), a.baseline.step_ms,
-          schedule::format_bytes(a.baseline_memory_bytes).c_str(), a.evaluations);
-    return a.options;
   }
 
   void print_header() const {
@@ -710,55 +641,23 @@ class Trainer {
     std::fflush(stdout);
   }
 
-  /// With --checkpoint-dir, before the first step: the directory is created and proven
-  /// writable on every rank (ConfigError, exit 2, otherwise), and rank 0 warns when its file
-  /// system has less free space than one checkpoint (parameters and optimizer state, f32).
-  /// Then the run claims it (checkpoint::DirectoryClaim): another run's directory, or one
-  /// holding checkpoints this run neither resumes nor starts over beside, exits 2.
-  void check_checkpoint_dir() {
-    if (c_.checkpoint_dir.empty()) return;
-    fullshard::checkpoint::DirectoryCheck d;
-    try {
-      d = fullshard::checkpoint::check_directory(c_.checkpoint_dir, mesh_);
-      fullshard::checkpoint::ClaimOptions co;
-      co.resume = resumes_checkpoint_dir();
-      co.start_over = c_.start_over;
-      co.resume_hint = "--resume " + c_.checkpoint_dir;
-      co.start_over_hint = "--start-over";
-      claim_ =
-          std::make_unique<fullshard::checkpoint::DirectoryClaim>(c_.checkpoint_dir, mesh_, co);
-    } catch (const fullshard::ConfigError& e) {  // agreed: every rank is here
-      throw apps::UsageError{std::string("--checkpoint-dir: ") + e.message()};
-    }
-    const double state = c_.optimizer == "adamw" ? 2 : (c_.momentum > 0 ? 1 : 0);
-    // One checkpoint; with --keep-last K, K kept and the new one being written.
-    const double need =
-        double(model_.num_params()) * 4.0 * (1 + state) * (c_.keep_last > 0 ? c_.keep_last + 1 : 1);
-    if (rank_ == 0 && d.free_bytes && double(*d.free_bytes) < need)
-      std::printf(
-          "warning: checkpoint directory %s has %.2f MiB free, but a checkpoint needs "
-          "about %.2f MiB\n",
-          c_.checkpoint_dir.c_str(), double(*d.free_bytes) / kMiB, need / kMiB);
-    std::fflush(stdout);
-  }
-
   /// --async-save: the staging memory of the snapshots allocated and faulted in before the
   /// first step (the first save would take the page faults: tens of ms of training).
   void reserve_async_staging() {
     if (!c_.async_save) return;
-    const std::uint64_t bytes =
-        fullshard::checkpoint::reserve_async_staging(model_.root(), opt_.get());
+    staging_bytes_ = session_->reserve_async_staging();
     if (rank_ == 0)
       std::printf(
           "checkpoint: %.2f MiB of staging memory reserved for asynchronous saves on "
           "rank 0\n",
-          double(bytes) / kMiB);
+          double(staging_bytes_) / kMiB);
     std::fflush(stdout);
   }
 
-  /// --resume (model, optimizer and step) or --init-from (weights only); returns the first step.
+  /// --resume (the session loaded it: model, optimizer and step) or --init-from (weights
+  /// only); returns the first step.
   int restore() {
-    if (!c_.resume_dir.empty()) return resume();
+    if (!c_.resume_dir.empty()) return resumed();
     if (!c_.init_from.empty()) init_from();
     return 0;
   }
@@ -769,33 +668,11 @@ class Trainer {
     const long faults0 = minor_faults();
     const auto t0 = Clock::now();
     const fullshard::comm::Traffic traffic0 = mesh_.traffic();
-    apply_lr(step);
-    opt_->zero_grad();
-    const double sse = model_.forward_backward(x_.data(), t_.data(), rows_, c_.batch);
-    const auto t_fb = Clock::now();
-    // Non-finite values never reach the parameters: this rank's gradients (inside backward,
-    // already applied: the parameters; with clipping, the global norm) fold into the loss's
-    // all-reduce, which is then not finite when any rank's loss or gradients are not.
-    bool finite = true;
-    if (c_.clip > 0)
-      finite = std::isfinite(fullshard::optim::clip_grad_norm(params_, c_.clip, mesh_));
-    else
-      finite = fullshard::optim::local_all_finite(params_, mesh_,
-                                                  c_.optimizer_in_backward
-                                                      ? fullshard::optim::Values::parameters
-                                                      : fullshard::optim::Values::gradients);
-    double loss =
-        apps::sum_over_mesh(finite ? sse : std::numeric_limits<double>::quiet_NaN(), mesh_) /
-        (double(c_.batch) * c_.shape.outputs);
-    if (std::isfinite(loss))
-      opt_->step();
-    else
-      loss = non_finite_.bad_step(step + 1,
-                                  "the loss or the gradients hold a non-finite value (on one "
-                                  "rank at least)",
-                                  c_.optimizer_in_backward, rank_);
-    const auto t_opt = Clock::now();
+    fb_s_ = -1;
+    // The global mean loss; NaN when the session skipped the step (a non-finite value).
+    const double loss = session_->train_step(x_.data(), t_.data(), rows_, c_.batch);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    const double fb = fb_s_ >= 0 ? fb_s_ * 1e3 : ms;
     if (step > first_step) count_traffic_since(traffic0);
 
     // Communication time of this step: collectives on the channel streams (inline progress
@@ -816,9 +693,9 @@ class Trainer {
       timeline.clear();
 
     step_ms_.push_back(ms);
-    fb_ms_.push_back(std::chrono::duration<double, std::milli>(t_fb - t0).count());
+    fb_ms_.push_back(fb);
     faults_.push_back(static_cast<double>(minor_faults() - faults0));
-    opt_ms_.push_back(std::chrono::duration<double, std::milli>(t_opt - t_fb).count());
+    opt_ms_.push_back(ms - fb);
     comm_ms_.push_back(comm);
     if (std::isfinite(loss)) {                              // a skipped step has none
       if (!std::isfinite(first_loss_)) first_loss_ = loss;  // the first step applied
@@ -841,13 +718,11 @@ class Trainer {
     const long faults0 = minor_faults();
     const auto t0 = Clock::now();
     const fullshard::comm::Traffic traffic0 = mesh_.traffic();
-    apply_lr(step);
     cuda_->mark_start(slot);
-    opt_->zero_grad();
+    session_->begin_external_step();  // the schedule's rate, gradients cleared
     cuda_->forward_backward(step - window_first_, c_.batch, slot);
     const auto t_fb = Clock::now();
-    if (c_.clip > 0) fullshard::optim::clip_grad_norm(params_, c_.clip, mesh_);
-    opt_->step();
+    session_->finish_external_step();  // clipping, the optimizer
     cuda_->mark_end(slot);
     const auto t_opt = Clock::now();
     if (step > first_step) count_traffic_since(traffic0);
@@ -893,7 +768,7 @@ class Trainer {
     steady_ = true;
     if (rank_ == 0 && !std::isfinite(loss)) {  // skipped by --non-finite (it said why)
       std::printf("step %d skipped (non-finite; %lld skipped so far)\n", step + 1,
-                  static_cast<long long>(non_finite_.skipped()));
+                  static_cast<long long>(session_->skipped_steps()));
     } else if (rank_ == 0 && ((step + 1) % c_.log_every == 0 || step + 1 == last_step_)) {
       std::printf("step %d loss %.9g step_ms %.3f comm_ms %.3f peak_mib %.2f\n", step + 1, loss,
                   step_ms_.back(), comm_ms_.back(), model_.executor().measured_peak_bytes() / kMiB);
@@ -1040,8 +915,9 @@ class Trainer {
         steps_run, total_s, first_loss_, last_loss_, median(step_ms_), median(comm_ms_),
         model_.executor().measured_peak_bytes() / kMiB, model_.plan().peak_bytes / kMiB,
         peak_rss_mib(), heap >= 0 ? (", heap in use " + fmt_mib(heap) + " MiB").c_str() : "",
-        non_finite_.skipped() > 0
-            ? (", " + std::to_string(non_finite_.skipped()) + " steps skipped (non-finite)").c_str()
+        session_->skipped_steps() > 0
+            ? (", " + std::to_string(session_->skipped_steps()) + " steps skipped (non-finite)")
+                  .c_str()
             : "");
     print_blas();
     if (steps_run > 1) {
@@ -1154,29 +1030,36 @@ class Trainer {
   /// --async-save, at every step boundary while a save is in flight (collective): commits it
   /// once every rank's background write is done.
   void poll_async_save(int steps_done) {
-    if (!async_.valid() || async_.done()) return;
+    if (!session_->save_in_flight()) return;
     const auto t0 = Clock::now();
-    const bool committed = async_.test();
-    async_held_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
-    if (committed) report_async_save(steps_done);
-  }
-
-  /// Waits for the save in flight, if any (collective), and reports it.
-  void finish_async_save(int steps_done) {
-    if (!async_.valid() || async_.done()) return;
-    const auto t0 = Clock::now();
-    async_.wait();
+    session_->poll_save();
     async_held_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
     report_async_save(steps_done);
   }
 
+  /// Waits for the save in flight, if any (collective), and reports it.
+  void finish_async_save(int steps_done) {
+    if (!session_->save_in_flight()) return;
+    const auto t0 = Clock::now();
+    session_->wait_save();
+    async_held_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    report_async_save(steps_done);
+  }
+
+  /// The session's report of a committed save (asynchronous: printed by report_async_save).
+  void report_save(const fullshard::session::SaveMetrics& m) {
+    if (m.asynchronous) committed_ = m;
+  }
+
   void report_async_save(int steps_done) {
-    const std::string where = async_.wait();  // complete: no communication
+    if (!committed_) return;
+    const fullshard::session::SaveMetrics m = *committed_;
+    committed_.reset();
     if (rank_ != 0) return;
     std::printf(
         "checkpoint: step %lld saved to %s (background write %.3f s on rank 0, committed at "
         "step %d; training held %.3f s)\n",
-        static_cast<long long>(async_.step()), where.c_str(), async_.write_seconds(), steps_done,
+        static_cast<long long>(m.step), m.step_dir.c_str(), m.write_seconds, steps_done,
         async_held_s_);
     std::fflush(stdout);
   }
@@ -1245,10 +1128,10 @@ class Trainer {
 
 #endif
 
-  int resume() {
-    const auto t0 = Clock::now();
-    const fullshard::checkpoint::Loaded ck =
-        fullshard::checkpoint::load(c_.resume_dir, model_.root(), opt_.get());
+  /// The session resumed from --resume: the data stream must continue (batch, seed), the
+  /// schedule may change (a warning); returns the first step.
+  int resumed() {
+    const fullshard::checkpoint::Loaded& ck = session_->last_loaded();
     const nlohmann::json saved = ck.metadata.value("fullshard-train", nlohmann::json::object());
     for (const char* key : {"batch", "seed", "optimizer"})
       if (saved.contains(key) && saved[key] != run_identity_[key])
@@ -1271,12 +1154,10 @@ class Trainer {
                              std::to_string(ck.step) + ", beyond --steps " +
                              std::to_string(c_.steps)};
     const int first_step = static_cast<int>(ck.step);
-    resumed_from_ = ck.step_dir;                    // never deleted by --keep-last
-    if (claim_) claim_->resumed_from(ck.step_dir);  // its lineage: retention's to prune
     if (rank_ == 0) {
       std::printf("resumed from %s at step %d (%s checkpoint, %.2f MiB read by rank 0 in %.3f s)\n",
                   ck.step_dir.c_str(), first_step, fullshard::checkpoint::kind_name(ck.kind),
-                  ck.bytes_read / kMiB, std::chrono::duration<double>(Clock::now() - t0).count());
+                  ck.bytes_read / kMiB, session_->last_load_seconds());
       std::fflush(stdout);
     }
     return first_step;
@@ -1292,17 +1173,15 @@ class Trainer {
     std::uint64_t bytes = 0;
     std::size_t tensors = 0;
     if (dir) {
-      const fullshard::checkpoint::Loaded ck =
-          fullshard::checkpoint::load(c_.init_from, model_.root(), nullptr);
+      const fullshard::checkpoint::Loaded ck = session_->load_parameters(c_.init_from);
       what = ck.step_dir + " (" + fullshard::checkpoint::kind_name(ck.kind) +
              " checkpoint, parameters only)";
       bytes = ck.bytes_read;
       tensors = params_.size();
     } else {
-      fullshard::checkpoint::SafetensorsLoadOptions lo;
-      lo.cast = true;  // e.g. bf16 weights into the f32 model, as torch's load_state_dict
+      // e.g. bf16 weights into the f32 model, as torch's load_state_dict
       const fullshard::checkpoint::SafetensorsLoaded l =
-          fullshard::checkpoint::load_safetensors(c_.init_from, model_.root(), lo);
+          session_->import_safetensors(c_.init_from, /*cast=*/true);
       what = c_.init_from + " (safetensors" +
              (l.cast ? ", " + std::to_string(l.cast) + " tensors cast to the model's dtype" : "") +
              ")";
@@ -1319,29 +1198,22 @@ class Trainer {
 
   void save(int steps_done, double loss) {
     const auto t0 = Clock::now();
-    nlohmann::json meta = {{"fullshard-train", run_identity_}, {"loss", loss}};
-    fullshard::checkpoint::SaveOptions so;
-    so.kind = c_.checkpoint_kind;
-    so.keep_last = c_.keep_last;
-    if (!resumed_from_.empty()) so.keep = {resumed_from_};
-    if (claim_) claim_->apply(so);  // this run's checkpoints; retention spares other runs'
+    session_->set_checkpoint_metadata({{"fullshard-train", run_identity_}, {"loss", loss}});
     if (c_.async_save) {
       finish_async_save(steps_done);  // the one before, if still in flight
-      async_ = fullshard::checkpoint::save_async(c_.checkpoint_dir, model_.root(), opt_.get(),
-                                                 steps_done, meta, std::string(), so);
+      session_->save_async();
       async_held_s_ = std::chrono::duration<double>(Clock::now() - t0).count();
       if (rank_ == 0) {
         std::printf(
             "checkpoint: step %d staged in %.3f s (%.2f MiB of staging memory on rank 0), "
             "writing in the background\n",
-            steps_done, async_held_s_, async_.staging_bytes() / kMiB);
+            steps_done, async_held_s_, staging_bytes_ / kMiB);
         std::fflush(stdout);
       }
       if (steps_done == last_step_) finish_async_save(steps_done);
       return;
     }
-    const std::string where = fullshard::checkpoint::save(
-        c_.checkpoint_dir, model_.root(), opt_.get(), steps_done, meta, std::string(), so);
+    const std::string where = session_->save();
     if (rank_ == 0) {
       std::printf("checkpoint: step %d saved to %s in %.3f s\n", steps_done, where.c_str(),
                   std::chrono::duration<double>(Clock::now() - t0).count());
@@ -1354,7 +1226,7 @@ class Trainer {
   const MPI_Comm rt_world_;  // the job's ranks (the memory summary's sums)
   const fullshard::DeviceMesh mesh_;
   apps::ResidualMlp model_;
-  const Teacher teacher_;
+  const apps::Teacher teacher_;
   // The planned memory account (check_memory), and the largest RssAnon / RssShmem sampled
   // after each step.
   schedule::MemoryAccount planned_;
@@ -1372,33 +1244,19 @@ class Trainer {
   std::unique_ptr<apps::CudaResidualMlp> cuda_;
   int slots_ = 1, window_first_ = 0, window_steps_ = 0, pending_ = 0;
 #endif
-  std::unique_ptr<fullshard::optim::Optimizer> opt_;
-  fullshard::optim::SGD* sgd_ = nullptr;
-  fullshard::optim::AdamW* adamw_ = nullptr;
-  std::optional<fullshard::optim::WarmupCosine> schedule_;
+  // The training session over model_ (destroyed before it): the optimizer, the schedule,
+  // clipping, the non-finite check, checkpoints.
+  std::unique_ptr<fullshard::session::NativeSession> session_;
+  double fb_s_ = -1;  // the last step's forward and backward (the session's metrics)
   schedule::ComputeRates rates_;
   double ranks_per_core_ = 1.0;  // of this job (--predict)
   std::int64_t dp_ = 1, base_ = 0, first_row_ = 0;
   int rows_ = 0;
   int last_step_ = 0;
-  std::string resumed_from_;  // the step directory --resume loaded
-  std::unique_ptr<fullshard::checkpoint::DirectoryClaim> claim_;  // of --checkpoint-dir
-  fullshard::session::NonFinitePolicy non_finite_{
-      c_.non_finite, "--non-finite stop",
-      "--max-skipped " + std::to_string(c_.non_finite.max_skipped)};
-
-  /// Whether --resume continues --checkpoint-dir's checkpoints (it or one of its steps).
-  bool resumes_checkpoint_dir() const {
-    if (c_.resume_dir.empty()) return false;
-    namespace stdfs = std::filesystem;
-    std::error_code ec;
-    const stdfs::path dir = stdfs::weakly_canonical(c_.checkpoint_dir, ec);
-    const stdfs::path from = stdfs::weakly_canonical(c_.resume_dir, ec);
-    return from == dir || from.parent_path() == dir;
-  }
-  // --async-save: the save in flight, and the time the training thread spent on it (snapshot,
-  // polls, commit).
-  fullshard::checkpoint::AsyncSave async_;
+  // --async-save: the staging reserved, the commit the session reported and not yet printed,
+  // and the time the training thread spent on the save (snapshot, polls, commit).
+  std::uint64_t staging_bytes_ = 0;
+  std::optional<fullshard::session::SaveMetrics> committed_;
   double async_held_s_ = 0;
   std::vector<float> x_, t_;
   std::vector<double> step_ms_, comm_ms_;
@@ -1411,13 +1269,6 @@ class Trainer {
   std::size_t ops_seen_ = 0;
   // Bytes of the training steps after the first (which also initialises): checkpoint saves
   // and loads are not counted.
-  // The learning rate of `step` (--lr-schedule), set on the optimizer.
-  void apply_lr(int step) {
-    if (!schedule_) return;
-    const double lr = schedule_->lr(step);
-    if (sgd_) sgd_->lr = lr;
-    if (adamw_) adamw_->lr = lr;
-  }
   // Adds the bytes moved since `before` to step_traffic_ (steps after the first).
   void count_traffic_since(const fullshard::comm::Traffic& before) {
     const fullshard::comm::Traffic now = mesh_.traffic();
@@ -1432,7 +1283,6 @@ class Trainer {
 int train(const fullshard::Runtime& rt, const Config& c) {
   Trainer run(rt, c);
   run.print_header();
-  run.check_checkpoint_dir();
   const int first_step = run.restore();
   run.reserve_async_staging();
   const auto t_start = Clock::now();

@@ -413,7 +413,9 @@ Config parse_config(const std::string& text, const std::string& source) {
       throw ConfigError(c.source +
                         ": sharding.groups: the auto policy chooses the groups itself; "
                         "declare list groups with the blocks or root policy");
+    s.cost_file = o.text("cost_file", false);
     if (s.policy == "auto") {
+      s.allow_compression = o.boolean("allow_compression", false);
       s.memory_budget_mb = o.number("memory_budget_mb", 0.0, 1e-6, 1e12);
       if (!o.has("memory_budget_mb"))
         throw ConfigError(c.source +
@@ -547,7 +549,11 @@ nlohmann::ordered_json to_json(const Config& c) {
       {"all_gather", z.all_gather ? kernels::quant_code_name(*z.all_gather) : "none"},
       {"reduce_scatter", z.reduce_scatter ? kernels::quant_code_name(*z.reduce_scatter) : "none"},
       {"block", z.block}};
-  if (c.sharding.policy == "auto") sh["memory_budget_mb"] = c.sharding.memory_budget_mb;
+  if (!c.sharding.cost_file.empty()) sh["cost_file"] = c.sharding.cost_file;
+  if (c.sharding.policy == "auto") {
+    sh["memory_budget_mb"] = c.sharding.memory_budget_mb;
+    sh["allow_compression"] = c.sharding.allow_compression;
+  }
   if (!c.sharding.groups.empty()) sh["groups"] = c.sharding.groups;
   j["memory"] = {{"budget_mb", c.memory.budget_mb}, {"check", c.memory.check}};
   ojson& ck = j["checkpoint"];
@@ -563,9 +569,16 @@ nlohmann::ordered_json to_json(const Config& c) {
   return j;
 }
 
-std::string Config::setting(const std::string& key, const std::string& value) const {
+std::string Config::name_of(const std::string& key) const {
   const auto it = option_names.find(key);
-  if (it != option_names.end()) return it->second;
+  return it != option_names.end() ? it->second : key;
+}
+
+std::string Config::setting(const std::string& key, const std::string& value,
+                            const std::string& option_value) const {
+  const auto it = option_names.find(key);
+  if (it != option_names.end())
+    return it->second + (option_value.empty() ? "" : " " + option_value);
   // "a.b" -> "a": {"b": value}
   const std::size_t dot = key.find('.');
   if (dot == std::string::npos) return "\"" + key + "\": " + value;

@@ -7,6 +7,7 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/kernels/finite_scan.hpp"
+#include "fullshard/optim/optimizer.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
 #include "lib/session/session_core.hpp"
 
@@ -15,12 +16,6 @@ namespace fullshard::session {
 namespace sch = fullshard::schedule;
 
 namespace {
-
-const char* const kMemoryAdvice =
-    "more ranks shrink the shards, gradients and optimizer state; \"sharding\": "
-    "{\"reshard_after_forward\": true} frees each block after its forward; \"optimizer\": "
-    "{\"in_backward\": true} drops the sharded gradients; a larger \"memory\": {\"budget_mb\"} "
-    "where the node has it; \"memory\": {\"check\": \"warn\"} runs it anyway";
 
 // "input holds nan at [3, 2]" for the first non-finite value of a rows x cols array; "".
 std::string non_finite_at(const float* v, std::int64_t rows, std::int64_t cols, const char* what) {
@@ -38,6 +33,7 @@ std::string non_finite_at(const float* v, std::int64_t rows, std::int64_t cols, 
 
 struct NativeSession::Impl : SessionCore {
   NativeModel& model;
+  std::optional<sch::AutoPlan> auto_plan;  // the auto policy's choice
 
   Impl(const DeviceMesh& m, NativeModel& net, Config c)
       : SessionCore(m, std::move(c), net.identity()), model(net) {}
@@ -54,6 +50,7 @@ void NativeSession::Impl::shard(std::int64_t max_rows) {
       std::size_t(std::max<std::int64_t>(max_rows, 0)) *
           std::size_t(model.inputs() + model.outputs()) * sizeof(float);
   sch::PlanOptions o = plan_options_of_config();
+  o.fresh_gradients = model.assigns_fresh_gradients() && mesh.device_type() == DeviceType::cpu;
   graph::Module& g = model.root();
   const std::string& policy = cfg.sharding.policy;
   if (policy == "auto") {
@@ -61,14 +58,25 @@ void NativeSession::Impl::shard(std::int64_t max_rows) {
     ao.base = o;
     ao.memory_budget_bytes = std::size_t(cfg.sharding.memory_budget_mb * 1024.0 * 1024.0);
     ao.state_bytes_per_param_byte = state_arrays(cfg.optimizer);
-    ao.keep_requests = false;  // the model's blocks are the baseline
-    // The planner plans within what the memory check checks.
-    ao.memory_of = [in = memory_inputs(activations)](const sch::Plan& p) {
-      return sch::plan_memory(p, in).process_peak();
-    };
-    const sch::AutoPlan a = sch::auto_plan(g, sch::MeshShape::of(mesh), ao);
-    sch::apply_auto_plan(g, a.choice);
-    o = a.options;
+    ao.keep_requests = false;              // the model's blocks are the baseline
+    if (cfg.sharding.allow_compression) {  // int8 codes both ways, at the configured block
+      graph::CompressionPolicy z;
+      z.all_gather = z.reduce_scatter = kernels::QuantCode::int8;
+      z.block = o.defaults.compression.block;
+      ao.compressions.push_back(z);
+    }
+    // The planner plans within what the memory check checks, for the rank that needs the most
+    // (the same inputs on every rank: one choice).
+    sch::MemoryInputs in = memory_inputs(activations);
+    unsigned long long most[2] = {in.baseline, in.activations};
+    control->allreduce(most, 2, MPI_UNSIGNED_LONG_LONG, MPI_MAX,
+                       "auto-plan memory inputs (MPI_Iallreduce)");
+    in.baseline = std::size_t(most[0]);
+    in.activations = std::size_t(most[1]);
+    ao.memory_of = [in](const sch::Plan& p) { return sch::plan_memory(p, in).process_peak(); };
+    auto_plan.emplace(sch::auto_plan(g, sch::MeshShape::of(mesh), ao));
+    sch::apply_auto_plan(g, auto_plan->choice);
+    o = auto_plan->options;
   } else {
     // List groups: each list's first module asks for the group with the others; a module of a
     // list is not a group of its own.
@@ -90,8 +98,14 @@ void NativeSession::Impl::shard(std::int64_t max_rows) {
     }
     g.set_fully_shard_request(true);
   }
+  const std::string advice = "more ranks shrink the shards, gradients and optimizer state; " +
+                             cfg.setting("sharding.reshard_after_forward", "true", "true") +
+                             " frees each block after its forward; " +
+                             cfg.setting("optimizer.in_backward", "true") +
+                             " drops the sharded gradients; " +
+                             cfg.setting("memory.check", "\"warn\"", "warn") + " runs it anyway";
   model.shard(mesh, o, [&](const sch::Plan& p) {
-    check_memory(p, activations, kMemoryAdvice);
+    check_memory(p, activations, advice);
     record_plan(p, mesh.device_type() == DeviceType::cpu);
   });
 }
@@ -149,6 +163,7 @@ double NativeSession::train_step(const float* x, const float* target, std::int64
   const double rate = s.lr();
   s.opt->begin_step(rate);
   const double sse = s.model.forward_backward(x, target, rows, global_rows);
+  const auto backward_end = std::chrono::steady_clock::now();
   SessionCore::StepTotals totals;
   const std::string bad = s.check_step(sse, double(rows), input_problem, totals);
   if (totals.rows != double(global_rows))
@@ -161,8 +176,27 @@ double NativeSession::train_step(const float* x, const float* target, std::int64
   if (!bad.empty()) return s.non_finite_step(bad, s.cfg.optimizer.in_backward);
   s.apply_step(totals);
   const double loss = totals.loss / (double(global_rows) * double(out));
-  s.report_step(loss, rate, start);
+  s.report_step(loss, rate, start, backward_end);
   return loss;
+}
+
+double NativeSession::begin_external_step() {
+  Impl& s = *impl_;
+  s.check_usable("begin_external_step");
+  const double rate = s.lr();
+  s.opt->begin_step(rate);
+  return rate;
+}
+
+void NativeSession::finish_external_step() {
+  Impl& s = *impl_;
+  if (s.cfg.grad_clip > 0) optim::clip_grad_norm(s.graph_params, s.cfg.grad_clip, s.mesh);
+  s.opt->step();
+  ++s.step;
+}
+
+const sch::AutoPlan* NativeSession::auto_plan() const noexcept {
+  return impl_->auto_plan ? &*impl_->auto_plan : nullptr;
 }
 
 void NativeSession::predict(const float* x, std::int64_t rows, float* out) {

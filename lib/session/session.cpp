@@ -311,7 +311,7 @@ void Session::Impl::check_whole_build(at::ScalarType dtype) {
       std::to_string(over) + " may use " + budget_text + "; build only each rank's rows with " +
       cfg.setting("model.deferred_init", "true") +
       ", choose a smaller model, or give it more memory (" +
-      cfg.setting("memory.check", "\"warn\"") + " runs it anyway)";
+      cfg.setting("memory.check", "\"warn\"", "warn") + " runs it anyway)";
   if (m.check == "refuse") throw sch::MemoryBudgetExceeded(cfg.source + ": " + message);
   if (mesh.rank() == 0) std::fprintf(stderr, "fullshard: warning: %s\n", message.c_str());
 }
@@ -441,7 +441,7 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
     root.set_requires_gradient_sync(mb == k - 1);
     forward_backward(in, tg, double(len) / double(rows));
   }
-  const auto optimizer_start = std::chrono::steady_clock::now();
+  const auto optimizer_start = std::chrono::steady_clock::now();  // the backward's end
   const double loss = total.item<double>();
   SessionCore::StepTotals totals;
   const std::string bad_step = s.check_step(loss, double(rows), {}, totals);
@@ -454,7 +454,7 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
                           .count();
     if (s.steps_here == 1 + s.cfg.sharding.calibrate_steps) s.calibrate();
   }
-  s.report_step(loss, rate, start);
+  s.report_step(loss, rate, start, optimizer_start);
   return loss;
 }
 

@@ -45,6 +45,12 @@ void SessionBase::set_checkpoint_metadata(nlohmann::json extra) {
         extra.dump().substr(0, 200));
   core_->metadata_extra = std::move(extra);
 }
+double SessionBase::last_load_seconds() const noexcept {
+  return core_->last_load_seconds;
+}
+const schedule::MemoryAccount& SessionBase::planned_memory() const noexcept {
+  return core_->planned;
+}
 std::uint64_t SessionBase::reserve_async_staging() {
   return core_->reserve_async_staging();
 }

@@ -60,8 +60,9 @@ SessionCore::SessionCore(const DeviceMesh& m, Config c,
   id.insert(id.end(), model_identity.begin(), model_identity.end());
   identity = id;
   non_finite.emplace(
-      cfg.non_finite, cfg.setting("non_finite.policy", "\"stop\""),
-      cfg.setting("non_finite.max_skipped", std::to_string(cfg.non_finite.max_skipped)));
+      cfg.non_finite, cfg.setting("non_finite.policy", "\"stop\"", "stop"),
+      cfg.setting("non_finite.max_skipped", std::to_string(cfg.non_finite.max_skipped),
+                  std::to_string(cfg.non_finite.max_skipped)));
   control = BoundedComm::duplicate(mesh.control_world(), "session", mesh.timeout_s());
 
   // Before anything is built: a bad checkpoint directory must not cost a whole job.
@@ -97,8 +98,19 @@ sch::PlanOptions SessionCore::plan_options_of_config() const {
   o.defaults.mp_policy.param_dtype = cfg.param_dtype;
   o.defaults.mp_policy.reduce_dtype = cfg.reduce_dtype;
   o.defaults.compression = cfg.sharding.compression;
-  // The collectives as this mesh runs them (shared memory where the ranks share a node).
+  // The collectives as this mesh runs them (shared memory where the ranks share a node), or
+  // the calibrated model of sharding.cost_file.
   o.cost = sch::mesh_defaults(mesh);
+  if (!cfg.sharding.cost_file.empty()) {
+    try {
+      // Over the plain defaults, as fullshard-plan reads the same file.
+      o.cost = sch::CostModel::load_json(cfg.sharding.cost_file,
+                                         sch::CostModel::defaults(sch::MeshShape::of(mesh)));
+    } catch (const std::exception& e) {
+      throw ConfigError(cfg.source + ": " + cfg.name_of("sharding.cost_file") + ": " +
+                        fullshard::detail::message_of(e));
+    }
+  }
   return o;
 }
 
@@ -117,15 +129,15 @@ sch::MemoryInputs SessionCore::memory_inputs(std::size_t activations) const {
 void SessionCore::check_memory(const sch::Plan& p, std::size_t activations,
                                const std::string& advice) {
   const MemorySpec& m = cfg.memory;
+  planned = sch::plan_memory(p, memory_inputs(activations));
   // The account is of host memory; a CUDA mesh's parameters live on the device.
   if (mesh.device_type() != DeviceType::cpu) return;
-  const sch::MemoryInputs in = memory_inputs(activations);
-  const sch::MemoryAccount planned = sch::plan_memory(p, in);
   plan.process_peak_bytes = static_cast<std::int64_t>(planned.process_peak());
   if (m.check == "off") return;
   BoundedComm comm(mesh.control_world(), "session.memory", mesh.timeout_s());
-  const sch::MemoryBudget budget = sch::rank_memory_budget(
-      comm, static_cast<std::size_t>(m.budget_mb * 1024.0 * 1024.0), "memory.budget_mb");
+  const sch::MemoryBudget budget =
+      sch::rank_memory_budget(comm, static_cast<std::size_t>(m.budget_mb * 1024.0 * 1024.0),
+                              cfg.name_of("memory.budget_mb"));
   sch::check_memory_budget(comm, planned, budget,
                            m.check == "warn" ? sch::MemoryCheck::warn : sch::MemoryCheck::refuse,
                            advice);
@@ -249,15 +261,17 @@ void SessionCore::apply_step(const StepTotals& totals) {
 }
 
 double SessionCore::non_finite_step(const std::string& what, bool applied) {
-  return non_finite->bad_step(step + 1, what, applied, mesh.rank());
+  // Named as the train_step call it is (skipped ones count): a program's step number.
+  return non_finite->bad_step(step + non_finite->skipped() + 1, what, applied, mesh.rank());
 }
 
-void SessionCore::report_step(double loss, double rate,
-                              std::chrono::steady_clock::time_point start) const {
+void SessionCore::report_step(double loss, double rate, std::chrono::steady_clock::time_point start,
+                              std::chrono::steady_clock::time_point backward_end) const {
   if (!progress.on_step) return;
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  progress.on_step(StepMetrics{step, loss, rate, secs});
+  using seconds = std::chrono::duration<double>;
+  StepMetrics m{step, loss, rate, seconds(std::chrono::steady_clock::now() - start).count()};
+  m.forward_backward_seconds = seconds(backward_end - start).count();
+  progress.on_step(m);
 }
 
 void SessionCore::check_parameters_finite(const std::string& when) {
@@ -417,8 +431,11 @@ void SessionCore::check_identity(const std::string& dir) {
 std::int64_t SessionCore::load(const std::string& dir) {
   const std::string d = dir_or_configured(dir, "load");
   if (in_flight) wait_save();
+  const auto start = std::chrono::steady_clock::now();
   check_identity(d);
   const checkpoint::Loaded loaded = opt->load(d);
+  last_load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const std::string what = "checkpoint's (" + loaded.step_dir + ")";
   try {
     check_parameters_finite(what);

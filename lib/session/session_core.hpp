@@ -84,8 +84,10 @@ class SessionCore {
   /// A step found holding a non-finite value (`what`, agreed by every rank): counted, and
   /// skipped (returns NaN) or, by the policy, an InvalidArgument on every rank.
   double non_finite_step(const std::string& what, bool applied = false);
-  /// Calls the progress callback of a finished step.
-  void report_step(double loss, double lr, std::chrono::steady_clock::time_point start) const;
+  /// Calls the progress callback of a finished step (started at `start`, its backward done at
+  /// `backward_end`).
+  void report_step(double loss, double lr, std::chrono::steady_clock::time_point start,
+                   std::chrono::steady_clock::time_point backward_end) const;
 
   /// Refuses parameters holding a non-finite value (`when`: "initial", "imported", ...):
   /// InvalidArgument on every rank naming the lowest rank's first such parameter. Collective.
@@ -116,6 +118,8 @@ class SessionCore {
   std::optional<optim::WarmupCosine> schedule;
   std::int64_t step = 0;
   PlanPrediction plan;
+  schedule::MemoryAccount planned;  // check_memory's
+  double last_load_seconds = 0;
   std::optional<NonFinitePolicy> non_finite;  // cfg.non_finite
   Progress progress;
   nlohmann::json identity;  // the lines a checkpoint must match, kept in its metadata

@@ -39,11 +39,11 @@ expect_refused "$work/ro-existing" "is not writable"
 umount "$work/ro-existing"
 # Less free space than a checkpoint: warned before the first step (the save then fails).
 out="$(run "$work/tiny/ckpt")"
-warn_line="$(grep -n "^warning: checkpoint directory $work/tiny/ckpt has" <<<"$out" | cut -d: -f1 | head -1)"
+warn_line="$(grep -n "^fullshard: warning: checkpoint directory $work/tiny/ckpt has" <<<"$out" | cut -d: -f1 | head -1)"
 step_line="$(grep -n "^step " <<<"$out" | cut -d: -f1 | head -1)"
 [[ -n "$warn_line" && -n "$step_line" && "$warn_line" -lt "$step_line" ]] ||
   { echo "FAIL: no free-space warning before the first step"; echo "$out"; exit 1; }
-echo "ok: $(grep -m1 "^warning: checkpoint directory" <<<"$out")"
+echo "ok: $(grep -m1 "^fullshard: warning: checkpoint directory" <<<"$out")"
 # A good directory: created, trained, saved.
 out="$(run "$work/good")"
 grep -q "exit code 0" <<<"$out" && [[ -f "$work/good/latest" ]] ||

@@ -370,5 +370,5 @@ TEST_CASE("native session: a program's option names in the advice; async save me
   b.t[0] = std::numeric_limits<float>::infinity();
   const std::string e = fs::test::error_of<fs::InvalidArgument>(
       [&] { s.train_step(b.x.data(), b.t.data(), b.rows, kGlobalRows); });
-  CHECK(e.find("(--non-finite)") != std::string::npos);
+  CHECK(e.find("(--non-finite stop)") != std::string::npos);
 }

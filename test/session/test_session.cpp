@@ -391,7 +391,7 @@ TEST_CASE("session: non-finite values never reach the parameters") {
     if (fs::test::world_rank() == last) y[1][0] = -INFINITY;
     const std::string msg = error_of([&] { s.train_step({x}, {y}); });
     CAPTURE(msg);
-    CHECK(msg.find("step 3: rank " + std::to_string(last) +
+    CHECK(msg.find("step 4: rank " + std::to_string(last) +
                    ": target 0 holds -inf at [1, 0] (found before the forward); the step was "
                    "not applied (2 steps skipped, more than \"non_finite\": {\"max_skipped\": "
                    "1})") != std::string::npos);

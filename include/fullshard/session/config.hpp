@@ -81,6 +81,11 @@ struct ShardingSpec {
   /// divides the shard dim).
   graph::ReshardAfterForward reshard_after_forward = graph::ReshardAfterForward::automatic();
   double memory_budget_mb = 0.0;  // auto
+  /// auto: the planner may also choose int8 all-gathers and reduce-scatters (they change the
+  /// numbers: only where allowed).
+  bool allow_compression = false;
+  /// The plan's cost model (fullshard-calibrate --out); empty: the mesh's defaults.
+  std::string cost_file;
   int forward_prefetch = 0;
   /// Training steps whose module compute times calibrate the plan's prediction
   /// (Session::plan()), after the first step (which faults the buffers in); 0: none. The
@@ -164,12 +169,17 @@ struct Config {
   std::uint64_t seed = 0;
   int threads = 0;  // LibTorch intra-op threads; 0: the launcher's cores
   /// How a program's user sets a key, where it is not the configuration file: "--resume" for
-  /// "checkpoint.resume" (fullshard-train's options); messages that advise a setting name it
-  /// so (setting()). Not part of the JSON form nor of what the ranks compare.
+  /// "checkpoint.resume" (fullshard-train's options); messages that name or advise a setting
+  /// name it so (name_of(), setting()). Not part of the JSON form nor of what the ranks
+  /// compare.
   std::map<std::string, std::string> option_names;
-  /// `key` set to `value` as the user would write it: option_names' entry ("--resume"), or
-  /// the JSON form ("\"checkpoint\": {\"resume\": true}").
-  std::string setting(const std::string& key, const std::string& value) const;
+  /// option_names' entry for `key`, or `key`.
+  std::string name_of(const std::string& key) const;
+  /// `key` set as the user would write it: option_names' entry followed by `option_value`
+  /// ("--non-finite stop"), or the JSON form with `json_value` ("\"non_finite\":
+  /// {\"policy\": \"stop\"}").
+  std::string setting(const std::string& key, const std::string& json_value,
+                      const std::string& option_value = {}) const;
   /// Every value read, as "key = value" in a fixed order (defaults included): what the ranks
   /// compare before they build the model (parse_config fills it; canonical_lines computes it).
   std::vector<std::string> canonical;

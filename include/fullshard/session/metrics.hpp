@@ -37,6 +37,8 @@ struct StepMetrics {
   double loss = 0;        // the step's loss (Session: this rank's; NativeSession: the global mean)
   double lr = 0;          // the learning rate the step used
   double seconds = 0;     // the step's wall time on this rank
+  /// Of `seconds`, the forward and backward (the rest: the checks, clipping, the optimizer).
+  double forward_backward_seconds = 0;
 };
 
 /// What the progress callback sees when a checkpoint is committed.

@@ -25,6 +25,7 @@
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
+#include "fullshard/schedule/auto_plan.hpp"
 #include "fullshard/schedule/plan.hpp"
 #include "fullshard/session/config.hpp"
 #include "fullshard/session/metrics.hpp"
@@ -52,6 +53,10 @@ class NativeModel {
   /// parameter is created (and may throw to stop). Collective over `mesh`; called once.
   virtual void shard(const DeviceMesh& mesh, const schedule::PlanOptions& options,
                      const std::function<void(const schedule::Plan&)>& before_creation) = 0;
+  /// Whether its backward honours graph::Parameter::grad_fresh (assigns a parameter's first
+  /// gradient instead of adding into it): the session then plans no gradient zeroing on host
+  /// meshes (schedule::PlanOptions::fresh_gradients).
+  virtual bool assigns_fresh_gradients() const { return false; }
   /// Bytes of the activations and scratch a step over `rows` local samples holds (the memory
   /// account's activations).
   virtual std::size_t activation_bytes(std::int64_t rows, DType param_dtype) const = 0;
@@ -88,6 +93,13 @@ class NativeSession final : public SessionBase {
   /// before the forward: the inputs are checked before any update). Collective.
   double train_step(const float* x, const float* target, std::int64_t rows,
                     std::int64_t global_rows);
+  /// For a program's own loop whose losses stay where they were computed (a GPU loop reading
+  /// them back every few steps): begin_external_step sets the step's learning rate and clears
+  /// the gradients (returns the rate); after the program's forward and backward,
+  /// finish_external_step clips to grad_clip, runs the optimizer and counts the step. No
+  /// non-finite check: the program checks what it reads back. Collective.
+  double begin_external_step();
+  void finish_external_step();
   /// The model's outputs for `rows` samples into `out` (rows x outputs). Collective.
   void predict(const float* x, std::int64_t rows, float* out);
   /// The global mean loss over every rank's samples, without gradients or updates. Collective.
@@ -96,6 +108,9 @@ class NativeSession final : public SessionBase {
   // Checkpoints, safetensors, progress, config(), step(), lr(), plan(): SessionBase.
 
   NativeModel& model() const noexcept;
+  /// The auto policy's choice (its plan, its calls, its prediction against the baseline of
+  /// every block and the root); nullptr under the other policies.
+  const schedule::AutoPlan* auto_plan() const noexcept;
   std::int64_t num_params() const noexcept;
 
   struct Impl;

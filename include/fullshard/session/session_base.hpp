@@ -12,6 +12,7 @@
 #include "fullshard/checkpoint/checkpoint.hpp"
 #include "fullshard/checkpoint/safetensors.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
+#include "fullshard/schedule/memory_account.hpp"
 #include "fullshard/session/config.hpp"
 #include "fullshard/session/metrics.hpp"
 
@@ -50,6 +51,8 @@ class SessionBase {
   /// What the last load read (the step directory, its metadata, kind and bytes); the step
   /// directory is empty before one.
   const checkpoint::Loaded& last_loaded() const noexcept;
+  /// The last load's time on this rank (the identity check, the reads, the checks), seconds.
+  double last_load_seconds() const noexcept;
   /// The parameters of the checkpoint at `dir` (a root or a step directory, saved on any
   /// number of ranks), without optimizer state or step count (a fresh start from its
   /// weights). Refused as load() refuses. Collective.
@@ -82,6 +85,9 @@ class SessionBase {
   /// Parameter tensors the optimizer steps (each once, also when tied).
   std::size_t optimizer_tensors() const;
   const PlanPrediction& plan() const noexcept;
+  /// The memory account of the plan (docs/memory.md) as the memory check saw it: its parts
+  /// for this rank.
+  const schedule::MemoryAccount& planned_memory() const noexcept;
 
  protected:
   SessionBase() = default;
