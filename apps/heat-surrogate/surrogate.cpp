@@ -143,6 +143,7 @@ void Surrogate::train() {
     }
     // The global mean loss; NaN for a step the session skipped (a non-finite value).
     const double loss = session_->train_step(bx_.data(), by_.data(), rows, global_rows);
+    if (observer_) observer_(bx_, by_, rows, global_rows, loss);
     if (std::isfinite(loss)) {
       sse_since_ += loss * static_cast<double>(global_rows);
       rows_since_ += global_rows;

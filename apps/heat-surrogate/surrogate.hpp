@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -82,6 +83,12 @@ class Surrogate {
   void train();
   /// Collective.
   TrainProgress take_progress();
+  /// Called after each optimizer step with this rank's minibatch (rows x inputs features,
+  /// rows targets), the global rows and the step's global mean loss (NaN: skipped): what a
+  /// test replays through the session's C++ API.
+  using StepObserver = std::function<void(const std::vector<float>& x, const std::vector<float>& y,
+                                          int rows, std::int64_t global_rows, double loss)>;
+  void set_step_observer(StepObserver observer) { observer_ = std::move(observer); }
   /// The surrogate's and "no change"'s errors on held-out records (`stride` floats each, any
   /// count per rank). Collective.
   EvalResult evaluate(const std::vector<float>& records);
@@ -110,6 +117,7 @@ class Surrogate {
   double sse_since_ = 0;              // every rank's, normalised units
   std::int64_t rows_since_ = 0;       // global rows since the last take_progress
   std::vector<float> bx_, by_, out_;  // minibatch / evaluation scratch
+  StepObserver observer_;
 };
 
 }  // namespace fullshard::apps::heat

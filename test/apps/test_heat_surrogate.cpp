@@ -1,7 +1,7 @@
 // heat-surrogate's parts on 1-4 ranks: the decomposed solver against the same solver on one
 // rank (bitwise) and one FTCS step against plain loops, the patch layout, the sample
 // positions' independence of the decomposition, and the sample transport of the
-// simulation/training split.
+// simulation/training split; its training replayed through the session's C++ API.
 #include <doctest/doctest.h>
 
 #include <mpi.h>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "error_check.hpp"
+#include "fullshard/session/native_session.hpp"
 #include "heat_solver.hpp"
 #include "options.hpp"
 #include "sampling.hpp"
@@ -19,6 +20,7 @@
 #include "transport.hpp"
 
 using namespace fullshard;
+namespace ss = fullshard::session;
 using apps::heat::Cell;
 using apps::heat::HeatSolver;
 using apps::heat::Options;
@@ -367,4 +369,51 @@ TEST_CASE("verdict: PASS only against a sound no-change baseline") {
   EvalResult nan_model = good;
   nan_model.rmse_model = std::nan("");
   CHECK(decide(nan_model, 1.0, 0.1, 0.5).code == 1);
+}
+
+TEST_CASE("heat-surrogate's training is the session's: its steps replayed through NativeSession") {
+  // The surrogate trains on the training ranks' replay buffers; every minibatch it drew is
+  // replayed here through the session's C++ API with the configuration the program gives it.
+  Options o = small();
+  o.hidden = 16;
+  o.blocks = 2;
+  o.batch = 24;
+  o.train_steps = 4;
+  o.buffer = 64;
+  const int R = test::world_rank();
+  apps::heat::Surrogate s(o, MPI_COMM_WORLD, kTimeout, HostProgress::inline_);
+  struct Step {
+    std::vector<float> x, y;
+    int rows;
+    std::int64_t global_rows;
+    double loss;
+  };
+  std::vector<Step> steps;
+  s.set_step_observer([&](const std::vector<float>& x, const std::vector<float>& y, int rows,
+                          std::int64_t global_rows, double loss) {
+    steps.push_back({x, y, rows, global_rows, loss});
+  });
+  const int span = 2 * o.radius + 1, stride = span * span + 2;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<float> records;
+    for (int i = 0; i < 20 + R; ++i)
+      for (int j = 0; j < stride; ++j)
+        records.push_back(float(std::sin(0.3 * (R * 1000 + round * 100 + i) + 0.7 * j)));
+    s.add(records);
+    s.train();
+  }
+  REQUIRE(steps.size() == 12);
+  const ss::Config c = apps::heat::Surrogate::session_config(o);
+  CHECK(c.model.type == "native");
+  CHECK(c.grad_clip == doctest::Approx(o.clip));
+  DeviceMesh mesh(MPI_COMM_WORLD, {test::world_size()}, {"shard"}, kTimeout);
+  apps::ResidualMlp net(s.model().shape(), o.seed);
+  ss::NativeSession replay(mesh, net, c, steps.front().rows);
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    CAPTURE(i);
+    const Step& st = steps[i];
+    const double loss = replay.train_step(st.x.data(), st.y.data(), st.rows, st.global_rows);
+    CHECK(std::isfinite(st.loss));
+    CHECK(std::abs(loss - st.loss) <= 1e-6 * std::abs(st.loss));
+  }
 }
