@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -31,7 +30,6 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/checkpoint.hpp"
 #include "fullshard/checkpoint/safetensors.hpp"
-#include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/graph/json_graph.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/optim/optimizer.hpp"
@@ -242,7 +240,7 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
     else if (f == "--weight-decay")
       c.weight_decay = a.double_value(0.0, 1e3);
     else if (f == "--momentum")
-      c.momentum = a.double_value(0.0, 1.0);
+      c.momentum = a.double_value(0.0, 0.999999);
     else if (f == "--warmup")
       c.warmup = a.int_value(0);
     else if (f == "--clip")
@@ -252,7 +250,7 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
       if (c.non_finite.policy != "skip" && c.non_finite.policy != "stop")
         throw apps::UsageError{"--non-finite " + c.non_finite.policy + ": expected skip or stop"};
     } else if (f == "--max-skipped")
-      c.non_finite.max_skipped = a.int_value(0);
+      c.non_finite.max_skipped = a.int_value(0, 1 << 30);
     else if (f == "--mesh")
       c.mesh = a.mesh_value();
     else if (f == "--param-dtype")
@@ -278,7 +276,7 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
     } else if (f == "--reshard")
       c.plan.defaults.reshard_after_forward = a.reshard_value();
     else if (f == "--prefetch")
-      c.plan.forward_prefetch_depth = a.int_value(0, 1 << 20);
+      c.plan.forward_prefetch_depth = a.int_value(0, 16);
     else if (f == "--allow-compression") {
       a.no_value();
       c.allow_compression = true;
@@ -327,7 +325,7 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
     else if (f == "--save-every")
       c.save_every = a.int_value(1);
     else if (f == "--keep-last")
-      c.keep_last = a.int_value(0);
+      c.keep_last = a.int_value(0, 1 << 20);
     else if (f == "--async-save") {
       a.no_value();
       c.async_save = true;
@@ -387,11 +385,6 @@ Config parse(int argc, char** argv, const std::vector<std::string>& device_args)
     throw apps::UsageError{
         "--clip and --optimizer-in-backward: a global norm needs every gradient before any "
         "update, and the updates inside backward consume each group's gradient as it lands"};
-  // The host model's callbacks assign a parameter's first gradient of a step instead of
-  // adding into zeros (FSDPModule::set_fresh_gradients): no zeroing pass before backward.
-  c.plan.fresh_gradients = c.device == fullshard::DeviceType::cpu;
-  if (c.optimizer_in_backward)  // the plan has each group's update (its state arrays)
-    c.plan.optimizer_in_backward_states = c.optimizer == "adamw" ? 2 : (c.momentum > 0 ? 1 : 0);
   auto& mp = c.plan.defaults.mp_policy;
   mp.param_dtype = c.param_dtype;
   mp.reduce_dtype = c.reduce_dtype
@@ -457,8 +450,6 @@ fullshard::DeviceMesh make_mesh(const fullshard::Runtime& rt, const Config& c) {
 
 const double kMiB = 1024.0 * 1024.0;
 
-/// One training run: set-up (constructor), restoring state (restore), steps (step), logging
-/// (log_step), checkpoints (save), and the end (summary, write_trace).
 /// The training session's configuration for these options: a native model, its optimizer,
 /// schedule, clipping, non-finite policy, precision, sharding, memory check and checkpoints;
 /// the session's messages name these options.
@@ -515,6 +506,8 @@ fullshard::session::Config session_config(const Config& c) {
   return s;
 }
 
+/// One training run: set-up (constructor), restoring state (restore), steps (step), logging
+/// (log_step), checkpoints (save), and the end (summary, write_trace).
 class Trainer {
  public:
   /// Set-up: mesh, teacher, this rank's batch slice, the training session (the sharded model,
@@ -584,7 +577,11 @@ class Trainer {
                                                                      session_config(c), rows_);
     } catch (const schedule::MemoryBudgetExceeded& e) {
       throw apps::UsageError{std::string("memory: ") + e.message()};
-    } catch (const fullshard::ConfigError& e) {
+    } catch (const fullshard::ConfigError& e) {  // agreed: every rank is here
+      throw apps::UsageError{e.message()};
+    } catch (const fullshard::InvalidArgument& e) {  // --resume refused (agreed), or initial values
+      throw apps::UsageError{e.message()};
+    } catch (const fullshard::IoError& e) {  // --resume: no checkpoint there (agreed)
       throw apps::UsageError{e.message()};
     }
     planned_ = session_->planned_memory();
@@ -1146,14 +1143,15 @@ class Trainer {
             "warning: --resume: the checkpoint's run had --%s %s, this run has %s: the "
             "learning-rate schedule changes from here\n",
             key, saved[key].dump().c_str(), run_identity_[key].dump().c_str());
-    if (c_.stop_after >= 0 && c_.stop_after <= ck.step)
+    // Where the data stream stopped (later than the session's step after skipped steps).
+    const int first_step = static_cast<int>(saved.value("data_step", ck.step));
+    if (c_.stop_after >= 0 && c_.stop_after <= first_step)
       throw apps::UsageError{"--stop-after " + std::to_string(c_.stop_after) +
-                             ": the checkpoint is already at step " + std::to_string(ck.step)};
-    if (ck.step > c_.steps)
+                             ": the checkpoint is already at step " + std::to_string(first_step)};
+    if (first_step > c_.steps)
       throw apps::UsageError{"--resume " + c_.resume_dir + ": the checkpoint is at step " +
-                             std::to_string(ck.step) + ", beyond --steps " +
+                             std::to_string(first_step) + ", beyond --steps " +
                              std::to_string(c_.steps)};
-    const int first_step = static_cast<int>(ck.step);
     if (rank_ == 0) {
       std::printf("resumed from %s at step %d (%s checkpoint, %.2f MiB read by rank 0 in %.3f s)\n",
                   ck.step_dir.c_str(), first_step, fullshard::checkpoint::kind_name(ck.kind),
@@ -1198,7 +1196,10 @@ class Trainer {
 
   void save(int steps_done, double loss) {
     const auto t0 = Clock::now();
-    session_->set_checkpoint_metadata({{"fullshard-train", run_identity_}, {"loss", loss}});
+    // The data stream's position: a skipped step is not counted in the session's step.
+    nlohmann::json identity = run_identity_;
+    identity["data_step"] = steps_done;
+    session_->set_checkpoint_metadata({{"fullshard-train", identity}, {"loss", loss}});
     if (c_.async_save) {
       finish_async_save(steps_done);  // the one before, if still in flight
       session_->save_async();

@@ -62,6 +62,7 @@ session::Config Surrogate::session_config(const Options& o) {
   c.sharding.reshard_after_forward = o.plan.defaults.reshard_after_forward;
   c.sharding.forward_prefetch = o.plan.forward_prefetch_depth;
   c.seed = o.seed;
+  c.option_names = {{"sharding.reshard_after_forward", "--reshard"}};
   return c;
 }
 

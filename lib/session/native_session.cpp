@@ -36,12 +36,16 @@ struct NativeSession::Impl : SessionCore {
   std::optional<sch::AutoPlan> auto_plan;  // the auto policy's choice
 
   Impl(const DeviceMesh& m, NativeModel& net, Config c)
-      : SessionCore(m, std::move(c), net.identity()), model(net) {}
+      : SessionCore(m, std::move(c), /*native=*/true, net.identity()), model(net) {}
   ~Impl() override { release(); }
 
   void shard(std::int64_t max_rows);
-  void check_rows(std::int64_t rows, std::int64_t global_rows, const float* x, const float* target,
-                  const char* call) const;
+  /// What is wrong with this rank's arguments ("" when nothing).
+  std::string bad_rows(std::int64_t rows, std::int64_t global_rows, const void* x, const void* y,
+                       const char* call) const;
+  /// Throws InvalidArgument on every rank naming the lowest rank whose `error` is not empty.
+  /// Collective (one all-reduce).
+  void agree_on_arguments(std::string error);
 };
 
 void NativeSession::Impl::shard(std::int64_t max_rows) {
@@ -58,16 +62,12 @@ void NativeSession::Impl::shard(std::int64_t max_rows) {
     ao.base = o;
     ao.memory_budget_bytes = std::size_t(cfg.sharding.memory_budget_mb * 1024.0 * 1024.0);
     ao.state_bytes_per_param_byte = state_arrays(cfg.optimizer);
-    ao.keep_requests = false;              // the model's blocks are the baseline
-    if (cfg.sharding.allow_compression) {  // int8 codes both ways, at the configured block
-      graph::CompressionPolicy z;
-      z.all_gather = z.reduce_scatter = kernels::QuantCode::int8;
-      z.block = o.defaults.compression.block;
-      ao.compressions.push_back(z);
-    }
+    ao.keep_requests = false;  // the model's blocks are the baseline
+    add_allowed_compressions(ao);
     // The planner plans within what the memory check checks, for the rank that needs the most
-    // (the same inputs on every rank: one choice).
+    // (the same inputs on every rank: one choice; rank 0 holds the largest row chunks).
     sch::MemoryInputs in = memory_inputs(activations);
+    in.rank = 0;
     unsigned long long most[2] = {in.baseline, in.activations};
     control->allreduce(most, 2, MPI_UNSIGNED_LONG_LONG, MPI_MAX,
                        "auto-plan memory inputs (MPI_Iallreduce)");
@@ -78,25 +78,7 @@ void NativeSession::Impl::shard(std::int64_t max_rows) {
     sch::apply_auto_plan(g, auto_plan->choice);
     o = auto_plan->options;
   } else {
-    // List groups: each list's first module asks for the group with the others; a module of a
-    // list is not a group of its own.
-    std::set<std::string> listed;
-    for (const auto& group : cfg.sharding.groups)
-      for (const std::string& name : group) {
-        if (g.find_module(name) == nullptr)
-          throw ConfigError(cfg.source + ": sharding.groups: the model has no module '" + name +
-                            "'");
-        listed.insert(name);
-      }
-    for (graph::Module* m : g.modules_preorder())
-      if (m != &g && (policy == "root" || listed.count(m->fqn())))
-        m->set_fully_shard_request(false);
-    for (const auto& group : cfg.sharding.groups) {
-      graph::ShardRequest r;
-      r.group_with.assign(group.begin() + 1, group.end());
-      g.module(group.front()).set_fully_shard_request(r);
-    }
-    g.set_fully_shard_request(true);
+    request_groups(g, {});  // the model's own requests are its blocks
   }
   const std::string advice = "more ranks shrink the shards, gradients and optimizer state; " +
                              cfg.setting("sharding.reshard_after_forward", "true", "true") +
@@ -110,15 +92,21 @@ void NativeSession::Impl::shard(std::int64_t max_rows) {
   });
 }
 
-void NativeSession::Impl::check_rows(std::int64_t rows, std::int64_t global_rows, const float* x,
-                                     const float* target, const char* call) const {
-  if (rows < 0 || global_rows < rows || (rows > 0 && (x == nullptr || target == nullptr)))
-    throw InvalidArgument(
-        std::string(call) + ": rank " + std::to_string(mesh.rank()) + " passed " +
-        std::to_string(rows) + " rows of a global batch of " + std::to_string(global_rows) +
-        (rows > 0 && (x == nullptr || target == nullptr) ? " without its inputs or targets" : "") +
-        " (0 <= rows <= global_rows; every rank must pass valid arrays, "
-        "since the step is collective)");
+std::string NativeSession::Impl::bad_rows(std::int64_t rows, std::int64_t global_rows,
+                                          const void* x, const void* y, const char* call) const {
+  const bool arrays = rows > 0 && (x == nullptr || y == nullptr);
+  if (rows >= 0 && global_rows >= rows && global_rows > 0 && !arrays) return {};
+  return std::string(call) + ": rank " + std::to_string(mesh.rank()) + " passed " +
+         std::to_string(rows) + " rows of a global batch of " + std::to_string(global_rows) +
+         (arrays ? " without its arrays" : "") + " (0 <= rows <= global_rows, global_rows > 0)";
+}
+
+void NativeSession::Impl::agree_on_arguments(std::string error) {
+  int first = error.empty() ? mesh.size() : mesh.rank();
+  control->allreduce(&first, 1, MPI_INT, MPI_MIN, "arguments (MPI_Iallreduce)");
+  if (first == mesh.size()) return;
+  control->bcast(error, first, "arguments (MPI_Ibcast)");
+  throw InvalidArgument(error);
 }
 
 NativeSession::NativeSession(const DeviceMesh& mesh, NativeModel& model, Config config,
@@ -126,15 +114,6 @@ NativeSession::NativeSession(const DeviceMesh& mesh, NativeModel& model, Config 
     : impl_(std::make_unique<Impl>(mesh, model, std::move(config))) {
   Impl& s = *impl_;
   attach(s);
-  if (s.cfg.model.type != "native")
-    throw ConfigError(s.cfg.source +
-                      ": model.type: a NativeSession trains the model the "
-                      "program gives; its configuration says \"model\": {\"type\": \"native\"}, "
-                      "not \"" +
-                      s.cfg.model.type + "\" (fullshard::session::Session builds that)");
-  if (s.cfg.dtype != DType::f32)
-    throw ConfigError(s.cfg.source + ": dtype: a native model's parameters are f32, not " +
-                      dtype_name(s.cfg.dtype));
   s.shard(max_rows);
   s.start(model.root(), make_graph_optimizer(s.cfg, model.root()));
 }
@@ -145,13 +124,21 @@ double NativeSession::train_step(const float* x, const float* target, std::int64
                                  std::int64_t global_rows) {
   Impl& s = *impl_;
   s.check_usable("train_step");
-  s.check_rows(rows, global_rows, x, target, "train_step");
   const auto start = std::chrono::steady_clock::now();
+  // A rank whose arguments are wrong takes part with no rows (the step is collective) and the
+  // ranks refuse the step together after it, from the step's all-reduce.
+  const std::string arg_error = s.bad_rows(rows, global_rows, x, target, "train_step");
+  const std::int64_t my_rows = arg_error.empty() ? rows : 0;
+  const std::int64_t my_global =
+      arg_error.empty() ? global_rows : std::max<std::int64_t>(1, global_rows);
+  if (!arg_error.empty()) x = target = nullptr;
   const std::int64_t in = s.model.inputs(), out = s.model.outputs();
-  std::string input_problem = non_finite_at(x, rows, in, "the input");
-  if (input_problem.empty()) input_problem = non_finite_at(target, rows, out, "the target");
+  std::string input_problem = non_finite_at(x, my_rows, in, "the input");
+  if (input_problem.empty()) input_problem = non_finite_at(target, my_rows, out, "the target");
   if (s.cfg.optimizer.in_backward) {
-    // The update runs inside backward: a bad input is found before any (one more all-reduce).
+    // The update runs inside backward: bad arguments and a bad input are found before any
+    // (one more all-reduce).
+    s.agree_on_arguments(arg_error);
     int worst = input_problem.empty() ? s.mesh.size() : s.mesh.rank();
     s.control->allreduce(&worst, 1, MPI_INT, MPI_MIN, "input check (MPI_Iallreduce)");
     if (worst < s.mesh.size()) {
@@ -162,17 +149,26 @@ double NativeSession::train_step(const float* x, const float* target, std::int64
   }
   const double rate = s.lr();
   s.opt->begin_step(rate);
-  const double sse = s.model.forward_backward(x, target, rows, global_rows);
+  const double sse = s.model.forward_backward(x, target, my_rows, my_global);
   const auto backward_end = std::chrono::steady_clock::now();
   SessionCore::StepTotals totals;
-  const std::string bad = s.check_step(sse, double(rows), input_problem, totals);
+  // Beside the step's sums: bad arguments, and global_rows and its square (the ranks passed
+  // the same one exactly when W * sum(g^2) = sum(g)^2).
+  const double g = double(global_rows);
+  double extra[3] = {arg_error.empty() ? 0.0 : 1.0, g, g * g};
+  const std::string bad = s.check_step(sse, double(my_rows), input_problem, totals, extra, 3);
+  const char* applied = s.cfg.optimizer.in_backward
+                            ? " (the update inside backward was applied with the wrong scale)"
+                            : " (nothing was applied)";
+  if (extra[0] > 0) s.agree_on_arguments(arg_error);
+  if (double(s.mesh.size()) * extra[2] != extra[1] * extra[1])
+    throw InvalidArgument("train_step: the ranks passed different global_rows (their mean " +
+                          std::to_string(extra[1] / s.mesh.size()) + ", this rank's " +
+                          std::to_string(global_rows) + ")" + applied);
   if (totals.rows != double(global_rows))
-    throw InvalidArgument("train_step: the ranks passed " +
-                          std::to_string(std::int64_t(totals.rows)) +
-                          " rows together, but global_rows is " + std::to_string(global_rows) +
-                          (s.cfg.optimizer.in_backward
-                               ? " (the update inside backward was applied with the wrong scale)"
-                               : " (nothing was applied)"));
+    throw InvalidArgument(
+        "train_step: the ranks passed " + std::to_string(std::int64_t(totals.rows)) +
+        " rows together, but global_rows is " + std::to_string(global_rows) + applied);
   if (!bad.empty()) return s.non_finite_step(bad, s.cfg.optimizer.in_backward);
   s.apply_step(totals);
   const double loss = totals.loss / (double(global_rows) * double(out));
@@ -202,17 +198,14 @@ const sch::AutoPlan* NativeSession::auto_plan() const noexcept {
 void NativeSession::predict(const float* x, std::int64_t rows, float* out) {
   Impl& s = *impl_;
   s.check_usable("predict");
-  if (rows < 0 || (rows > 0 && (x == nullptr || out == nullptr)))
-    throw InvalidArgument("predict: rank " + std::to_string(s.mesh.rank()) + " passed " +
-                          std::to_string(rows) + " rows" +
-                          (rows > 0 ? " without its inputs or its output array" : ""));
+  s.agree_on_arguments(s.bad_rows(rows, std::max<std::int64_t>(rows, 1), x, out, "predict"));
   s.model.predict(x, rows, out);
 }
 
 double NativeSession::evaluate(const float* x, const float* target, std::int64_t rows) {
   Impl& s = *impl_;
   s.check_usable("evaluate");
-  s.check_rows(rows, rows, x, target, "evaluate");
+  s.agree_on_arguments(s.bad_rows(rows, std::max<std::int64_t>(rows, 1), x, target, "evaluate"));
   const std::int64_t O = s.model.outputs();
   std::vector<float> y(std::size_t(rows) * std::size_t(O));
   s.model.predict(x, rows, y.data());

@@ -61,7 +61,7 @@ struct Session::Impl : SessionCore {
   const void* last_input = nullptr;
   c10::Device device = c10::Device(c10::kCPU);
 
-  Impl(const DeviceMesh& m, Config c) : SessionCore(m, std::move(c)) {}
+  Impl(const DeviceMesh& m, Config c) : SessionCore(m, std::move(c), /*native=*/false) {}
   // The optimizer and a save in flight go before the model they hold.
   ~Impl() override { release(); }
 
@@ -76,10 +76,12 @@ struct Session::Impl : SessionCore {
   void check_memory_of(const sch::Plan& plan) {
     // LibTorch's activations are not declared to the planner: the account leaves them out.
     check_memory(plan, 0,
-                 "more ranks shrink the shards, gradients and optimizer state; \"sharding\": "
-                 "{\"reshard_after_forward\": true} frees each block after its forward; a larger "
-                 "\"memory\": {\"budget_mb\"} where the node has it; \"memory\": {\"check\": "
-                 "\"warn\"} runs it anyway (LibTorch's activations are not in the account)");
+                 "more ranks shrink the shards, gradients and optimizer state; " +
+                     cfg.setting("sharding.reshard_after_forward", "true", "true") +
+                     " frees each block after its forward; a larger " +
+                     cfg.setting("memory.budget_mb", "...") + " where the node has it; " +
+                     cfg.setting("memory.check", "\"warn\"", "warn") +
+                     " runs it anyway (LibTorch's activations are not in the account)");
   }
   /// Before a model is built whole on every rank (model.deferred_init false): its parameter
   /// count (from its keys, nothing built) against the rank's memory, so that a model too large
@@ -112,11 +114,6 @@ Session::Session(const DeviceMesh& mesh, Config config)
     : impl_(std::make_unique<Impl>(mesh, std::move(config))) {
   Impl& s = *impl_;
   attach(s);
-  if (s.cfg.model.type == "native")
-    throw ConfigError(s.cfg.source +
-                      ": model.type: native models are given by the program "
-                      "(fullshard::session::NativeSession); a Session builds mlp, "
-                      "residual_mlp, gpt, conv_autoencoder or torchscript");
   if (s.cfg.threads > 0) at::set_num_threads(s.cfg.threads);
   ::torch::manual_seed(s.cfg.seed);  // TorchScript's buffers and deferred_init false
   s.check_whole_build(s.cfg.dtype == DType::f64 ? at::kDouble : at::kFloat);
@@ -174,31 +171,17 @@ void Session::Impl::shard() {
     ao.base = o;
     ao.memory_budget_bytes = std::size_t(cfg.sharding.memory_budget_mb * 1024.0 * 1024.0);
     ao.state_bytes_per_param_byte = state_arrays(cfg.optimizer);
+    add_allowed_compressions(ao);
     // The planner's own measure of its plans; the process peak is checked below.
     auto_plan.emplace(sharded->auto_shard(mesh, ao, model.blocks));
     p = &auto_plan->plan;
     check_memory_of(*p);
   } else {
     graph::Module& g = sharded->graph();
-    // List groups: each list's first module asks for the group with the others; a module of a
-    // list is not a group of its own.
-    std::set<std::string> listed;
-    for (const auto& group : cfg.sharding.groups)
-      for (const std::string& name : group) {
-        sharded->module(name);  // InvalidArgument naming a module the model does not have
-        listed.insert(name);
-      }
-    if (cfg.sharding.policy == "blocks")
-      for (const ::torch::nn::Module* b : model.blocks) {
-        const std::string& name = sharded->fqn(*b);
-        if (!listed.count(name)) g.module(name).set_fully_shard_request(true);
-      }
-    for (const auto& group : cfg.sharding.groups) {
-      graph::ShardRequest r;
-      r.group_with.assign(group.begin() + 1, group.end());
-      g.module(group.front()).set_fully_shard_request(r);
-    }
-    g.set_fully_shard_request(true);
+    std::vector<std::string> blocks;
+    for (const ::torch::nn::Module* b : model.blocks)
+      blocks.push_back(sharded->fqn(*b));
+    request_groups(g, blocks);
     explicit_plan.emplace(sch::Scheduler::plan(g, shape, o));
     check_memory_of(*explicit_plan);
     sharded->apply_plan(*explicit_plan, mesh);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <set>
 #include <utility>
 
 #include "fullshard/base/error.hpp"
@@ -37,7 +38,7 @@ std::vector<std::string> identity_lines(const std::vector<std::string>& canonica
 
 }  // namespace
 
-SessionCore::SessionCore(const DeviceMesh& m, Config c,
+SessionCore::SessionCore(const DeviceMesh& m, Config c, bool native,
                          const std::vector<std::string>& model_identity)
     : cfg(std::move(c)), mesh(m) {
   // A configuration built in C++ is checked as a file is, and the ranks agree on it.
@@ -55,6 +56,20 @@ SessionCore::SessionCore(const DeviceMesh& m, Config c,
   const std::string source = cfg.source.empty() ? "<session configuration>" : cfg.source;
   agree_across_ranks(mesh, items, "the configuration " + source);
   if (!error.empty()) throw ConfigError(error);
+  // The session takes the kind of model the configuration names (before anything is claimed).
+  if (native && cfg.model.type != "native")
+    throw ConfigError(cfg.source +
+                      ": model.type: a NativeSession trains the model the program gives; its "
+                      "configuration says \"model\": {\"type\": \"native\"}, not \"" +
+                      cfg.model.type + "\" (fullshard::session::Session builds that)");
+  if (native && cfg.dtype != DType::f32)
+    throw ConfigError(cfg.source + ": dtype: a native model's parameters are f32, not " +
+                      dtype_name(cfg.dtype));
+  if (!native && cfg.model.type == "native")
+    throw ConfigError(cfg.source +
+                      ": model.type: native models are given by the program "
+                      "(fullshard::session::NativeSession); a Session builds mlp, "
+                      "residual_mlp, gpt, conv_autoencoder or torchscript");
   cfg.canonical = lines;
   std::vector<std::string> id = identity_lines(lines);
   id.insert(id.end(), model_identity.begin(), model_identity.end());
@@ -89,7 +104,7 @@ void SessionCore::release() noexcept {
   opt.reset();
 }
 
-sch::PlanOptions SessionCore::plan_options_of_config() const {
+sch::PlanOptions SessionCore::plan_options_of_config() {
   sch::PlanOptions o;
   // The plan has each group's update inside its reduction (its state arrays in the account).
   if (cfg.optimizer.in_backward) o.optimizer_in_backward_states = state_arrays(cfg.optimizer);
@@ -102,16 +117,56 @@ sch::PlanOptions SessionCore::plan_options_of_config() const {
   // the calibrated model of sharding.cost_file.
   o.cost = sch::mesh_defaults(mesh);
   if (!cfg.sharding.cost_file.empty()) {
+    // Every rank reads it; one that cannot is named on every rank.
+    std::string error;
     try {
       // Over the plain defaults, as fullshard-plan reads the same file.
       o.cost = sch::CostModel::load_json(cfg.sharding.cost_file,
                                          sch::CostModel::defaults(sch::MeshShape::of(mesh)));
     } catch (const std::exception& e) {
-      throw ConfigError(cfg.source + ": " + cfg.name_of("sharding.cost_file") + ": " +
-                        fullshard::detail::message_of(e));
+      error = fullshard::detail::message_of(e);
+    }
+    int first = error.empty() ? mesh.size() : mesh.rank();
+    control->allreduce(&first, 1, MPI_INT, MPI_MIN, "cost file (MPI_Iallreduce)");
+    if (first < mesh.size()) {
+      control->bcast(error, first, "cost file (MPI_Ibcast)");
+      throw ConfigError(cfg.source + ": " + cfg.name_of("sharding.cost_file") + ": rank " +
+                        std::to_string(first) + ": " + error);
     }
   }
   return o;
+}
+
+void SessionCore::add_allowed_compressions(sch::AutoPlanOptions& ao) const {
+  if (!cfg.sharding.allow_compression) return;
+  graph::CompressionPolicy z;  // int8 codes both ways, at the configured block
+  z.all_gather = z.reduce_scatter = kernels::QuantCode::int8;
+  z.block = cfg.sharding.compression.block;
+  ao.compressions.push_back(z);
+}
+
+void SessionCore::request_groups(graph::Module& g, const std::vector<std::string>& blocks) {
+  // List groups: each list's first module asks for the group with the others; a module of a
+  // list is not a group of its own.
+  std::set<std::string> listed;
+  for (const auto& group : cfg.sharding.groups)
+    for (const std::string& name : group) {
+      if (g.find_module(name) == nullptr)
+        throw ConfigError(cfg.source + ": sharding.groups: the model has no module '" + name + "'");
+      listed.insert(name);
+    }
+  const bool root_only = cfg.sharding.policy == "root";
+  for (graph::Module* m : g.modules_preorder())
+    if (m != &g && (root_only || listed.count(m->fqn()))) m->set_fully_shard_request(false);
+  if (!root_only)
+    for (const std::string& name : blocks)
+      if (!listed.count(name)) g.module(name).set_fully_shard_request(true);
+  for (const auto& group : cfg.sharding.groups) {
+    graph::ShardRequest r;
+    r.group_with.assign(group.begin() + 1, group.end());
+    g.module(group.front()).set_fully_shard_request(r);
+  }
+  g.set_fully_shard_request(true);
 }
 
 sch::MemoryInputs SessionCore::memory_inputs(std::size_t activations) const {
@@ -151,13 +206,19 @@ void SessionCore::record_plan(const sch::Plan& p, bool serial) {
   plan.groups = std::int64_t(p.groups.size());
 }
 
-bool SessionCore::in_checkpoint_dir(const std::string& path) const {
+bool SessionCore::in_checkpoint_dir(const std::string& path) {
   if (cfg.checkpoint.dir.empty()) return false;
-  namespace stdfs = std::filesystem;
-  std::error_code ec;
-  const stdfs::path dir = stdfs::weakly_canonical(cfg.checkpoint.dir, ec);
-  const stdfs::path p = stdfs::weakly_canonical(path, ec);
-  return p == dir || p.parent_path() == dir;
+  // Rank 0's file system decides for every rank (the claim's calls are collective).
+  int inside = 0;
+  if (mesh.rank() == 0) {
+    namespace stdfs = std::filesystem;
+    std::error_code ec;
+    const stdfs::path dir = stdfs::weakly_canonical(cfg.checkpoint.dir, ec);
+    const stdfs::path p = stdfs::weakly_canonical(path, ec);
+    inside = p == dir || p.parent_path() == dir;
+  }
+  control->bcast(&inside, 1, MPI_INT, 0, "checkpoint directory (MPI_Ibcast)");
+  return inside != 0;
 }
 
 void SessionCore::start(graph::Module& model_root, std::unique_ptr<SessionOptimizer> optimizer) {
@@ -200,7 +261,8 @@ double SessionCore::lr() const {
 }
 
 std::string SessionCore::check_step(double local_loss, double local_rows,
-                                    const std::string& input_problem, StepTotals& totals) {
+                                    const std::string& input_problem, StepTotals& totals,
+                                    double* extra, int n_extra) {
   // Non-finite values never reach the parameters: this rank's input, loss and gradients
   // (inside backward, already applied: the parameters) are checked with one all-reduce per
   // step, which also sums the losses, the rows and, when clipping, the gradients' squares.
@@ -220,12 +282,16 @@ std::string SessionCore::check_step(double local_loss, double local_rows,
   }
   // The sums of squares of the shard dim's first replica (under HSDP the others hold copies).
   const bool first_replica = mesh.rank() < mesh.size(mesh.names().back());
-  double sums[4] = {clipping && first_replica ? squares : 0.0,
+  double sums[8] = {clipping && first_replica ? squares : 0.0,
                     input_ok && loss_ok && grads_ok ? 0.0 : 1.0, loss_ok ? local_loss : 0.0,
                     local_rows};
-  control->allreduce(sums, 4, MPI_DOUBLE, MPI_SUM,
+  for (int i = 0; i < std::min(n_extra, 4); ++i)
+    sums[4 + i] = extra[i];
+  control->allreduce(sums, 4 + std::min(n_extra, 4), MPI_DOUBLE, MPI_SUM,
                      clipping ? "loss, gradient norm and non-finite check (MPI_Iallreduce)"
                               : "loss and non-finite check (MPI_Iallreduce)");
+  for (int i = 0; i < std::min(n_extra, 4); ++i)
+    extra[i] = sums[4 + i];
   totals.norm = std::sqrt(sums[0]);
   totals.loss = sums[2];
   totals.rows = sums[3];
@@ -261,8 +327,9 @@ void SessionCore::apply_step(const StepTotals& totals) {
 }
 
 double SessionCore::non_finite_step(const std::string& what, bool applied) {
-  // Named as the train_step call it is (skipped ones count): a program's step number.
-  return non_finite->bad_step(step + non_finite->skipped() + 1, what, applied, mesh.rank());
+  // Named as the train_step call it is since creation or the last load (skipped ones count).
+  return non_finite->bad_step(step + (non_finite->skipped() - skipped_at_load) + 1, what, applied,
+                              mesh.rank());
 }
 
 void SessionCore::report_step(double loss, double rate, std::chrono::steady_clock::time_point start,
@@ -445,6 +512,7 @@ std::int64_t SessionCore::load(const std::string& dir) {
   }
   refused_values.clear();
   step = loaded.step;
+  skipped_at_load = non_finite->skipped();
   last_loaded = loaded;
   // Resumed in the run's own directory: the chain it continues is its lineage, and the step
   // resumed from is kept.

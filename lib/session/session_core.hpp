@@ -24,6 +24,7 @@
 #include "fullshard/graph/module.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/optim/optimizer.hpp"
+#include "fullshard/schedule/auto_plan.hpp"
 #include "fullshard/schedule/memory_account.hpp"
 #include "fullshard/schedule/plan.hpp"
 #include "fullshard/session/config.hpp"
@@ -38,7 +39,9 @@ class SessionCore {
   /// Checks `config` as a file is checked and agrees on it across the mesh (with
   /// `model_identity`, "model.<key> = value" lines of a model the configuration does not
   /// describe), then checks and claims the checkpoint directory. Collective.
-  SessionCore(const DeviceMesh& mesh, Config config,
+  /// `native`: the session of a NativeModel (model.type "native" and f32 required), else of a
+  /// LibTorch model (native refused).
+  SessionCore(const DeviceMesh& mesh, Config config, bool native,
               const std::vector<std::string>& model_identity = {});
   virtual ~SessionCore();
   SessionCore(const SessionCore&) = delete;
@@ -46,7 +49,15 @@ class SessionCore {
 
   /// The plan's options the configuration sets (precision, reshard_after_forward, prefetch,
   /// compression, the optimizer inside backward, the mesh's collective costs).
-  schedule::PlanOptions plan_options_of_config() const;
+  /// Collective (the ranks agree on reading sharding.cost_file).
+  schedule::PlanOptions plan_options_of_config();
+  /// sharding.allow_compression's candidates for the auto-planner.
+  void add_allowed_compressions(schedule::AutoPlanOptions& ao) const;
+  /// The blocks and root policies' fully_shard requests on `g` (sharding.policy, list
+  /// groups): `blocks` (fully qualified names) become groups under "blocks" unless listed; a
+  /// listed module's own request is dropped; "root" keeps the root's only. ConfigError naming a
+  /// listed module the model does not have.
+  void request_groups(graph::Module& g, const std::vector<std::string>& blocks);
   /// What the memory account needs besides a plan (docs/memory.md): the optimizer's state,
   /// the transport, `activations` bytes and the process's resident bytes now.
   schedule::MemoryInputs memory_inputs(std::size_t activations) const;
@@ -76,8 +87,9 @@ class SessionCore {
   /// (what this rank's input holds, "" when nothing) are bad, in one all-reduce (a second
   /// only on a bad step, naming the lowest bad rank). Returns "" or what was bad (the same on
   /// every rank). Collective.
+  /// `extra`: `n_extra` more values of this rank summed in the same all-reduce (in place).
   std::string check_step(double local_loss, double local_rows, const std::string& input_problem,
-                         StepTotals& totals);
+                         StepTotals& totals, double* extra = nullptr, int n_extra = 0);
   /// The step's update after check_step passed: clipping to grad_clip, the optimizer, the step
   /// count.
   void apply_step(const StepTotals& totals);
@@ -121,6 +133,7 @@ class SessionCore {
   schedule::MemoryAccount planned;  // check_memory's
   double last_load_seconds = 0;
   std::optional<NonFinitePolicy> non_finite;  // cfg.non_finite
+  std::int64_t skipped_at_load = 0;           // non_finite->skipped() at the last load
   Progress progress;
   nlohmann::json identity;  // the lines a checkpoint must match, kept in its metadata
   checkpoint::AsyncSave pending;
@@ -138,8 +151,9 @@ class SessionCore {
   std::string dir_or_configured(const std::string& dir, const char* call) const;
   checkpoint::SaveOptions save_options(const std::string& dir) const;
   nlohmann::json metadata() const;
-  /// Whether `path` is checkpoint.dir or one of its step directories.
-  bool in_checkpoint_dir(const std::string& path) const;
+  /// Whether `path` is checkpoint.dir or one of its step directories (rank 0 decides).
+  /// Collective.
+  bool in_checkpoint_dir(const std::string& path);
   void check_identity(const std::string& dir);
   void committed(const std::string& step_dir, std::int64_t step, bool async) const;
 };

@@ -372,3 +372,38 @@ TEST_CASE("native session: a program's option names in the advice; async save me
       [&] { s.train_step(b.x.data(), b.t.data(), b.rows, kGlobalRows); });
   CHECK(e.find("(--non-finite stop)") != std::string::npos);
 }
+
+TEST_CASE("native session: one rank's wrong arguments are refused on every rank") {
+  const int W = fs::test::world_size(), last = W - 1;
+  const bool me = fs::test::world_rank() == last;
+  fs::DeviceMesh mesh = world_mesh();
+  fs::apps::ResidualMlp net(kShape, 0);
+  ss::NativeSession s(mesh, net, native_config(), kGlobalRows);
+  const Batch b = batch_of(0);
+  // Its arrays missing: every rank names the rank; nothing is applied.
+  std::string e = fs::test::error_of<fs::InvalidArgument>([&] {
+    s.train_step(me ? nullptr : b.x.data(), b.t.data(), std::max<std::int64_t>(b.rows, 1),
+                 kGlobalRows);
+  });
+  CHECK(e.find("train_step: rank " + std::to_string(last) + " passed") != std::string::npos);
+  CHECK(s.step() == 0);
+  if (W > 1) {  // another global batch on one rank
+    e = fs::test::error_of<fs::InvalidArgument>(
+        [&] { s.train_step(b.x.data(), b.t.data(), b.rows, me ? kGlobalRows + 2 : kGlobalRows); });
+    CHECK(e.find("the ranks passed different global_rows") != std::string::npos);
+    CHECK(s.step() == 0);
+  }
+  std::vector<float> y(b.t.size() + 1);
+  e = fs::test::error_of<fs::InvalidArgument>(
+      [&] { s.predict(b.x.data(), me ? -1 : b.rows, y.data()); });
+  CHECK(e.find("predict: rank " + std::to_string(last) + " passed -1 rows") != std::string::npos);
+  // The session still trains afterwards.
+  CHECK(std::isfinite(s.train_step(b.x.data(), b.t.data(), b.rows, kGlobalRows)));
+  CHECK(s.step() == 1);
+  // A cost file no rank can read: named on every rank.
+  ss::Config c = native_config();
+  c.sharding.cost_file = "/nonexistent/fullshard-cost.json";
+  fs::apps::ResidualMlp other(kShape, 0);
+  e = fs::test::error_of<fs::ConfigError>([&] { ss::NativeSession t(mesh, other, c); });
+  CHECK(e.find("sharding.cost_file: rank 0: ") != std::string::npos);
+}

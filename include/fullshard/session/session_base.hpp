@@ -55,7 +55,9 @@ class SessionBase {
   double last_load_seconds() const noexcept;
   /// The parameters of the checkpoint at `dir` (a root or a step directory, saved on any
   /// number of ranks), without optimizer state or step count (a fresh start from its
-  /// weights). Refused as load() refuses. Collective.
+  /// weights). Refused naming a tensor that is missing or has another shape, or a non-finite
+  /// value; the configuration's identity is not compared (weights of another run of the same
+  /// model load), and last_loaded() stays. Collective.
   checkpoint::Loaded load_parameters(const std::string& dir);
   /// Keys (any JSON object's, but "session") written into every checkpoint's metadata beside
   /// the session's identity, e.g. what a program needs to continue its data stream; read back
