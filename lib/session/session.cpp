@@ -9,6 +9,9 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <set>
 #include <utility>
 
@@ -153,6 +156,11 @@ Session::Session(const DeviceMesh& mesh, Config config)
   s.shard();
   // Each rank fills its own rows, the values those of the whole model from cfg.seed.
   if (s.model.initialize) s.sharded->initialize(s.model.initialize);
+#if defined(__GLIBC__)
+  // A model built or read whole (a TorchScript file, model.deferred_init false) freed its full
+  // parameters group by group while sharding; the heap gives those pages back to the system.
+  if (s.cfg.model.type == "torchscript" || !s.cfg.model.deferred_init) malloc_trim(0);
+#endif
   s.start(s.sharded->graph(), make_optimizer(s.cfg, *s.sharded));
 }
 

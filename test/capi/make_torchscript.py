@@ -8,6 +8,8 @@ Writes into OUTDIR:
   mangled.pt, mangled.json  a second scripted nn.Sequential (2 blocks) in the same process:
                             its type name is mangled (___torch_mangle_<n>.Sequential)
   mangled_empty.pt, .json   an empty scripted nn.Sequential, mangled too (must be refused)
+  wide.pt                   a scripted nn.Sequential of 4 residual blocks of width 64 (for the
+                            creation test's allocation counts; not trained)
   short_record.pt, .json    seq.pt with its first tensor record cut to 4 bytes (LibTorch 1.13
                             would read past it: must be refused before LibTorch reads it)
   <name>.ref                the global batch, targets, losses of 6 AdamW steps and the
@@ -92,6 +94,7 @@ def main(outdir):
     mangled = nn.Sequential(Block(5), Block(5))
     write(outdir, "mangled", mangled, (x,), (torch.sin(x),),
           {"model": {"type": "torchscript"}, "optimizer": opt})
+    torch.jit.script(nn.Sequential(*[Block(64) for _ in range(4)])).save(f"{outdir}/wide.pt")
     empty = torch.jit.script(nn.Sequential())
     assert "mangle" in empty._c._type().qualified_name(), empty._c._type().qualified_name()
     empty.save(f"{outdir}/mangled_empty.pt")
@@ -108,7 +111,7 @@ def main(outdir):
         f.write(buf.getvalue())
     with open(f"{outdir}/short_record.json", "w") as f:
         json.dump({"model": {"type": "torchscript", "file": f"{outdir}/short_record.pt"}}, f)
-    print("make_torchscript: wrote seq, multi, mangled, mangled_empty and short_record to", outdir)
+    print("make_torchscript: wrote seq, multi, mangled, wide, mangled_empty and short_record to", outdir)
 
 
 if __name__ == "__main__":
