@@ -220,8 +220,9 @@ typedef struct fullshard_plan_info {
   int64_t sharded_bytes; /* this rank's sharded parameters */
   int64_t groups;        /* communication groups (fully_shard calls) */
   /* planned peak of this rank's process (docs/memory.md): shards, gradients, optimizer state,
-   * pool, shared-memory windows and the process's resident memory at creation; LibTorch's
-   * activations are not in it. 0 on a CUDA mesh (the account is of host memory). */
+   * pool, shared-memory windows and the process's resident memory at creation; from the
+   * first train step on also LibTorch's activations, as that step measured them. 0 on a CUDA
+   * mesh (the account is of host memory). */
   int64_t process_peak_bytes;
   /* 0: default module costs; n: the modules' costs measured over n forwards and backwards */
   int64_t calibrated_iterations;

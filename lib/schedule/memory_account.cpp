@@ -187,8 +187,9 @@ MemoryAccount plan_memory(const Plan& plan, const MemoryInputs& in) {
       // Without a cast this rank's slot is its shards (counted above).
       a.windows += g.param_dtype == g.orig_dtype ? window - gsn * dtype_size(g.orig_dtype) : window;
     }
-    // Gradient windows: taken where the engine acquires a group's unsharded gradients, given
-    // back at its reduce-scatter; iterations replayed until no window is added.
+    // Gradient windows: taken where the engine acquires a group's unsharded gradients (a
+    // front end's own gradients, external_gradients: copied in just before the reduce-scatter),
+    // given back at its reduce-scatter; iterations replayed until no window is added.
     std::vector<std::vector<const BufferEvent*>> at(plan.ops.size());
     for (const BufferEvent& e : plan.events)
       if (e.kind == fsdp::engine::BufKind::grads && e.action == BufferAction::alloc &&
@@ -204,7 +205,15 @@ MemoryAccount plan_memory(const Plan& plan, const MemoryInputs& in) {
           grads.take(e->group,
                      static_cast<std::size_t>(g.layout.arena_numel) * dtype_size(g.param_dtype));
         }
-        if (plan.ops[i].kind == OpKind::reduce_scatter) grads.give_back(plan.ops[i].group);
+        const Op& op = plan.ops[i];
+        if (op.kind != OpKind::reduce_scatter) continue;
+        const auto gi = static_cast<std::size_t>(op.group);
+        if (plan.options.external_gradients && on_shm[gi]) {
+          const PlannedGroup& g = plan.groups[gi];
+          grads.take(op.group,
+                     static_cast<std::size_t>(g.layout.arena_numel) * dtype_size(g.param_dtype));
+        }
+        grads.give_back(op.group);
       }
     }
     a.windows += grads.bytes();

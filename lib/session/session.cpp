@@ -35,6 +35,7 @@
 #include "lib/session/models.hpp"
 #include "lib/session/optimizer.hpp"
 #include "lib/session/session_core.hpp"
+#include "lib/session/torch_host_bytes.hpp"
 
 namespace fullshard::session {
 
@@ -63,6 +64,7 @@ struct Session::Impl : SessionCore {
   double optimizer_ms = 0;  // summed over the calibration steps
   const void* last_input = nullptr;
   c10::Device device = c10::Device(c10::kCPU);
+  TorchHostBytes* torch_bytes = nullptr;  // LibTorch's host bytes (null: not counted)
 
   Impl(const DeviceMesh& m, Config c) : SessionCore(m, std::move(c), /*native=*/false) {}
   // The optimizer and a save in flight go before the model they hold.
@@ -76,15 +78,26 @@ struct Session::Impl : SessionCore {
   }
   void calibrate();
   void predict_step(const sch::Plan& p);
+  /// A training step's LibTorch allocations above what LibTorch held before it (its
+  /// activations and scratch), measured by the counter: the account's activations become the
+  /// largest measured, and the planned process peak with them.
+  void note_step_bytes(std::int64_t bytes) {
+    if (bytes <= 0 || std::size_t(bytes) <= planned.activations) return;
+    planned.activations = std::size_t(bytes);
+    if (plan.process_peak_bytes > 0)
+      plan.process_peak_bytes = static_cast<std::int64_t>(planned.process_peak());
+  }
   void check_memory_of(const sch::Plan& plan) {
-    // LibTorch's activations are not declared to the planner: the account leaves them out.
+    // LibTorch's activations are not declared to the planner: the check before creation leaves
+    // them out; the first training step measures them (note_step_bytes).
     check_memory(plan, 0,
                  "more ranks shrink the shards, gradients and optimizer state; " +
                      cfg.setting("sharding.reshard_after_forward", "true", "true") +
                      " frees each block after its forward; a larger " +
                      cfg.setting("memory.budget_mb", "...") + " where the node has it; " +
                      cfg.setting("memory.check", "\"warn\"", "warn") +
-                     " runs it anyway (LibTorch's activations are not in the account)");
+                     " runs it anyway (LibTorch's activations are measured by the first step, "
+                     "not checked here)");
   }
   /// Before a model is built whole on every rank (model.deferred_init false): its parameter
   /// count (from its keys, nothing built) against the rank's memory, so that a model too large
@@ -119,6 +132,9 @@ Session::Session(const DeviceMesh& mesh, Config config)
   attach(s);
   if (s.cfg.threads > 0) at::set_num_threads(s.cfg.threads);
   ::torch::manual_seed(s.cfg.seed);  // TorchScript's buffers and deferred_init false
+  // LibTorch's allocations counted from here on (an allocator installed later over the
+  // counter still passes them to it).
+  if (s.mesh.device_type() == DeviceType::cpu) s.torch_bytes = TorchHostBytes::get();
   s.check_whole_build(s.cfg.dtype == DType::f64 ? at::kDouble : at::kFloat);
   // Built on every rank; a rank that cannot (its copy of a file, its memory) is named on every
   // rank instead of leaving the others waiting in the first collective.
@@ -400,6 +416,11 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
   // The calibration steps (after the first, which faults the buffers in) time the modules.
   const bool measuring = s.calibrating();
   if (measuring && s.steps_here == 1) s.sharded->measure_compute(true);
+  // What LibTorch allocates in the step (host memory; a CUDA mesh's activations are the
+  // device's, outside the host account).
+  TorchHostBytes* const torch_bytes = s.torch_bytes;
+  const std::int64_t torch_held = torch_bytes ? torch_bytes->now() : 0;
+  if (torch_bytes) torch_bytes->reset_peak();
   s.opt->begin_step(rate);
   fsdp::FSDPModule& root = s.sharded->state(*s.model.root);
   // The loss of the step, read back once (on a GPU, one synchronisation per step).
@@ -438,6 +459,7 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
   const std::string bad_step = s.check_step(loss, double(rows), {}, totals);
   if (!bad_step.empty()) return s.non_finite_step(bad_step, s.cfg.optimizer.in_backward);
   s.apply_step(totals);
+  if (torch_bytes) s.note_step_bytes(torch_bytes->peak() - torch_held);
   ++s.steps_here;  // first: a calibration that fails is not tried again at every step
   if (measuring) {
     s.optimizer_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -

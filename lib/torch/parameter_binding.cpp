@@ -111,6 +111,10 @@ void ParameterBinding::grad_shown(const graph::Parameter& p, bool sharded) {
   }
   external_grad_ = at::Tensor();  // the engine holds what it still needs
   if (!t.defined()) {
+    // Dropped (zero_grad): the cached view goes too, so that the group can reuse the storage
+    // for the next gradients instead of allocating another beside it.
+    grad_view_ = at::Tensor();
+    grad_of_ = nullptr;
     param_.mutable_grad() = at::Tensor();
     return;
   }

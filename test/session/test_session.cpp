@@ -17,12 +17,14 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/memory_ledger.hpp"
+#include "fullshard/schedule/memory_account.hpp"
 #include "fullshard/schedule/memory_budget.hpp"
 #include "fullshard/session/session.hpp"
 #include "fullshard/torch/checkpoint.hpp"
 #include "fullshard/torch/residual_mlp.hpp"
 #include "fullshard/torch/sharded_model.hpp"
 #include "lib/session/models.hpp"
+#include "test/torch/counting_allocator.hpp"
 #include "test_support.hpp"
 
 namespace fs = fullshard;
@@ -839,4 +841,66 @@ TEST_CASE("session: parameter counts from the keys; a whole build too large is r
   CHECK(huge.find("model.d_model = 524288, model.heads = 1, model.layers = 1, model.mlp_ratio = "
                   "4) cannot be built: LibTorch could not allocate memory (tried to allocate "
                   "3298534883328 bytes)") != std::string::npos);
+}
+
+TEST_CASE("session: the first step measures LibTorch's activations into the memory account") {
+  const int blocks = 3, hidden = 64;
+  const std::int64_t rows = 32;
+  ss::Session s(world_mesh(), config_of(config_text({}, "adamw", hidden)));
+  // Not declared: the account at creation has none, the planned process peak is without them.
+  CHECK(s.planned_memory().activations == 0);
+  const std::int64_t planned_before = s.plan().process_peak_bytes;
+  CHECK(planned_before == std::int64_t(s.planned_memory().process_peak()));
+  // The test's own count of LibTorch's bytes over the step: its allocator wraps the session's
+  // (every allocation passes through both) and is taken out again after the step.
+  c10::Allocator* const session_allocator = c10::GetCPUAllocator();
+  fs::test::CountingAllocator count(session_allocator);
+  c10::SetCPUAllocator(&count, /*priority=*/100);
+  const auto [x, y] = batch(0, rows);
+  const std::int64_t held = count.now();
+  count.reset_peak();
+  s.train_step({x}, {y});
+  const std::int64_t step_bytes = count.peak() - held;
+  c10::SetCPUAllocator(session_allocator, /*priority=*/100);
+  const std::size_t activations = s.planned_memory().activations;
+  INFO("measured " << activations << " B; the test counted " << step_bytes << " B");
+  // At least each block's saved input (rows x hidden f32); at most what LibTorch allocated
+  // in the whole call (the session measures from the forward, after the batch's checks).
+  CHECK(activations >= std::size_t(blocks * rows * hidden * 4));
+  CHECK(std::int64_t(activations) <= step_bytes);
+  // The planned process peak holds them from now on.
+  CHECK(s.plan().process_peak_bytes - planned_before == std::int64_t(activations));
+  CHECK(s.plan().process_peak_bytes == std::int64_t(s.planned_memory().process_peak()));
+  // Later steps keep the largest measured.
+  for (int k = 1; k < 3; ++k) {
+    const auto [xk, yk] = batch(k, rows);
+    s.train_step({xk}, {yk});
+    CHECK(s.planned_memory().activations >= activations);
+  }
+}
+
+TEST_CASE("session: a LibTorch model's parts of the account are the plan's, byte for byte") {
+  for (const char* optimizer : {"sgd", "adamw"}) {
+    CAPTURE(optimizer);
+    ss::Session s(world_mesh(), config_of(config_text({}, optimizer, 64)));
+    const fs::schedule::MemoryAccount& planned = s.planned_memory();
+    // The steady state: from the second step on (the first makes the pool's blocks and moves
+    // the shards into the all-gather windows).
+    for (int k = 0; k < 3; ++k) {
+      if (k == 1) fs::memory_ledger::reset_peaks();
+      const auto [x, y] = batch(k, 16);
+      s.train_step({x}, {y});
+    }
+    const fs::schedule::MemoryAccount m =
+        fs::schedule::measured_memory(fs::memory_ledger::counts());
+    CHECK(m.shards == planned.shards);
+    // The gradients' storage is reused from step to step (none allocated beside it).
+    CHECK(m.gradients == planned.gradients);
+    CHECK(m.optimizer_state == planned.optimizer_state);
+    CHECK(m.pool == planned.pool);
+    // On shared memory (every rank on this node): the gradient windows LibTorch's gradients
+    // are copied into before each reduce-scatter.
+    CHECK(m.windows == planned.windows);
+    if (fs::test::world_size() > 1) CHECK(planned.windows > 0);
+  }
 }

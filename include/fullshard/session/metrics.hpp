@@ -18,7 +18,9 @@ struct PlanPrediction {
   /// modules cost what they declare (nothing by default): a lower bound.
   double step_ms = 0;
   std::int64_t peak_bytes = 0, sharded_bytes = 0, groups = 0;
-  std::int64_t process_peak_bytes = 0;  // the memory account's (0 on a CUDA mesh)
+  /// The memory account's planned process peak (0 on a CUDA mesh); a LibTorch model's
+  /// activations are in it from the first train_step on (measured there).
+  std::int64_t process_peak_bytes = 0;
   /// 0: the modules' costs are the declared ones; n: measured over n training forwards and
   /// backwards (the ranks' mean of each module's time) and the plan made again with them.
   std::int64_t calibrated_iterations = 0;

@@ -87,8 +87,10 @@ class SessionBase {
   /// Parameter tensors the optimizer steps (each once, also when tied).
   std::size_t optimizer_tensors() const;
   const PlanPrediction& plan() const noexcept;
-  /// The memory account of the plan (docs/memory.md) as the memory check saw it: its parts
-  /// for this rank.
+  /// The memory account of the plan (docs/memory.md): its parts for this rank, as the memory
+  /// check saw them at creation. A LibTorch Session's activations are not declared: from its
+  /// first train_step on they are the largest host bytes LibTorch allocated in a step (a
+  /// measured warm-up), and plan().process_peak_bytes includes them.
   const schedule::MemoryAccount& planned_memory() const noexcept;
 
  protected:

@@ -1,0 +1,29 @@
+// LibTorch's host memory, counted: a wrapper around LibTorch's CPU allocator that keeps the
+// bytes it holds now and their peak since a reset, so that the training session can measure
+// what a LibTorch step allocates (its activations and scratch) and put it in the memory
+// account (docs/memory.md). Installed once per process, at the first LibTorch session, at
+// c10's default priority: an allocator the program installed with a higher priority stays,
+// and then nothing is counted. Private to lib/session.
+#pragma once
+
+#include <cstdint>
+
+namespace fullshard::session {
+
+class TorchHostBytes {
+ public:
+  /// The process's counter, installed on the first call; nullptr when LibTorch's CPU allocator
+  /// is another's (installed with a higher priority) and cannot be wrapped.
+  static TorchHostBytes* get();
+
+  /// Bytes LibTorch's CPU allocations hold now (those made since the counter was installed).
+  virtual std::int64_t now() const noexcept = 0;
+  /// The largest now() since the last reset_peak().
+  virtual std::int64_t peak() const noexcept = 0;
+  virtual void reset_peak() noexcept = 0;
+
+ protected:
+  ~TorchHostBytes() = default;
+};
+
+}  // namespace fullshard::session
