@@ -31,6 +31,7 @@
 #include "fullshard/session/session.hpp"
 #include "fullshard/torch.hpp"
 #include "fullshard/torch/threads.hpp"
+#include "memory_report.hpp"
 
 #include <torch/cuda.h>
 
@@ -487,6 +488,7 @@ int run(const Config& c, fs::Runtime& rt) {
 
   std::vector<double> times;
   double first_loss = 0, last_loss = 0, last_val = 0;
+  fs::apps::MemoryReport memory;
   const auto t0 = std::chrono::steady_clock::now();
   // The windows of the steps a resumed run already took are drawn (and dropped): the same
   // batches as a straight run.
@@ -511,6 +513,7 @@ int run(const Config& c, fs::Runtime& rt) {
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     times.push_back(ms);
+    memory.sample();
     if (times.size() == 1) first_loss = loss;
     last_loss = loss;
     if (rank == 0)
@@ -537,6 +540,10 @@ int run(const Config& c, fs::Runtime& rt) {
                   static_cast<long long>(session.step()), c.steps);
     return 0;
   }
+  // The account of host memory (a CUDA mesh's tensors are the device's). The activations are
+  // the session's measure of the first step (LibTorch's host bytes).
+  if (device.is_cpu())
+    memory.print(mesh, rt.world(), session.planned_memory(), session.planned_memory().activations);
   std::sort(times.begin(), times.end());
   if (rank == 0)
     std::printf(

@@ -41,6 +41,7 @@
 #include "fullshard/schedule/memory_budget.hpp"
 #include "fullshard/session/config.hpp"
 #include "fullshard/session/native_session.hpp"
+#include "memory_report.hpp"
 #include "mlp_cost.hpp"
 #include "residual_mlp.hpp"
 #include "teacher.hpp"
@@ -403,34 +404,11 @@ double peak_rss_mib() {  // VmHWM (reset_peak_rss starts it again)
   return static_cast<double>(schedule::process_memory().peak) / (1024.0 * 1024.0);
 }
 
-/// Host heap bytes allocated now (glibc's mallinfo2: live blocks, not the freed memory the
-/// heap keeps, which the max RSS still counts); < 0 where glibc has no mallinfo2.
-double heap_in_use_mib() {
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
-  const struct mallinfo2 m = mallinfo2();
-  return static_cast<double>(m.uordblks + m.hblkhd) / (1024.0 * 1024.0);
-#else
-  return -1.0;
-#endif
-}
-
 /// The process's resident peak (VmHWM) starts again from its resident
 /// memory now (Linux: /proc/self/clear_refs, 5); elsewhere it stays.
 void reset_peak_rss() {
   std::ofstream clear("/proc/self/clear_refs");
   if (clear) clear << "5" << std::flush;
-}
-
-std::string fmt_ratio(double r) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.3f", r);
-  return b;
-}
-
-std::string fmt_mib(double mib) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f", mib);
-  return b;
 }
 
 fullshard::DeviceMesh make_mesh(const fullshard::Runtime& rt, const Config& c) {
@@ -756,13 +734,7 @@ class Trainer {
 
   /// The step line (every --log-every steps and the last), and the divergence check.
   void log_step(int step, double loss) {
-    const schedule::ProcessMemory now = schedule::process_memory();
-    anon_max_ = std::max(anon_max_, now.anonymous);
-    shmem_max_ = std::max(shmem_max_, now.shared);
-    // The account's measured parts are the steady state: the peaks after the first step (which
-    // moves the shards into the all-gather windows and makes the pool's blocks).
-    if (!steady_) fullshard::memory_ledger::reset_peaks();
-    steady_ = true;
+    memory_.sample();                          // the steady state's parts: after the first step
     if (rank_ == 0 && !std::isfinite(loss)) {  // skipped by --non-finite (it said why)
       std::printf("step %d skipped (non-finite; %lld skipped so far)\n", step + 1,
                   static_cast<long long>(session_->skipped_steps()));
@@ -851,48 +823,9 @@ class Trainer {
                     : (" (a generic kernel: " + blas.better_kernel + " is faster)").c_str());
   }
 
-  /// The memory account, measured against planned (docs/memory.md): the library's parts as
-  /// its ledger counted them (peaks), the activations held, the process's peak, and the
-  /// shared-memory windows of this rank and of every rank. Collective (the windows' sum).
+  /// The memory account, measured against planned (docs/memory.md). Collective.
   void print_memory() {
-    const fullshard::MemoryCounts counts = fullshard::memory_ledger::counts();
-    schedule::MemoryAccount m = schedule::measured_memory(counts);
-    m.baseline = planned_.baseline;
-    m.activations = model_.activations_held();
-    const schedule::ProcessMemory proc = schedule::process_memory();
-    // This rank's window segments (its shards in them too), summed over the ranks.
-    double own_windows = 0.0;
-    for (const std::string& dim : mesh_.names())
-      if (const auto* shm = mesh_.shm(dim)) own_windows += static_cast<double>(shm->window_bytes());
-    double all_windows = own_windows;
-    MPI_Allreduce(MPI_IN_PLACE, &all_windows, 1, MPI_DOUBLE, MPI_SUM, rt_world_);
-    if (rank_ != 0) return;
-    auto row = [](const char* part, double planned, double measured) {
-      std::printf("  %-16s %10.1f %10.1f %7s\n", part, planned / kMiB, measured / kMiB,
-                  planned > 0 ? fmt_ratio(measured / planned).c_str() : "-");
-    };
-    std::printf("memory (rank 0, MiB)    planned   measured   ratio\n");
-    row("baseline", double(planned_.baseline), double(m.baseline));
-    row("shards", double(planned_.shards), double(m.shards));
-    row("gradients", double(planned_.gradients), double(m.gradients));
-    row("optimizer state", double(planned_.optimizer_state), double(m.optimizer_state));
-    row("pool", double(planned_.pool), double(m.pool));
-    row("windows", double(planned_.windows), double(m.windows));
-    row("activations", double(planned_.activations), double(m.activations));
-    row("other (library)", 0.0, double(counts.peak_of(fullshard::MemoryPart::other)));
-    // The rank's share of the node at its peak: VmHWM less the peers' window pages it maps
-    // (RssShmem counts every window page this rank touched; its own segments are its share).
-    const double shmem = double(std::max(shmem_max_, proc.shared));
-    const double peers = std::max(0.0, shmem - own_windows);
-    row("process peak", double(planned_.process_peak()), double(proc.peak) - peers);
-    const double heap = heap_in_use_mib();
-    std::printf(
-        "  (process peak measured: VmHWM %.1f MiB less the peers' shared-memory pages it maps, "
-        "%.1f MiB; RssAnon max %.1f MiB%s; shared-memory windows: this rank %.1f MiB, all "
-        "ranks %.1f MiB)\n",
-        double(proc.peak) / kMiB, peers / kMiB, double(std::max(anon_max_, proc.anonymous)) / kMiB,
-        heap >= 0 ? (", heap in use " + fmt_mib(heap) + " MiB").c_str() : "", own_windows / kMiB,
-        all_windows / kMiB);
+    memory_.print(mesh_, rt_world_, planned_, model_.activations_held());
   }
 
   void summary(int first_step, double total_s) {
@@ -905,13 +838,13 @@ class Trainer {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    const double heap = heap_in_use_mib();
+    const double heap = apps::heap_in_use_mib();
     std::printf(
         "summary: %d steps in %.2f s, loss %.6g -> %.6g, median step %.3f ms "
         "(comm %.3f ms), pool peak %.2f MiB (plan %.2f MiB), max RSS %.1f MiB%s%s\n",
         steps_run, total_s, first_loss_, last_loss_, median(step_ms_), median(comm_ms_),
         model_.executor().measured_peak_bytes() / kMiB, model_.plan().peak_bytes / kMiB,
-        peak_rss_mib(), heap >= 0 ? (", heap in use " + fmt_mib(heap) + " MiB").c_str() : "",
+        peak_rss_mib(), heap >= 0 ? (", heap in use " + apps::fmt_mib(heap) + " MiB").c_str() : "",
         session_->skipped_steps() > 0
             ? (", " + std::to_string(session_->skipped_steps()) + " steps skipped (non-finite)")
                   .c_str()
@@ -1231,8 +1164,7 @@ class Trainer {
   // The planned memory account (check_memory), and the largest RssAnon / RssShmem sampled
   // after each step.
   schedule::MemoryAccount planned_;
-  std::size_t anon_max_ = 0, shmem_max_ = 0;
-  bool steady_ = false;
+  apps::MemoryReport memory_;
   double memcpy_gb_per_s_ = 0.0;  // shared_memcpy_gb_per_s() at start
   // What a resumed run must share with the saved one for the data stream and the schedule to
   // continue where they stopped (the model itself is checked by checkpoint::load).
