@@ -31,9 +31,8 @@ void MemoryReport::print(const DeviceMesh& mesh, MPI_Comm world,
   m.activations = activations_measured;
   const schedule::ProcessMemory proc = schedule::process_memory();
   // This rank's window segments (its shards in them too), summed over the ranks.
-  double own_windows = 0.0;
-  for (const std::string& dim : mesh.names())
-    if (const auto* shm = mesh.shm(dim)) own_windows += static_cast<double>(shm->window_bytes());
+  const std::size_t own = schedule::own_window_bytes(mesh);
+  const double own_windows = double(own);
   double all_windows = own_windows;
   MPI_Allreduce(MPI_IN_PLACE, &all_windows, 1, MPI_DOUBLE, MPI_SUM, world);
   int rank = 0;
@@ -52,11 +51,10 @@ void MemoryReport::print(const DeviceMesh& mesh, MPI_Comm world,
   row("windows", double(planned.windows), double(m.windows));
   row("activations", double(planned.activations), double(m.activations));
   row("other (library)", 0.0, double(counts.peak_of(MemoryPart::other)));
-  // The rank's share of the node at its peak: VmHWM less the peers' window pages it maps
-  // (RssShmem counts every window page this rank touched; its own segments are its share).
-  const double shmem = double(std::max(shmem_max_, proc.shared));
-  const double peers = std::max(0.0, shmem - own_windows);
-  row("process peak", double(planned.process_peak()), double(proc.peak) - peers);
+  // The rank's share of the node at its peak: VmHWM less the peers' window pages it maps.
+  const double share = double(schedule::process_peak_share(proc, own, shmem_max_));
+  const double peers = double(proc.peak) - share;
+  row("process peak", double(planned.process_peak()), share);
   const double heap = heap_in_use_mib();
   std::printf(
       "  (process peak measured: VmHWM %.1f MiB less the peers' shared-memory pages it maps, "

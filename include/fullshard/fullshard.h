@@ -232,6 +232,26 @@ typedef struct fullshard_plan_info {
 } fullshard_plan_info;
 fullshard_status fullshard_model_plan(fullshard_model model, fullshard_plan_info* info);
 
+/** This rank's memory by part, in bytes (docs/memory.md, "The account"). */
+typedef struct fullshard_memory_parts {
+  int64_t baseline;        /* the process before the model (resident at creation) */
+  int64_t shards;          /* the sharded parameters */
+  int64_t gradients;       /* the sharded gradients */
+  int64_t optimizer_state; /* momentum, AdamW's moments */
+  int64_t pool;            /* unsharded parameters and gradients in flight (the buffer pool) */
+  int64_t windows;         /* shared-memory window segments besides the shards */
+  int64_t activations;     /* LibTorch's, measured by the first train step (0 before) */
+  int64_t process_peak;    /* planned: the sum; measured: the process's share at its peak */
+} fullshard_memory_parts;
+/** `planned`: the plan's account, as the memory check and fullshard_model_plan's
+ * process_peak_bytes hold it. `measured` (may be NULL): the library's parts as its ledger
+ * holds them now (every model of the process; a model's parts stay allocated between steps),
+ * the activations as measured, and the process's peak resident memory (VmHWM) less the
+ * shared-memory pages of the peers' windows it maps: what to compare with a budget. All zero
+ * on a CUDA mesh (the account is of host memory). */
+fullshard_status fullshard_model_memory(fullshard_model model, fullshard_memory_parts* planned,
+                                        fullshard_memory_parts* measured);
+
 /* Checkpoints. `dir` is a checkpoint root; NULL (or "") is the configuration's
  * "checkpoint": {"dir"}, which is checked at fullshard_model_create (created if its parent
  * exists, written by every rank, and shared by them: a node-local directory on a cluster is

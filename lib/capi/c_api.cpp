@@ -23,10 +23,12 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/json_reader.hpp"
+#include "fullshard/base/memory_ledger.hpp"
 #include "fullshard/mesh/agreement.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/runtime/runtime.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
+#include "fullshard/schedule/memory_budget.hpp"
 #include "fullshard/session/session.hpp"
 #include "fullshard/torch/threads.hpp"
 #include "lib/capi/handles.hpp"
@@ -503,6 +505,42 @@ fullshard_status fullshard_model_plan(fullshard_model model, fullshard_plan_info
     out->calibrated_iterations = p.calibrated_iterations;
     out->optimizer_ms = p.optimizer_ms;
     out->communication_scale = p.communication_scale;
+  });
+}
+
+fullshard_status fullshard_model_memory(fullshard_model model, fullshard_memory_parts* planned,
+                                        fullshard_memory_parts* measured) {
+  return guarded("fullshard_model_memory", [&] {
+    const fs::session::Session& session = model_of(model);
+    fullshard_memory_parts* out = required(planned, "planned");
+    *out = fullshard_memory_parts{};
+    if (measured) *measured = fullshard_memory_parts{};
+    if (session.mesh().device_type() != fs::DeviceType::cpu) return;
+    const fs::schedule::MemoryAccount& p = session.planned_memory();
+    auto fill = [](fullshard_memory_parts& o, const fs::schedule::MemoryAccount& a) {
+      o.baseline = std::int64_t(a.baseline);
+      o.shards = std::int64_t(a.shards);
+      o.gradients = std::int64_t(a.gradients);
+      o.optimizer_state = std::int64_t(a.optimizer_state);
+      o.pool = std::int64_t(a.pool);
+      o.windows = std::int64_t(a.windows);
+      o.activations = std::int64_t(a.activations);
+    };
+    fill(*out, p);
+    out->process_peak = std::int64_t(p.process_peak());
+    if (!measured) return;
+    const fs::MemoryCounts counts = fs::memory_ledger::counts();
+    fs::schedule::MemoryAccount m;
+    m.baseline = p.baseline;
+    m.shards = counts.now_of(fs::MemoryPart::shards);
+    m.gradients = counts.now_of(fs::MemoryPart::gradients);
+    m.optimizer_state = counts.now_of(fs::MemoryPart::optimizer_state);
+    m.pool = counts.now_of(fs::MemoryPart::pool);
+    m.windows = counts.now_of(fs::MemoryPart::windows);
+    m.activations = p.activations;
+    fill(*measured, m);
+    measured->process_peak = std::int64_t(fs::schedule::process_peak_share(
+        fs::schedule::process_memory(), fs::schedule::own_window_bytes(session.mesh())));
   });
 }
 

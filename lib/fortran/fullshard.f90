@@ -45,6 +45,12 @@ module fullshard
     real(c_double) :: optimizer_ms               !< the optimizer's measured step (calibrated)
     real(c_double) :: communication_scale        !< measured over modelled collectives (1 before)
   end type
+  !> This rank's memory by part, in bytes (fullshard_model_memory; docs/memory.md).
+  type, public, bind(C) :: fullshard_memory_parts
+    integer(c_int64_t) :: baseline, shards, gradients, optimizer_state, pool, windows
+    integer(c_int64_t) :: activations   !< LibTorch's, measured by the first train step
+    integer(c_int64_t) :: process_peak  !< planned: the sum; measured: the process's share
+  end type
 
   ! The C structs (fullshard_mesh / fullshard_model are one uint64_t; Fortran has no unsigned
   ! integers: the same 64 bits in an int64).
@@ -73,7 +79,7 @@ module fullshard
   public :: fullshard_train_step, fullshard_predict
   public :: fullshard_model_step, fullshard_model_lr, fullshard_model_num_params
   public :: fullshard_model_skipped_steps
-  public :: fullshard_model_plan
+  public :: fullshard_model_plan, fullshard_model_memory
   public :: fullshard_checkpoint_save, fullshard_checkpoint_load, fullshard_export_safetensors
   public :: fullshard_checkpoint_save_async, fullshard_save_test, fullshard_save_wait
 
@@ -177,6 +183,13 @@ module fullshard
       import :: c_int, c_handle, fullshard_plan_info
       type(c_handle), value :: model
       type(fullshard_plan_info), intent(out) :: info
+      integer(c_int) :: s
+    end function
+    function c_model_memory(model, planned, measured) bind(C, name="fullshard_model_memory") &
+        result(s)
+      import :: c_int, c_handle, fullshard_memory_parts
+      type(c_handle), value :: model
+      type(fullshard_memory_parts), intent(out) :: planned, measured
       integer(c_int) :: s
     end function
     function c_describe(x, what, out) bind(C, name="fullshard_fortran_describe") result(s)
@@ -558,6 +571,16 @@ contains
     type(fullshard_plan_info), intent(out) :: info
     integer, intent(out), optional :: status
     call finish(c_model_plan(c_handle(model%id), info), status)
+  end subroutine
+
+  !> This rank's memory by part: `planned` (the plan's account; the activations from the
+  !> first train step on) and `measured` (the library's parts held now, the process's peak
+  !> less the peers' shared-memory pages it maps).
+  subroutine fullshard_model_memory(model, planned, measured, status)
+    type(fullshard_model), intent(in) :: model
+    type(fullshard_memory_parts), intent(out) :: planned, measured
+    integer, intent(out), optional :: status
+    call finish(c_model_memory(c_handle(model%id), planned, measured), status)
   end subroutine
 
   !> A new step directory under `dir` (absent or '': the configuration's checkpoint dir;

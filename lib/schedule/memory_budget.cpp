@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "fullshard/comm/shm.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
 
 namespace fullshard::schedule {
@@ -91,6 +92,21 @@ ProcessMemory process_memory() {
     if (key == "VmHWM:") m.peak = kib * 1024;
   }
   return m;
+}
+
+std::size_t own_window_bytes(const DeviceMesh& mesh) {
+  std::size_t bytes = 0;
+  for (const std::string& dim : mesh.names())
+    if (const comm::ShmComm* shm = mesh.shm(dim))
+      bytes += static_cast<std::size_t>(shm->window_bytes());
+  return bytes;
+}
+
+std::size_t process_peak_share(const ProcessMemory& now, std::size_t own_window_bytes,
+                               std::size_t shared_max) {
+  const std::size_t shared = std::max(shared_max, now.shared);
+  const std::size_t peers = shared > own_window_bytes ? shared - own_window_bytes : 0;
+  return now.peak > peers ? now.peak - peers : 0;
 }
 
 MemoryBudget rank_memory_budget(const BoundedComm& comm, std::size_t explicit_bytes,

@@ -92,14 +92,17 @@ class CountingCpuAllocator final : public c10::Allocator, public TorchHostBytes 
 }  // namespace
 
 TorchHostBytes* TorchHostBytes::get() {
-  // Lives to the end of the process: tensors it allocated may outlive every session.
+  // Lives to the end of the process: tensors it allocated may outlive every session. Once
+  // installed it stays the counter: an allocator installed later over it passes its
+  // allocations on (and one that replaces it leaves the count unchanged: nothing measured).
   static CountingCpuAllocator* const counter = [] {
-    c10::Allocator* current = c10::GetCPUAllocator();
-    auto* c = new CountingCpuAllocator(current);
+    auto* c = new CountingCpuAllocator(c10::GetCPUAllocator());
     c10::SetCPUAllocator(c, /*priority=*/0);
-    return c;
+    if (c10::GetCPUAllocator() == c) return c;
+    delete c;  // not taken: an allocator of a higher priority is installed
+    return static_cast<CountingCpuAllocator*>(nullptr);
   }();
-  return c10::GetCPUAllocator() == counter ? counter : nullptr;
+  return counter;
 }
 
 }  // namespace fullshard::session

@@ -13,7 +13,7 @@ namespace fullshard::session {
 class TorchHostBytes {
  public:
   /// The process's counter, installed on the first call; nullptr when LibTorch's CPU allocator
-  /// is another's (installed with a higher priority) and cannot be wrapped.
+  /// was then another's (installed with a higher priority) and could not be wrapped.
   static TorchHostBytes* get();
 
   /// Bytes LibTorch's CPU allocations hold now (those made since the counter was installed).

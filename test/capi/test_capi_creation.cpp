@@ -6,10 +6,15 @@
 // count: its safetensors export from the job's mesh is byte for byte the export of the same
 // configuration built on one rank. With "deferred_init": false the whole model is allocated
 // (the counter sees it: the check can fail).
+// First: LibTorch (its logging's CHECK), then doctest's CHECK.
+#include "lib/session/torch_host_bytes.hpp"
+#include "test/torch/counting_allocator.hpp"
+
 #include <doctest/doctest.h>
 #include <mpi.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -19,7 +24,6 @@
 
 #include "fullshard/base/memory_ledger.hpp"
 #include "fullshard/fullshard.h"
-#include "test/torch/counting_allocator.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -28,7 +32,10 @@ using fullshard::test::CountingAllocator;
 
 CountingAllocator& counter() {
   static CountingAllocator* a = [] {
-    auto* c = new CountingAllocator(c10::GetDefaultCPUAllocator());  // lives to the end
+    // Over the session's own count (installed first, at c10's default priority, so that the
+    // sessions of this test measure their activations too).
+    fullshard::session::TorchHostBytes::get();
+    auto* c = new CountingAllocator(c10::GetCPUAllocator());  // lives to the end
     c10::SetCPUAllocator(c, /*priority=*/100);
     return c;
   }();
@@ -186,6 +193,67 @@ TEST_CASE("C API: a TorchScript file is loaded whole, and no full parameter outl
   CHECK(together <= whole + block / fullshard::test::world_size() + block / 4);
   CHECK(static_cast<std::int64_t>(shards) == info.sharded_bytes);
   require_ok(fullshard_model_free(&model));
+  require_ok(fullshard_mesh_free(&mesh));
+  require_ok(fullshard_finalize());
+}
+
+TEST_CASE("C API: fullshard_model_memory gives the account, planned and measured") {
+  const int world = fullshard::test::world_size();
+  require_ok(fullshard_init(MPI_COMM_WORLD));
+  fullshard_mesh mesh{0};
+  const int shape[1] = {world};
+  require_ok(fullshard_mesh_create(MPI_COMM_WORLD, "cpu", 1, shape, "dp", &mesh));
+  fullshard_model m{0};
+  require_ok(fullshard_model_create_from_json(
+      mesh,
+      R"({"model": {"type": "residual_mlp", "inputs": 10, "hidden": 96, "outputs": 3,
+                    "blocks": 3}, "optimizer": {"type": "adamw"}})",
+      "memory.json", &m));
+  const auto sum = [](const fullshard_memory_parts& p) {
+    return p.baseline + p.shards + p.gradients + p.optimizer_state + p.pool + p.windows +
+           p.activations;
+  };
+  fullshard_memory_parts planned{}, measured{};
+  fullshard_plan_info info{};
+  require_ok(fullshard_model_memory(m, &planned, nullptr));
+  require_ok(fullshard_model_plan(m, &info));
+  CHECK(planned.process_peak == info.process_peak_bytes);
+  CHECK(planned.process_peak == sum(planned));
+  CHECK(planned.shards == info.sharded_bytes);
+  CHECK(planned.gradients == info.sharded_bytes);
+  CHECK(planned.optimizer_state > 0);
+  CHECK(planned.activations == 0);  // not declared: measured by the first step
+  const std::int64_t rows = 8;
+  std::vector<float> x(std::size_t(rows * 10)), y(std::size_t(rows * 3));
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = float(std::sin(0.3 * double(i)));
+  for (std::size_t i = 0; i < y.size(); ++i)
+    y[i] = float(std::cos(0.7 * double(i)));
+  const std::int64_t xs[2] = {rows, 10}, ys[2] = {rows, 3};
+  const fullshard_array in = fullshard_array_contiguous(x.data(), FULLSHARD_FLOAT32, 2, xs);
+  const fullshard_array target = fullshard_array_contiguous(y.data(), FULLSHARD_FLOAT32, 2, ys);
+  for (int k = 0; k < 2; ++k)
+    require_ok(fullshard_train_step(m, 1, &in, 1, &target, nullptr));
+  require_ok(fullshard_model_memory(m, &planned, &measured));
+  require_ok(fullshard_model_plan(m, &info));
+  CHECK(planned.activations > 0);
+  CHECK(planned.process_peak == sum(planned));
+  CHECK(planned.process_peak == info.process_peak_bytes);
+  // The library's parts as its ledger holds them between steps are the plan's, byte for byte.
+  CHECK(measured.shards == planned.shards);
+  CHECK(measured.gradients == planned.gradients);
+  CHECK(measured.optimizer_state == planned.optimizer_state);
+  CHECK(measured.pool == planned.pool);
+  CHECK(measured.windows == planned.windows);
+  CHECK(measured.activations == planned.activations);
+  CHECK(measured.baseline == planned.baseline);
+  CHECK(measured.process_peak > measured.baseline);
+  // Refused: no place for the planned parts, a freed model.
+  CHECK(fullshard_model_memory(m, nullptr, &measured) == FULLSHARD_ERR_ARGUMENT);
+  CHECK(std::string(fullshard_last_error()).find("planned") != std::string::npos);
+  fullshard_model freed = m;
+  require_ok(fullshard_model_free(&m));
+  CHECK(fullshard_model_memory(freed, &planned, nullptr) == FULLSHARD_ERR_HANDLE);
   require_ok(fullshard_mesh_free(&mesh));
   require_ok(fullshard_finalize());
 }

@@ -12,6 +12,7 @@ program test_fortran
   type(fullshard_mesh) :: mesh, hsdp, small
   type(fullshard_model) :: model, other
   type(fullshard_plan_info) :: plan
+  type(fullshard_memory_parts) :: planned, measured
   type(MPI_Comm) :: sub
   integer :: nranks, st, i, s
   character(len=64) :: line
@@ -80,6 +81,16 @@ program test_fortran
   call check(tot(2) < 0.5*tot(1), 'the loss falls', '')
   call fullshard_model_step(model, step)
   call check(step == 41, 'step count', '')
+  ! The memory account: the library's parts held between steps are the plan's; the first step
+  ! measured the activations, and the planned process peak holds them.
+  call fullshard_model_memory(model, planned, measured)
+  call fullshard_model_plan(model, plan)
+  call check(planned%activations > 0 .and. planned%process_peak == plan%process_peak_bytes, &
+             'memory planned', '')
+  call check(measured%shards == planned%shards .and. measured%gradients == planned%gradients &
+             .and. measured%optimizer_state == planned%optimizer_state &
+             .and. measured%pool == planned%pool .and. measured%windows == planned%windows, &
+             'memory measured', '')
   call fullshard_model_lr(model, lr)
   call check(abs(lr - 0.02_c_double) < 1e-12, 'constant learning rate', '')
 

@@ -9,6 +9,7 @@
 
 #include "fullshard/base/bounded_comm.hpp"
 #include "fullshard/base/error.hpp"
+#include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/schedule/memory_account.hpp"
 
 namespace fullshard::schedule {
@@ -58,5 +59,16 @@ struct ProcessMemory {
   std::size_t resident = 0, anonymous = 0, shared = 0, peak = 0;
 };
 ProcessMemory process_memory();
+
+/// The bytes of the node-local shared-memory window segments this rank made (its shards in
+/// them too), over every dim of `mesh` (0 off shared memory).
+std::size_t own_window_bytes(const DeviceMesh& mesh);
+
+/// This process's share of its node at its peak: VmHWM less the pages of the peers' window
+/// segments it maps (RssShmem counts every window page the process touched, its peers' too;
+/// its own segments, `own_window_bytes`, are its share). `shared_max`: the largest RssShmem
+/// the caller saw (0: the one now).
+std::size_t process_peak_share(const ProcessMemory& now, std::size_t own_window_bytes,
+                               std::size_t shared_max = 0);
 
 }  // namespace fullshard::schedule
