@@ -179,14 +179,17 @@ MemoryAccount plan_memory(const Plan& plan, const MemoryInputs& in) {
   a.pool = pool.resident();
 
   if (shm) {
+    // All-gather windows: on one node without a cast a group's window is its shards (counted
+    // above); with a cast or on two levels one is taken per gather, at its copy-in or
+    // all-gather, and given back at its copy-out (the node's windows shared by the groups).
+    std::vector<char> pooled(plan.groups.size(), 0);
     for (std::size_t gi = 0; gi < plan.groups.size(); ++gi) {
-      if (!on_shm[gi]) continue;
       const PlannedGroup& g = plan.groups[gi];
-      const std::size_t gsn = static_cast<std::size_t>(g.layout.shard_numel);
-      const std::size_t window = nodes * gsn * dtype_size(g.param_dtype);
-      // Without a cast this rank's slot is its shards (counted above).
-      a.windows += g.param_dtype == g.orig_dtype ? window - gsn * dtype_size(g.orig_dtype) : window;
+      pooled[gi] = on_shm[gi] && (nodes > 1 || g.param_dtype != g.orig_dtype);
     }
+    const auto gather_bytes = [&](const PlannedGroup& g) {
+      return nodes * static_cast<std::size_t>(g.layout.shard_numel) * dtype_size(g.param_dtype);
+    };
     // Gradient windows: taken where the engine acquires a group's unsharded gradients (a
     // front end's own gradients, external_gradients: copied in just before the reduce-scatter),
     // given back at its reduce-scatter; iterations replayed until no window is added.
@@ -195,11 +198,21 @@ MemoryAccount plan_memory(const Plan& plan, const MemoryInputs& in) {
       if (e.kind == fsdp::engine::BufKind::grads && e.action == BufferAction::alloc &&
           on_shm[static_cast<std::size_t>(e.group)])
         at[static_cast<std::size_t>(e.op)].push_back(&e);
-    GradWindowReplay grads;
+    GradWindowReplay grads, gathers;
     std::size_t before = static_cast<std::size_t>(-1);
-    for (int round = 0; round < 8 && grads.count() != before; ++round) {
-      before = grads.count();
+    for (int round = 0; round < 8 && grads.count() + gathers.count() != before; ++round) {
+      before = grads.count() + gathers.count();
       for (std::size_t i = 0; i < plan.ops.size(); ++i) {
+        const Op& o = plan.ops[i];
+        const auto og = static_cast<std::size_t>(o.group);
+        if (o.group >= 0 && og < pooled.size() && pooled[og]) {
+          const bool gather_copy_in =
+              o.kind == OpKind::copy_in && o.stream == StreamKind::all_gather;
+          if (gather_copy_in || o.kind == OpKind::all_gather)
+            gathers.take(o.group, gather_bytes(plan.groups[og]));
+          else if (o.kind == OpKind::copy_out)
+            gathers.give_back(o.group);
+        }
         for (const BufferEvent* e : at[i]) {
           const PlannedGroup& g = plan.groups[static_cast<std::size_t>(e->group)];
           grads.take(e->group,
@@ -216,7 +229,7 @@ MemoryAccount plan_memory(const Plan& plan, const MemoryInputs& in) {
         grads.give_back(op.group);
       }
     }
-    a.windows += grads.bytes();
+    a.windows += grads.bytes() + gathers.bytes();
   }
   return a;
 }

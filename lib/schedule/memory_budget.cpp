@@ -96,9 +96,12 @@ ProcessMemory process_memory() {
 
 std::size_t own_window_bytes(const DeviceMesh& mesh) {
   std::size_t bytes = 0;
-  for (const std::string& dim : mesh.names())
+  for (const std::string& dim : mesh.names()) {
     if (const comm::ShmComm* shm = mesh.shm(dim))
       bytes += static_cast<std::size_t>(shm->window_bytes());
+    if (const NodeSplit* split = mesh.node_split(dim))  // two levels: the node's part
+      bytes += static_cast<std::size_t>(split->local().window_bytes());
+  }
   return bytes;
 }
 

@@ -173,7 +173,8 @@ sch::MemoryInputs SessionCore::memory_inputs(std::size_t activations) const {
   sch::MemoryInputs in;
   in.optimizer_states = state_arrays(cfg.optimizer);
   const std::string shard_dim = mesh.names().back();
-  in.shared_memory = mesh.shm(shard_dim) != nullptr;
+  // On two levels the dim's node-local part is the split's (DeviceMesh::shm is null there).
+  in.shared_memory = mesh.shm(shard_dim) != nullptr || mesh.node_split(shard_dim) != nullptr;
   if (const NodeSplit* split = mesh.node_split(shard_dim)) in.nodes = split->nodes();
   in.rank = mesh.coordinate(shard_dim);
   in.activations = activations;

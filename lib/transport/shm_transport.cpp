@@ -18,16 +18,19 @@ namespace {
 constexpr int kPublished = 0;
 constexpr int kRead = 1;
 
-// The gradient windows of one node communicator, shared by its groups: a group holds one from
-// its first gradient write (its grads buffer, or the copy-in of a front end's gradients) to
-// its reduce-scatter's issue, so the node holds the gradients of the reductions in flight,
-// not one window per group for the group's life. A group takes a free window at least its
-// size that was given back before another free one (the readers of its last round have had
-// the longest), and a new window (collective) while fewer than two such are free: a writer
-// then rarely waits for the peers still reading the window's last round, which it must
-// (ShmTransport::writable_grads_window). Every rank takes and gives back in the same order
-// (the engine's), so every rank allocates the same windows at the same point.
-class GradWindows {
+// Windows of one node communicator shared by its groups, one pool per use:
+// - gradients: a group holds one from its first gradient write (its grads buffer, or the
+//   copy-in of a front end's gradients) to its reduce-scatter's issue;
+// - all-gathers that need a window of their own (a cast, or two levels: the other nodes'
+//   shards): a group holds one from its gather's copy-in to its copy-out;
+// so the node holds the collectives in flight, not one window per group for the group's life.
+// A group takes a free window at least its size that was given back before another free one
+// (the readers of its last round have had the longest), and a new window (collective) while
+// fewer than two such are free: a writer then rarely waits for the peers still reading the
+// window's last round, which it must (ShmTransport::writable_grads_window, take_gather). Every
+// rank takes and gives back in the same order (the engine's), so every rank allocates the same
+// windows at the same point.
+class SharedWindows {
  public:
   struct Entry {
     comm::ShmWindow win;
@@ -36,7 +39,9 @@ class GradWindows {
     bool busy = false;
   };
 
-  explicit GradWindows(const comm::ShmComm& shm) : shm_(shm) {}
+  enum class Use { gradients, all_gather };
+
+  SharedWindows(const comm::ShmComm& shm, Use use) : shm_(shm), use_(use) {}
 
   Entry& take(std::size_t bytes) {
     Entry* first = nullptr;
@@ -49,7 +54,9 @@ class GradWindows {
     if (fitting < 2) {
       entries_.push_back(Entry{});
       first = &entries_.back();
-      first->win = shm_.allocate(bytes, "fsdp.grads." + std::to_string(entries_.size()));
+      first->win = shm_.allocate(
+          bytes, std::string(use_ == Use::gradients ? "fsdp.grads." : "fsdp.all_gather.") +
+                     std::to_string(entries_.size()));
     }
     first->busy = true;
     return *first;
@@ -59,21 +66,23 @@ class GradWindows {
     e.released = ++clock_;
   }
 
-  // The windows of `shm`, shared by every group's transport over it (made by the first).
-  static std::shared_ptr<GradWindows> of(const comm::ShmComm& shm) {
+  // The windows of `shm` for `use`, shared by every group's transport over it (made by the
+  // first).
+  static std::shared_ptr<SharedWindows> of(const comm::ShmComm& shm, Use use) {
     static std::mutex m;
-    static std::map<const comm::ShmComm*, std::weak_ptr<GradWindows>> all;
+    static std::map<std::pair<const comm::ShmComm*, Use>, std::weak_ptr<SharedWindows>> all;
     const std::lock_guard<std::mutex> lock(m);
-    std::shared_ptr<GradWindows> w = all[&shm].lock();
+    std::shared_ptr<SharedWindows> w = all[{&shm, use}].lock();
     if (!w) {
-      w = std::make_shared<GradWindows>(shm);
-      all[&shm] = w;
+      w = std::make_shared<SharedWindows>(shm, use);
+      all[{&shm, use}] = w;
     }
     return w;
   }
 
  private:
   const comm::ShmComm& shm_;
+  Use use_;
   std::deque<Entry> entries_;  // references stay valid as it grows
   std::uint64_t clock_ = 0;
 };
@@ -91,7 +100,9 @@ class ShmTransport final : public CommTransport {
       : CommTransport(split ? Kind::two_level : Kind::shm, std::move(spec)),
         shm_(shm),
         split_(split),
-        windows_(GradWindows::of(shm)) {
+        windows_(SharedWindows::of(shm, SharedWindows::Use::gradients)) {
+    if (split_ || geo().cast())
+      gather_windows_ = SharedWindows::of(shm, SharedWindows::Use::all_gather);
     // Where each rank of the shard dim has its slot: (segment, slot in it).
     const int W = geo().world;
     where_.resize(static_cast<std::size_t>(W));
@@ -103,15 +114,21 @@ class ShmTransport final : public CommTransport {
           where_.at(static_cast<std::size_t>(split_->dim_rank(n, l))) = {l, n};
   }
 
-  // A group destroyed while it holds a gradient window gives it back (every rank destroys its
-  // groups in the same order); its next taker still waits for the last round's readers.
+  // A group destroyed while it holds a window gives it back (every rank destroys its groups in
+  // the same order); its next taker still waits for the last round's readers.
   ~ShmTransport() override {
     if (held_) windows_->give_back(*held_);
+    release_gather();
   }
 
-  // The cast shard goes to this rank's slot, where peers read it.
+  // The cast shard goes to this rank's slot, where peers read it (in a window taken for this
+  // gather: a window held still is a gather dropped unread).
   comm::Work gather_copy_in(Device& dev, Channel c, Held&) override {
     ensure_gather();
+    if (gather_windows_) {
+      release_gather();
+      take_gather(dev, c);
+    }
     return cast_shard(dev, c, slot(geo().rank));
   }
 
@@ -122,13 +139,14 @@ class ShmTransport final : public CommTransport {
   comm::Work all_gather(Device& dev, Channel c, Held&, bool in_place) override {
     dev.before_collective(c);
     ensure_gather();
-    const Geometry& I = geo();
-    const comm::ShmWindow win = ag_;
-    if (split_ && ag_read_ < ag_round_) {  // a gather dropped unread counts as read
-      ag_read_ = ag_round_;
-      win.publish(kRead, ag_round_);
+    if (gather_windows_) {  // the copy-in's window (a cast), or one taken now
+      if (ag_gathered_) release_gather();
+      if (!ag_held_) take_gather(dev, c);
+      ag_gathered_ = true;
     }
-    const std::uint64_t round = ++ag_round_;
+    const Geometry& I = geo();
+    const comm::ShmWindow win = gather_window();
+    const std::uint64_t round = gather_windows_ ? ag_round_ : ++ag_round_;
     count(&comm::Traffic::all_gather, I.param_dtype);
     std::byte* own = slot(I.rank);
     const void* stored = in_place ? nullptr : store().shards().data();
@@ -138,17 +156,11 @@ class ShmTransport final : public CommTransport {
     const Tensor keep = copy ? store().shards() : Tensor();
     const kernels::ExecStream& on = dev.exec(c);
     const bool across = split_ != nullptr;
-    const std::string* about = &ag_detail_;
+    // The window's last readers were waited for when it was taken (take_gather).
     comm::Work w = dev.submit(c, stream(dev, c), ag_label_, [=, &on] {
       if (copy) kernels::cast_copy(on, keep.data(), t, own, t, n);
       on.fence();
-      if (!across) {
-        win.publish(kPublished, round);
-        return;
-      }
-      // The gather across nodes rewrites the other nodes' slots: the node's peers have read
-      // the last round's.
-      win.wait_all(kRead, round - 1, "all_gather (peers still reading)", *about);
+      if (!across) win.publish(kPublished, round);
     });
     if (!across) return w;
     const comm::Work gathered = split_->across(c).all_gather(
@@ -165,9 +177,12 @@ class ShmTransport final : public CommTransport {
   // The all-gather and its copy-out in one pass: every peer's slot straight into the arena.
   comm::Work gather_copy_out(Device& dev, Channel c, const Held* src, bool from_slices, Held& arena,
                              Held* keep, int k) override {
-    if (from_slices) return CommTransport::gather_copy_out(dev, c, src, true, arena, keep, k);
+    if (from_slices) {
+      release_gather();
+      return CommTransport::gather_copy_out(dev, c, src, true, arena, keep, k);
+    }
     const Geometry& I = geo();
-    const comm::ShmWindow& win = ag_;
+    const comm::ShmWindow win = gather_window();
     const std::uint64_t round = ag_round_;
     win.wait_all(kPublished, round, "all_gather", ag_detail_);
     const kernels::ExecStream& on = dev.exec(c);
@@ -186,6 +201,7 @@ class ShmTransport final : public CommTransport {
     on.fence();
     ag_read_ = round;
     win.publish(kRead, round);
+    release_gather();  // read: the window goes back (its next taker waits for the peers)
     return comm::Work();
   }
 
@@ -340,7 +356,9 @@ class ShmTransport final : public CommTransport {
   }
 
   // Every peer must have read this rank's last published shard. A gather this rank dropped
-  // unread (reshard with the gather in flight) counts as read.
+  // unread (reshard with the gather in flight) counts as read. In a window taken per gather
+  // the slot holds a copy: the shards may change (the window goes back at its copy-out, or at
+  // the next gather when dropped).
   void before_shards_change() override {
     if (!ag_.valid()) return;
     if (ag_read_ < ag_round_) {
@@ -354,12 +372,18 @@ class ShmTransport final : public CommTransport {
   const comm::ShmComm& shm_;                // the node's ranks of the shard dim
   const NodeSplit* split_;                  // two levels: the shard dim's ranks by node; else null
   std::vector<std::pair<int, int>> where_;  // per rank of the dim: (segment, slot)
-  comm::ShmWindow ag_;  // per rank: a slot per node, the group shard in param dtype (this
-                        // rank's: the storage without a cast)
-  std::shared_ptr<GradWindows> windows_;  // the node communicator's gradient windows
-  GradWindows::Entry* held_ = nullptr;    // the one this group's gradients are written to
+  // One node without a cast: per rank a slot, the group's shard storage itself.
+  comm::ShmWindow ag_;
+  // A cast or two levels: the node communicator's all-gather windows (per rank a slot per
+  // node, the group shard in param dtype), one held per gather in flight: from its copy-in
+  // (or all-gather) to its copy-out. Null otherwise.
+  std::shared_ptr<SharedWindows> gather_windows_;
+  SharedWindows::Entry* ag_held_ = nullptr;  // this group's gather's
+  bool ag_gathered_ = false;                 // its all-gather was issued
+  std::shared_ptr<SharedWindows> windows_;   // the node communicator's gradient windows
+  SharedWindows::Entry* held_ = nullptr;     // the one this group's gradients are written to
   Tensor grads_pool_;           // the pool's count of the window while the engine holds it
-  std::uint64_t ag_round_ = 0;  // all-gathers published
+  std::uint64_t ag_round_ = 0;  // all-gathers published (a taken window: its round)
   std::uint64_t ag_read_ = 0;   // all-gathers whose peers' shards this rank has read
   bool rs_ready_ = false;       // labels and chunk runs made (prepare_reduce)
   std::vector<kernels::CopyPlan> copy_out_from_;  // per rank: the copy-out runs of its slot
@@ -369,14 +393,49 @@ class ShmTransport final : public CommTransport {
   std::string ag_detail_, rs_detail_;  // "<gsn> x <dtype>, group <name>"
   std::string ag_label_, rs_label_;    // "all_gather on shared memory of '<comm>' (<detail>)"
   std::string ag_publish_label_;       // two levels: after the gather across nodes
+  std::string ag_take_label_;          // a window taken per gather: its last readers
   std::string rs_done_label_;          // two levels: the sum of the nodes' sums
+
+  // The all-gather window of this gather.
+  const comm::ShmWindow& gather_window() const { return ag_held_ ? ag_held_->win : ag_; }
+
+  // A window taken for this gather (a cast or two levels), its round the window's next; the
+  // stream waits for every peer to have read the window's last round (whichever group's)
+  // before this rank writes its slot.
+  void take_gather(Device& dev, Channel c) {
+    const Geometry& I = geo();
+    const std::size_t nodes = split_ ? static_cast<std::size_t>(split_->nodes()) : 1;
+    ag_held_ = &gather_windows_->take(nodes * static_cast<std::size_t>(I.shard_numel) *
+                                      dtype_size(I.param_dtype));
+    ag_gathered_ = false;
+    ag_round_ = ++ag_held_->round;
+    ag_read_ = ag_round_ - 1;
+    const comm::ShmWindow win = ag_held_->win;
+    const std::uint64_t round = ag_round_;
+    const std::string* about = &ag_detail_;
+    dev.submit(c, stream(dev, c), ag_take_label_,
+               [=] { win.wait_all(kRead, round - 1, "all_gather (peers still reading)", *about); });
+  }
+
+  // The gather's window goes back, its round read by this rank (a gather dropped unread
+  // counts as read); its next taker waits for every peer's read.
+  void release_gather() noexcept {
+    if (!ag_held_) return;
+    if (ag_read_ < ag_round_) {
+      ag_read_ = ag_round_;
+      ag_held_->win.publish(kRead, ag_round_);
+    }
+    gather_windows_->give_back(*ag_held_);
+    ag_held_ = nullptr;
+    ag_gathered_ = false;
+  }
 
   // Rank q's slot of the all-gather window.
   std::byte* slot(int q) const {
     const auto& [segment, index] = where_[static_cast<std::size_t>(q)];
-    return ag_.segment(segment) + static_cast<std::size_t>(index) *
-                                      static_cast<std::size_t>(geo().shard_numel) *
-                                      dtype_size(geo().param_dtype);
+    return gather_window().segment(segment) + static_cast<std::size_t>(index) *
+                                                  static_cast<std::size_t>(geo().shard_numel) *
+                                                  dtype_size(geo().param_dtype);
   }
 
   // Counts one collective (the whole buffer: W shards of dtype t) in the shared memory's
@@ -415,16 +474,18 @@ class ShmTransport final : public CommTransport {
 };
 
 void ShmTransport::ensure_gather() {
-  if (ag_.valid()) return;
+  if (ag_.valid() || !copy_out_from_.empty()) return;
   const Geometry& I = geo();
   const auto gsn = static_cast<std::size_t>(I.shard_numel);
-  const std::size_t nodes = split_ ? static_cast<std::size_t>(split_->nodes()) : 1;
-  // Without a cast this rank's shards move into its slot (below).
-  ag_ = shm_.allocate(nodes * gsn * dtype_size(I.param_dtype), "fsdp.all_gather:" + name(),
-                      I.cast() ? 0 : gsn * dtype_size(I.orig_dtype));
+  // One node without a cast: this rank's shards move into its slot (below); else the windows
+  // are taken per gather (take_gather).
+  if (!gather_windows_)
+    ag_ = shm_.allocate(gsn * dtype_size(I.param_dtype), "fsdp.all_gather:" + name(),
+                        gsn * dtype_size(I.orig_dtype));
   ag_detail_ = std::to_string(gsn) + " x " + dtype_name(I.param_dtype) + ", group " + name();
   ag_label_ = "all_gather on shared memory of '" + shm_.name() + "' (" + ag_detail_ + ")";
   ag_publish_label_ = "publish of " + ag_label_;
+  ag_take_label_ = "window of " + ag_label_;
   // The copy-out runs by the slot they read, rebased to it (a run that crosses a slot
   // boundary is split there).
   std::vector<std::vector<kernels::CopyRun>> by_slot(static_cast<std::size_t>(I.world));
@@ -458,7 +519,7 @@ void ShmTransport::ensure_gather() {
   copy_out_from_.clear();
   for (const auto& runs : by_slot)
     copy_out_from_.emplace_back(kernels::ExecTarget::host, runs);
-  if (!I.cast()) {
+  if (!gather_windows_) {
     // The shards move into the window once; the parameters show them there from the next
     // reshard on (until then they show the same values in the old storage).
     Tensor& shards = store().shards();

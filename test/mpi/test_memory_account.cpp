@@ -38,6 +38,7 @@ struct Case {
   int reshard_k = 0;        // reshard_after_forward = k (the post-forward slices): W == 4
   bool hsdp = false;        // 2 replicas of W/2 (the reduction's output feeds the all-reduce)
   bool compressed = false;  // int8 both ways: the group runs on MPI, also on a shm mesh
+  int per_node = 0;         // > 0: ranks pretended to share a node (two levels): W == 4
 };
 
 std::unique_ptr<Module> make_model(int blocks) {
@@ -71,18 +72,25 @@ TEST_CASE("memory account: every planned part equals the library's counted bytes
         Case{"f32 AdamW, CPU offload", DType::f32, 2, false, true},
         Case{"f32 AdamW, reshard after forward to 2 ranks", DType::f32, 2, false, false, 2},
         Case{"f32 AdamW, HSDP 2 x 2", DType::f32, 2, false, false, 0, true},
-        Case{"f32 SGD, int8 collectives", DType::f32, 0, false, false, 0, false, true}}) {
+        Case{"f32 SGD, int8 collectives", DType::f32, 0, false, false, 0, false, true},
+        Case{"f32 AdamW, two levels (2 nodes of 2)", DType::f32, 2, false, false, 0, false, false,
+             2},
+        Case{"bf16 SGD, two levels (2 nodes of 2)", DType::bf16, 0, false, false, 0, false, false,
+             2}}) {
     const std::string name = k.name;
     CAPTURE(name);
-    if ((k.reshard_k > 0 || k.hsdp) && W != 4) continue;  // needs W = 4
-    if (k.compressed && W == 1) continue;                 // nothing to compress
+    if ((k.reshard_k > 0 || k.hsdp || k.per_node > 0) && W != 4) continue;  // needs W = 4
+    if (k.compressed && W == 1) continue;                                   // nothing to compress
     const MemoryCounts before = memory_ledger::counts();
     for (MemoryPart p : {MemoryPart::shards, MemoryPart::gradients, MemoryPart::optimizer_state,
                          MemoryPart::pool, MemoryPart::windows})
       REQUIRE(before.now_of(p) == 0);  // the previous case gave everything back
     {
       DeviceMesh mesh = k.hsdp ? DeviceMesh(test::runtime(), {2, W / 2}, {"rep", "dp"})
-                               : DeviceMesh(test::runtime(), {W}, {"dp"});
+                        : k.per_node > 0
+                            ? DeviceMesh(MPI_COMM_WORLD, {W}, {"dp"}, 60.0, HostProgress::inline_,
+                                         HostCollectives::auto_, k.per_node)
+                            : DeviceMesh(test::runtime(), {W}, {"dp"});
       auto root = make_model(kBlocks);
       schedule::PlanOptions o;
       if (k.param_dtype != DType::f32) o.defaults.mp_policy.param_dtype = k.param_dtype;
@@ -98,8 +106,10 @@ TEST_CASE("memory account: every planned part equals the library's counted bytes
           *root, k.hsdp ? schedule::MeshShape::hsdp(2, W / 2) : schedule::MeshShape::fsdp(W), o);
       schedule::MemoryInputs in;
       in.optimizer_states = k.states;
-      in.shared_memory = mesh.shm("dp") != nullptr;
+      in.shared_memory = mesh.shm("dp") != nullptr || mesh.node_split("dp") != nullptr;
       in.rank = mesh.coordinate("dp");
+      if (const NodeSplit* split = mesh.node_split("dp")) in.nodes = split->nodes();
+      if (k.per_node > 0) REQUIRE(in.nodes == 2);
       const MemoryAccount planned = schedule::plan_memory(plan, in);
 
       fsdp::apply_fully_shard_requests(*root, mesh, o.defaults);
