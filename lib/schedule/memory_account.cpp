@@ -208,7 +208,8 @@ MemoryAccount plan_memory(const Plan& plan, const MemoryInputs& in) {
         if (o.group >= 0 && og < pooled.size() && pooled[og]) {
           const bool gather_copy_in =
               o.kind == OpKind::copy_in && o.stream == StreamKind::all_gather;
-          if (gather_copy_in || o.kind == OpKind::all_gather)
+          // (A post-forward gather from the kept slices, k > 1, takes none.)
+          if (gather_copy_in || (o.kind == OpKind::all_gather && o.k <= 1))
             gathers.take(o.group, gather_bytes(plan.groups[og]));
           else if (o.kind == OpKind::copy_out)
             gathers.give_back(o.group);

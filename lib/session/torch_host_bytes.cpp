@@ -5,14 +5,19 @@
 
 #include <atomic>
 #include <cstddef>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
 
 namespace fullshard::session {
 namespace {
 
-// Wraps the allocator current at installation. Each allocation takes kHeader more bytes from
-// it and keeps, in front of the data, the byte count and the inner allocation's deleter; the
-// data pointer is its own context, as LibTorch's raw_allocate requires. A tensor allocated
-// before installation is released by its own deleter.
+// Wraps the allocator current at installation (the inner one). An allocation is the inner
+// one's, its data pointer its own context (as LibTorch's raw_allocate requires); a side table
+// keeps, per data pointer, the inner allocation and its bytes. A pointer the table does not
+// know (a buffer oneDNN took through raw_allocate before the installation) goes to the inner
+// allocator's raw deleter. A tensor allocated before installation is released by its own
+// deleter. Zero bytes are the inner allocator's, uncounted.
 class CountingCpuAllocator final : public c10::Allocator, public TorchHostBytes {
  public:
   explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
@@ -43,42 +48,48 @@ class CountingCpuAllocator final : public c10::Allocator, public TorchHostBytes 
     peak_.store(now(), std::memory_order_relaxed);
   }
 
+  // The one counter of the process (release is a plain function pointer).
+  static CountingCpuAllocator* instance;
+
  private:
-  struct Header {
-    void* inner_context;
-    c10::DeleterFnPtr inner_deleter;
+  struct Held {
+    c10::DataPtr inner;
     std::int64_t bytes;
-    const CountingCpuAllocator* owner;
   };
-  // Keeps the data at the inner allocator's alignment (c10's is 64 bytes).
-  static constexpr std::size_t kHeader = 64;
-  static_assert(sizeof(Header) <= kHeader, "the header fits in front of the data");
 
   static void release(void* data) {
-    auto* h = reinterpret_cast<Header*>(static_cast<std::byte*>(data) - kHeader);
-    const Header copy = *h;
-    copy.owner->now_.fetch_sub(copy.bytes, std::memory_order_relaxed);
-    if (copy.inner_deleter) copy.inner_deleter(copy.inner_context);
+    if (!data) return;
+    CountingCpuAllocator& self = *instance;
+    Held held;
+    bool known = false;
+    {
+      const std::lock_guard<std::mutex> lock(self.mutex_);
+      const auto it = self.held_.find(data);
+      if (it != self.held_.end()) {
+        held = std::move(it->second);
+        self.held_.erase(it);
+        known = true;
+      }
+    }
+    if (!known) {  // not ours: the inner allocator's
+      if (c10::DeleterFnPtr d = self.inner_->raw_deleter()) d(data);
+      return;
+    }
+    self.now_.fetch_sub(held.bytes, std::memory_order_relaxed);
+    // held.inner frees the inner allocation here (outside the lock).
   }
 
   c10::DataPtr counted(std::size_t n) const {
-    c10::DataPtr inner;
-    try {
-      inner = inner_->allocate(n + kHeader);
-    } catch (const c10::Error&) {
-      // The inner allocator's own error, naming the bytes the caller asked for.
-      inner = inner_->allocate(n);
-      throw;  // n bytes fit where n + kHeader did not: the first error stands
-    }
+    c10::DataPtr inner = inner_->allocate(n);
+    void* data = inner.get();
+    if (n == 0 || !data) return inner;
     const c10::Device device = inner.device();
-    auto* base = static_cast<std::byte*>(inner.get());
-    void* data = base + kHeader;
-    auto* h = reinterpret_cast<Header*>(base);
-    h->bytes = static_cast<std::int64_t>(n);
-    h->owner = this;
-    h->inner_deleter = inner.get_deleter();
-    h->inner_context = inner.release_context();
-    const std::int64_t v = now_.fetch_add(h->bytes, std::memory_order_relaxed) + h->bytes;
+    const auto bytes = static_cast<std::int64_t>(n);
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      held_.emplace(data, Held{std::move(inner), bytes});
+    }
+    const std::int64_t v = now_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     std::int64_t p = peak_.load(std::memory_order_relaxed);
     while (v > p && !peak_.compare_exchange_weak(p, v, std::memory_order_relaxed)) {
     }
@@ -86,8 +97,12 @@ class CountingCpuAllocator final : public c10::Allocator, public TorchHostBytes 
   }
 
   c10::Allocator* inner_;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<void*, Held> held_;
   mutable std::atomic<std::int64_t> now_{0}, peak_{0};
 };
+
+CountingCpuAllocator* CountingCpuAllocator::instance = nullptr;
 
 }  // namespace
 
@@ -97,8 +112,10 @@ TorchHostBytes* TorchHostBytes::get() {
   // allocations on (and one that replaces it leaves the count unchanged: nothing measured).
   static CountingCpuAllocator* const counter = [] {
     auto* c = new CountingCpuAllocator(c10::GetCPUAllocator());
+    CountingCpuAllocator::instance = c;  // before any allocation can reach it
     c10::SetCPUAllocator(c, /*priority=*/0);
     if (c10::GetCPUAllocator() == c) return c;
+    CountingCpuAllocator::instance = nullptr;
     delete c;  // not taken: an allocator of a higher priority is installed
     return static_cast<CountingCpuAllocator*>(nullptr);
   }();

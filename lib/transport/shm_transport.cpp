@@ -357,9 +357,10 @@ class ShmTransport final : public CommTransport {
 
   // Every peer must have read this rank's last published shard. A gather this rank dropped
   // unread (reshard with the gather in flight) counts as read. In a window taken per gather
-  // the slot holds a copy: the shards may change (the window goes back at its copy-out, or at
-  // the next gather when dropped).
+  // the slot holds a copy, so the shards may change; a gather still holding one was dropped
+  // (every rank reshards in the same order): its window goes back.
   void before_shards_change() override {
+    release_gather();
     if (!ag_.valid()) return;
     if (ag_read_ < ag_round_) {
       ag_read_ = ag_round_;

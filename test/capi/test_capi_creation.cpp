@@ -245,9 +245,7 @@ TEST_CASE("C API: fullshard_model_memory gives the account, planned and measured
   CHECK(measured.optimizer_state == planned.optimizer_state);
   CHECK(measured.pool == planned.pool);
   CHECK(measured.windows == planned.windows);
-  CHECK(measured.activations == planned.activations);
-  CHECK(measured.baseline == planned.baseline);
-  CHECK(measured.process_peak > measured.baseline);
+  CHECK(measured.process_peak > planned.baseline);
   // Refused: no place for the planned parts, a freed model.
   CHECK(fullshard_model_memory(m, nullptr, &measured) == FULLSHARD_ERR_ARGUMENT);
   CHECK(std::string(fullshard_last_error()).find("planned") != std::string::npos);

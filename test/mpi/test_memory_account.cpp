@@ -76,7 +76,8 @@ TEST_CASE("memory account: every planned part equals the library's counted bytes
         Case{"f32 AdamW, two levels (2 nodes of 2)", DType::f32, 2, false, false, 0, false, false,
              2},
         Case{"bf16 SGD, two levels (2 nodes of 2)", DType::bf16, 0, false, false, 0, false, false,
-             2}}) {
+             2},
+        Case{"bf16 AdamW, reshard after forward to 2 ranks", DType::bf16, 2, false, false, 2}}) {
     const std::string name = k.name;
     CAPTURE(name);
     if ((k.reshard_k > 0 || k.hsdp || k.per_node > 0) && W != 4) continue;  // needs W = 4
