@@ -529,14 +529,9 @@ fullshard_status fullshard_model_memory(fullshard_model model, fullshard_memory_
     fill(*out, p);
     out->process_peak = std::int64_t(p.process_peak());
     if (!measured) return;
-    const fs::MemoryCounts counts = fs::memory_ledger::counts();
-    fs::schedule::MemoryAccount m;
+    fs::schedule::MemoryAccount m =
+        fs::schedule::measured_memory(fs::memory_ledger::counts(), fs::schedule::Counted::now);
     m.baseline = p.baseline;
-    m.shards = counts.now_of(fs::MemoryPart::shards);
-    m.gradients = counts.now_of(fs::MemoryPart::gradients);
-    m.optimizer_state = counts.now_of(fs::MemoryPart::optimizer_state);
-    m.pool = counts.now_of(fs::MemoryPart::pool);
-    m.windows = counts.now_of(fs::MemoryPart::windows);
     m.activations = p.activations;
     fill(*measured, m);
     measured->process_peak = std::int64_t(fs::schedule::process_peak_share(

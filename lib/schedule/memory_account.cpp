@@ -190,6 +190,9 @@ MemoryAccount plan_memory(const Plan& plan, const MemoryInputs& in) {
     const auto gather_bytes = [&](const PlannedGroup& g) {
       return nodes * static_cast<std::size_t>(g.layout.shard_numel) * dtype_size(g.param_dtype);
     };
+    const auto grad_bytes = [](const PlannedGroup& g) {
+      return static_cast<std::size_t>(g.layout.arena_numel) * dtype_size(g.param_dtype);
+    };
     // Gradient windows: taken where the engine acquires a group's unsharded gradients (a
     // front end's own gradients, external_gradients: copied in just before the reduce-scatter),
     // given back at its reduce-scatter; iterations replayed until no window is added.
@@ -214,20 +217,12 @@ MemoryAccount plan_memory(const Plan& plan, const MemoryInputs& in) {
           else if (o.kind == OpKind::copy_out)
             gathers.give_back(o.group);
         }
-        for (const BufferEvent* e : at[i]) {
-          const PlannedGroup& g = plan.groups[static_cast<std::size_t>(e->group)];
-          grads.take(e->group,
-                     static_cast<std::size_t>(g.layout.arena_numel) * dtype_size(g.param_dtype));
-        }
-        const Op& op = plan.ops[i];
-        if (op.kind != OpKind::reduce_scatter) continue;
-        const auto gi = static_cast<std::size_t>(op.group);
-        if (plan.options.external_gradients && on_shm[gi]) {
-          const PlannedGroup& g = plan.groups[gi];
-          grads.take(op.group,
-                     static_cast<std::size_t>(g.layout.arena_numel) * dtype_size(g.param_dtype));
-        }
-        grads.give_back(op.group);
+        for (const BufferEvent* e : at[i])
+          grads.take(e->group, grad_bytes(plan.groups[static_cast<std::size_t>(e->group)]));
+        if (o.kind != OpKind::reduce_scatter) continue;
+        if (plan.options.external_gradients && on_shm[og])
+          grads.take(o.group, grad_bytes(plan.groups[og]));
+        grads.give_back(o.group);
       }
     }
     a.windows += grads.bytes() + gathers.bytes();
@@ -235,13 +230,16 @@ MemoryAccount plan_memory(const Plan& plan, const MemoryInputs& in) {
   return a;
 }
 
-MemoryAccount measured_memory(const MemoryCounts& c) {
+MemoryAccount measured_memory(const MemoryCounts& c, Counted which) {
+  const auto of = [&](MemoryPart p) {
+    return static_cast<std::size_t>(which == Counted::peak ? c.peak_of(p) : c.now_of(p));
+  };
   MemoryAccount a;
-  a.shards = c.peak_of(MemoryPart::shards);
-  a.gradients = c.peak_of(MemoryPart::gradients);
-  a.optimizer_state = c.peak_of(MemoryPart::optimizer_state);
-  a.pool = c.peak_of(MemoryPart::pool);
-  a.windows = c.peak_of(MemoryPart::windows);
+  a.shards = of(MemoryPart::shards);
+  a.gradients = of(MemoryPart::gradients);
+  a.optimizer_state = of(MemoryPart::optimizer_state);
+  a.pool = of(MemoryPart::pool);
+  a.windows = of(MemoryPart::windows);
   return a;
 }
 

@@ -63,8 +63,11 @@ struct MemoryInputs {
 /// pool and the gradient windows replayed over the plan's events until they stop growing).
 MemoryAccount plan_memory(const Plan& plan, const MemoryInputs& in);
 
-/// The library's parts as the ledger counted them (their peaks, host memory): baseline and
-/// activations are the caller's.
-MemoryAccount measured_memory(const MemoryCounts& counts);
+/// Which of the ledger's counts measured_memory reads.
+enum class Counted { peak, now };
+
+/// The library's parts as the ledger counted them (host memory): their peaks, or what it holds
+/// now. Baseline and activations are the caller's.
+MemoryAccount measured_memory(const MemoryCounts& counts, Counted which = Counted::peak);
 
 }  // namespace fullshard::schedule
