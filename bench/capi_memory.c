@@ -119,6 +119,7 @@ int main(int argc, char** argv) {
     row("pool", planned.pool, measured.pool);
     row("windows", planned.windows, measured.windows);
     row("activations", planned.activations, measured.activations);
+    row("untracked", planned.untracked, measured.untracked);
     row("process peak", planned.process_peak, measured.process_peak);
     printf("summary: %ld steps on %d ranks, loss %.6g -> %.6g (rank 0)\n", steps, world, first,
            last);

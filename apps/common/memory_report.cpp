@@ -29,6 +29,7 @@ void MemoryReport::print(const DeviceMesh& mesh, MPI_Comm world,
   schedule::MemoryAccount m = schedule::measured_memory(counts);
   m.baseline = planned.baseline;
   m.activations = activations_measured;
+  m.untracked = planned.untracked;  // measured by the steps
   const schedule::ProcessMemory proc = schedule::process_memory();
   // This rank's window segments (its shards in them too), summed over the ranks.
   const std::size_t own = schedule::own_window_bytes(mesh);
@@ -50,6 +51,7 @@ void MemoryReport::print(const DeviceMesh& mesh, MPI_Comm world,
   row("pool", double(planned.pool), double(m.pool));
   row("windows", double(planned.windows), double(m.windows));
   row("activations", double(planned.activations), double(m.activations));
+  row("untracked", double(planned.untracked), double(m.untracked));
   row("other (library)", 0.0, double(counts.peak_of(MemoryPart::other)));
   // The rank's share of the node at its peak: VmHWM less the peers' window pages it maps.
   const double share = double(schedule::process_peak_share(proc, own, shmem_max_));

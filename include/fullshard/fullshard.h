@@ -221,7 +221,8 @@ typedef struct fullshard_plan_info {
   int64_t groups;        /* communication groups (fully_shard calls) */
   /* planned peak of this rank's process (docs/memory.md): shards, gradients, optimizer state,
    * pool, shared-memory windows and the process's resident memory at creation; from the
-   * first train step on also LibTorch's activations, as that step measured them. 0 on a CUDA
+   * first train step on also LibTorch's activations and the untracked part, as the steps measured
+   * them. 0 on a CUDA
    * mesh (the account is of host memory). */
   int64_t process_peak_bytes;
   /* 0: default module costs; n: the modules' costs measured over n forwards and backwards */
@@ -241,6 +242,7 @@ typedef struct fullshard_memory_parts {
   int64_t pool;            /* unsharded parameters and gradients in flight (the buffer pool) */
   int64_t windows;         /* shared-memory window segments besides the shards */
   int64_t activations;     /* LibTorch's, measured by the first train step (0 before) */
+  int64_t untracked;       /* beyond every part at a LibTorch step's peak (measured) */
   int64_t process_peak;    /* planned: the sum; measured: the process's share at its peak */
 } fullshard_memory_parts;
 /** `planned`: the plan's account, as the memory check and fullshard_model_plan's

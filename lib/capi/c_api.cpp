@@ -525,6 +525,7 @@ fullshard_status fullshard_model_memory(fullshard_model model, fullshard_memory_
       o.pool = std::int64_t(a.pool);
       o.windows = std::int64_t(a.windows);
       o.activations = std::int64_t(a.activations);
+      o.untracked = std::int64_t(a.untracked);
     };
     fill(*out, p);
     out->process_peak = std::int64_t(p.process_peak());
@@ -533,6 +534,7 @@ fullshard_status fullshard_model_memory(fullshard_model model, fullshard_memory_
         fs::schedule::measured_memory(fs::memory_ledger::counts(), fs::schedule::Counted::now);
     m.baseline = p.baseline;
     m.activations = p.activations;
+    m.untracked = p.untracked;
     fill(*measured, m);
     measured->process_peak = std::int64_t(fs::schedule::process_peak_share(
         fs::schedule::process_memory(), fs::schedule::own_window_bytes(session.mesh())));

@@ -49,6 +49,7 @@ module fullshard
   type, public, bind(C) :: fullshard_memory_parts
     integer(c_int64_t) :: baseline, shards, gradients, optimizer_state, pool, windows
     integer(c_int64_t) :: activations   !< LibTorch's, measured by the first train step
+    integer(c_int64_t) :: untracked     !< beyond every part at a step's peak (measured)
     integer(c_int64_t) :: process_peak  !< planned: the sum; measured: the process's share
   end type
 

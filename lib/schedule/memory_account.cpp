@@ -246,7 +246,8 @@ MemoryAccount measured_memory(const MemoryCounts& c, Counted which) {
 std::string MemoryAccount::to_text() const {
   return line("baseline", baseline) + line("shards", shards) + line("gradients", gradients) +
          line("optimizer state", optimizer_state) + line("pool", pool) + line("windows", windows) +
-         line("activations", activations) + line("process peak", process_peak());
+         line("activations", activations) + line("untracked", untracked) +
+         line("process peak", process_peak());
 }
 
 }  // namespace fullshard::schedule

@@ -3,6 +3,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -78,16 +79,28 @@ struct Session::Impl : SessionCore {
   }
   void calibrate();
   void predict_step(const sch::Plan& p);
-  /// A training step's LibTorch allocations above what LibTorch held before it (its
-  /// activations and scratch), measured by the counter: the account's activations become the
+  // The process's anonymous resident memory before creation (in the account's baseline).
+  std::int64_t anonymous_before = 0;
+  /// After a training step: LibTorch's allocations above what it held before the step (its
+  /// activations and scratch), and from the second step on the process's anonymous memory at
+  /// the step's peak above anonymous_before beyond the planned parts (the library's less its
+  /// shared-memory windows, and the activations): the account's untracked. Each becomes the
   /// largest measured, and the planned process peak with them.
   void note_step_bytes(std::int64_t bytes) {
-    if (bytes <= 0 || std::size_t(bytes) <= planned.activations) return;
-    planned.activations = std::size_t(bytes);
+    planned.activations =
+        std::max(planned.activations, std::size_t(std::max<std::int64_t>(bytes, 0)));
+    if (steps_here >= 1) {
+      const std::size_t windows = sch::own_window_bytes(mesh);
+      const std::size_t library = planned.library() > windows ? planned.library() - windows : 0;
+      const std::int64_t u = torch_bytes->anonymous_peak() - anonymous_before -
+                             std::int64_t(library + planned.activations);
+      planned.untracked = std::max(planned.untracked, std::size_t(std::max<std::int64_t>(u, 0)));
+    }
     if (plan.process_peak_bytes > 0)
       plan.process_peak_bytes = static_cast<std::int64_t>(planned.process_peak());
   }
   void check_memory_of(const sch::Plan& plan) {
+    anonymous_before = std::int64_t(sch::process_memory().anonymous);
     // LibTorch's activations are not declared to the planner: the check before creation leaves
     // them out; the first training step measures them (note_step_bytes).
     check_memory(plan, 0,
@@ -459,7 +472,10 @@ double Session::train_step(const std::vector<at::Tensor>& inputs,
   const std::string bad_step = s.check_step(loss, double(rows), {}, totals);
   if (!bad_step.empty()) return s.non_finite_step(bad_step, s.cfg.optimizer.in_backward);
   s.apply_step(totals);
-  if (torch_bytes) s.note_step_bytes(torch_bytes->peak() - torch_held);
+  if (torch_bytes) {
+    torch_bytes->sample();  // the step's end (after the optimizer)
+    s.note_step_bytes(torch_bytes->peak() - torch_held);
+  }
   ++s.steps_here;  // first: a calibration that fails is not tried again at every step
   if (measuring) {
     s.optimizer_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -

@@ -3,11 +3,16 @@
 #include <c10/core/CPUAllocator.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cinttypes>
 #include <cstddef>
+#include <cstdio>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
+
+#include <unistd.h>
 
 namespace fullshard::session {
 namespace {
@@ -46,6 +51,18 @@ class CountingCpuAllocator final : public c10::Allocator, public TorchHostBytes 
   }
   void reset_peak() noexcept override {
     peak_.store(now(), std::memory_order_relaxed);
+    next_sample_.store(now(), std::memory_order_relaxed);
+    anonymous_peak_.store(anonymous_bytes(), std::memory_order_relaxed);
+  }
+
+  std::int64_t anonymous_peak() const noexcept override {
+    return anonymous_peak_.load(std::memory_order_relaxed);
+  }
+  void sample() override {
+    const std::int64_t a = anonymous_bytes();
+    std::int64_t m = anonymous_peak_.load(std::memory_order_relaxed);
+    while (a > m && !anonymous_peak_.compare_exchange_weak(m, a, std::memory_order_relaxed)) {
+    }
   }
 
   // The one counter of the process (release is a plain function pointer).
@@ -93,13 +110,31 @@ class CountingCpuAllocator final : public c10::Allocator, public TorchHostBytes 
     std::int64_t p = peak_.load(std::memory_order_relaxed);
     while (v > p && !peak_.compare_exchange_weak(p, v, std::memory_order_relaxed)) {
     }
+    // A new peak well above the last sample: sample the process's anonymous memory.
+    std::int64_t next = next_sample_.load(std::memory_order_relaxed);
+    if (v > p && v >= next &&
+        next_sample_.compare_exchange_strong(next, v + std::max<std::int64_t>(1 << 20, v / 64),
+                                             std::memory_order_relaxed))
+      const_cast<CountingCpuAllocator*>(this)->sample();
     return c10::DataPtr(data, data, &CountingCpuAllocator::release, device);
+  }
+
+  // RssAnon: /proc/self/statm's resident less its shared (file and shared-memory) pages.
+  static std::int64_t anonymous_bytes() {
+    static const std::int64_t page = ::sysconf(_SC_PAGESIZE);
+    std::int64_t size = 0, resident = 0, shared = 0;
+    if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%" SCNd64 " %" SCNd64 " %" SCNd64, &size, &resident, &shared) != 3)
+        resident = shared = 0;
+      std::fclose(f);
+    }
+    return (resident - shared) * page;
   }
 
   c10::Allocator* inner_;
   mutable std::mutex mutex_;
   mutable std::unordered_map<void*, Held> held_;
-  mutable std::atomic<std::int64_t> now_{0}, peak_{0};
+  mutable std::atomic<std::int64_t> now_{0}, peak_{0}, next_sample_{0}, anonymous_peak_{0};
 };
 
 CountingCpuAllocator* CountingCpuAllocator::instance = nullptr;

@@ -211,7 +211,7 @@ TEST_CASE("C API: fullshard_model_memory gives the account, planned and measured
       "memory.json", &m));
   const auto sum = [](const fullshard_memory_parts& p) {
     return p.baseline + p.shards + p.gradients + p.optimizer_state + p.pool + p.windows +
-           p.activations;
+           p.activations + p.untracked;
   };
   fullshard_memory_parts planned{}, measured{};
   fullshard_plan_info info{};

@@ -869,7 +869,9 @@ TEST_CASE("session: the first step measures LibTorch's activations into the memo
   // in the whole call (the session measures from the forward, after the batch's checks).
   CHECK(activations >= std::size_t(blocks * rows * hidden * 4));
   CHECK(std::int64_t(activations) <= step_bytes);
-  // The planned process peak holds them from now on.
+  // The planned process peak holds them from now on; what no part holds is measured from the
+  // second step on.
+  CHECK(s.planned_memory().untracked == 0);
   CHECK(s.plan().process_peak_bytes - planned_before == std::int64_t(activations));
   CHECK(s.plan().process_peak_bytes == std::int64_t(s.planned_memory().process_peak()));
   // Later steps keep the largest measured.
@@ -877,6 +879,12 @@ TEST_CASE("session: the first step measures LibTorch's activations into the memo
     const auto [xk, yk] = batch(k, rows);
     s.train_step({xk}, {yk});
     CHECK(s.planned_memory().activations >= activations);
+    // No more than the process's anonymous memory now (the step's peak has passed; the heap
+    // glibc keeps from it stays).
+    const std::size_t untracked = s.planned_memory().untracked;
+    CHECK(untracked <= fs::schedule::process_memory().anonymous);
+    CHECK(s.plan().process_peak_bytes - planned_before ==
+          std::int64_t(s.planned_memory().activations + untracked));
   }
 }
 

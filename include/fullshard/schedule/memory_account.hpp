@@ -33,13 +33,20 @@ struct MemoryAccount {
   std::size_t windows = 0;
   /// The model's activations and the front end's scratch (declared by the caller).
   std::size_t activations = 0;
+  /// What the process holds at a step's peak beyond the baseline and every other part: mostly
+  /// the heap glibc keeps from freed tensors (under its dynamic mmap threshold, up to 32 MiB a
+  /// block), then LibTorch's and the BLAS's own buffers. Measured by a LibTorch session's
+  /// steps from the second on (the largest); 0 where nothing measures it.
+  std::size_t untracked = 0;
 
   /// The library's own parts (what MemoryCounts counts): shards to windows.
   std::size_t library() const noexcept {
     return shards + gradients + optimizer_state + pool + windows;
   }
-  /// The process's peak: the library's parts, the activations and the baseline.
-  std::size_t process_peak() const noexcept { return library() + activations + baseline; }
+  /// The process's peak: the library's parts, the activations, the untracked and the baseline.
+  std::size_t process_peak() const noexcept {
+    return library() + activations + untracked + baseline;
+  }
   /// One line per part, then the process peak ("shards 256.00 MiB", ...).
   std::string to_text() const;
 };
