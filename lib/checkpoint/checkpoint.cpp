@@ -28,7 +28,6 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/mpi_wait.hpp"
 #include "fullshard/checkpoint/checksum.hpp"
-#include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/runtime/settings.hpp"
@@ -37,6 +36,7 @@
 #include "lib/checkpoint/io.hpp"
 #include "lib/checkpoint/owner_lock.hpp"
 #include "lib/checkpoint/save_parts.hpp"
+#include "lib/fsdp/group_access.hpp"
 
 namespace fullshard::checkpoint {
 

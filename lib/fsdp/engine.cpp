@@ -1,8 +1,8 @@
-// The engine's vocabulary, and its state machine (fullshard/fsdp/detail/state_machine.hpp)
+// The engine's vocabulary, and its state machine (lib/fsdp/state_machine.hpp)
 // on the abstract Backend: what fully_shard and the hooks call.
 #include "fullshard/fsdp/engine.hpp"
 
-#include "fullshard/fsdp/detail/state_machine.hpp"
+#include "lib/fsdp/state_machine.hpp"
 
 namespace fullshard::fsdp::engine {
 

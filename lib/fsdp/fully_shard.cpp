@@ -5,10 +5,10 @@
 #include <unordered_map>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/fsdp/detail/group_access.hpp"
-#include "fullshard/fsdp/detail/group_rules.hpp"
 #include "fullshard/fsdp/front_end.hpp"
 #include "fullshard/mesh/agreement.hpp"
+#include "lib/fsdp/group_access.hpp"
+#include "lib/fsdp/group_rules.hpp"
 #include "lib/fsdp/param_group.hpp"
 #include "lib/fsdp/running_backend.hpp"
 

@@ -1,4 +1,4 @@
-#include "fullshard/fsdp/detail/group_rules.hpp"
+#include "lib/fsdp/group_rules.hpp"
 
 #include <algorithm>
 #include <unordered_map>

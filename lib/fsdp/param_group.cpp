@@ -5,9 +5,9 @@
 #include <cstring>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/fsdp/detail/group_rules.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/tensor/staging.hpp"
+#include "lib/fsdp/group_rules.hpp"
 #include "lib/fsdp/running_backend.hpp"
 
 namespace fullshard::fsdp::detail {

@@ -13,7 +13,7 @@
 #include "fullshard/graph/module.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
-#include "fullshard/transport/detail/group_transport.hpp"
+#include "lib/transport/group_transport.hpp"
 
 namespace fullshard::fsdp {
 class FSDPModule;

@@ -15,8 +15,8 @@
 
 #include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/hooks.hpp"
-#include "fullshard/transport/detail/device.hpp"
-#include "fullshard/transport/detail/group_transport.hpp"
+#include "lib/transport/device.hpp"
+#include "lib/transport/group_transport.hpp"
 
 namespace fullshard::fsdp::detail {
 

@@ -1,7 +1,7 @@
 #include "fullshard/fsdp/shard_update.hpp"
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/fsdp/detail/group_access.hpp"
+#include "lib/fsdp/group_access.hpp"
 #include "lib/fsdp/param_group.hpp"
 
 namespace fullshard::fsdp {

@@ -8,11 +8,11 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/stream.hpp"
-#include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/shard_update.hpp"
 #include "fullshard/kernels/finite_scan.hpp"
 #include "fullshard/tensor/staging.hpp"
+#include "lib/fsdp/group_access.hpp"
 
 namespace fullshard::optim {
 

@@ -22,9 +22,9 @@
 #include <sstream>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/fsdp/detail/group_rules.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/graph/json_graph.hpp"
+#include "lib/fsdp/group_rules.hpp"
 
 namespace fullshard::schedule {
 

@@ -1,7 +1,7 @@
 #include "fullshard/schedule/groups.hpp"
 
-#include "fullshard/fsdp/detail/group_rules.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
+#include "lib/fsdp/group_rules.hpp"
 
 #include <algorithm>
 #include <unordered_map>

@@ -14,10 +14,10 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/prefetch.hpp"
-#include "fullshard/fsdp/detail/state_machine.hpp"
 #include "fullshard/fsdp/engine.hpp"
 #include "fullshard/schedule/plan.hpp"
-#include "fullshard/transport/detail/charges.hpp"
+#include "lib/fsdp/state_machine.hpp"
+#include "lib/transport/charges.hpp"
 
 namespace fullshard::schedule {
 

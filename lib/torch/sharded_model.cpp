@@ -23,11 +23,11 @@
 #include <unordered_set>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/fsdp/front_end.hpp"
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/schedule/executor.hpp"
 #include "fullshard/torch/sharded_model.hpp"
+#include "lib/fsdp/group_access.hpp"
 #include "lib/torch/parameter_binding.hpp"
 
 namespace fullshard::torch {

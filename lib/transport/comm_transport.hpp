@@ -5,7 +5,7 @@
 
 #include <optional>
 
-#include "fullshard/transport/detail/group_transport.hpp"
+#include "lib/transport/group_transport.hpp"
 #include "lib/transport/offloaded_shards.hpp"
 
 namespace fullshard::transport::detail {

@@ -1,4 +1,4 @@
-#include "fullshard/transport/detail/device.hpp"
+#include "lib/transport/device.hpp"
 
 #include "fullshard/base/error.hpp"
 #include "lib/transport/devices.hpp"

@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "fullshard/transport/detail/device.hpp"
+#include "lib/transport/device.hpp"
 
 namespace fullshard::transport::detail {
 

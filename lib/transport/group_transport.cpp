@@ -1,4 +1,4 @@
-#include "fullshard/transport/detail/group_transport.hpp"
+#include "lib/transport/group_transport.hpp"
 
 #include <algorithm>
 #include <cstring>

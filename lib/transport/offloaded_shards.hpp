@@ -5,7 +5,7 @@
 // there, as FSDP2's). Private to lib/transport.
 #pragma once
 
-#include "fullshard/transport/detail/group_transport.hpp"
+#include "lib/transport/group_transport.hpp"
 
 namespace fullshard::transport::detail {
 

@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "fullshard/comm/shm.hpp"
-#include "fullshard/transport/detail/group_transport.hpp"
+#include "lib/transport/group_transport.hpp"
 
 namespace fullshard::transport::detail {
 

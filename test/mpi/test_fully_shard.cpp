@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/graph/json_graph.hpp"
+#include "lib/fsdp/group_access.hpp"
 #include "test_devices.hpp"
 #include "test_support.hpp"
 

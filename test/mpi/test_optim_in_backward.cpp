@@ -14,11 +14,11 @@
 
 #include "error_check.hpp"
 #include "fullshard/base/error.hpp"
-#include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/fsdp/shard_update.hpp"
 #include "fullshard/optim/optimizer.hpp"
+#include "lib/fsdp/group_access.hpp"
 #include "test_support.hpp"
 
 using namespace fullshard;

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
 #include "fullshard/schedule/plan.hpp"
 #include "fullshard/torch.hpp"
+#include "lib/fsdp/group_access.hpp"
 #include "test_support.hpp"
 
 namespace fs = fullshard;

@@ -1,4 +1,4 @@
-// What each transport operation is made of (fullshard/transport/detail/charges.hpp), per
+// What each transport operation is made of (lib/transport/charges.hpp), per
 // transport kind: the rules the planner prices. A recording price list returns distinct
 // times per piece, so each charge is checked piece by piece against the transports'
 // behaviour written out here (docs/architecture.md, "transports").
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "fullshard/transport/detail/charges.hpp"
+#include "lib/transport/charges.hpp"
 
 using namespace fullshard;
 using namespace fullshard::transport;

@@ -18,7 +18,6 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/mpi_communicator.hpp"
-#include "fullshard/fsdp/detail/group_access.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/graph/json_graph.hpp"
@@ -27,6 +26,7 @@
 #include "fullshard/schedule/auto_plan.hpp"
 #include "fullshard/schedule/executor.hpp"
 #include "fullshard/schedule/plan.hpp"
+#include "lib/fsdp/group_access.hpp"
 #include "test_support.hpp"
 
 using namespace fullshard;

@@ -20,8 +20,8 @@
 #include "fullshard/comm/communicator.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
-#include "fullshard/transport/detail/device.hpp"
 #include "fullshard/transport/fusions.hpp"
+#include "lib/transport/device.hpp"
 
 namespace fullshard::transport {
 
