@@ -1,14 +1,21 @@
-# Every C++ block of README.md, compiled (issue 32: the README's examples must compile from
-# the umbrella header). Included from test/CMakeLists.txt: writes one source per block into
+# Every C++ block of README.md and of the guide (docs/guide/*.md), compiled: the examples must
+# compile from the umbrella header. Included from test/CMakeLists.txt: sets _fs_docs (the
+# pages' text, for the marked examples built there) and writes one source per block into
 # the build directory and adds the object library test-readme-cpp (part of the default build,
 # so a README example that does not compile fails the build). Blocks with their own main() are
 # compiled as they are; the others (snippets) become the body of a function, with their
 # #include lines moved to the top, and with the names they use from the surrounding text
 # (rt, model, adamw, step, loss, rng_bytes) declared extern. LibTorch blocks are left to
 # torch.readme.
-set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/README.md)
-file(READ ${PROJECT_SOURCE_DIR}/README.md _readme)
-string(REPLACE ";" "@SEMICOLON@" _readme "${_readme}")
+file(GLOB _fs_doc_pages ${PROJECT_SOURCE_DIR}/docs/guide/*.md)
+list(SORT _fs_doc_pages)
+set(_fs_docs "")
+foreach(_page ${PROJECT_SOURCE_DIR}/README.md ${_fs_doc_pages})
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_page})
+  file(READ ${_page} _text)
+  string(APPEND _fs_docs "${_text}\n")
+endforeach()
+string(REPLACE ";" "@SEMICOLON@" _readme "${_fs_docs}")
 string(REGEX MATCHALL "```cpp\n[^`]*```" _blocks "${_readme}")
 set(_sources)
 set(_n 0)
@@ -21,12 +28,12 @@ foreach(_block IN LISTS _blocks)
   endif()
   math(EXPR _n "${_n} + 1")
   if(_block MATCHES "int main\\(")
-    set(_source "// README.md, C++ block ${_n} (a whole program)\n${_block}")
+    set(_source "// README.md and docs/guide, C++ block ${_n} (a whole program)\n${_block}")
   else()
     string(REGEX MATCHALL "#include [^\n]*\n" _includes "${_block}")
     string(REGEX REPLACE "#include [^\n]*\n" "" _body "${_block}")
     string(REPLACE ";" "" _includes "${_includes}")
-    set(_source "// README.md, C++ block ${_n} (a snippet, in a function)
+    set(_source "// README.md and docs/guide, C++ block ${_n} (a snippet, in a function)
 #pragma GCC diagnostic ignored \"-Wunused-variable\"
 #pragma GCC diagnostic ignored \"-Wunused-but-set-variable\"
 #pragma GCC diagnostic ignored \"-Wunused-parameter\"
@@ -53,8 +60,8 @@ ${_body}}
   configure_file(${_file}.tmp ${_file} COPYONLY)
   list(APPEND _sources ${_file})
 endforeach()
-if(_n LESS 3)
-  message(FATAL_ERROR "README.md: found ${_n} C++ blocks to compile, expected at least 3")
+if(_n LESS 4)
+  message(FATAL_ERROR "README.md, docs/guide: found ${_n} C++ blocks to compile, expected at least 4")
 endif()
 add_library(test-readme-cpp OBJECT ${_sources})
 target_link_libraries(test-readme-cpp PRIVATE fullshard::fullshard fullshard_warnings)

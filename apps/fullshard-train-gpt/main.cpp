@@ -86,7 +86,7 @@ const char* kUsage =
     "  --eval-every N        (default 50; 0: only after the last step)\n"
     "  --eval-windows N      validation windows per evaluation (default 64)\n"
     "  --torch-threads N     LibTorch intra-op threads per rank (default: the cores the\n"
-    "                        launcher gave the rank, see README)\n"
+    "                        launcher gave the rank, docs/guide/launch.md)\n"
     "checkpoints (checked before the first step: an unwritable directory exits 2):\n"
     "  --checkpoint-dir DIR  where --save-every saves (a step-<n> directory each time)\n"
     "  --save-every N        save every N steps and after the last (default 0: never)\n"

@@ -143,7 +143,7 @@ const char* const kUsage =
     "                        (refused otherwise; they are kept: --keep-last deletes only the\n"
     "                        checkpoints of this run and of the run it resumed). A run owns\n"
     "                        its --checkpoint-dir: a second run on it is refused at start\n"
-    "                        (a lock with a heartbeat, README: checkpoint directories)\n"
+    "                        (a lock with a heartbeat, docs/guide/checkpoints.md)\n"
     "  --init-from FILE      start from these weights (step 0, a fresh optimizer): a\n"
     "                        .safetensors file (each rank reads only its shards' bytes) or\n"
     "                        a fullshard checkpoint (its parameters); names and shapes must\n"

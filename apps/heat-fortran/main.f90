@@ -45,7 +45,7 @@ program heat_fortran
   npts = nx*field%nloc
   allocate (feats(10, npts), target(1, npts), pred(1, npts), before(npts), delta(npts))
 
-  ! ---- what a simulation adds to use fullshard (README: "From C and Fortran") ----
+  ! ---- what a simulation adds to use fullshard (docs/guide/c-fortran.md) ----
   call fullshard_init(MPI_COMM_WORLD)
   call fullshard_mesh_create(MPI_COMM_WORLD, [nranks], 'dp', mesh)
   if (len_trim(config) > 0) then

@@ -1,5 +1,5 @@
 /* fullshard.h: the C API of fullshard (C99; C++ may include it too). A model described by a
- * JSON configuration file (README, "From C and Fortran") is built by fullshard's training
+ * JSON configuration file (docs/guide/c-fortran.md) is built by fullshard's training
  * session (C++: fullshard/session/session.hpp, which these calls adapt), sharded over the ranks
  * of the simulation's own MPI communicator (FSDP2's fully_shard), and trained on the
  * simulation's arrays. Link the CMake target fullshard::c
@@ -158,9 +158,9 @@ typedef struct fullshard_model {
 } fullshard_model;
 
 /** Builds, shards and initialises the model that the JSON configuration file at
- * `config_path` describes (README: "the configuration file"), on `mesh`. The same seed gives
- * the same initial parameters on any mesh. Errors name the file and the key. Collective over
- * the mesh; every rank must read the same configuration (FULLSHARD_ERR_MISMATCH naming the
+ * `config_path` describes (docs/guide/c-fortran.md, "The configuration file"), on `mesh`. The same
+ * seed gives the same initial parameters on any mesh. Errors name the file and the key. Collective
+ * over the mesh; every rank must read the same configuration (FULLSHARD_ERR_MISMATCH naming the
  * first key that differs and the rank). */
 fullshard_status fullshard_model_create(fullshard_mesh mesh, const char* config_path,
                                         fullshard_model* model);

@@ -88,7 +88,7 @@ case "$mode" in
     line="$(grep -E "^fullshard: [0-9]+ threads? per rank \(" "$work/default" || true)"
     [[ "$line" == *"Kokkos "* ]] || {
       echo "SKIPPED: this build's Kokkos runs no host threads (Serial); build against a Kokkos with"
-      echo "OpenMP to run this test (README, 'Threads per rank')"
+      echo "OpenMP to run this test (docs/guide/blas-threads.md, 'Threads per rank')"
       exit 77
     }
     n="$(sed -E 's/^fullshard: ([0-9]+) .*/\1/' <<<"$line")"

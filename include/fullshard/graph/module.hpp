@@ -44,7 +44,7 @@ inline constexpr std::size_t kMaxFqnBytes = 1024;
 std::string name_problem(const std::string& name);
 
 /// `s` in double quotes, safe to print: control characters and malformed UTF-8 escaped
-/// (\u0000, \xff), quotes and backslashes escaped, cut to about `max_bytes` with "...".
+/// (`\u0000`, `\xff`), quotes and backslashes escaped, cut to about `max_bytes` with "...".
 std::string quoted_name(const std::string& s, std::size_t max_bytes = 80);
 
 class Module;

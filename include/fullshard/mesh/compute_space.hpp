@@ -1,5 +1,6 @@
 // The compute stream of a mesh as a Kokkos execution-space instance, for user kernels in
-// forward / backward callbacks (the rule: README.md, "User compute on the right stream").
+// forward / backward callbacks (the rule: docs/guide/shard-a-model.md, "User compute on the right
+// stream").
 //
 //   auto space = fullshard::compute_space(mesh);     // Kokkos::DefaultExecutionSpace
 //   Kokkos::parallel_for(Kokkos::RangePolicy<>(space, 0, n), ...);

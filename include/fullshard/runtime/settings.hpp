@@ -53,7 +53,7 @@ CheckpointFault parse_checkpoint_fault(const std::string& value);
 /// time). A larger value is refused at start rather than overflowing a clock deadline.
 constexpr double kMaxTimeoutSetting = 1e6;
 
-/// Every knob that can be set from the environment. The table in README.md lists them.
+/// Every knob that can be set from the environment. The table in docs/guide/settings.md lists them.
 struct Settings {
   /// FULLSHARD_TIMEOUT (seconds, 0 < t <= kMaxTimeoutSetting): a collective waited on for
   /// longer than this is reported with rank, communicator, operation and sequence number, and

@@ -1,7 +1,7 @@
 // The typed configuration of a training session (fullshard::session::Session): the model, the
 // loss, the optimizer and its schedule, clipping, precision, sharding, the memory check and
-// checkpoints. The JSON configuration file (README: "the configuration file"; the C API and
-// the Fortran module read it) is one serialisation of it: parse_config reads it, to_json
+// checkpoints. The JSON configuration file (docs/guide/c-fortran.md, "The configuration file"; the
+// C API and the Fortran module read it) is one serialisation of it: parse_config reads it, to_json
 // writes it, and every key is checked (name, type, range); an unknown key or a bad value is
 // a ConfigError naming the source, the key and what was expected.
 #pragma once
