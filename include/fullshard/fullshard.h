@@ -221,9 +221,8 @@ typedef struct fullshard_plan_info {
   int64_t groups;        /* communication groups (fully_shard calls) */
   /* planned peak of this rank's process (docs/memory.md): shards, gradients, optimizer state,
    * pool, shared-memory windows and the process's resident memory at creation; from the
-   * first train step on also LibTorch's activations and the untracked part, as the steps measured
-   * them. 0 on a CUDA
-   * mesh (the account is of host memory). */
+   * first train step on also LibTorch's activations, from the second the untracked part, as
+   * the steps measured them. 0 on a CUDA mesh (the account is of host memory). */
   int64_t process_peak_bytes;
   /* 0: default module costs; n: the modules' costs measured over n forwards and backwards */
   int64_t calibrated_iterations;
@@ -242,13 +241,14 @@ typedef struct fullshard_memory_parts {
   int64_t pool;            /* unsharded parameters and gradients in flight (the buffer pool) */
   int64_t windows;         /* shared-memory window segments besides the shards */
   int64_t activations;     /* LibTorch's, measured by the first train step (0 before) */
-  int64_t untracked;       /* beyond every part at a LibTorch step's peak (measured) */
+  int64_t untracked;       /* beyond every part at a step's peak (measured from step 2) */
   int64_t process_peak;    /* planned: the sum; measured: the process's share at its peak */
 } fullshard_memory_parts;
 /** `planned`: the plan's account, as the memory check and fullshard_model_plan's
  * process_peak_bytes hold it. `measured` (may be NULL): the library's parts as its ledger
  * holds them now (every model of the process; a model's parts stay allocated between steps),
- * the activations as measured, and the process's peak resident memory (VmHWM) less the
+ * the activations and the untracked part as measured (the planned values), and the process's
+ * peak resident memory (VmHWM) less the
  * shared-memory pages of the peers' windows it maps: what to compare with a budget. All zero
  * on a CUDA mesh (the account is of host memory). */
 fullshard_status fullshard_model_memory(fullshard_model model, fullshard_memory_parts* planned,

@@ -79,13 +79,14 @@ struct Session::Impl : SessionCore {
   }
   void calibrate();
   void predict_step(const sch::Plan& p);
-  // The process's anonymous resident memory before creation (in the account's baseline).
+  // The process's anonymous resident memory where the account's baseline is measured: before
+  // sharding (the model built, on the meta device unless built whole).
   std::int64_t anonymous_before = 0;
   /// After a training step: LibTorch's allocations above what it held before the step (its
   /// activations and scratch), and from the second step on the process's anonymous memory at
-  /// the step's peak above anonymous_before beyond the planned parts (the library's less its
-  /// shared-memory windows, and the activations): the account's untracked. Each becomes the
-  /// largest measured, and the planned process peak with them.
+  /// the step's peak above anonymous_before (the baseline's) beyond the planned parts (the
+  /// library's less its shared-memory windows, and the activations): the account's untracked. Each
+  /// becomes the largest measured, and the planned process peak with them.
   void note_step_bytes(std::int64_t bytes) {
     planned.activations =
         std::max(planned.activations, std::size_t(std::max<std::int64_t>(bytes, 0)));
@@ -100,7 +101,6 @@ struct Session::Impl : SessionCore {
       plan.process_peak_bytes = static_cast<std::int64_t>(planned.process_peak());
   }
   void check_memory_of(const sch::Plan& plan) {
-    anonymous_before = std::int64_t(sch::process_memory().anonymous);
     // LibTorch's activations are not declared to the planner: the check before creation leaves
     // them out; the first training step measures them (note_step_bytes).
     check_memory(plan, 0,
@@ -109,8 +109,8 @@ struct Session::Impl : SessionCore {
                      " frees each block after its forward; a larger " +
                      cfg.setting("memory.budget_mb", "...") + " where the node has it; " +
                      cfg.setting("memory.check", "\"warn\"", "warn") +
-                     " runs it anyway (LibTorch's activations are measured by the first step, "
-                     "not checked here)");
+                     " runs it anyway (LibTorch's activations and what no part holds are measured "
+                     "by the first steps, not checked here)");
   }
   /// Before a model is built whole on every rank (model.deferred_init false): its parameter
   /// count (from its keys, nothing built) against the rank's memory, so that a model too large
@@ -196,6 +196,10 @@ Session::Session(const DeviceMesh& mesh, Config config)
 Session::~Session() = default;
 
 void Session::Impl::shard() {
+  // The baseline, before the auto-planner (which shards as it plans) or the plan's shards.
+  const sch::ProcessMemory before = sch::process_memory();
+  baseline_resident = before.resident;
+  anonymous_before = std::int64_t(before.anonymous);
   sch::PlanOptions o = plan_options_of_config();
   o.external_gradients = true;
   const sch::MeshShape shape = sch::MeshShape::of(mesh);

@@ -178,7 +178,7 @@ sch::MemoryInputs SessionCore::memory_inputs(std::size_t activations) const {
   if (const NodeSplit* split = mesh.node_split(shard_dim)) in.nodes = split->nodes();
   in.rank = mesh.coordinate(shard_dim);
   in.activations = activations;
-  in.baseline = sch::process_memory().resident;
+  in.baseline = baseline_resident > 0 ? baseline_resident : sch::process_memory().resident;
   return in;
 }
 

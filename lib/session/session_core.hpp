@@ -59,8 +59,10 @@ class SessionCore {
   /// listed module the model does not have.
   void request_groups(graph::Module& g, const std::vector<std::string>& blocks);
   /// What the memory account needs besides a plan (docs/memory.md): the optimizer's state,
-  /// the transport, `activations` bytes and the process's resident bytes now.
+  /// the transport, `activations` bytes and the baseline: `baseline_resident` where a session
+  /// measured it before sharding, otherwise the process's resident bytes now.
   schedule::MemoryInputs memory_inputs(std::size_t activations) const;
+  std::size_t baseline_resident = 0;
   /// The planned process peak of `p` with `activations` bytes (docs/memory.md) against the
   /// rank's budget (memory.*), agreed on every rank; `advice` ends the refusal. Sets
   /// plan.process_peak_bytes. Host meshes only. Collective.

@@ -5,13 +5,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cinttypes>
 #include <cstddef>
-#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace fullshard::session {
@@ -77,6 +77,7 @@ class CountingCpuAllocator final : public c10::Allocator, public TorchHostBytes 
   static void release(void* data) {
     if (!data) return;
     CountingCpuAllocator& self = *instance;
+    self.sample_pending();
     Held held;
     bool known = false;
     {
@@ -96,7 +97,15 @@ class CountingCpuAllocator final : public c10::Allocator, public TorchHostBytes 
     // held.inner frees the inner allocation here (outside the lock).
   }
 
+  // The sample a new peak asked for (before the call's own allocation or release).
+  void sample_pending() const {
+    if (pending_.load(std::memory_order_relaxed) &&
+        pending_.exchange(false, std::memory_order_relaxed))
+      const_cast<CountingCpuAllocator*>(this)->sample();
+  }
+
   c10::DataPtr counted(std::size_t n) const {
+    sample_pending();
     c10::DataPtr inner = inner_->allocate(n);
     void* data = inner.get();
     if (n == 0 || !data) return inner;
@@ -110,31 +119,38 @@ class CountingCpuAllocator final : public c10::Allocator, public TorchHostBytes 
     std::int64_t p = peak_.load(std::memory_order_relaxed);
     while (v > p && !peak_.compare_exchange_weak(p, v, std::memory_order_relaxed)) {
     }
-    // A new peak well above the last sample: sample the process's anonymous memory.
+    // A new peak well above the last sample: the process's anonymous memory is sampled at the
+    // next allocation or release, once the new tensor's pages are written.
     std::int64_t next = next_sample_.load(std::memory_order_relaxed);
     if (v > p && v >= next &&
         next_sample_.compare_exchange_strong(next, v + std::max<std::int64_t>(1 << 20, v / 64),
                                              std::memory_order_relaxed))
-      const_cast<CountingCpuAllocator*>(this)->sample();
+      pending_.store(true, std::memory_order_relaxed);
     return c10::DataPtr(data, data, &CountingCpuAllocator::release, device);
   }
 
-  // RssAnon: /proc/self/statm's resident less its shared (file and shared-memory) pages.
+  // RssAnon: /proc/self/statm's resident less its shared (file and shared-memory) pages, read
+  // with pread on a descriptor kept open (no allocation in the allocator's path); 0 where
+  // /proc cannot be read.
   static std::int64_t anonymous_bytes() {
+    static const int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
     static const std::int64_t page = ::sysconf(_SC_PAGESIZE);
-    std::int64_t size = 0, resident = 0, shared = 0;
-    if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
-      if (std::fscanf(f, "%" SCNd64 " %" SCNd64 " %" SCNd64, &size, &resident, &shared) != 3)
-        resident = shared = 0;
-      std::fclose(f);
-    }
-    return (resident - shared) * page;
+    char text[128];
+    const ssize_t n = fd < 0 ? -1 : ::pread(fd, text, sizeof text - 1, 0);
+    if (n <= 0) return 0;
+    text[n] = '\0';
+    char* end = text;
+    std::strtoll(end, &end, 10);  // size
+    const long long resident = std::strtoll(end, &end, 10);
+    const long long shared = std::strtoll(end, &end, 10);
+    return static_cast<std::int64_t>(resident - shared) * page;
   }
 
   c10::Allocator* inner_;
   mutable std::mutex mutex_;
   mutable std::unordered_map<void*, Held> held_;
   mutable std::atomic<std::int64_t> now_{0}, peak_{0}, next_sample_{0}, anonymous_peak_{0};
+  mutable std::atomic<bool> pending_{false};
 };
 
 CountingCpuAllocator* CountingCpuAllocator::instance = nullptr;

@@ -25,8 +25,9 @@ class TorchHostBytes {
   virtual void reset_peak() noexcept = 0;
 
   /// The largest anonymous resident memory of the process (RssAnon) since reset_peak():
-  /// sampled there, each time now() reaches a new peak 1/64 (at least 1 MiB) above the last
-  /// sample, and at sample().
+  /// sampled there, at the allocation or release after now() reached a new peak 1/64 (at
+  /// least 1 MiB) above the last sample (the new tensor's pages written by then), and at
+  /// sample().
   virtual std::int64_t anonymous_peak() const noexcept = 0;
   virtual void sample() = 0;
 

@@ -24,6 +24,7 @@
 #include "fullshard/torch/residual_mlp.hpp"
 #include "fullshard/torch/sharded_model.hpp"
 #include "lib/session/models.hpp"
+#include "lib/session/torch_host_bytes.hpp"
 #include "test/torch/counting_allocator.hpp"
 #include "test_support.hpp"
 
@@ -885,6 +886,25 @@ TEST_CASE("session: the first step measures LibTorch's activations into the memo
     CHECK(untracked <= fs::schedule::process_memory().anonymous);
     CHECK(s.plan().process_peak_bytes - planned_before ==
           std::int64_t(s.planned_memory().activations + untracked));
+  }
+}
+
+TEST_CASE("session: the LibTorch counter samples the process's memory once a new peak is written") {
+  ss::TorchHostBytes* const counter = ss::TorchHostBytes::get();
+  REQUIRE(counter != nullptr);
+  counter->reset_peak();
+  const std::int64_t before = counter->anonymous_peak();
+  const std::int64_t mib = std::int64_t(1) << 20;
+  {
+    // 64 MiB (above glibc's largest mmap threshold: new pages) make a new peak; the sample is
+    // taken at the next allocation, after the tensor's pages are written.
+    at::Tensor big = at::empty({64 * mib / 4}, at::kFloat);
+    big.fill_(1.0f);
+    const at::Tensor next = at::empty({16}, at::kFloat);
+    const std::int64_t grown = counter->anonymous_peak() - before;
+    INFO("the sample grew by " << grown << " B");
+    CHECK(grown >= 63 * mib);
+    CHECK(grown < 96 * mib);
   }
 }
 
