@@ -351,7 +351,7 @@ void FSDPModule::zero_grad(bool recurse) {
 
 }  // namespace fullshard::fsdp
 
-// ---- The group as checkpoints, front ends and tests reach it (detail/group_access.hpp) ----
+// ---- The group as checkpoints, front ends and tests reach it (lib/fsdp/group_access.hpp) ----
 
 namespace fullshard::fsdp::detail {
 

@@ -8,7 +8,7 @@
 //     records the Plan.
 // The engine also numbers every operation and derives its dependencies from the events it
 // records and waits for, so a plan and a recorded run can be compared operation by operation.
-// The state machine itself is detail::StateMachine<B> (detail/state_machine.hpp); the
+// The state machine itself is detail::StateMachine<B> (lib/fsdp/state_machine.hpp); the
 // functions below run it on the abstract Backend.
 //
 // This header is for backends (and the planner); applications use fully_shard.hpp / hooks.hpp.

@@ -102,7 +102,7 @@ PlannedGroups plan_groups(const graph::Module& root, int shard_size,
 }  // namespace fullshard::schedule
 
 namespace fullshard::fsdp::detail {
-struct GraphListGroup;  // fsdp/detail/group_rules.hpp (not installed)
+struct GraphListGroup;  // lib/fsdp/group_rules.hpp (private)
 }
 
 // The scheduler's way in (kept out of the schedule namespace, whose files name

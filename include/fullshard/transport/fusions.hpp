@@ -1,6 +1,6 @@
 // What a communication group's transport folds into its collectives. The rules are written
 // once, here: the running transports (lib/transport) follow them, and the work each operation
-// does (transport/detail/charges.hpp), which the planner (lib/schedule) prices without a
+// does (lib/transport/charges.hpp), which the planner (lib/schedule) prices without a
 // virtual call per planned operation, is derived from them.
 #pragma once
 
