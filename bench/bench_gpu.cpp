@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "fullshard/comm/nccl_communicator.hpp"
 #include "fullshard/comm/stream.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 #include "fullshard/runtime/runtime.hpp"
 #include "fullshard/tensor/sharding.hpp"
+#include "lib/comm/nccl_communicator.hpp"
 
 using namespace fullshard;
 

@@ -1,13 +1,14 @@
-# Every C++ block of README.md and of the guide (docs/guide/*.md), compiled: the examples must
-# compile from the umbrella header. Included from test/CMakeLists.txt: sets _fs_docs (the
+# Every C++ block of README.md and of the documentation (docs/*.md, docs/guide/*.md), compiled:
+# the examples must compile from the umbrella header. Included from test/CMakeLists.txt: sets _fs_docs (the
 # pages' text, for the marked examples built there) and writes one source per block into
 # the build directory and adds the object library test-readme-cpp (part of the default build,
 # so a README example that does not compile fails the build). Blocks with their own main() are
 # compiled as they are; the others (snippets) become the body of a function, with their
 # #include lines moved to the top, and with the names they use from the surrounding text
-# (rt, model, adamw, step, loss, rng_bytes) declared extern. LibTorch blocks are left to
-# torch.readme.
-file(GLOB _fs_doc_pages CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/docs/guide/*.md)
+# (rt, model, adamw, step, loss, rng_bytes, dir, optimizer, mesh, ...) declared extern.
+# LibTorch blocks are left to torch.readme.
+file(GLOB _fs_doc_pages CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/docs/*.md
+                                          ${PROJECT_SOURCE_DIR}/docs/guide/*.md)
 list(SORT _fs_doc_pages)
 set(_fs_docs "")
 foreach(_page ${PROJECT_SOURCE_DIR}/README.md ${_fs_doc_pages})
@@ -28,12 +29,12 @@ foreach(_block IN LISTS _blocks)
   endif()
   math(EXPR _n "${_n} + 1")
   if(_block MATCHES "int main\\(")
-    set(_source "// README.md and docs/guide, C++ block ${_n} (a whole program)\n${_block}")
+    set(_source "// README.md and docs, C++ block ${_n} (a whole program)\n${_block}")
   else()
     string(REGEX MATCHALL "#include [^\n]*\n" _includes "${_block}")
     string(REGEX REPLACE "#include [^\n]*\n" "" _body "${_block}")
     string(REPLACE ";" "" _includes "${_includes}")
-    set(_source "// README.md and docs/guide, C++ block ${_n} (a snippet, in a function)
+    set(_source "// README.md and docs, C++ block ${_n} (a snippet, in a function)
 #pragma GCC diagnostic ignored \"-Wunused-variable\"
 #pragma GCC diagnostic ignored \"-Wunused-but-set-variable\"
 #pragma GCC diagnostic ignored \"-Wunused-parameter\"
@@ -49,7 +50,20 @@ extern fullshard::optim::AdamW adamw;
 extern std::int64_t step;
 extern double loss;
 extern std::string rng_bytes;
+// The pages' other names (docs/checkpoint-format.md, compression.md, memory.md).
+extern std::string dir;
+extern fullshard::optim::AdamW optimizer;
+extern bool resuming;
+extern std::int64_t first_step;
+extern int steps, every, world;
+void train_step();
+extern fullshard::DeviceMesh mesh;
+extern fullshard::graph::Module& root;
+extern fullshard::graph::Module& layer;
+extern fullshard::schedule::PlanOptions options;
+extern std::size_t my_activation_bytes;
 }  // namespace readme_context
+namespace fs = fullshard;
 using namespace readme_context;
 void readme_block_${_n}() {
 ${_body}}
@@ -65,3 +79,38 @@ if(_n LESS 3)
 endif()
 add_library(test-readme-cpp OBJECT ${_sources})
 target_link_libraries(test-readme-cpp PRIVATE fullshard::fullshard fullshard_warnings)
+
+# The C snippets of the pages (```c blocks without main(); the whole programs are built by
+# install.capi_consumer), each the body of a function over the names the pages use.
+if(TARGET fullshard_c AND CMAKE_C_COMPILER_LOADED)
+  string(REGEX MATCHALL "```c\n[^`]*```" _c_blocks "${_readme}")
+  set(_c_sources)
+  set(_c_n 0)
+  foreach(_block IN LISTS _c_blocks)
+    string(REPLACE "@SEMICOLON@" ";" _block "${_block}")
+    string(REGEX REPLACE "^```c\n" "" _block "${_block}")
+    string(REGEX REPLACE "```$" "" _block "${_block}")
+    if(_block MATCHES "int main\\(")
+      continue()
+    endif()
+    math(EXPR _c_n "${_c_n} + 1")
+    set(_file ${CMAKE_CURRENT_BINARY_DIR}/readme_c/block_${_c_n}.c)
+    file(WRITE ${_file}.tmp "/* docs, C block ${_c_n} (a snippet, in a function) */
+#include <fullshard/fullshard.h>
+extern fullshard_model model;
+extern fullshard_array in, tg;
+extern double loss;
+extern int steps;
+void readme_c_block_${_c_n}(void) {
+${_block}}
+")
+    configure_file(${_file}.tmp ${_file} COPYONLY)
+    list(APPEND _c_sources ${_file})
+  endforeach()
+  if(_c_sources)
+    add_library(test-readme-c OBJECT ${_c_sources})
+    target_link_libraries(test-readme-c PRIVATE fullshard::c)
+    set_target_properties(test-readme-c PROPERTIES C_STANDARD 99 C_STANDARD_REQUIRED ON)
+    target_compile_options(test-readme-c PRIVATE -Wall -Wextra -Werror)
+  endif()
+endif()

@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
       const auto rates = fullshard::apps::calibrate_compute(mesh.world_comm(), what);
       if (rt.rank() == 0) {
         std::ofstream f(compute_out);
-        f << rates.to_json().dump(2) << "\n";
+        f << rates.to_json(2) << "\n";
         if (!f) throw fullshard::ConfigError(compute_out + ": cannot write the compute rates");
         std::printf(
             "fullshard-calibrate: wrote %s (compute rates and the module times of %zu --mlp "
@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
         mesh.node_split("shard"));
     if (rt.rank() == 0) {
       std::ofstream f(out);
-      f << model.to_json().dump(2) << "\n";
+      f << model.to_json(2) << "\n";
       if (!f) throw fullshard::ConfigError(out + ": cannot write the cost model");
       std::printf("fullshard-calibrate: wrote %s (%d ranks, mesh %s)\n", out.c_str(),
                   rt.world_size(), mesh_arg.c_str());

@@ -195,8 +195,8 @@ int inspect(const std::string& path) {
   } else {
     std::printf("optimizer    none\n");
   }
-  std::printf("saved by     %s\n", x.saved_by.dump().c_str());
-  std::printf("metadata     %s\n", x.metadata.dump().c_str());
+  std::printf("saved by     %s\n", x.saved_by.c_str());
+  std::printf("metadata     %s\n", x.metadata.c_str());
   std::printf("rng state    %zu bytes\n", x.rng_state.size());
   std::printf("checksums    crc32c per %llu-byte block\n",
               static_cast<unsigned long long>(x.block_bytes));

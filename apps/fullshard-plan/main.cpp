@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/graph/json_graph.hpp"
@@ -148,7 +150,7 @@ void print_auto(const schedule::AutoPlan& a, const schedule::MeshShape& mesh,
   row("memory per rank", mib(a.baseline_memory_bytes), mib(a.memory_bytes));
   row("fits the budget", a.baseline_memory_bytes <= o.memory_budget_bytes ? "yes" : "no", "yes");
   std::printf("\nchosen fully_shard calls (C++):\n%s", a.choice.to_cpp(P).c_str());
-  const nlohmann::json j = a.choice.to_json();
+  const nlohmann::json j = nlohmann::json::parse(a.choice.to_json());
   std::printf("\nchosen requests (graph JSON):\n{\"fully_shard\": [\n");
   for (std::size_t i = 0; i < j["fully_shard"].size(); ++i)
     std::printf("  %s%s\n", j["fully_shard"][i].dump().c_str(),
@@ -360,13 +362,13 @@ int run(int argc, char** argv) {
                 chosen ? (", " + std::to_string(chosen->evaluations) + " plans").c_str() : "");
   if (choice_path) {
     std::ofstream out(*choice_path, std::ios::binary);
-    if (out) out << chosen->choice.to_json().dump(1) << "\n";
+    if (out) out << chosen->choice.to_json(1) << "\n";
     if (!out) throw ConfigError(*choice_path + ": cannot write the choice file");
     std::printf("choice: %s\n", choice_path->c_str());
   }
   if (trace_path) {
     std::ofstream out(*trace_path, std::ios::binary);
-    if (out) out << plan.to_chrome_trace().dump(1) << "\n";
+    if (out) out << nlohmann::json::parse(plan.to_chrome_trace()).dump(1) << "\n";
     if (!out) throw ConfigError(*trace_path + ": cannot write the trace file");
     std::printf("trace: %s\n", trace_path->c_str());
   }

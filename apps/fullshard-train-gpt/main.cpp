@@ -25,7 +25,7 @@
 #include "cli.hpp"
 #include "fullshard/base/checked.hpp"
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/json_reader.hpp"
+#include "fullshard/base/text_file.hpp"
 #include "fullshard/checkpoint/checkpoint.hpp"
 #include "fullshard/runtime/runtime.hpp"
 #include "fullshard/session/session.hpp"
@@ -249,7 +249,7 @@ Corpus read_corpus(const Config& c) {
   std::set<std::string> families;
   for (const auto& p : files) {
     // A regular file of at most 1 GiB, opened without blocking (the library's text reader).
-    const std::string text = fs::detail::read_text_file(p.string(), "--data file");
+    const std::string text = fs::read_text_file(p.string(), "--data file");
     if (text.empty() || !seen.insert(text).second) continue;  // a link to a text read already
     const std::string name = p.filename().string();
     const std::string family = name.substr(0, name.find('-'));
@@ -424,7 +424,7 @@ int run(const Config& c, fs::Runtime& rt) {
   fs::session::Session session(mesh, session_config(c));
   if (!c.write_config.empty() && rank == 0) {
     std::ofstream out(c.write_config);
-    out << fs::session::to_json(session.config()).dump(2) << "\n";
+    out << fs::session::to_json(session.config(), 2) << "\n";
     if (!out) throw fs::ConfigError("--write-config " + c.write_config + ": cannot write the file");
   }
   if (!c.init_from.empty()) {

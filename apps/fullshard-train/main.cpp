@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "blas_kernel.hpp"
 #include "bounded_comm.hpp"
 #include "cli.hpp"
@@ -574,12 +576,12 @@ class Trainer {
           schedule::format_bytes(a->baseline_memory_bytes).c_str(), a->evaluations);
     if (!c.write_config.empty() && rank_ == 0) {
       std::ofstream out(c.write_config);
-      out << fullshard::session::to_json(session_->config()).dump(2) << "\n";
+      out << fullshard::session::to_json(session_->config(), 2) << "\n";
       if (!out) throw fullshard::Error("--write-config: cannot write '" + c.write_config + "'");
     }
     if (!c.graph_out.empty() && rank_ == 0) {
       std::ofstream out(c.graph_out);
-      out << fullshard::graph::graph_to_json(model_.root()).dump(1) << "\n";
+      out << fullshard::graph::graph_to_json(model_.root(), 1) << "\n";
       if (!out) throw fullshard::Error("--graph-out: cannot write '" + c.graph_out + "'");
     }
     session_->set_progress(
@@ -942,9 +944,9 @@ class Trainer {
   /// --trace: the plan and rank 0's measured timeline in one Chrome/Perfetto file.
   void write_trace() {
     if (!keep_timeline_ || rank_ != 0) return;
-    auto trace = model_.plan().to_chrome_trace();
-    const auto measured =
-        model_.executor().timeline().to_chrome_trace(1, "fullshard-train rank 0 (measured)");
+    auto trace = nlohmann::json::parse(model_.plan().to_chrome_trace());
+    const auto measured = nlohmann::json::parse(
+        model_.executor().timeline().to_chrome_trace(1, "fullshard-train rank 0 (measured)"));
     for (const auto& ev : measured.at("traceEvents"))
       trace["traceEvents"].push_back(ev);
     std::ofstream out(c_.trace);
@@ -1062,7 +1064,8 @@ class Trainer {
   /// schedule may change (a warning); returns the first step.
   int resumed() {
     const fullshard::checkpoint::Loaded& ck = session_->last_loaded();
-    const nlohmann::json saved = ck.metadata.value("fullshard-train", nlohmann::json::object());
+    const nlohmann::json saved =
+        nlohmann::json::parse(ck.metadata).value("fullshard-train", nlohmann::json::object());
     for (const char* key : {"batch", "seed", "optimizer"})
       if (saved.contains(key) && saved[key] != run_identity_[key])
         throw apps::UsageError{std::string("--resume ") + c_.resume_dir +
@@ -1132,7 +1135,8 @@ class Trainer {
     // The data stream's position: a skipped step is not counted in the session's step.
     nlohmann::json identity = run_identity_;
     identity["data_step"] = steps_done;
-    session_->set_checkpoint_metadata({{"fullshard-train", identity}, {"loss", loss}});
+    session_->set_checkpoint_metadata(
+        nlohmann::json{{"fullshard-train", identity}, {"loss", loss}}.dump());
     if (c_.async_save) {
       finish_async_save(steps_done);  // the one before, if still in flight
       session_->save_async();

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/hash.hpp"
-#include "fullshard/base/mpi_wait.hpp"
+#include "lib/base/hash.hpp"
+#include "lib/base/mpi_wait.hpp"
 
 namespace fullshard {
 

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "fullshard/base/error.hpp"
+#include "lib/base/abort.hpp"
 
 namespace fullshard {
 
@@ -84,8 +85,6 @@ void expire(const WaitSite& site, double timeout_s, const TimeoutHook& on_timeou
 
 // ---- Watchdog ----------------------------------------------------------------------------
 
-namespace detail {
-
 struct WatchdogState {
   std::mutex m;
   std::condition_variable cv;
@@ -113,9 +112,7 @@ struct WatchdogState {
   }
 };
 
-}  // namespace detail
-
-Watchdog::Watchdog() : s_(std::make_unique<detail::WatchdogState>()) {}
+Watchdog::Watchdog() : s_(std::make_unique<WatchdogState>()) {}
 
 Watchdog::~Watchdog() {
   if (!s_->thread.joinable()) return;

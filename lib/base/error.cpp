@@ -1,4 +1,5 @@
 #include "fullshard/base/error.hpp"
+#include "lib/base/abort.hpp"
 
 #include <mpi.h>
 

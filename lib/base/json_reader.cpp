@@ -1,4 +1,4 @@
-#include "fullshard/base/json_reader.hpp"
+#include "lib/base/json_reader.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -237,6 +237,10 @@ nlohmann::ordered_json parse_json_strict(const std::string& text, const std::str
   return b.take();
 }
 
+}  // namespace fullshard::detail
+
+namespace fullshard {
+
 std::string read_text_file(const std::string& path, const std::string& what,
                            std::uint64_t max_bytes) {
   auto refused = [&](const std::string& why) {
@@ -274,4 +278,4 @@ std::string read_text_file(const std::string& path, const std::string& what,
   return text;
 }
 
-}  // namespace fullshard::detail
+}  // namespace fullshard

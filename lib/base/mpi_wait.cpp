@@ -1,4 +1,4 @@
-#include "fullshard/base/mpi_wait.hpp"
+#include "lib/base/mpi_wait.hpp"
 
 #include "fullshard/base/error.hpp"
 

@@ -22,16 +22,16 @@
 #include <vector>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/json_reader.hpp"
 #include "fullshard/base/memory_ledger.hpp"
-#include "fullshard/mesh/agreement.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/runtime/runtime.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
 #include "fullshard/schedule/memory_budget.hpp"
 #include "fullshard/session/session.hpp"
 #include "fullshard/torch/threads.hpp"
+#include "lib/base/json_reader.hpp"
 #include "lib/capi/handles.hpp"
+#include "lib/mesh/agreement.hpp"
 
 namespace fs = fullshard;
 namespace capi = fullshard::capi;
@@ -406,7 +406,7 @@ fullshard_status fullshard_model_create(fullshard_mesh mesh, const char* config_
     });
   std::string text, read_error;
   try {
-    text = fs::detail::read_text_file(config_path, "configuration");
+    text = fs::read_text_file(config_path, "configuration");
   } catch (const fs::Error& e) {
     read_error = e.message();
   }

@@ -22,8 +22,9 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/checksum.hpp"
-#include "fullshard/tensor/staging.hpp"
+#include "lib/checkpoint/crc32c_variants.hpp"
 #include "lib/checkpoint/save_parts.hpp"
+#include "lib/tensor/staging.hpp"
 
 namespace fullshard::checkpoint {
 
@@ -222,7 +223,7 @@ double AsyncSave::write_seconds() const {
 
 AsyncSave save_async(const std::string& dir, graph::Module& model,
                      const optim::Optimizer* optimizer, std::int64_t step,
-                     const nlohmann::json& metadata, const std::string& rng_state,
+                     const std::string& metadata, const std::string& rng_state,
                      const SaveOptions& options) {
   const auto t0 = Clock::now();
   const DeviceMesh& mesh = detail::model_mesh(model, "checkpoint::save_async");

@@ -26,17 +26,19 @@
 #include <unordered_map>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/mpi_wait.hpp"
 #include "fullshard/checkpoint/checksum.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/runtime/settings.hpp"
-#include "fullshard/tensor/staging.hpp"
+#include "lib/base/message_of.hpp"
+#include "lib/base/mpi_wait.hpp"
 #include "lib/checkpoint/collective.hpp"
+#include "lib/checkpoint/index_json.hpp"
 #include "lib/checkpoint/io.hpp"
 #include "lib/checkpoint/owner_lock.hpp"
 #include "lib/checkpoint/save_parts.hpp"
 #include "lib/fsdp/group_access.hpp"
+#include "lib/tensor/staging.hpp"
 
 namespace fullshard::checkpoint {
 
@@ -174,20 +176,26 @@ json shard_json(const std::string& name, const ShardInfo& s) {
 
 Index base_index(const std::vector<Entry>& entries, const DeviceMesh& mesh,
                  const optim::Optimizer* opt, Kind kind, std::int64_t step, const json& metadata,
-                 const std::string& rng, std::uint64_t block) {
+                 const std::string& rng, std::uint64_t block, const std::string& run,
+                 const std::vector<std::string>& lineage) {
   Index x;
   x.kind = kind;
   x.step = step;
   x.block_bytes = block;
-  x.metadata = metadata;
+  x.metadata = metadata.dump();  // invalid UTF-8 in the metadata fails here, on every rank
   x.rng_state = rng;
   if (opt) {
     x.has_optimizer = true;
     x.optimizer_step = opt->steps();
     x.optimizer_state_names = opt->state_names();
   }
-  x.saved_by = {
+  json by = {
       {"world_size", mesh.size()}, {"mesh_shape", mesh.shape()}, {"mesh_names", mesh.names()}};
+  if (!run.empty()) {  // the run and its lineage: whose retention may delete it
+    by["run"] = run;
+    by["lineage"] = lineage;
+  }
+  x.saved_by = by.dump();
   for (const Entry& e : entries)
     x.tensors.push_back(e.info);
   x.model_fingerprint = model_fingerprint(x);
@@ -349,14 +357,24 @@ std::vector<SaveEntry> collect_entries(graph::Module& model, const optim::Optimi
 }
 
 SaveSetup prepare_save(Comm& c, const DeviceMesh& mesh, graph::Module& model,
-                       const optim::Optimizer* optimizer, std::int64_t step, const json& metadata,
-                       const std::string& rng_state, const SaveOptions& options) {
+                       const optim::Optimizer* optimizer, std::int64_t step,
+                       const std::string& metadata_text, const std::string& rng_state,
+                       const SaveOptions& options) {
   SaveSetup s;
   std::exception_ptr err = attempt([&] {
     if (options.block_bytes == 0 || options.block_bytes > kMaxBlockBytes)
       throw InvalidArgument("checkpoint::save: block_bytes must be in [1, " +
                             std::to_string(kMaxBlockBytes) + "], got " +
                             std::to_string(options.block_bytes));
+    json metadata = json::object();
+    if (!metadata_text.empty()) {
+      try {
+        metadata = json::parse(metadata_text);
+      } catch (const json::exception& e) {
+        throw InvalidArgument("checkpoint::save: the metadata is not a JSON text: " +
+                              std::string(e.what()));
+      }
+    }
     if (json_deeper_than(metadata, kMaxMetadataDepth))
       throw InvalidArgument("checkpoint::save: the metadata nests arrays and objects deeper than " +
                             std::to_string(kMaxMetadataDepth) + " levels");
@@ -368,12 +386,7 @@ SaveSetup prepare_save(Comm& c, const DeviceMesh& mesh, graph::Module& model,
     s.fault = Fault::from_environment();
     s.entries = collect(model, optimizer);
     s.index = base_index(s.entries, mesh, optimizer, options.kind, step, metadata, rng_state,
-                         options.block_bytes);
-    if (!options.run.empty()) {  // the run and its lineage: whose retention may delete it
-      s.index.saved_by["run"] = options.run;
-      s.index.saved_by["lineage"] = options.lineage;
-    }
-    (void)s.index.metadata.dump();  // invalid UTF-8 in the metadata fails here, on every rank
+                         options.block_bytes, options.run, options.lineage);
   });
   agree(c, err, "checkpoint save");
   return s;
@@ -547,7 +560,7 @@ void advise_huge_pages(const Tensor& t) noexcept {
 }  // namespace detail
 
 std::string save(const std::string& dir, graph::Module& model, const optim::Optimizer* optimizer,
-                 std::int64_t step, const json& metadata, const std::string& rng_state,
+                 std::int64_t step, const std::string& metadata, const std::string& rng_state,
                  const SaveOptions& options) {
   const DeviceMesh& mesh = detail::model_mesh(model, "checkpoint::save");
   const std::unique_ptr<Comm> comm = detail::checkpoint_comm(mesh.control_world(), mesh.timeout_s(),
@@ -861,7 +874,7 @@ void probe_directory(const std::string& dir, int rank) {
   }
   const std::string probe = detail::join(d.string(), ".probe-rank" + std::to_string(rank));
   try {
-    detail::File f = detail::File::create(probe);
+    File f = File::create(probe);
     f.write_all("fullshard\n", 10);
     f.sync();
     f.close();
@@ -886,7 +899,7 @@ void check_shared(const std::string& dir, Comm& c) {
   std::exception_ptr err;
   if (c.rank() == 0)
     err = attempt([&] {
-      detail::File f = detail::File::create(probe);
+      File f = File::create(probe);
       f.write_all(token.data(), token.size());
       f.sync();
       f.close();
@@ -964,7 +977,7 @@ void check_output_file(const std::string& path, const std::string& what, const D
       const std::string probe =
           (parent / (".fullshard-probe-" + std::to_string(::getpid()))).string();
       try {
-        detail::File f = detail::File::create(probe);
+        File f = File::create(probe);
         f.write_all("fullshard\n", 10);
         f.close();
       } catch (const std::exception& e) {

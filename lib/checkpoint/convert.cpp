@@ -6,6 +6,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/format.hpp"
 #include "fullshard/tensor/sharding.hpp"
+#include "lib/checkpoint/index_json.hpp"
 #include "lib/checkpoint/io.hpp"
 
 namespace fullshard::checkpoint {
@@ -45,8 +46,11 @@ std::string convert(const std::string& src, const std::string& dst, const Conver
   out.files.clear();
   for (TensorInfo& t : out.tensors)
     t.shards.clear();
-  out.saved_by = {
-      {"converted_from", reader.step_dir()}, {"original", in.saved_by}, {"shards", shards}};
+  out.saved_by = nlohmann::json{
+      {"converted_from", reader.step_dir()},
+      {"original", nlohmann::json::parse(in.saved_by)},
+      {"shards",
+       shards}}.dump();
   // Layouts first: a tensor that cannot be split this way fails before anything is written.
   for (const TensorInfo& t : in.tensors)
     if (options.to == Kind::sharded && t.placement.is_shard())

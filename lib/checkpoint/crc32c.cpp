@@ -1,4 +1,5 @@
 #include "fullshard/checkpoint/checksum.hpp"
+#include "lib/checkpoint/crc32c_variants.hpp"
 
 #include <algorithm>
 #include <cstring>

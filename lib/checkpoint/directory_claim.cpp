@@ -215,11 +215,12 @@ void DirectoryClaim::resumed_from(const std::string& step_dir) {
   if (c.rank() == 0) {
     try {
       const Index index = parse_index(read_index_text(step_dir), step_dir);
-      if (index.saved_by.contains("lineage") && index.saved_by["lineage"].is_array())
-        for (const auto& r : index.saved_by["lineage"])
+      const nlohmann::json by = nlohmann::json::parse(index.saved_by);
+      if (by.contains("lineage") && by["lineage"].is_array())
+        for (const auto& r : by["lineage"])
           if (r.is_string()) joined += r.get<std::string>() + "\n";
-      if (index.saved_by.contains("run") && index.saved_by["run"].is_string())
-        joined += index.saved_by["run"].get<std::string>() + "\n";
+      if (by.contains("run") && by["run"].is_string())
+        joined += by["run"].get<std::string>() + "\n";
     } catch (const std::exception&) {
       // Saved without a lineage (another tool, an older fullshard): kept by retention.
     }

@@ -10,6 +10,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/checksum.hpp"
 #include "lib/checkpoint/checked.hpp"
+#include "lib/checkpoint/index_json.hpp"
 #include "lib/checkpoint/io.hpp"
 
 namespace fullshard::checkpoint {
@@ -233,6 +234,19 @@ void check_shard(const Index& x, const TensorInfo& t, std::size_t i, const Where
 
 }  // namespace
 
+namespace {
+// An index's JSON-text field as a document (the index is written from them).
+json json_text(const std::string& text, const char* field) {
+  if (text.empty()) return json::object();
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw InvalidArgument(std::string("checkpoint index: '") + field +
+                          "' is not a JSON text: " + e.what());
+  }
+}
+}  // namespace
+
 json to_json(const Index& index) {
   json j;
   j["format"] = "fullshard-checkpoint";
@@ -242,13 +256,13 @@ json to_json(const Index& index) {
   j["model_fingerprint"] = index.model_fingerprint;
   j["checksum"] = "crc32c";
   j["block_bytes"] = index.block_bytes;
-  j["metadata"] = index.metadata;
+  j["metadata"] = json_text(index.metadata, "metadata");
   j["rng_state"] = detail::hex_encode(index.rng_state);
   if (index.has_optimizer)
     j["optimizer"] = {{"step", index.optimizer_step}, {"state_names", index.optimizer_state_names}};
   else
     j["optimizer"] = nullptr;
-  j["saved_by"] = index.saved_by;
+  j["saved_by"] = json_text(index.saved_by, "saved_by");
   json files = json::array();
   for (const FileInfo& f : index.files)
     files.push_back({{"name", f.name}, {"bytes", f.bytes}});
@@ -351,7 +365,7 @@ Index index_from_json(const json& j, const std::string& where) {
   x.model_fingerprint = w.string(j, "model_fingerprint");
   if (w.string(j, "checksum") != "crc32c") w.fail("unknown checksum (expected crc32c)");
   x.block_bytes = w.unsigned_int(j, "block_bytes");
-  x.metadata = w.member(j, "metadata");
+  x.metadata = w.member(j, "metadata").dump();
   x.rng_state =
       detail::hex_decode(w.string(j, "rng_state"), "checkpoint index " + where + ": rng_state");
   const json& opt = w.member(j, "optimizer");
@@ -365,7 +379,7 @@ Index index_from_json(const json& j, const std::string& where) {
       x.optimizer_state_names.push_back(n.get<std::string>());
     }
   }
-  if (j.contains("saved_by")) x.saved_by = j["saved_by"];
+  if (j.contains("saved_by")) x.saved_by = j["saved_by"].dump();
 
   const json& files = w.member(j, "files");
   if (!files.is_array()) w.fail("'files' must be an array");
@@ -531,7 +545,7 @@ std::string resolve_step_dir(const std::string& path) {
 constexpr std::size_t kMaxOpenFiles = 64;
 
 struct Reader::Files {
-  std::vector<detail::File> open;       // by file index
+  std::vector<File> open;               // by file index
   std::vector<std::uint64_t> last_use;  // by file index
   std::vector<std::size_t> lru;         // indices of the open files
   std::uint64_t clock = 0;
@@ -568,7 +582,7 @@ struct ShardReader {
   const std::string& dir;
   const TensorInfo& t;
   std::size_t s;
-  const detail::File& file;
+  const File& file;
   std::uint64_t& bytes_read;
 
   const ShardInfo& shard() const { return t.shards[s]; }
@@ -690,7 +704,7 @@ void Reader::verify_shard(const TensorInfo& t, std::size_t s) {
   }
 }
 
-const detail::File& Reader::open_file(std::size_t i, const TensorInfo& t) {
+const File& Reader::open_file(std::size_t i, const TensorInfo& t) {
   Files& f = *files_;
   if (f.open.size() != index_.files.size()) {
     f.open.resize(index_.files.size());
@@ -702,12 +716,12 @@ const detail::File& Reader::open_file(std::size_t i, const TensorInfo& t) {
     auto oldest = std::min_element(f.lru.begin(), f.lru.end(), [&](std::size_t a, std::size_t b) {
       return f.last_use[a] < f.last_use[b];
     });
-    f.open[*oldest] = detail::File();
+    f.open[*oldest] = File();
     *oldest = f.lru.back();
     f.lru.pop_back();
   }
   const std::string path = detail::join(dir_, index_.files[i].name);
-  detail::File file = detail::File::open_read(path, t.name);
+  File file = File::open_read(path, t.name);
   if (!file.valid())
     throw InvalidArgument("checkpoint file " + path + " is missing (needed for tensor '" + t.name +
                           "')");
@@ -760,9 +774,9 @@ std::vector<VerifyIssue> verify(const std::string& path) {
   for (std::size_t i = 0; i < index.files.size(); ++i) {
     const std::string fpath = detail::join(dir, index.files[i].name);
     std::string problem;
-    detail::File f;
+    File f;
     try {
-      f = detail::File::open_read(fpath);
+      f = File::open_read(fpath);
     } catch (const Error& e) {  // not a regular file, or cannot be opened
       problem = e.what();
     }

@@ -14,6 +14,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/checksum.hpp"
 #include "fullshard/runtime/settings.hpp"
+#include "lib/base/abort.hpp"
 
 namespace fullshard::checkpoint::detail {
 
@@ -33,6 +34,12 @@ constexpr std::uint64_t kMaxIo = std::uint64_t{1} << 30;
 constexpr std::uint64_t kWriteChunk = std::uint64_t{2} << 20;
 
 }  // namespace
+
+}  // namespace fullshard::checkpoint::detail
+
+namespace fullshard::checkpoint {
+
+using namespace detail;  // the I/O errors and helpers File uses
 
 // ---- File -----------------------------------------------------------------------------------
 
@@ -172,6 +179,10 @@ void File::close() {
   fd_ = -1;
   if (::close(fd) != 0) io_error("close of", path_, errno);
 }
+
+}  // namespace fullshard::checkpoint
+
+namespace fullshard::checkpoint::detail {
 
 // ---- Paths ----------------------------------------------------------------------------------
 

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "fullshard/checkpoint/format.hpp"
 
 namespace fullshard::checkpoint::detail {
@@ -39,6 +41,11 @@ struct UninitAllocator : std::allocator<T> {
 /// A byte buffer that grows without zero-filling.
 using ByteBuffer = std::vector<char, UninitAllocator<char>>;
 
+}  // namespace fullshard::checkpoint::detail
+
+namespace fullshard::checkpoint {
+
+// Opaque in the public headers (format.hpp, safetensors.hpp): an open file of a checkpoint.
 /// An open file descriptor, closed on destruction. Errors are Error naming the path and errno,
 /// and the tensor when the caller passes one.
 class File {
@@ -81,6 +88,10 @@ class File {
   int fd_ = -1;
   std::string path_;
 };
+
+}  // namespace fullshard::checkpoint
+
+namespace fullshard::checkpoint::detail {
 
 std::string join(const std::string& dir, const std::string& name);
 /// fsync of a directory, so that renames and creations inside it are durable.

@@ -16,6 +16,7 @@
 #include "fullshard/checkpoint/checksum.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/tensor/sharding.hpp"
+#include "lib/checkpoint/index_json.hpp"
 #include "lib/checkpoint/io.hpp"
 
 namespace fullshard::checkpoint {
@@ -233,7 +234,7 @@ std::string parent_dir(const std::string& path) {
 
 SafetensorsReader::SafetensorsReader(const std::string& path, const SafetensorsLimits& limits)
     : path_(path) {
-  detail::File f = detail::File::open_read(path);
+  File f = File::open_read(path);
   if (!f.valid()) fail(path, "", "does not exist");
   file_bytes_ = f.size();
   if (file_bytes_ < 8)
@@ -369,7 +370,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path, const SafetensorsL
              " (bytes after the last tensor belong to none)");
   for (std::size_t i = 0; i < tensors_.size(); ++i)
     by_name_[tensors_[i].name] = i;
-  file_ = std::make_unique<detail::File>(std::move(f));
+  file_ = std::make_unique<File>(std::move(f));
 }
 
 SafetensorsReader::~SafetensorsReader() = default;
@@ -531,7 +532,7 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsSp
   data_offset_ = 8 + header.size();
   char len[8];
   put_u64_le(header.size(), len);
-  file_ = std::make_unique<detail::File>(detail::File::create(tmp_));
+  file_ = std::make_unique<File>(File::create(tmp_));
   try {
     file_->write_all(len, 8);
     file_->write_all(header.data(), header.size());
@@ -607,7 +608,7 @@ void copy_tensors(Reader& ck, const std::vector<const TensorInfo*>& tensors, con
 // A shard's bytes arriving in pieces: written, and checksummed per block on the way.
 class ShardStream {
  public:
-  ShardStream(detail::File& f, std::uint64_t& file_bytes, std::uint64_t block, ShardInfo& s)
+  ShardStream(File& f, std::uint64_t& file_bytes, std::uint64_t block, ShardInfo& s)
       : f_(f), file_bytes_(file_bytes), block_(block), s_(s) {
     s_.offset = file_bytes_;
     s_.length = 0;
@@ -635,7 +636,7 @@ class ShardStream {
   }
 
  private:
-  detail::File& f_;
+  File& f_;
   std::uint64_t& file_bytes_;
   std::uint64_t block_;
   ShardInfo& s_;
@@ -714,8 +715,9 @@ std::string safetensors_to_checkpoint(const std::string& src, const std::string&
   out.kind = options.kind;
   out.step = options.step;
   out.block_bytes = options.block_bytes;
-  out.metadata = {{"converted_from", src}, {"safetensors_metadata", r.metadata()}};
-  out.saved_by = {{"converted_from_safetensors", src}, {"shards", shards}};
+  out.metadata =
+      nlohmann::json{{"converted_from", src}, {"safetensors_metadata", r.metadata()}}.dump();
+  out.saved_by = nlohmann::json{{"converted_from_safetensors", src}, {"shards", shards}}.dump();
   std::vector<const SafetensorsTensor*> order;
   for (const SafetensorsTensor& t : r.tensors())
     order.push_back(&t);
@@ -742,7 +744,7 @@ std::string safetensors_to_checkpoint(const std::string& src, const std::string&
       char fname[32];
       std::snprintf(fname, sizeof fname, "rank-%05d.bin", q);
       const std::string name = options.kind == Kind::full ? "model.bin" : fname;
-      detail::File f = detail::File::create(detail::join(pending.tmp, name));
+      File f = File::create(detail::join(pending.tmp, name));
       std::uint64_t file_bytes = 0;
       for (std::size_t i = 0; i < order.size(); ++i) {
         const SafetensorsTensor& t = *order[i];

@@ -43,7 +43,7 @@ struct SaveSetup {
 /// thrown on every rank.
 SaveSetup prepare_save(Comm& c, const DeviceMesh& mesh, graph::Module& model,
                        const optim::Optimizer* optimizer, std::int64_t step,
-                       const nlohmann::json& metadata, const std::string& rng_state,
+                       const std::string& metadata, const std::string& rng_state,
                        const SaveOptions& options);
 
 /// The tensors a save of `model` (and `optimizer`'s state, where it exists) writes, in file

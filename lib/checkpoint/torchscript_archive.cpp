@@ -1,4 +1,4 @@
-#include "fullshard/checkpoint/torchscript_archive.hpp"
+#include "lib/checkpoint/torchscript_archive.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

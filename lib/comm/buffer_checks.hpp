@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace fullshard::comm::detail {
+namespace fullshard::comm {
 
 /// Byte ranges [a, a+na) and [b, b+nb) overlap.
 inline bool overlaps(const void* a, std::size_t na, const void* b, std::size_t nb) noexcept {
@@ -13,4 +13,4 @@ inline bool overlaps(const void* a, std::size_t na, const void* b, std::size_t n
   return pa < pb + nb && pb < pa + na;
 }
 
-}  // namespace fullshard::comm::detail
+}  // namespace fullshard::comm

@@ -15,7 +15,7 @@
 #include "fullshard/comm/stream.hpp"
 #include "fullshard/config.hpp"
 
-namespace fullshard::comm::detail {
+namespace fullshard::comm {
 
 /// A point recorded on a device stream.
 class DeviceEvent {
@@ -85,4 +85,4 @@ std::unique_ptr<DeviceStreamBackend> wrap_cuda_stream_backend(void* native,
                                                               const std::string& name);
 #endif
 
-}  // namespace fullshard::comm::detail
+}  // namespace fullshard::comm

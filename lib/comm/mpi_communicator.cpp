@@ -29,10 +29,6 @@ const char* reduce_op_name(ReduceOp op) noexcept {
 
 namespace {
 
-using detail::mpi_error_string;
-
-using detail::overlaps;
-
 void check(int rc, const char* mpi_call, const std::string& label) {
   if (rc != MPI_SUCCESS)
     throw CommError(label + ": " + mpi_call + " failed: " + mpi_error_string(rc));
@@ -45,7 +41,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, double timeout
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
-  ops_ = std::make_shared<const detail::MpiReduceOps>();
+  ops_ = std::make_shared<const MpiReduceOps>();
 }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::duplicate(MPI_Comm parent,
@@ -136,7 +132,7 @@ Work MpiCommunicator::all_gather(const void* send, void* recv, std::size_t count
     throw InvalidArgument("all_gather on communicator '" + name_ +
                           "': send overlaps recv but is not this rank's slot "
                           "(recv + rank*count) for an in-place all-gather");
-  const MPI_Datatype type = detail::mpi_datatype(dtype);
+  const MPI_Datatype type = mpi_datatype(dtype);
   const int n = static_cast<int>(count);
   Work w = launch("all_gather", count, dtype, stream, [=, comm = comm_](const std::string& label) {
     check(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, type, recv, n, type, comm),
@@ -158,7 +154,7 @@ Work MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t r
     throw InvalidArgument("reduce_scatter on communicator '" + name_ +
                           "': recv overlaps send but is not this rank's chunk "
                           "(send + rank*recv_count) for an in-place reduce-scatter");
-  const MPI_Datatype type = detail::mpi_datatype(dtype);
+  const MPI_Datatype type = mpi_datatype(dtype);
   const MPI_Op mpi_op = ops_->get(dtype, op);
   const int n = static_cast<int>(recv_count);
   const int rank = rank_;
@@ -177,7 +173,7 @@ Work MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t r
                       check(MPI_Reduce_scatter_block(send, recv, n, type, mpi_op, comm),
                             "MPI_Reduce_scatter_block", label);
                     }
-                    if (op == ReduceOp::avg) detail::divide_in_place(recv, recv_count, dtype, size);
+                    if (op == ReduceOp::avg) divide_in_place(recv, recv_count, dtype, size);
                   });
   traffic_[1].fetch_add(bytes * static_cast<std::size_t>(size_), std::memory_order_relaxed);
   return w;
@@ -193,7 +189,7 @@ Work MpiCommunicator::reduce_scatter_divided(const void* send, void* recv, std::
   if (divide_factor == 1.0) return w;
   return stream.submit("divide after reduce_scatter on '" + name_ + "'", [=] {
     w.test();  // the sum's error, not a division of what it did not write
-    detail::divide_in_place(recv, recv_count, dtype, divide_factor);
+    divide_in_place(recv, recv_count, dtype, divide_factor);
   });
 }
 
@@ -207,14 +203,14 @@ Work MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
   if (!in_place && count > 0 && overlaps(send, bytes, recv, bytes))
     throw InvalidArgument("all_reduce on communicator '" + name_ +
                           "': send and recv overlap without being equal");
-  const MPI_Datatype type = detail::mpi_datatype(dtype);
+  const MPI_Datatype type = mpi_datatype(dtype);
   const MPI_Op mpi_op = ops_->get(dtype, op);
   const int n = static_cast<int>(count);
   const int size = size_;
   Work w = launch("all_reduce", count, dtype, stream, [=, comm = comm_](const std::string& label) {
     check(MPI_Allreduce(in_place ? MPI_IN_PLACE : send, recv, n, type, mpi_op, comm),
           "MPI_Allreduce", label);
-    if (op == ReduceOp::avg) detail::divide_in_place(recv, count, dtype, size);
+    if (op == ReduceOp::avg) divide_in_place(recv, count, dtype, size);
   });
   traffic_[2].fetch_add(bytes, std::memory_order_relaxed);
   return w;
@@ -228,7 +224,7 @@ Work MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, in
                           std::to_string(root) + " is not in [0, " + std::to_string(size_) + ")");
   if (count > 0 && !buffer)
     throw InvalidArgument("broadcast on communicator '" + name_ + "': null buffer");
-  const MPI_Datatype type = detail::mpi_datatype(dtype);
+  const MPI_Datatype type = mpi_datatype(dtype);
   const int n = static_cast<int>(count);
   Work w = launch("broadcast", count, dtype, stream, [=, comm = comm_](const std::string& label) {
     check(MPI_Bcast(buffer, n, type, root, comm), "MPI_Bcast", label);
@@ -245,7 +241,7 @@ Work MpiCommunicator::all_to_all(const void* send, void* recv, std::size_t count
     throw InvalidArgument("all_to_all on communicator '" + name_ + "': null buffer");
   if (count > 0 && overlaps(send, bytes, recv, bytes))
     throw InvalidArgument("all_to_all on communicator '" + name_ + "': send and recv overlap");
-  const MPI_Datatype type = detail::mpi_datatype(dtype);
+  const MPI_Datatype type = mpi_datatype(dtype);
   const int n = static_cast<int>(count);
   Work w = launch("all_to_all", count, dtype, stream, [=, comm = comm_](const std::string& label) {
     check(MPI_Alltoall(send, n, type, recv, n, type, comm), "MPI_Alltoall", label);

@@ -5,7 +5,7 @@
 
 #include <string>
 
-namespace fullshard::comm::detail {
+namespace fullshard::comm {
 
 inline std::string mpi_error_string(int rc) {
   char msg[MPI_MAX_ERROR_STRING] = {0};
@@ -14,4 +14,4 @@ inline std::string mpi_error_string(int rc) {
   return std::string(msg, static_cast<std::size_t>(len));
 }
 
-}  // namespace fullshard::comm::detail
+}  // namespace fullshard::comm

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
-namespace fullshard::comm::detail {
+namespace fullshard::comm {
 namespace {
 
 struct F16 {
@@ -120,4 +120,4 @@ void divide_in_place(void* data, std::size_t count, DType t, double divisor) noe
   }
 }
 
-}  // namespace fullshard::comm::detail
+}  // namespace fullshard::comm

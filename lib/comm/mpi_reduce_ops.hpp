@@ -6,7 +6,7 @@
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/comm/communicator.hpp"
 
-namespace fullshard::comm::detail {
+namespace fullshard::comm {
 
 /// MPI datatype that carries `t` (f16 and bf16 travel as MPI_UINT16_T).
 MPI_Datatype mpi_datatype(DType t) noexcept;
@@ -30,4 +30,4 @@ struct MpiReduceOps {
 /// Divides `count` elements of `data` by `divisor` in place (16-bit: in f32, rounded once).
 void divide_in_place(void* data, std::size_t count, DType t, double divisor) noexcept;
 
-}  // namespace fullshard::comm::detail
+}  // namespace fullshard::comm

@@ -34,8 +34,6 @@ std::string LazyLabel::str() const {
   return out += suffix_;
 }
 
-namespace detail {
-
 struct Completion {
   // The label: given as text, or built from `lazy` on first use (only errors, timeouts,
   // recorders and Work::label() need it).
@@ -257,8 +255,6 @@ struct StreamImpl {
   }
 };
 
-}  // namespace detail
-
 bool StreamEvent::query() const noexcept {
   if (!c_) return true;
   if (c_->is_device()) {
@@ -322,21 +318,20 @@ bool Work::is_device() const noexcept {
 }
 
 Stream Stream::caller(std::string name) {
-  return Stream(std::make_shared<detail::StreamImpl>(std::move(name), true));
+  return Stream(std::make_shared<StreamImpl>(std::move(name), true));
 }
 
 Stream Stream::worker(std::string name) {
-  return Stream(std::make_shared<detail::StreamImpl>(std::move(name), false));
+  return Stream(std::make_shared<StreamImpl>(std::move(name), false));
 }
 
 Stream::Stream(std::string name, HostProgress progress)
-    : impl_(std::make_shared<detail::StreamImpl>(std::move(name),
-                                                 progress == HostProgress::inline_)) {}
+    : impl_(std::make_shared<StreamImpl>(std::move(name), progress == HostProgress::inline_)) {}
 
 Stream Stream::device(std::string name, int priority) {
 #if FULLSHARD_HAS_CUDA
-  auto backend = detail::make_cuda_stream_backend(name, priority);
-  return detail::StreamAccess::make_device(std::move(name), std::move(backend));
+  auto backend = make_cuda_stream_backend(name, priority);
+  return StreamAccess::make_device(std::move(name), std::move(backend));
 #else
   (void)priority;
   throw ConfigError("Stream::device('" + name +
@@ -346,8 +341,8 @@ Stream Stream::device(std::string name, int priority) {
 
 Stream Stream::wrap_device(void* cuda_stream, std::string name) {
 #if FULLSHARD_HAS_CUDA
-  auto backend = detail::wrap_cuda_stream_backend(cuda_stream, name);
-  return detail::StreamAccess::make_device(std::move(name), std::move(backend));
+  auto backend = wrap_cuda_stream_backend(cuda_stream, name);
+  return StreamAccess::make_device(std::move(name), std::move(backend));
 #else
   (void)cuda_stream;
   throw ConfigError("Stream::wrap_device('" + name +
@@ -375,19 +370,18 @@ std::uint64_t Stream::id() const noexcept {
 }
 
 Work Stream::submit(std::string label, std::function<void()> op, double timeout_s) {
-  if (impl_->device)
-    return detail::StreamAccess::submit_device(*this, std::move(label), op, timeout_s, {});
+  if (impl_->device) return StreamAccess::submit_device(*this, std::move(label), op, timeout_s, {});
   return Work(impl_->enqueue(std::move(label), std::move(op), timeout_s));
 }
 
 Work Stream::submit(const LazyLabel& label, std::function<void()> op, double timeout_s) {
-  if (impl_->device) return detail::StreamAccess::submit_device(*this, label, op, timeout_s, {});
+  if (impl_->device) return StreamAccess::submit_device(*this, label, op, timeout_s, {});
   return Work(impl_->enqueue(label, std::move(op), timeout_s));
 }
 
 StreamEvent Stream::record() {
   if (impl_->device) {
-    auto c = std::make_shared<detail::Completion>();
+    auto c = std::make_shared<Completion>();
     c->lazy = LazyLabel("record on stream '", impl_->shared_name, "'");
     c->label_is_lazy = true;
     c->device = impl_->device->record();
@@ -422,8 +416,6 @@ void Stream::set_recorder(Recorder recorder) {
   std::lock_guard<std::mutex> lock(impl_->m);
   impl_->recorder = recorder ? std::make_shared<const Recorder>(std::move(recorder)) : nullptr;
 }
-
-namespace detail {
 
 Stream StreamAccess::make_device(std::string name, std::unique_ptr<DeviceStreamBackend> backend) {
   if (!backend) throw InvalidArgument("device stream '" + name + "': no backend");
@@ -492,5 +484,4 @@ void StreamAccess::finish_deferred(DeferredDevice& d, std::exception_ptr error) 
   if (error) c.finish(std::move(error));
 }
 
-}  // namespace detail
 }  // namespace fullshard::comm

@@ -5,12 +5,12 @@
 #include <unordered_map>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/fsdp/front_end.hpp"
-#include "fullshard/mesh/agreement.hpp"
+#include "lib/fsdp/front_end.hpp"
 #include "lib/fsdp/group_access.hpp"
 #include "lib/fsdp/group_rules.hpp"
 #include "lib/fsdp/param_group.hpp"
 #include "lib/fsdp/running_backend.hpp"
+#include "lib/mesh/agreement.hpp"
 
 namespace fullshard::fsdp {
 
@@ -26,22 +26,20 @@ std::set<const graph::Parameter*> grouped_params(graph::Module& m) {
   std::set<const graph::Parameter*> out;
   for (auto* sub : m.modules_preorder())
     if (auto st = state_ptr(*sub))
-      for (auto* p : detail::group_of(*st).params())
+      for (auto* p : group_of(*st).params())
         out.insert(p);
   return out;
 }
 
 }  // namespace
 
-namespace detail {
-struct Key {};
+struct FSDPModule::Key {};
 ParamGroup& group_of(const FSDPModule& st) {
   return *st.group_;
 }
-}  // namespace detail
 
-FSDPModule::FSDPModule(const detail::Key&, graph::Module& module, DeviceMesh mesh,
-                       FullyShardOptions options, std::shared_ptr<detail::ParamGroup> group)
+FSDPModule::FSDPModule(const Key&, graph::Module& module, DeviceMesh mesh,
+                       FullyShardOptions options, std::shared_ptr<ParamGroup> group)
     : module_(&module),
       mesh_(std::move(mesh)),
       options_(std::move(options)),
@@ -71,7 +69,7 @@ FSDPModule& fully_shard(const std::vector<graph::Module*>& modules, const Device
       throw InvalidArgument("fully_shard has already been applied to module '" +
                             (m->fqn().empty() ? m->name() : m->fqn()) + "'");
     for (auto* sub : m->modules_preorder())
-      if (auto st = state_ptr(*sub); st && detail::group_of(*st).attached())
+      if (auto st = state_ptr(*sub); st && group_of(*st).attached())
         throw InvalidArgument("fully_shard(" + name + "): submodule '" + sub->fqn() +
                               "' has already run forward; apply fully_shard bottom-up to every "
                               "module before the first forward");
@@ -82,7 +80,7 @@ FSDPModule& fully_shard(const std::vector<graph::Module*>& modules, const Device
   for (auto* m : modules)
     for (graph::Module* up = m->parent(); up; up = up->parent())
       if (auto st = state_ptr(*up))
-        for (auto* p : detail::group_of(*st).params())
+        for (auto* p : group_of(*st).params())
           for (auto* mine : m->parameters())
             if (p == mine)
               throw InvalidArgument("fully_shard(" + name + "): parameter '" + p->fqn() +
@@ -123,11 +121,11 @@ FSDPModule& fully_shard(const std::vector<graph::Module*>& modules, const Device
       params.push_back(p);
     }
 
-  auto group = std::make_shared<detail::ParamGroup>(name, modules, std::move(params),
-                                                    std::move(layouts), mesh, options);
+  auto group = std::make_shared<ParamGroup>(name, modules, std::move(params), std::move(layouts),
+                                            mesh, options);
   FSDPModule* first = nullptr;
   for (auto* m : modules) {
-    auto st = std::make_shared<FSDPModule>(detail::Key{}, *m, mesh, options, group);
+    auto st = std::make_shared<FSDPModule>(FSDPModule::Key{}, *m, mesh, options, group);
     m->extension() = st;
     if (!first) first = st.get();
   }
@@ -244,11 +242,11 @@ namespace {
 template <class F>
 void for_states(FSDPModule& self, bool recurse, F&& f) {
   if (!recurse) {
-    f(detail::group_of(self));
+    f(group_of(self));
     return;
   }
   for (FSDPModule* s : self.subtree_states())
-    f(detail::group_of(*s));
+    f(group_of(*s));
 }
 
 std::vector<engine::Group*> groups_of(const std::vector<graph::Module*>& modules, const char* what,
@@ -259,23 +257,23 @@ std::vector<engine::Group*> groups_of(const std::vector<graph::Module*>& modules
     if (!st)
       throw InvalidArgument(std::string(what) + " on '" + self.fqn() + "': module '" + m->fqn() +
                             "' is not fully_shard'ed");
-    out.push_back(&detail::group_of(*st).engine());
+    out.push_back(&group_of(*st).engine());
   }
   return out;
 }
 }  // namespace
 
 void FSDPModule::set_reshard_after_forward(ReshardAfterForward v, bool recurse) {
-  for_states(*this, recurse, [&](detail::ParamGroup& g) { g.set_reshard_after_forward(v); });
+  for_states(*this, recurse, [&](ParamGroup& g) { g.set_reshard_after_forward(v); });
 }
 void FSDPModule::set_reshard_after_backward(bool v, bool recurse) {
-  for_states(*this, recurse, [&](detail::ParamGroup& g) { g.engine().reshard_after_backward = v; });
+  for_states(*this, recurse, [&](ParamGroup& g) { g.engine().reshard_after_backward = v; });
 }
 void FSDPModule::set_requires_gradient_sync(bool v, bool recurse) {
-  for_states(*this, recurse, [&](detail::ParamGroup& g) { g.engine().reduce_grads = v; });
+  for_states(*this, recurse, [&](ParamGroup& g) { g.engine().reduce_grads = v; });
 }
 void FSDPModule::set_fresh_gradients(bool v, bool recurse) {
-  for_states(*this, recurse, [&](detail::ParamGroup& g) {
+  for_states(*this, recurse, [&](ParamGroup& g) {
     if (v && g.space() != MemorySpace::host)
       throw InvalidArgument("set_fresh_gradients(true) on '" + g.name() +
                             "': host meshes only (the callbacks on a CUDA mesh add into grad())");
@@ -290,7 +288,7 @@ void FSDPModule::set_fresh_gradients(bool v, bool recurse) {
   });
 }
 void FSDPModule::set_requires_all_reduce(bool v, bool recurse) {
-  for_states(*this, recurse, [&](detail::ParamGroup& g) { g.engine().all_reduce_grads = v; });
+  for_states(*this, recurse, [&](ParamGroup& g) { g.engine().all_reduce_grads = v; });
 }
 void FSDPModule::set_gradient_divide_factor(double factor) {
   if (!(factor > 0))
@@ -346,7 +344,7 @@ void FSDPModule::zero_grad(bool recurse) {
     return;
   }
   for (FSDPModule* s : subtree_states())
-    detail::group_of(*s).zero_grad();
+    group_of(*s).zero_grad();
 }
 
 }  // namespace fullshard::fsdp
@@ -471,7 +469,7 @@ int apply_fully_shard_requests(graph::Module& root, const DeviceMesh& mesh,
 namespace fullshard::fsdp {
 
 void use_external_gradients(FSDPModule& st) {
-  engine::Group& g = detail::group_of(st).engine();
+  engine::Group& g = group_of(st).engine();
   if (g.backward_begun())
     throw InvalidArgument("use_external_gradients('" + detail::group_name(st) +
                           "'): the group's backward has already begun");

@@ -14,7 +14,7 @@ engine::Group* running_group(graph::Module& m) {
   FSDPModule* st = fsdp_state(m);
   if (!st) return nullptr;
   detail::ensure_initialized(*st);
-  return &detail::group_of(*st).engine();
+  return &group_of(*st).engine();
 }
 
 // The traversal's view of a fully_shard'ed graph; installs `recorder` on the backends of the
@@ -52,8 +52,8 @@ void pre_forward(graph::Module& module) {
 
 void post_forward(graph::Module& module) {
   FSDPModule* st = fsdp_state(module);
-  if (!st || !detail::group_of(*st).attached()) return;
-  engine::post_forward(detail::group_of(*st).engine());
+  if (!st || !group_of(*st).attached()) return;
+  engine::post_forward(group_of(*st).engine());
 }
 
 void pre_backward(graph::Module& module) {
@@ -62,8 +62,8 @@ void pre_backward(graph::Module& module) {
 
 void post_backward(graph::Module& module) {
   FSDPModule* st = fsdp_state(module);
-  if (!st || !detail::group_of(*st).attached()) return;
-  engine::post_backward(detail::group_of(*st).engine());
+  if (!st || !group_of(*st).attached()) return;
+  engine::post_backward(group_of(*st).engine());
 }
 
 ForwardScope::ForwardScope(graph::Module& module)

@@ -6,11 +6,14 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
-#include "fullshard/tensor/staging.hpp"
+#include "lib/base/message_of.hpp"
 #include "lib/fsdp/group_rules.hpp"
 #include "lib/fsdp/running_backend.hpp"
+#include "lib/tensor/staging.hpp"
 
-namespace fullshard::fsdp::detail {
+namespace fullshard::fsdp {
+
+using namespace detail;  // the root context and the running backend
 
 namespace {
 
@@ -354,4 +357,4 @@ void ParamGroup::keep_external_grads(bool keep) {
     kept_grads_.push_back(p->grad());
 }
 
-}  // namespace fullshard::fsdp::detail
+}  // namespace fullshard::fsdp

@@ -9,10 +9,10 @@
 
 #include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/options.hpp"
-#include "fullshard/fsdp/shard_update.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
+#include "lib/fsdp/shard_update.hpp"
 #include "lib/transport/group_transport.hpp"
 
 namespace fullshard::fsdp {
@@ -29,6 +29,10 @@ struct RootContext;
 /// Creates the root context above `st` and attaches every group of its subtree (the first
 /// forward or unshard does this; the executor does it up front).
 void ensure_initialized(FSDPModule& st);
+
+}  // namespace fullshard::fsdp::detail
+
+namespace fullshard::fsdp {
 
 // The group's sharded storage is its transport's ShardStore.
 class ParamGroup final : private transport::ShardStore {
@@ -73,9 +77,9 @@ class ParamGroup final : private transport::ShardStore {
     return engine_.state == engine::ShardedState::sharded && !engine_.gather_in_flight;
   }
 
-  void attach(std::shared_ptr<RootContext> ctx);
+  void attach(std::shared_ptr<detail::RootContext> ctx);
   bool attached() const noexcept { return ctx_ != nullptr; }
-  RootContext* context() const noexcept { return ctx_.get(); }
+  detail::RootContext* context() const noexcept { return ctx_.get(); }
 
   void set_reshard_after_forward(ReshardAfterForward v);
   /// The optimizer update its reductions end with (fsdp/shard_update.hpp), or null.
@@ -118,7 +122,7 @@ class ParamGroup final : private transport::ShardStore {
  private:
   Tensor& shards() override { return sharded_; }
   // A group updated inside backward writes its reduced gradients into the root's scratch
-  // (RootContext::reduced_for); the update consumes them.
+  // (detail::RootContext::reduced_for); the update consumes them.
   Tensor& gradients_for_write() override;
 
   std::shared_ptr<const std::string> name_;  // never null; engine_.info.name views it
@@ -139,11 +143,11 @@ class ParamGroup final : private transport::ShardStore {
   Tensor spare_grads_;    // what drop_sharded_grads set aside, or undefined
   engine::Group engine_;
   std::unique_ptr<transport::GroupTransport> transport_;  // after the storage it may move
-  std::shared_ptr<RootContext> ctx_;
+  std::shared_ptr<detail::RootContext> ctx_;
   std::shared_ptr<ShardUpdate> update_;
 };
 
 /// The group of an FSDP module (lib/fsdp only).
 ParamGroup& group_of(const FSDPModule& st);
 
-}  // namespace fullshard::fsdp::detail
+}  // namespace fullshard::fsdp

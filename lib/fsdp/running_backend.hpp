@@ -18,9 +18,11 @@
 #include "lib/transport/device.hpp"
 #include "lib/transport/group_transport.hpp"
 
-namespace fullshard::fsdp::detail {
-
+namespace fullshard::fsdp {
 class ParamGroup;
+}
+
+namespace fullshard::fsdp::detail {
 
 class RunningBackend final : public engine::Backend {
  public:

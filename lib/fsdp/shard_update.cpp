@@ -1,4 +1,4 @@
-#include "fullshard/fsdp/shard_update.hpp"
+#include "lib/fsdp/shard_update.hpp"
 
 #include "fullshard/base/error.hpp"
 #include "lib/fsdp/group_access.hpp"
@@ -7,7 +7,7 @@
 namespace fullshard::fsdp {
 
 void update_in_backward(FSDPModule& st, std::shared_ptr<ShardUpdate> update) {
-  detail::ParamGroup& pg = detail::group_of(st);
+  ParamGroup& pg = group_of(st);
   engine::Group& g = pg.engine();
   const std::string what = "update_in_backward('" + pg.name() + "'): ";
   if (g.backward_begun() || (g.root != nullptr && g.root->in_backward))
@@ -33,7 +33,7 @@ void update_in_backward(FSDPModule& st, std::shared_ptr<ShardUpdate> update) {
 }
 
 bool updates_in_backward(const FSDPModule& st) noexcept {
-  return detail::group_of(st).engine().updates_in_backward();
+  return group_of(st).engine().updates_in_backward();
 }
 
 }  // namespace fullshard::fsdp

@@ -5,15 +5,15 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
-#include "fullshard/tensor/staging.hpp"
 #include "lib/fsdp/param_group.hpp"
+#include "lib/tensor/staging.hpp"
 
 namespace fullshard::fsdp {
 
 namespace {
 
 struct Located {
-  detail::ParamGroup* group = nullptr;  // nullptr: not sharded (ignored)
+  ParamGroup* group = nullptr;  // nullptr: not sharded (ignored)
   std::size_t index = 0;
 };
 
@@ -21,9 +21,9 @@ struct Located {
 Located locate(graph::Parameter& p) {
   for (graph::Module* m = &p.module(); m; m = m->parent())
     if (FSDPModule* st = fsdp_state(*m)) {
-      const auto& ps = detail::group_of(*st).params();
+      const auto& ps = group_of(*st).params();
       for (std::size_t i = 0; i < ps.size(); ++i)
-        if (ps[i] == &p) return {&detail::group_of(*st), i};
+        if (ps[i] == &p) return {&group_of(*st), i};
     }
   return {};
 }
@@ -35,14 +35,14 @@ std::string relative(const graph::Module& m, const graph::Parameter& p) {
 }
 
 // Parameter i's slot in the group's sharded storage (host or device memory).
-Tensor slot_of(const detail::ParamGroup& g, std::size_t i) {
+Tensor slot_of(const ParamGroup& g, std::size_t i) {
   const auto& mem = g.layout().members[i];
   return g.sharded_storage().flat_view(mem.slot_offset, mem.layout.local_shape);
 }
 
 // The stream device shards are read and written on: the mesh's compute stream (after the
 // optimizer's kernels); nullptr (unused) for host shards.
-void* stream_of(const detail::ParamGroup& g) {
+void* stream_of(const ParamGroup& g) {
   return g.sharded_storage().space() == MemorySpace::device
              ? g.mesh().compute_stream().native_handle()
              : nullptr;
@@ -76,7 +76,7 @@ void check_tensor(const Tensor& t, const Shape& shape, DType dtype, const std::s
                                                      : std::string()));
 }
 
-void require_sharded(const detail::ParamGroup& g, const char* what) {
+void require_sharded(const ParamGroup& g, const char* what) {
   if (!g.sharded_idle())
     throw InvalidArgument(std::string(what) + ": group " + g.name() +
                           " is unsharded or being gathered; call reshard() before loading");
@@ -125,7 +125,7 @@ std::map<std::string, Tensor> full_state_dict(graph::Module& module, bool rank0_
   int mesh_rank0 = detail_world_rank();
   for (graph::Module* m = &module; m; m = m->parent())
     if (FSDPModule* st = fsdp_state(*m)) mesh_rank0 = st->mesh().rank();
-  std::map<detail::ParamGroup*, Tensor> gathered;  // one gather per group, in first-use order
+  std::map<ParamGroup*, Tensor> gathered;  // one gather per group, in first-use order
   for (auto* p : module.parameters()) {
     const Located at = locate(*p);
     const std::string key = relative(module, *p);

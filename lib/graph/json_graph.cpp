@@ -12,7 +12,8 @@
 
 #include "fullshard/base/checked.hpp"
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/json_reader.hpp"
+#include "lib/base/json_reader.hpp"
+#include "lib/graph/json_forms.hpp"
 
 namespace fullshard::graph {
 
@@ -328,13 +329,17 @@ std::unique_ptr<Module> parse_graph_json(const std::string& text, const std::str
 }
 
 std::unique_ptr<Module> load_graph_json(const std::string& path) {
-  return parse_graph_json(detail::read_text_file(path, "graph file"), path);
+  return parse_graph_json(fullshard::read_text_file(path, "graph file"), path);
 }
 
-nlohmann::ordered_json graph_to_json(const Module& root) {
+nlohmann::ordered_json graph_document(const Module& root) {
   ojson out = ojson::object();
   module_to_json(root, out);
   return out;
+}
+
+std::string graph_to_json(const Module& root, int indent) {
+  return graph_document(root).dump(indent);
 }
 
 }  // namespace fullshard::graph

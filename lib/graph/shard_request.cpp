@@ -6,6 +6,7 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/graph/json_graph.hpp"
+#include "lib/graph/json_forms.hpp"
 
 namespace fullshard::graph {
 

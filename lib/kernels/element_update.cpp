@@ -49,7 +49,7 @@ struct FromReduction {
 
 template <class Kernel>
 void run_on_device(const ExecStream& on, const Kernel& k, std::int64_t n) {
-  const auto& exec = detail::ExecStreamImpl::of(on).device;
+  const auto& exec = ExecStreamImpl::of(on).device;
   Kokkos::parallel_for("fullshard::kernels::apply_update",
                        Kokkos::RangePolicy<DeviceExec, Kokkos::IndexType<std::int64_t>>(exec, 0, n),
                        k);
@@ -105,7 +105,7 @@ void reduce_update(const ExecStream& on, const void* src, DType src_t, std::int6
         return;
       }
       constexpr std::int64_t kBlock = detail::kUpdateBlock;
-      const auto& host = detail::ExecStreamImpl::of(on).host;
+      const auto& host = ExecStreamImpl::of(on).host;
       Kokkos::parallel_for(
           "fullshard::kernels::reduce_update",
           Kokkos::RangePolicy<HostExec, Kokkos::IndexType<std::int64_t>>(host, 0,

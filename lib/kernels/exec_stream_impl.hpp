@@ -13,8 +13,6 @@ namespace fullshard::kernels {
 using HostExec = Kokkos::DefaultHostExecutionSpace;
 using DeviceExec = Kokkos::DefaultExecutionSpace;
 
-namespace detail {
-
 struct ExecStreamImpl {
   ExecTarget target = ExecTarget::host;
   HostExec host;
@@ -36,5 +34,4 @@ struct CopyPlanImpl {
   static const CopyPlanImpl* of(const CopyPlan& p) noexcept { return p.impl_.get(); }
 };
 
-}  // namespace detail
 }  // namespace fullshard::kernels

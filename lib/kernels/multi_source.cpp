@@ -1,4 +1,4 @@
-#include "fullshard/kernels/multi_source.hpp"
+#include "lib/kernels/multi_source.hpp"
 
 #include <Kokkos_Core.hpp>
 #include <cmath>

@@ -42,8 +42,8 @@ std::int64_t quant_blocks(std::int64_t n, std::int64_t block) {
 // internal linkage.
 namespace detail {
 
-using ::fullshard::detail::bits_float;
-using ::fullshard::detail::float_bits;
+using ::fullshard::bits_float;
+using ::fullshard::float_bits;
 
 // f32 product and sum, each rounded once: CUDA's compiler would otherwise contract a * b + c
 // into one fused multiply-add, and the device's codes would differ from the host's.
@@ -360,7 +360,7 @@ void quantize_packed(const ExecStream& on, const void* src, DType src_t, std::in
   auto* codes = static_cast<std::uint8_t*>(packed);
   const std::int64_t scales_at = detail::scales_offset(n);
   if (scales_at > n) {  // the padding: zeros, so every byte the all-gather sends is defined
-    const detail::ExecStreamImpl& s = detail::ExecStreamImpl::of(on);
+    const ExecStreamImpl& s = ExecStreamImpl::of(on);
     if (s.target == ExecTarget::host)
       detail::zero_bytes_on<HostExec>(s.host, codes + n, scales_at - n);
     else
@@ -372,7 +372,7 @@ void quantize_packed(const ExecStream& on, const void* src, DType src_t, std::in
 void run_dequantize_copies(const CopyPlan& plan, const void* packed, std::int64_t slot_numel,
                            std::int64_t block, QuantCode code, void* dst, DType dst_t,
                            const ExecStream& on) {
-  const detail::CopyPlanImpl* p = detail::CopyPlanImpl::of(plan);
+  const CopyPlanImpl* p = CopyPlanImpl::of(plan);
   if (!p || p->written == 0) return;
   if (p->target != on.target())
     throw InvalidArgument(
@@ -389,7 +389,7 @@ void run_dequantize_copies(const CopyPlan& plan, const void* packed, std::int64_
   const auto* in = static_cast<const std::uint8_t*>(packed);
   const std::int64_t slot_bytes = quant_packed_bytes(slot_numel, block);
   const std::int64_t scales_at = detail::scales_offset(slot_numel);
-  const detail::ExecStreamImpl& s = detail::ExecStreamImpl::of(on);
+  const ExecStreamImpl& s = ExecStreamImpl::of(on);
   detail::dispatch_type(dst_t, [&](auto tag) {
     using D = decltype(tag);
     auto* out = static_cast<typename D::storage*>(dst);

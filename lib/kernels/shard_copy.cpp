@@ -54,7 +54,7 @@ void require_count(std::int64_t n, const char* op) {
 }  // namespace
 
 CopyPlan::CopyPlan(ExecTarget where, const std::vector<CopyRun>& runs) {
-  auto impl = std::make_shared<detail::CopyPlanImpl>();
+  auto impl = std::make_shared<CopyPlanImpl>();
   impl->target = where;
   impl->size = runs.size();
   for (std::size_t i = 0; i < runs.size(); ++i) {
@@ -103,20 +103,20 @@ std::int64_t CopyPlan::elements_written() const noexcept {
 // ---- execution streams ------------------------------------------------------------------------
 
 ExecStream ExecStream::host() {
-  auto i = std::make_shared<detail::ExecStreamImpl>();
+  auto i = std::make_shared<ExecStreamImpl>();
   i->target = ExecTarget::host;
-  return detail::ExecStreamImpl::make(std::move(i));
+  return ExecStreamImpl::make(std::move(i));
 }
 
 ExecStream ExecStream::device(void* cuda_stream) {
-  auto i = std::make_shared<detail::ExecStreamImpl>();
+  auto i = std::make_shared<ExecStreamImpl>();
   i->target = ExecTarget::device;
 #if defined(KOKKOS_ENABLE_CUDA)
   if (cuda_stream) i->device = Kokkos::Cuda(static_cast<cudaStream_t>(cuda_stream));
 #else
   (void)cuda_stream;
 #endif
-  return detail::ExecStreamImpl::make(std::move(i));
+  return ExecStreamImpl::make(std::move(i));
 }
 
 ExecTarget ExecStream::target() const noexcept {
@@ -142,7 +142,7 @@ ExecStream default_stream(ExecTarget t) {
 void run_copies(const CopyPlan& plan, const void* src, DType src_t, void* dst, DType dst_t,
                 const ExecStream& on) {
   if (!plan.impl_ || plan.impl_->written == 0) return;
-  const detail::CopyPlanImpl& p = *plan.impl_;
+  const CopyPlanImpl& p = *plan.impl_;
   if (on.target() != p.target)
     throw InvalidArgument("fullshard::kernels::run_copies: the copy plan was built for the " +
                           std::string(p.target == ExecTarget::host ? "host" : "device") +

@@ -57,7 +57,7 @@ struct F16 {
 /// float_to_bf16 (same bits, NaN included) written for vector units: signed 32-bit lanes and a
 /// select, no branch (SSE2/AVX2 have signed compares and arithmetic shifts only).
 KOKKOS_INLINE_FUNCTION std::uint16_t bf16_round(float f) {
-  const auto u = static_cast<std::int32_t>(fullshard::detail::float_bits(f));
+  const auto u = static_cast<std::int32_t>(fullshard::float_bits(f));
   const std::int32_t lsb = (u >> 16) & 1;
   const auto rounded = static_cast<std::int32_t>(static_cast<std::uint32_t>(u) + 0x7fffu +
                                                  static_cast<std::uint32_t>(lsb));

@@ -1,4 +1,4 @@
-#include "fullshard/mesh/agreement.hpp"
+#include "lib/mesh/agreement.hpp"
 
 #include "fullshard/base/bounded_comm.hpp"
 #include "fullshard/base/error.hpp"

@@ -8,13 +8,13 @@
 
 #include "fullshard/base/bounded_comm.hpp"
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/hash.hpp"
-#include "fullshard/base/mpi_wait.hpp"
 #include "fullshard/comm/mpi_communicator.hpp"
 #include "fullshard/config.hpp"
 #include "fullshard/runtime/runtime.hpp"
+#include "lib/base/hash.hpp"
+#include "lib/base/mpi_wait.hpp"
 #if FULLSHARD_HAS_NCCL
-#include "fullshard/comm/nccl_communicator.hpp"
+#include "lib/comm/nccl_communicator.hpp"
 #endif
 
 namespace fullshard {
@@ -42,8 +42,6 @@ DeviceType parse_device_type(const std::string& s) {
   if (s == "cuda") return DeviceType::cuda;
   throw InvalidArgument("DeviceMesh: unknown device type '" + s + "' (use \"cpu\" or \"cuda\")");
 }
-
-namespace detail {
 
 constexpr int kChannels = 4;
 
@@ -91,8 +89,6 @@ struct MeshState {
   mutable std::mutex device_mutex;
   mutable std::vector<std::array<std::unique_ptr<comm::Communicator>, kChannels>> device_dims;
 };
-
-}  // namespace detail
 
 namespace {
 
@@ -217,7 +213,7 @@ std::unique_ptr<NodeSplit> split_by_node(MPI_Comm dim_comm, const std::string& d
     dim_ranks.at(static_cast<std::size_t>(places[static_cast<std::size_t>(q)])) = q;
   auto shm = std::make_unique<comm::ShmComm>(local.c, dim_name + ".node", timeout_s);
   std::vector<std::unique_ptr<comm::Communicator>> channels;
-  for (int c = 0; c < detail::kChannels; ++c)
+  for (int c = 0; c < kChannels; ++c)
     channels.push_back(comm::MpiCommunicator::duplicate(
         across.c, dim_name + ".across." + channel_name(static_cast<Channel>(c)), timeout_s));
   return std::make_unique<NodeSplit>(std::move(shm), std::move(channels), node,
@@ -243,11 +239,11 @@ std::string cuda_mesh_unsupported() {
 // bootstrap its peers never reach; then one NCCL communicator per dim and channel over the
 // channel's MPI communicator (the unique id broadcast under the timeout).
 // (build() has checked cuda_mesh_unsupported()).
-void build_cuda(detail::MeshState& s, MPI_Comm base, const std::string& mesh_name) {
+void build_cuda(MeshState& s, MPI_Comm base, const std::string& mesh_name) {
 #if FULLSHARD_HAS_NCCL && defined(KOKKOS_ENABLE_CUDA)
   std::string failure;
   try {
-    for (int c = 0; c < detail::kChannels; ++c)
+    for (int c = 0; c < kChannels; ++c)
       s.device_streams[c] = std::make_unique<comm::Stream>(comm::Stream::device(
           mesh_name + "." + channel_name(static_cast<Channel>(c)), /*priority=*/-1));
     s.compute = std::make_unique<comm::Stream>(comm::Stream::device(mesh_name + ".compute", 0));
@@ -279,10 +275,10 @@ void build_cuda(detail::MeshState& s, MPI_Comm base, const std::string& mesh_nam
 #endif
 }
 
-std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
-                                         std::vector<std::string> names, double timeout_s,
-                                         HostProgress progress, HostCollectives collectives,
-                                         int ranks_per_node, DeviceType device) {
+std::shared_ptr<MeshState> build(MPI_Comm base, std::vector<int> shape,
+                                 std::vector<std::string> names, double timeout_s,
+                                 HostProgress progress, HostCollectives collectives,
+                                 int ranks_per_node, DeviceType device) {
   int ranks = 0;
   int rank = 0;
   MPI_Comm_size(base, &ranks);
@@ -315,7 +311,7 @@ std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
                         "; use a CPU mesh (DeviceType::cpu) here");
   }
 
-  auto s = std::make_shared<detail::MeshState>();
+  auto s = std::make_shared<MeshState>();
   s->shape = std::move(shape);
   s->names = std::move(names);
   s->rank = rank;
@@ -347,7 +343,7 @@ std::shared_ptr<detail::MeshState> build(MPI_Comm base, std::vector<int> shape,
       throw CommError("DeviceMesh: MPI_Comm_split for dim '" + s->names[d] + "' failed");
     const std::string dim_name = mesh_name + "." + s->names[d];
     s->dims[d][0] = comm::MpiCommunicator::adopt(split, dim_name, timeout_s);
-    for (int c = 1; c < detail::kChannels; ++c)
+    for (int c = 1; c < kChannels; ++c)
       s->dims[d][c] = comm::MpiCommunicator::duplicate(
           split, dim_name + "." + channel_name(static_cast<Channel>(c)), timeout_s);
     // FSDP's host collectives only (a CUDA mesh's go through NCCL).
@@ -488,7 +484,7 @@ comm::Communicator& DeviceMesh::device_comm(const std::string& dim, Channel chan
   const int d = dim_index(dim);
   const int c = static_cast<int>(channel);
   if (s_->device == DeviceType::cpu) return *s_->dims[d][c];
-  const detail::MeshState& st = *s_;
+  const MeshState& st = *s_;
   std::lock_guard<std::mutex> lock(st.device_mutex);
   auto& slot = st.device_dims[static_cast<std::size_t>(d)][c];
   if (slot) return *slot;
@@ -526,7 +522,7 @@ comm::Stream& DeviceMesh::device_stream(Channel channel) const {
 
 comm::Stream& DeviceMesh::compute_stream() const {
   if (s_->device == DeviceType::cuda) return *s_->compute;
-  const detail::MeshState& st = *s_;
+  const MeshState& st = *s_;
   std::lock_guard<std::mutex> lock(st.stream_mutex);
   if (!st.host_compute)
     st.host_compute = std::make_unique<comm::Stream>(comm::Stream::caller("mesh.compute"));
@@ -534,7 +530,7 @@ comm::Stream& DeviceMesh::compute_stream() const {
 }
 
 void* DeviceMesh::compute_stream_cache(std::shared_ptr<void> (*make)(void* native_stream)) const {
-  const detail::MeshState& st = *s_;
+  const MeshState& st = *s_;
   void* native = compute_stream().native_handle();
   std::lock_guard<std::mutex> lock(st.compute_mutex);
   if (!st.compute_cache || st.compute_cache_of != native) {
@@ -545,7 +541,7 @@ void* DeviceMesh::compute_stream_cache(std::shared_ptr<void> (*make)(void* nativ
 }
 
 void DeviceMesh::set_compute_stream(void* cuda_stream) const {
-  const detail::MeshState& st = *s_;
+  const MeshState& st = *s_;
   if (st.device != DeviceType::cuda)
     throw InvalidArgument("DeviceMesh " + describe() +
                           ": set_compute_stream needs a CUDA mesh (a CPU mesh computes on the "
@@ -621,7 +617,7 @@ comm::Traffic DeviceMesh::traffic() const {
 }
 
 comm::Stream& DeviceMesh::stream(Channel channel) const {
-  const detail::MeshState& st = *s_;
+  const MeshState& st = *s_;
   std::lock_guard<std::mutex> lock(st.stream_mutex);
   auto& slot = st.streams[static_cast<int>(channel)];
   if (!slot)

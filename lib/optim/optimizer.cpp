@@ -9,14 +9,13 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/stream.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
-#include "fullshard/fsdp/shard_update.hpp"
-#include "fullshard/kernels/finite_scan.hpp"
-#include "fullshard/tensor/staging.hpp"
 #include "lib/fsdp/group_access.hpp"
+#include "lib/fsdp/shard_update.hpp"
+#include "lib/kernels/finite_scan.hpp"
+#include "lib/tensor/staging.hpp"
 
 namespace fullshard::optim {
 
-namespace detail {
 struct DeviceExec {
   // The kernels layer's instances the element updates run on: the host's, and one per
   // stream for device shards (made on first use).
@@ -62,7 +61,6 @@ class InBackward final : public fsdp::ShardUpdate {
   Optimizer* opt_;
   int states_;
 };
-}  // namespace detail
 
 namespace {
 
@@ -120,7 +118,7 @@ Tensor copy_of(const Tensor& t, MemorySpace space, void* stream, const std::stri
 // the host otherwise (the host path's code and speed, bit for bit).
 template <class Kernel>
 void for_each_element(const char* label, const Kernel& k, std::int64_t n, MemorySpace space,
-                      void* stream, detail::DeviceExec& execs) {
+                      void* stream, DeviceExec& execs) {
 #if defined(KOKKOS_ENABLE_CUDA)
   if (space == MemorySpace::device) {
     if (n == 0) return;
@@ -162,7 +160,7 @@ struct SumSqKernel {
 }  // namespace
 
 Optimizer::Optimizer(std::vector<graph::Parameter*> params)
-    : params_(std::move(params)), exec_(std::make_shared<detail::DeviceExec>()) {
+    : params_(std::move(params)), exec_(std::make_shared<DeviceExec>()) {
   for (const graph::Parameter* p : params_) {
     if (p == nullptr) throw InvalidArgument("optimizer: null parameter in the list");
     if (!index_.emplace(p, index_.size()).second)
@@ -298,7 +296,7 @@ void Optimizer::run_in_backward(bool enable) {
                               "', which this optimizer does not (its update covers the whole "
                               "group: give the optimizer every parameter of the group)");
   check_group_decay(true);  // one decay rule per group
-  auto update = std::make_shared<detail::InBackward>(*this, probe.state_arrays());
+  auto update = std::make_shared<InBackward>(*this, probe.state_arrays());
   std::size_t done = 0;
   try {
     for (; done < states.size(); ++done)
@@ -612,7 +610,7 @@ double local_sum_squares(const std::vector<graph::Parameter*>& params, const Dev
   if (!on_device.empty()) {
     // One sum of squares per tensor into a device array (asynchronous, on the compute stream
     // after the backward), then one copy of that array to the host: the only wait.
-    detail::DeviceExec execs;  // the instance on the compute stream, for this call
+    DeviceExec execs;  // the instance on the compute stream, for this call
     const Kokkos::Cuda& exec = execs.on(mesh.compute_stream().native_handle());
     Kokkos::View<double*, Kokkos::CudaSpace> sums(
         Kokkos::view_alloc(exec, std::string("fullshard::local_sum_squares")), on_device.size());
@@ -683,7 +681,7 @@ void scale_to_max_norm(const std::vector<graph::Parameter*>& params, double norm
   if (!(coef < 1.0)) return;  // within the norm (or a non-finite norm: nothing to scale by)
 #if defined(KOKKOS_ENABLE_CUDA)
   void* stream = mesh.compute_stream().native_handle();
-  detail::DeviceExec execs;  // the instance on the compute stream, for the scaling
+  DeviceExec execs;  // the instance on the compute stream, for the scaling
 #else
   (void)mesh;
 #endif

@@ -25,6 +25,8 @@
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/graph/json_graph.hpp"
 #include "lib/fsdp/group_rules.hpp"
+#include "lib/graph/json_forms.hpp"
+#include "lib/schedule/planner_entry.hpp"
 
 namespace fullshard::schedule {
 
@@ -681,14 +683,15 @@ bool AutoPlanChoice::operator==(const AutoPlanChoice& o) const {
   return true;
 }
 
-nlohmann::json AutoPlanChoice::to_json() const {
+std::string AutoPlanChoice::to_json(int indent) const {
   nlohmann::json calls_json = nlohmann::json::array();
   for (const Call& c : calls)
     calls_json.push_back(
         {{"module", display_name(c.fqn)}, {"fully_shard", graph::shard_request_json(c.request)}});
-  return {{"fully_shard", calls_json},
-          {"forward_prefetch_depth", forward_prefetch_depth},
-          {"reduce_scatter_max_input_buffers", reduce_scatter_max_input_buffers}};
+  return nlohmann::json{{"fully_shard", calls_json},
+                        {"forward_prefetch_depth", forward_prefetch_depth},
+                        {"reduce_scatter_max_input_buffers", reduce_scatter_max_input_buffers}}
+      .dump(indent);
 }
 
 std::string AutoPlanChoice::to_cpp(const Plan& plan, const std::string& root_name,

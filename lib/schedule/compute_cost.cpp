@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/json_reader.hpp"
 #include "fullshard/schedule/plan.hpp"
+#include "lib/base/json_reader.hpp"
 
 namespace fullshard::schedule {
 
@@ -198,7 +198,7 @@ double ComputeRates::optimizer_ms(const std::string& optimizer, double elements)
                         "' (adamw or sgd)");
 }
 
-nlohmann::json ComputeRates::to_json() const {
+std::string ComputeRates::to_json(int indent) const {
   nlohmann::json g = nlohmann::json::array();
   for (const GemmRate& r : gemm)
     g.push_back({{"shape", r.shape.to_string()}, {"gflop_per_s", r.gflop_per_s}});
@@ -219,7 +219,7 @@ nlohmann::json ComputeRates::to_json() const {
     mt.push_back({{"model", m.model}, {"shape", shape}, {"modules", mods}, {"reps", m.reps}});
   }
   j["module_times"] = mt;
-  return j;
+  return j.dump(indent);
 }
 
 const MeasuredModules* ComputeRates::measured_modules(
@@ -229,8 +229,10 @@ const MeasuredModules* ComputeRates::measured_modules(
   return nullptr;
 }
 
-ComputeRates ComputeRates::from_json(const nlohmann::json& j, const ComputeRates& base,
-                                     const std::string& source) {
+namespace {
+// Reads `j` over `base` (ComputeRates::parse_json).
+ComputeRates rates_from_json(const nlohmann::json& j, const ComputeRates& base,
+                             const std::string& source) {
   ComputeRates c = base;
   if (!j.is_object()) fail(source, "", "expected an object, got " + j.dump());
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -301,17 +303,18 @@ ComputeRates ComputeRates::from_json(const nlohmann::json& j, const ComputeRates
   }
   return c;
 }
+}  // namespace
 
 ComputeRates ComputeRates::parse_json(const std::string& text, const ComputeRates& base,
                                       const std::string& source) {
   detail::JsonLimits limits;
   limits.max_depth = 64;
   const nlohmann::json j = detail::parse_json_strict(text, source, limits);
-  return from_json(j, base, source);
+  return rates_from_json(j, base, source);
 }
 
 ComputeRates ComputeRates::load_json(const std::string& path, const ComputeRates& base) {
-  return parse_json(detail::read_text_file(path, "compute calibration file"), base, path);
+  return parse_json(fullshard::read_text_file(path, "compute calibration file"), base, path);
 }
 
 bool ComputeRates::operator==(const ComputeRates& o) const noexcept {

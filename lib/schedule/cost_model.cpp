@@ -10,14 +10,14 @@
 #include <sstream>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/json_reader.hpp"
 #include "fullshard/comm/communicator.hpp"
 #include "fullshard/comm/shm.hpp"
 #include "fullshard/comm/stream.hpp"
-#include "fullshard/kernels/multi_source.hpp"
 #include "fullshard/kernels/quantize.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
+#include "lib/base/json_reader.hpp"
+#include "lib/kernels/multi_source.hpp"
 
 namespace fullshard::schedule {
 
@@ -245,7 +245,7 @@ nlohmann::json alpha_beta_table(const Kinds& kinds, Lookup&& ab) {
 
 }  // namespace
 
-nlohmann::json CostModel::to_json() const {
+std::string CostModel::to_json(int indent) const {
   nlohmann::json j =
       alpha_beta_table(kKinds, [this](CollectiveKind k, MeshDim d) { return collective(k, d); });
   j["copy_gb_per_s"] = copy_gb_per_s_;
@@ -256,7 +256,7 @@ nlohmann::json CostModel::to_json() const {
   j["transport"] = transport;
   j["shm"] = alpha_beta_table(kShmKinds,
                               [this](CollectiveKind k, MeshDim d) { return shm_collective(k, d); });
-  return j;
+  return j.dump(indent);
 }
 
 namespace {
@@ -316,7 +316,10 @@ void read_dims(const nlohmann::json& v, const std::string& source, const std::st
 
 }  // namespace
 
-CostModel CostModel::from_json(const nlohmann::json& j, const CostModel& base,
+namespace {
+
+// Reads `j` over `base` (CostModel::parse_json).
+CostModel cost_model_from_json(const nlohmann::json& j, const CostModel& base,
                                const std::string& source) {
   CostModel c = base;
   check_object(j, source, "");
@@ -326,13 +329,13 @@ CostModel CostModel::from_json(const nlohmann::json& j, const CostModel& base,
     if (key == "copy_gb_per_s") {
       const double v = non_negative(it.value(), source, path);
       if (v <= 0) fail(source, path, "expected a bandwidth > 0");
-      c.copy_gb_per_s_ = v;
+      c.set_copy_gb_per_s(v);
       continue;
     }
     if (key == "quant_ns_per_element") {
       const double v = non_negative(it.value(), source, path);
       if (v <= 0) fail(source, path, "expected a time > 0 ns");
-      c.quant_ns_per_element_ = v;
+      c.set_quant_ns_per_element(v);
       continue;
     }
     if (key == "transport") {
@@ -381,6 +384,8 @@ CostModel CostModel::from_json(const nlohmann::json& j, const CostModel& base,
   return c;
 }
 
+}  // namespace
+
 CostModel CostModel::parse_json(const std::string& text, const CostModel& base,
                                 const std::string& source) {
   // The graph loader's reader: duplicate keys, nesting and out-of-range numbers are refused
@@ -388,11 +393,11 @@ CostModel CostModel::parse_json(const std::string& text, const CostModel& base,
   detail::JsonLimits limits;
   limits.max_depth = 64;
   const nlohmann::json j = detail::parse_json_strict(text, source, limits);
-  return from_json(j, base, source);
+  return cost_model_from_json(j, base, source);
 }
 
 CostModel CostModel::load_json(const std::string& path, const CostModel& base) {
-  return parse_json(detail::read_text_file(path, "cost model file"), base, path);
+  return parse_json(fullshard::read_text_file(path, "cost model file"), base, path);
 }
 
 AlphaBeta fit_alpha_beta(const std::vector<double>& x, const std::vector<double>& t) {
@@ -702,14 +707,16 @@ nlohmann::json link_json(const AlphaBeta& ab) {
 
 }  // namespace
 
-nlohmann::json TwoLevelNetwork::to_json() const {
-  return {{"gpus_per_node", gpus_per_node},
-          {"nvlink", link_json(nvlink)},
-          {"infiniband", link_json(infiniband)}};
+std::string TwoLevelNetwork::to_json(int indent) const {
+  return nlohmann::json{{"gpus_per_node", gpus_per_node},
+                        {"nvlink", link_json(nvlink)},
+                        {"infiniband", link_json(infiniband)}}
+      .dump(indent);
 }
 
-TwoLevelNetwork TwoLevelNetwork::from_json(const nlohmann::json& j, const TwoLevelNetwork& base,
-                                           const std::string& source) {
+namespace {
+TwoLevelNetwork network_from_json(const nlohmann::json& j, const TwoLevelNetwork& base,
+                                  const std::string& source) {
   TwoLevelNetwork n = base;
   check_object(j, source, "");
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -741,12 +748,17 @@ TwoLevelNetwork TwoLevelNetwork::from_json(const nlohmann::json& j, const TwoLev
   return n;
 }
 
-TwoLevelNetwork TwoLevelNetwork::load_json(const std::string& path, const TwoLevelNetwork& base) {
+}  // namespace
+
+TwoLevelNetwork TwoLevelNetwork::parse_json(const std::string& text, const TwoLevelNetwork& base,
+                                            const std::string& source) {
   detail::JsonLimits limits;
   limits.max_depth = 64;
-  return from_json(
-      detail::parse_json_strict(detail::read_text_file(path, "network file"), path, limits), base,
-      path);
+  return network_from_json(detail::parse_json_strict(text, source, limits), base, source);
+}
+
+TwoLevelNetwork TwoLevelNetwork::load_json(const std::string& path, const TwoLevelNetwork& base) {
+  return parse_json(fullshard::read_text_file(path, "network file"), base, path);
 }
 
 }  // namespace fullshard::schedule

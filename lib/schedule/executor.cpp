@@ -1,3 +1,5 @@
+#include <nlohmann/json.hpp>
+
 #include "fullshard/schedule/executor.hpp"
 
 #include "fullshard/base/error.hpp"
@@ -43,7 +45,7 @@ void Timeline::clear() {
   origin_ = std::chrono::steady_clock::now();
 }
 
-nlohmann::json Timeline::to_chrome_trace(int pid, const std::string& name) const {
+std::string Timeline::to_chrome_trace(int pid, const std::string& name) const {
   using nlohmann::json;
   json ev = json::array();
   ev.push_back({{"name", "process_name"},
@@ -65,7 +67,7 @@ nlohmann::json Timeline::to_chrome_trace(int pid, const std::string& name) const
                   {"tid", static_cast<int>(op.stream)},
                   {"ts", op.start_us},
                   {"dur", op.end_us - op.start_us}});
-  return {{"traceEvents", ev}, {"displayTimeUnit", "ms"}};
+  return json{{"traceEvents", ev}, {"displayTimeUnit", "ms"}}.dump();
 }
 
 // ---- Executor ---------------------------------------------------------------------------

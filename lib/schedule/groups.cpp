@@ -10,6 +10,8 @@
 #include "fullshard/base/checked.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/tensor/sharding.hpp"
+#include "lib/schedule/planner_entry.hpp"
+#include "lib/tensor/shard_extent.hpp"
 
 namespace fullshard::schedule {
 

@@ -3,9 +3,12 @@
 #include <cstdio>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/hash.hpp"
 #include "fullshard/schedule/plan.hpp"
+#include "lib/base/hash.hpp"
+#include "lib/schedule/planner_entry.hpp"
 
 namespace fullshard::schedule {
 
@@ -311,7 +314,7 @@ ByteFloor Plan::byte_floor(int optimizer_passes) const {
   return f;
 }
 
-nlohmann::json Plan::to_chrome_trace() const {
+std::string Plan::to_chrome_trace() const {
   using nlohmann::json;
   json ev = json::array();
   ev.push_back({{"name", "process_name"},
@@ -367,15 +370,16 @@ nlohmann::json Plan::to_chrome_trace() const {
   }
   char fp[32];
   std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(fingerprint()));
-  return {{"traceEvents", ev},
-          {"displayTimeUnit", "ms"},
-          {"otherData",
-           {{"generator", "fullshard-plan"},
-            {"fingerprint", fp},
-            {"step_ms", step_ms},
-            {"peak_bytes", peak_bytes},
-            {"sharded_bytes", sharded_bytes},
-            {"grad_bytes", grad_bytes}}}};
+  return json{{"traceEvents", ev},
+              {"displayTimeUnit", "ms"},
+              {"otherData",
+               {{"generator", "fullshard-plan"},
+                {"fingerprint", fp},
+                {"step_ms", step_ms},
+                {"peak_bytes", peak_bytes},
+                {"sharded_bytes", sharded_bytes},
+                {"grad_bytes", grad_bytes}}}}
+      .dump();
 }
 
 std::uint64_t fnv1a64(const std::string& s) noexcept {

@@ -17,6 +17,7 @@
 #include "fullshard/fsdp/engine.hpp"
 #include "fullshard/schedule/plan.hpp"
 #include "lib/fsdp/state_machine.hpp"
+#include "lib/schedule/planner_entry.hpp"
 #include "lib/transport/charges.hpp"
 
 namespace fullshard::schedule {

@@ -4,17 +4,17 @@
 #include <utility>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/json_reader.hpp"
-#include "fullshard/mesh/agreement.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "fullshard/session/config.hpp"
+#include "lib/base/json_reader.hpp"
+#include "lib/mesh/agreement.hpp"
 
 namespace fullshard::session {
 
 Config read_config(const DeviceMesh& mesh, const std::string& path) {
   std::string text, error;
   try {
-    text = fullshard::detail::read_text_file(path, "configuration");
+    text = fullshard::read_text_file(path, "configuration");
   } catch (const Error& e) {
     error = e.message();
   }

@@ -10,8 +10,8 @@
 #include <map>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/hash.hpp"
-#include "fullshard/kernels/finite_scan.hpp"
+#include "lib/base/hash.hpp"
+#include "lib/kernels/finite_scan.hpp"
 
 namespace fullshard::session::detail {
 

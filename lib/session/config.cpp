@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/json_reader.hpp"
 #include "fullshard/kernels/quantize.hpp"
+#include "lib/base/json_reader.hpp"
 
 namespace fullshard::session {
 
@@ -459,7 +459,7 @@ Config parse_config(const std::string& text, const std::string& source) {
 Config read_config(const std::string& path) {
   std::string text;
   try {
-    text = fullshard::detail::read_text_file(path, "configuration");
+    text = fullshard::read_text_file(path, "configuration");
   } catch (const ConfigError&) {
     throw;
   } catch (const Error& e) {
@@ -468,7 +468,7 @@ Config read_config(const std::string& path) {
   return parse_config(text, path);
 }
 
-nlohmann::ordered_json to_json(const Config& c) {
+std::string to_json(const Config& c, int indent) {
   ojson j;
   const ModelSpec& m = c.model;
   ojson& model = j["model"];
@@ -566,7 +566,7 @@ nlohmann::ordered_json to_json(const Config& c) {
   ck["start_over"] = c.checkpoint.start_over;
   j["seed"] = c.seed;
   j["threads"] = c.threads;
-  return j;
+  return j.dump(indent);
 }
 
 std::string Config::name_of(const std::string& key) const {
@@ -586,7 +586,7 @@ std::string Config::setting(const std::string& key, const std::string& value,
 }
 
 std::vector<std::string> canonical_lines(const Config& c) {
-  return parse_config(to_json(c).dump(), c.source.empty() ? "<session configuration>" : c.source)
+  return parse_config(to_json(c), c.source.empty() ? "<session configuration>" : c.source)
       .canonical;
 }
 

@@ -3,6 +3,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "fullshard/base/error.hpp"
 #include "fullshard/optim/optimizer.hpp"
 #include "lib/session/session_optimizer.hpp"
@@ -82,12 +84,12 @@ class GraphOptimizer final : public SessionOptimizer {
   std::string save(const std::string& dir, std::int64_t step,
                    const checkpoint::SaveOptions& options,
                    const nlohmann::json& metadata) override {
-    return checkpoint::save(dir, root_, opt_.get(), step, metadata, {}, options);
+    return checkpoint::save(dir, root_, opt_.get(), step, metadata.dump(), {}, options);
   }
   checkpoint::AsyncSave save_async(const std::string& dir, std::int64_t step,
                                    const checkpoint::SaveOptions& options,
                                    const nlohmann::json& metadata) override {
-    return checkpoint::save_async(dir, root_, opt_.get(), step, metadata, {}, options);
+    return checkpoint::save_async(dir, root_, opt_.get(), step, metadata.dump(), {}, options);
   }
   checkpoint::Loaded load(const std::string& dir) override {
     return checkpoint::load(dir, root_, opt_.get());

@@ -14,12 +14,12 @@
 
 #include "fullshard/base/checked.hpp"
 #include "fullshard/base/error.hpp"
-#include "fullshard/checkpoint/torchscript_archive.hpp"
 #include "fullshard/torch/deferred_init.hpp"
 #include "fullshard/torch/gpt.hpp"
 #include "fullshard/torch/init.hpp"
 #include "fullshard/torch/residual_mlp.hpp"
 #include "fullshard/torch/sharded_model.hpp"
+#include "lib/checkpoint/torchscript_archive.hpp"
 
 namespace fullshard::session {
 

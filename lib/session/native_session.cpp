@@ -6,9 +6,9 @@
 #include <utility>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/kernels/finite_scan.hpp"
 #include "fullshard/optim/optimizer.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
+#include "lib/kernels/finite_scan.hpp"
 #include "lib/session/session_core.hpp"
 
 namespace fullshard::session {

@@ -1,4 +1,4 @@
-#include "fullshard/session/non_finite_policy.hpp"
+#include "lib/session/non_finite_policy.hpp"
 
 #include <cstdio>
 #include <limits>

@@ -1,3 +1,5 @@
+#include <nlohmann/json.hpp>
+
 #include "lib/session/optimizer.hpp"
 
 #include <torch/optim/adamw.h>
@@ -63,12 +65,12 @@ class LibTorchOptimizer final : public SessionOptimizer {
   std::string save(const std::string& dir, std::int64_t step,
                    const checkpoint::SaveOptions& options,
                    const nlohmann::json& metadata) override {
-    return fst::save_checkpoint(dir, model_, opt_.get(), step, options, metadata);
+    return fst::save_checkpoint(dir, model_, opt_.get(), step, options, metadata.dump());
   }
   checkpoint::AsyncSave save_async(const std::string& dir, std::int64_t step,
                                    const checkpoint::SaveOptions& options,
                                    const nlohmann::json& metadata) override {
-    return fst::save_checkpoint_async(dir, model_, opt_.get(), step, options, metadata);
+    return fst::save_checkpoint_async(dir, model_, opt_.get(), step, options, metadata.dump());
   }
   checkpoint::Loaded load(const std::string& dir) override {
     return fst::load_checkpoint(dir, model_, opt_.get());

@@ -1,3 +1,5 @@
+#include <nlohmann/json.hpp>
+
 #include "fullshard/session/session_base.hpp"
 
 #include <utility>
@@ -37,7 +39,14 @@ const checkpoint::Loaded& SessionBase::last_loaded() const noexcept {
 checkpoint::Loaded SessionBase::load_parameters(const std::string& dir) {
   return core_->load_parameters(dir);
 }
-void SessionBase::set_checkpoint_metadata(nlohmann::json extra) {
+void SessionBase::set_checkpoint_metadata(const std::string& text) {
+  nlohmann::json extra;
+  try {
+    extra = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument("set_checkpoint_metadata: the metadata is not a JSON text: " +
+                          std::string(e.what()));
+  }
   if (!extra.is_object() || extra.contains("session"))
     throw InvalidArgument(
         "set_checkpoint_metadata: the metadata must be a JSON object without the key "

@@ -1,3 +1,5 @@
+#include <nlohmann/json.hpp>
+
 #include "lib/session/session_core.hpp"
 
 #include <cmath>
@@ -10,10 +12,11 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/format.hpp"
 #include "fullshard/checkpoint/safetensors.hpp"
-#include "fullshard/mesh/agreement.hpp"
 #include "fullshard/schedule/compute_cost.hpp"
 #include "fullshard/schedule/memory_account.hpp"
 #include "fullshard/schedule/memory_budget.hpp"
+#include "lib/base/message_of.hpp"
+#include "lib/mesh/agreement.hpp"
 
 namespace fullshard::session {
 
@@ -465,8 +468,8 @@ void SessionCore::check_identity(const std::string& dir) {
       const std::string step_dir = checkpoint::resolve_step_dir(dir);
       const checkpoint::Index index =
           checkpoint::parse_index(checkpoint::read_index_text(step_dir), step_dir);
-      if (index.metadata.contains("session"))
-        text = step_dir + "\n" + index.metadata["session"].dump();
+      const nlohmann::json metadata = nlohmann::json::parse(index.metadata);
+      if (metadata.contains("session")) text = step_dir + "\n" + metadata["session"].dump();
     } catch (const std::exception&) {
       // No readable checkpoint: the load reports it.
     }

@@ -29,7 +29,7 @@
 #include "fullshard/schedule/plan.hpp"
 #include "fullshard/session/config.hpp"
 #include "fullshard/session/metrics.hpp"
-#include "fullshard/session/non_finite_policy.hpp"
+#include "lib/session/non_finite_policy.hpp"
 #include "lib/session/session_optimizer.hpp"
 
 namespace fullshard::session {

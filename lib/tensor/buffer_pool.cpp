@@ -1,4 +1,5 @@
 #include "fullshard/tensor/buffer_pool.hpp"
+#include "lib/tensor/pool_label.hpp"
 
 #include <algorithm>
 #include <map>

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "fullshard/base/error.hpp"
+#include "lib/tensor/shard_extent.hpp"
 
 namespace fullshard {
 

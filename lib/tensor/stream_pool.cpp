@@ -1,4 +1,4 @@
-#include "fullshard/tensor/stream_pool.hpp"
+#include "lib/tensor/stream_pool.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -12,6 +12,9 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/tensor/buffer_pool.hpp"
+#include "lib/base/abort.hpp"
+#include "lib/base/message_of.hpp"
+#include "lib/tensor/pool_label.hpp"
 
 namespace fullshard {
 namespace {

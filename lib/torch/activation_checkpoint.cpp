@@ -9,7 +9,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/torch/sharded_model.hpp"
 
-namespace fullshard::torch::detail {
+namespace fullshard::torch {
 namespace {
 
 using ::torch::autograd::AutogradContext;
@@ -80,4 +80,4 @@ at::Tensor checkpointed(Recompute fn, std::vector<at::Tensor> inputs) {
   return Checkpoint::apply(hold(std::move(fn)), at::TensorList(inputs))[0];
 }
 
-}  // namespace fullshard::torch::detail
+}  // namespace fullshard::torch

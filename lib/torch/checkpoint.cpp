@@ -130,8 +130,7 @@ auto with_state(ShardedModel& model, const ::torch::optim::Optimizer* optimizer,
 
 std::string save_checkpoint(const std::string& dir, ShardedModel& model,
                             const ::torch::optim::Optimizer* optimizer, std::int64_t step,
-                            const checkpoint::SaveOptions& options,
-                            const nlohmann::json& metadata) {
+                            const checkpoint::SaveOptions& options, const std::string& metadata) {
   return with_state(model, optimizer, step,
                     [&](graph::Module& graph, const optim::Optimizer* holder) {
                       return checkpoint::save(dir, graph, holder, step, metadata, {}, options);
@@ -142,7 +141,7 @@ checkpoint::AsyncSave save_checkpoint_async(const std::string& dir, ShardedModel
                                             const ::torch::optim::Optimizer* optimizer,
                                             std::int64_t step,
                                             const checkpoint::SaveOptions& options,
-                                            const nlohmann::json& metadata) {
+                                            const std::string& metadata) {
   return with_state(
       model, optimizer, step, [&](graph::Module& graph, const optim::Optimizer* holder) {
         return checkpoint::save_async(dir, graph, holder, step, metadata, {}, options);

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/hash.hpp"
+#include "lib/base/hash.hpp"
 
 namespace fullshard::torch {
 namespace {

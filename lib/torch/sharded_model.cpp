@@ -23,15 +23,16 @@
 #include <unordered_set>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/fsdp/front_end.hpp"
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/schedule/executor.hpp"
 #include "fullshard/torch/sharded_model.hpp"
+#include "lib/fsdp/front_end.hpp"
 #include "lib/fsdp/group_access.hpp"
 #include "lib/torch/parameter_binding.hpp"
 
 namespace fullshard::torch {
-namespace detail {
+
+using namespace detail;  // the parameter bindings and the tensor conversions
 
 struct ModuleState {
   ModelState* model = nullptr;
@@ -395,23 +396,21 @@ std::vector<at::Tensor> ForwardCall::outputs(std::vector<at::Tensor> tensors) {
   return through<PreBackward>(std::move(tensors), s);
 }
 
-}  // namespace detail
-
 // ---- ShardedModel ----------------------------------------------------------------------------
 
 ShardedModel::ShardedModel(std::shared_ptr<::torch::nn::Module> root, const std::string& root_name)
-    : state_(std::make_unique<detail::ModelState>()) {
+    : state_(std::make_unique<ModelState>()) {
   if (!root) throw InvalidArgument("fullshard::torch::ShardedModel: the root module is null");
   state_->root = std::move(root);
   state_->graph = graph::Module::make_root(root_name);
   std::unordered_map<const c10::TensorImpl*, std::string> seen;
-  detail::mirror(*state_, *state_->root, *state_->graph, seen);
+  mirror(*state_, *state_->root, *state_->graph, seen);
 }
 
 ShardedModel::~ShardedModel() {
-  std::lock_guard<std::mutex> lock(detail::registry_mutex);
+  std::lock_guard<std::mutex> lock(registry_mutex);
   for (auto& [module, st] : state_->states)
-    detail::registry().erase(module);
+    registry().erase(module);
   // The parameters keep the views they show (shards and sharded gradients stay valid).
   for (graph::Module* gm : state_->graph->modules_preorder())
     for (std::size_t i = 0; i < gm->num_params(); ++i)
@@ -426,7 +425,7 @@ fsdp::FSDPModule& ShardedModel::fully_shard(::torch::nn::Module& module, const D
 fsdp::FSDPModule& ShardedModel::fully_shard(const std::vector<::torch::nn::Module*>& modules,
                                             const DeviceMesh& mesh,
                                             const fsdp::FullyShardOptions& options) {
-  detail::ModelState& m = *state_;
+  ModelState& m = *state_;
   if (modules.empty())
     throw InvalidArgument("fullshard::torch::fully_shard: an empty list of modules");
   std::vector<graph::Module*> mirrors;
@@ -477,7 +476,7 @@ fsdp::FSDPModule& ShardedModel::fully_shard(const std::vector<::torch::nn::Modul
     group.emplace_back(p, b);
   }
   for (std::size_t i = 0; i < modules.size(); ++i) {
-    auto s = std::make_unique<detail::ModuleState>();
+    auto s = std::make_unique<ModuleState>();
     s->model = &m;
     s->module = modules[i];
     s->mirror = mirrors[i];
@@ -486,12 +485,12 @@ fsdp::FSDPModule& ShardedModel::fully_shard(const std::vector<::torch::nn::Modul
     s->group = group;
     if (s->is_root) {
       m.root_state = s.get();
-      detail::materialize_whole(m, device);
+      materialize_whole(m, device);
     }
-    detail::ModuleState* raw = s.get();
+    ModuleState* raw = s.get();
     m.states[modules[i]] = std::move(s);
-    std::lock_guard<std::mutex> lock(detail::registry_mutex);
-    detail::registry()[modules[i]] = raw;
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    registry()[modules[i]] = raw;
   }
   return st;
 }
@@ -533,26 +532,26 @@ const std::string& ShardedModel::fqn(const ::torch::nn::Module& module) const {
 }
 
 void ShardedModel::initialize(const std::function<void(const LocalShard&)>& init) {
-  detail::ModelState& m = *state_;
+  ModelState& m = *state_;
   if (!m.root_state)
     throw InvalidArgument(
         "fullshard::torch::ShardedModel::initialize: fully_shard was not applied to the root "
         "module yet; the shards exist once every fully_shard call ran (the root last)");
   ::torch::NoGradGuard no_grad;
-  std::unordered_map<const graph::Module*, detail::ModuleState*> state_of;
+  std::unordered_map<const graph::Module*, ModuleState*> state_of;
   for (auto& [module, st] : m.states)
     state_of[st->mirror] = st.get();
   std::unordered_set<const fsdp::FSDPModule*> done;  // a list group's modules share one
   for (graph::Module* gm : m.graph->modules_preorder()) {
     auto it = state_of.find(gm);
     if (it == state_of.end() || !done.insert(it->second->fsdp).second) continue;
-    detail::ModuleState& s = *it->second;
+    ModuleState& s = *it->second;
     const auto& members = s.fsdp->group_layout().members;  // layout order, as s.group
     for (std::size_t i = 0; i < s.group.size(); ++i) {
       auto& [param, binding] = s.group[i];
       if (!m.deferred.count(param->fqn())) continue;
       if (!s.fsdp->is_sharded())
-        throw InvalidArgument("fullshard::torch::ShardedModel::initialize: " + detail::describe(s) +
+        throw InvalidArgument("fullshard::torch::ShardedModel::initialize: " + describe(s) +
                               " is unsharded; initialize outside forward and backward (or "
                               "reshard() it first)");
       LocalShard shard;
@@ -597,7 +596,7 @@ void ShardedModel::apply_plan(const schedule::Plan& plan, const DeviceMesh& mesh
 }
 
 void ShardedModel::measure_compute(bool on) {
-  detail::ComputeClock& c = state_->clock;
+  ComputeClock& c = state_->clock;
   if (on && state_->root_depth > 0)
     throw InvalidArgument(
         "fullshard::torch::ShardedModel::measure_compute: called inside the root's forward; "
@@ -605,9 +604,8 @@ void ShardedModel::measure_compute(bool on) {
   if (on) {
     for (auto& [module, st] : state_->states)
       if (st->fsdp->mesh().device_type() != DeviceType::cpu)
-        throw InvalidArgument(
-            "fullshard::torch::ShardedModel::measure_compute: " + detail::describe(*st) +
-            " computes on a GPU; the host clock measures the CPU only");
+        throw InvalidArgument("fullshard::torch::ShardedModel::measure_compute: " + describe(*st) +
+                              " computes on a GPU; the host clock measures the CPU only");
     c.iterations.clear();
   }
   c.on = on;
@@ -616,11 +614,11 @@ void ShardedModel::measure_compute(bool on) {
 }
 
 MeasuredCompute ShardedModel::measured_compute() const {
-  const detail::ComputeClock& c = state_->clock;
+  const ComputeClock& c = state_->clock;
   MeasuredCompute out;
   for (const auto& [module, st] : state_->states)
     out.modules[st->mirror->fqn()] = schedule::ModuleTime{};
-  std::vector<const detail::ComputeClock::Iteration*> done;
+  std::vector<const ComputeClock::Iteration*> done;
   for (const auto& it : c.iterations)
     if (it.complete) done.push_back(&it);
   out.iterations = done.size();
@@ -644,7 +642,7 @@ MeasuredCompute ShardedModel::measured_compute() const {
                    [&](std::size_t a, std::size_t b) { return total[a] < total[b]; });
   const std::size_t keep = std::max<std::size_t>(1, n / 2);
   for (std::size_t k = 0; k < keep; ++k) {
-    const detail::ComputeClock::Iteration& it = *done[order[k]];
+    const ComputeClock::Iteration& it = *done[order[k]];
     for (const auto& [st, t] : it.modules) {
       schedule::ModuleTime& m = out.modules[st->mirror->fqn()];
       m.forward_ms += t.first / double(keep);

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <exception>
 
-#include "fullshard/tensor/stream_pool.hpp"
+#include "lib/tensor/stream_pool.hpp"
 #include "lib/transport/devices.hpp"
 
 namespace fullshard::transport::detail {

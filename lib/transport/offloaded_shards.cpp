@@ -1,6 +1,6 @@
 #include "lib/transport/offloaded_shards.hpp"
 
-#include "fullshard/tensor/staging.hpp"
+#include "lib/tensor/staging.hpp"
 
 namespace fullshard::transport::detail {
 

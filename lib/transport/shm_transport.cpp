@@ -7,7 +7,7 @@
 #include <memory>
 #include <mutex>
 
-#include "fullshard/kernels/multi_source.hpp"
+#include "lib/kernels/multi_source.hpp"
 #include "lib/transport/comm_transport.hpp"
 
 namespace fullshard::transport::detail {

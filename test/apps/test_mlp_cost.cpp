@@ -101,7 +101,7 @@ TEST_CASE("mlp_cost: a short calibration on every rank at once") {
   CHECK(r.adamw_ns_per_element > 0);
   CHECK(r.sgd_ns_per_element > 0);
   // Every rank got the slowest rank's numbers: the same JSON everywhere.
-  const std::string text = r.to_json().dump();
+  const std::string text = r.to_json();
   const std::uint64_t h = schedule::fnv1a64(text);
   std::uint64_t lo = h, hi = h;
   MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
@@ -235,7 +235,7 @@ TEST_CASE("mlp_cost: a calibration with module times, one rank at a time") {
   }
   CHECK(r.adamw_ns_per_element > 0);
   // The slowest rank's times on every rank: the same JSON everywhere, and it round-trips.
-  const std::string text = r.to_json().dump();
+  const std::string text = r.to_json();
   CHECK(same_everywhere(text));
   CHECK(ComputeRates::parse_json(text, ComputeRates{}) == r);
 }

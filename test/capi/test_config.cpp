@@ -298,7 +298,7 @@ TEST_CASE("config: the typed configuration and its JSON form are one") {
     CAPTURE(entry.first);
     CAPTURE(entry.second);
     const Config c = parse(entry.first, entry.second);
-    const std::string text = fs::session::to_json(c).dump();
+    const std::string text = fs::session::to_json(c);
     CAPTURE(text);
     const Config back = parse_config(text, "cfg.json");
     CHECK(back.canonical == c.canonical);

@@ -8,6 +8,7 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/format.hpp"
+#include "lib/checkpoint/index_json.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   namespace ck = fullshard::checkpoint;

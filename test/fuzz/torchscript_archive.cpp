@@ -7,7 +7,7 @@
 #include <cstdlib>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/checkpoint/torchscript_archive.hpp"
+#include "lib/checkpoint/torchscript_archive.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   namespace ck = fullshard::checkpoint;

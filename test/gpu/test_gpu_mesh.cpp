@@ -13,8 +13,8 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/mesh/compute_space.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
-#include "fullshard/tensor/stream_pool.hpp"
 #include "gpu_support.hpp"
+#include "lib/tensor/stream_pool.hpp"
 
 using namespace fullshard;
 using gpu_test::check;

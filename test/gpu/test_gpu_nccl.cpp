@@ -12,8 +12,8 @@
 
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/base/error.hpp"
-#include "fullshard/comm/nccl_communicator.hpp"
 #include "gpu_support.hpp"
+#include "lib/comm/nccl_communicator.hpp"
 
 using namespace fullshard;
 using comm::DivideMode;

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "fullshard/comm/stream.hpp"
-#include "fullshard/tensor/stream_pool.hpp"
 #include "gpu_support.hpp"
+#include "lib/tensor/stream_pool.hpp"
 
 using namespace fullshard;
 using comm::Stream;

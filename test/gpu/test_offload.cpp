@@ -28,7 +28,7 @@
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/optim/optimizer.hpp"
-#include "fullshard/tensor/staging.hpp"
+#include "lib/tensor/staging.hpp"
 #include "test_devices.hpp"
 #include "test_support.hpp"
 

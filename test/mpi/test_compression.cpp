@@ -20,6 +20,7 @@
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/graph/json_graph.hpp"
 #include "fullshard/kernels/quantize.hpp"
+#include "lib/graph/json_forms.hpp"
 #include "test_devices.hpp"
 #include "test_support.hpp"
 

@@ -9,6 +9,8 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/graph/json_graph.hpp"
@@ -110,7 +112,7 @@ TEST_CASE_TEMPLATE(
       CHECK(count_labels(ex.timeline(), StreamKind::reduce_scatter, "reduce_scatter on") == rs);
     }
     CHECK(count_labels(ex.timeline(), StreamKind::compute, "bwd(") == 4);
-    const auto trace = ex.timeline().to_chrome_trace();
+    const auto trace = nlohmann::json::parse(ex.timeline().to_chrome_trace());
     int x = 0;
     for (const auto& e : trace["traceEvents"])
       x += e["ph"] == "X";

@@ -25,6 +25,7 @@
 #include "fullshard/fsdp/state_dict.hpp"
 #include "fullshard/graph/json_graph.hpp"
 #include "lib/fsdp/group_access.hpp"
+#include "lib/graph/json_forms.hpp"
 #include "test_devices.hpp"
 #include "test_support.hpp"
 

@@ -214,7 +214,7 @@ TEST_CASE_TEMPLATE("checkpoints of the device's shards: the host path's files, l
     }
     checkpoint::SaveOptions so;
     so.kind = kind;
-    checkpoint::save(dir.path, *model.root, &opt, 2, nlohmann::json::object(), "", so);
+    checkpoint::save(dir.path, *model.root, &opt, 2, "{}", "", so);
     // Into the device's model and into a host model: the same values, the state where the
     // shard lives.
     for (const DeviceMesh* into : {&mesh, &host_mesh}) {

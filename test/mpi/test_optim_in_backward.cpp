@@ -16,9 +16,9 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
-#include "fullshard/fsdp/shard_update.hpp"
 #include "fullshard/optim/optimizer.hpp"
 #include "lib/fsdp/group_access.hpp"
+#include "lib/fsdp/shard_update.hpp"
 #include "test_support.hpp"
 
 using namespace fullshard;

@@ -17,8 +17,8 @@
 #include "fullshard/comm/shm.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
-#include "fullshard/kernels/multi_source.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
+#include "lib/kernels/multi_source.hpp"
 #include "test_support.hpp"
 
 using namespace fullshard;

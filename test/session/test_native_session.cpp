@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "error_check.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/optim/optimizer.hpp"
@@ -296,9 +298,10 @@ TEST_CASE("native session: checkpoint kind, resume_from, the program's metadata,
     fs::apps::ResidualMlp net(kShape, c.seed);
     ss::NativeSession s(mesh, net, c, kGlobalRows);
     s.set_progress({{}, [&](const ss::SaveMetrics& m) { saves.push_back(m); }});
-    s.set_checkpoint_metadata({{"data", {{"batch", kGlobalRows}, {"seed", 5}}}});
+    s.set_checkpoint_metadata(
+        nlohmann::json{{"data", {{"batch", kGlobalRows}, {"seed", 5}}}}.dump());
     CHECK(fs::test::error_of<fs::InvalidArgument>([&] {
-            s.set_checkpoint_metadata({{"session", 1}});
+            s.set_checkpoint_metadata(R"({"session": 1})");
           }).find("without the key \"session\"") != std::string::npos);
     straight = by_session(s, 0, 2);
     s.save();  // step 2
@@ -322,7 +325,7 @@ TEST_CASE("native session: checkpoint kind, resume_from, the program's metadata,
     CHECK(s.step() == 4);
     CHECK(s.last_loaded().step_dir == step4);
     CHECK(s.last_loaded().kind == fs::checkpoint::Kind::full);
-    CHECK(s.last_loaded().metadata["data"]["seed"] == 5);
+    CHECK(nlohmann::json::parse(s.last_loaded().metadata)["data"]["seed"] == 5);
     CHECK(rel(by_session(s, 4, 5)[0], by_session_reference(c, 5)) <= 1e-6);
     s.save();  // step 5: keep_last 1, but the step resumed from stays
     CHECK(std::filesystem::exists(step4));

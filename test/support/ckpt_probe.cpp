@@ -81,8 +81,8 @@ int run(Runtime& rt, const std::string& mode, const std::string& dir, long step,
     auto model = make_model(mesh, step);
     checkpoint::SaveOptions opt;
     opt.kind = full ? checkpoint::Kind::full : checkpoint::Kind::sharded;
-    const std::string path =
-        checkpoint::save(dir, *model, nullptr, step, {{"step", step}}, "", opt);
+    const std::string path = checkpoint::save(dir, *model, nullptr, step,
+                                              nlohmann::json{{"step", step}}.dump(), "", opt);
     if (rt.rank() == 0) std::printf("saved step %ld to %s\n", step, path.c_str());
     return 0;
   }

@@ -14,10 +14,10 @@
 
 namespace fullshard::test {
 
+using comm::DeviceEvent;
+using comm::DeviceStreamBackend;
 using comm::Stream;
-using comm::detail::DeviceEvent;
-using comm::detail::DeviceStreamBackend;
-using comm::detail::StreamAccess;
+using comm::StreamAccess;
 
 using Gate = std::shared_ptr<std::atomic<bool>>;
 

@@ -738,9 +738,8 @@ TEST_CASE("torch: auto_shard chooses and applies the fully_shard calls under a b
     opt.step();
   }
   CHECK(root.pool_peak_bytes() == ap.plan.pool_peak_bytes[0]);
-  MESSAGE(ap.choice.to_json().dump()
-          << " groups " << ap.plan.groups.size() << " roots " << ap.plan.pool_roots.size()
-          << " peak " << ap.plan.peak_bytes);
+  MESSAGE(ap.choice.to_json() << " groups " << ap.plan.groups.size() << " roots "
+                              << ap.plan.pool_roots.size() << " peak " << ap.plan.peak_bytes);
   auto got = net->named_parameters();
   for (std::size_t i = 0; i < got.size(); ++i) {
     CAPTURE(got[i].key());

@@ -14,6 +14,7 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/graph/json_graph.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
+#include "lib/graph/json_forms.hpp"
 
 using namespace fullshard;
 using namespace fullshard::schedule;
@@ -323,7 +324,7 @@ TEST_CASE("auto-plan: the choice as C++ and as graph requests") {
   auto g = load(kFour);
   const AutoPlan a = auto_plan(*g, MeshShape::fsdp(4), auto_options(std::size_t(1) << 30));
   const std::string cpp = a.choice.to_cpp(a.plan);
-  const nlohmann::json j = a.choice.to_json();
+  const nlohmann::json j = nlohmann::json::parse(a.choice.to_json());
   REQUIRE(j["fully_shard"].size() == a.choice.calls.size());
   CHECK(j["fully_shard"].back()["module"] == "<root>");
   CHECK(j["forward_prefetch_depth"] == a.options.forward_prefetch_depth);
@@ -428,21 +429,22 @@ TEST_CASE("two-level network: spans, hierarchical ring times, bytes per link lev
   CHECK(c.copy_gb_per_s() == 1500.0);
   CHECK(c.time_ms(CollectiveKind::reduce_scatter, MeshDim::shard, 1e6) == doctest::Approx(ag));
   // Compiled into the ordinary cost-model JSON, read back unchanged.
-  CHECK(CostModel::from_json(c.to_json(), CostModel()) == c);
+  CHECK(CostModel::parse_json(c.to_json(), CostModel()) == c);
 
   // JSON: round trip, keys over a base, errors naming the path.
-  CHECK(TwoLevelNetwork::from_json(n.to_json(), TwoLevelNetwork()).to_json() == n.to_json());
+  CHECK(TwoLevelNetwork::parse_json(n.to_json(), TwoLevelNetwork()).to_json() == n.to_json());
   const TwoLevelNetwork f =
-      TwoLevelNetwork::from_json(nlohmann::json{{"gpus_per_node", 4}}, n, "net.json");
+      TwoLevelNetwork::parse_json(nlohmann::json{{"gpus_per_node", 4}}.dump(), n, "net.json");
   CHECK(f.gpus_per_node == 4);
   CHECK(f.nvlink.alpha_ms == n.nvlink.alpha_ms);
-  CHECK_THROWS_WITH_AS(
-      TwoLevelNetwork::from_json(nlohmann::json{{"nvlink", {{"gb_per_s", 0}}}}, n, "net.json"),
-      doctest::Contains("net.json: nvlink.gb_per_s: expected a bandwidth > 0"), ConfigError);
-  CHECK_THROWS_WITH_AS(TwoLevelNetwork::from_json(nlohmann::json{{"ethernet", 1}}, n, "net.json"),
-                       doctest::Contains("net.json: ethernet: unknown key 'ethernet'"),
+  CHECK_THROWS_WITH_AS(TwoLevelNetwork::parse_json(
+                           nlohmann::json{{"nvlink", {{"gb_per_s", 0}}}}.dump(), n, "net.json"),
+                       doctest::Contains("net.json: nvlink.gb_per_s: expected a bandwidth > 0"),
                        ConfigError);
   CHECK_THROWS_WITH_AS(
-      TwoLevelNetwork::from_json(nlohmann::json{{"gpus_per_node", 0}}, n, "net.json"),
+      TwoLevelNetwork::parse_json(nlohmann::json{{"ethernet", 1}}.dump(), n, "net.json"),
+      doctest::Contains("net.json: ethernet: unknown key 'ethernet'"), ConfigError);
+  CHECK_THROWS_WITH_AS(
+      TwoLevelNetwork::parse_json(nlohmann::json{{"gpus_per_node", 0}}.dump(), n, "net.json"),
       doctest::Contains("net.json: gpus_per_node: expected an integer >= 1"), ConfigError);
 }

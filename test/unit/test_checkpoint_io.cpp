@@ -31,6 +31,8 @@
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/checksum.hpp"
 #include "fullshard/checkpoint/format.hpp"
+#include "lib/checkpoint/crc32c_variants.hpp"
+#include "lib/checkpoint/index_json.hpp"
 #include "lib/checkpoint/io.hpp"
 
 using namespace fullshard;
@@ -226,9 +228,9 @@ TEST_CASE("I/O errors name the file and the tensor") {
   // Only regular files are opened for reading: a directory is refused at open, naming it.
   TempDir tmp;
   const std::string msg =
-      test::error_of<InvalidArgument>([&] { (void)ck::detail::File::open_read(tmp.path); });
+      test::error_of<InvalidArgument>([&] { (void)ck::File::open_read(tmp.path); });
   CHECK_MESSAGE(test::contains(msg, "'" + tmp.path + "' is a directory, not a regular file"), msg);
-  CHECK_FALSE(ck::detail::File::open_read(tmp.path + "/none").valid());  // missing: no error
+  CHECK_FALSE(ck::File::open_read(tmp.path + "/none").valid());  // missing: no error
 }
 
 TEST_CASE("index checksum: written with the index, checked on read, any flipped byte found") {
@@ -276,7 +278,7 @@ std::string write_small_checkpoint(const std::string& root) {
   x.kind = ck::Kind::sharded;
   x.step = 7;
   x.block_bytes = 16;
-  x.metadata = {{"loss", 1.5}};
+  x.metadata = R"({"loss":1.5})";
   std::vector<float> w(12), b(5);
   for (std::size_t i = 0; i < w.size(); ++i)
     w[i] = 0.5f * static_cast<float>(i);
@@ -490,7 +492,7 @@ TEST_CASE("hostile index: nesting deeper than the limit is refused before parsin
                    std::string(ck::kMaxMetadataDepth, ']'));
   write_signed_index(step_dir, text);
   CHECK(ck::verify(root).empty());
-  CHECK(ck::Reader(root).index().metadata.is_array());
+  CHECK(nlohmann::json::parse(ck::Reader(root).index().metadata).is_array());
 }
 
 TEST_CASE("hostile files: a FIFO, a directory or a device in place of a checkpoint file") {

@@ -16,7 +16,7 @@
 
 #include "fullshard/base/deadline.hpp"
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/mpi_wait.hpp"
+#include "lib/base/mpi_wait.hpp"
 
 using fullshard::BackOff;
 using fullshard::BoundedWait;

@@ -15,20 +15,21 @@
 #include "fake_device.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/stream.hpp"
+#include "lib/base/message_of.hpp"
 #include "lib/comm/device_stream.hpp"
 
 using fullshard::CommError;
 using fullshard::ConfigError;
 using fullshard::InvalidArgument;
+using fullshard::comm::DeferredDevice;
+using fullshard::comm::DeviceEvent;
+using fullshard::comm::DeviceStreamBackend;
+using fullshard::comm::DeviceWatch;
 using fullshard::comm::Stream;
+using fullshard::comm::StreamAccess;
 using fullshard::comm::StreamEvent;
 using fullshard::comm::StreamType;
 using fullshard::comm::Work;
-using fullshard::comm::detail::DeferredDevice;
-using fullshard::comm::detail::DeviceEvent;
-using fullshard::comm::detail::DeviceStreamBackend;
-using fullshard::comm::detail::DeviceWatch;
-using fullshard::comm::detail::StreamAccess;
 
 namespace {
 

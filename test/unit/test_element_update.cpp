@@ -14,7 +14,7 @@
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/kernels/element_update.hpp"
-#include "fullshard/kernels/multi_source.hpp"
+#include "lib/kernels/multi_source.hpp"
 #include "test_support.hpp"
 
 using namespace fullshard;

@@ -18,6 +18,7 @@
 #include "fullshard/schedule/cost_model.hpp"
 #include "fullshard/schedule/groups.hpp"
 #include "fullshard/tensor/sharding.hpp"
+#include "lib/graph/json_forms.hpp"
 
 using namespace fullshard;
 using namespace fullshard::graph;
@@ -197,7 +198,7 @@ TEST_CASE("nesting: modules nest at most kMaxModuleDepth levels") {
   }
   CHECK(m->json_path() == want_path);
   CHECK(m->param(0).fqn() == want_fqn + ".w");
-  auto again = parse_graph_json(graph_to_json(*deep).dump());
+  auto again = parse_graph_json(graph_to_json(*deep));
   CHECK(again->modules_preorder().size() == kMaxModuleDepth + 1);
 
   // One level more is refused, naming (the ends of) the path of the offending "modules".
@@ -321,7 +322,7 @@ TEST_CASE("many siblings and parameters load in order, duplicates found anywhere
   CHECK(g->param(kN - 1).name() == "p" + std::to_string(kN - 1));
   CHECK(g->child(kN - 1).json_path() == "modules[" + std::to_string(kN - 1) + "]");
   // graph_to_json keeps the parameter order.
-  const auto back = graph_to_json(*g);
+  const auto back = graph_document(*g);
   CHECK(std::next(back.at("params").begin(), kN - 1).key() == "p" + std::to_string(kN - 1));
   CHECK(parse_graph_json(back.dump())->num_params() == static_cast<std::size_t>(kN));
 

@@ -20,6 +20,7 @@
 // The kernel templates themselves, to run the team/flat algorithms (what a GPU build runs) on
 // the host and compare them with the host loops that the public functions use here.
 #include "lib/kernels/shard_copy_impl.hpp"
+#include "lib/tensor/shard_extent.hpp"
 
 using namespace fullshard;
 using namespace fullshard::kernels;

@@ -11,16 +11,16 @@
 #include <string>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/comm/nccl_communicator.hpp"
 #include "lib/comm/nccl/nccl_error.hpp"
 #include "lib/comm/nccl/nccl_poll.hpp"
 #include "lib/comm/nccl/nccl_types.hpp"
+#include "lib/comm/nccl_communicator.hpp"
 
 using fullshard::CommError;
+using fullshard::comm::nccl_check;
+using fullshard::comm::nccl_error_message;
 using fullshard::comm::NcclCommunicator;
 using fullshard::comm::NcclUniqueId;
-using fullshard::comm::detail::nccl_check;
-using fullshard::comm::detail::nccl_error_message;
 
 namespace {
 
@@ -146,9 +146,9 @@ TEST_CASE("NcclCommunicator on the current device (GPU only)") {
 
 TEST_CASE("fullshard dtypes and reduce ops map to NCCL's") {
   using fullshard::DType;
+  using fullshard::comm::nccl_dtype;
+  using fullshard::comm::nccl_op;
   using fullshard::comm::ReduceOp;
-  using fullshard::comm::detail::nccl_dtype;
-  using fullshard::comm::detail::nccl_op;
   CHECK(nccl_dtype(DType::f32) == ncclFloat32);
   CHECK(nccl_dtype(DType::f64) == ncclFloat64);
   CHECK(nccl_dtype(DType::f16) == ncclFloat16);
@@ -172,7 +172,7 @@ TEST_CASE("fullshard dtypes and reduce ops map to NCCL's") {
 
 TEST_CASE("the pre-mul-sum scalar is one element of the buffer's dtype") {
   using fullshard::DType;
-  using fullshard::comm::detail::nccl_scalar;
+  using fullshard::comm::nccl_scalar;
   auto f32 = nccl_scalar(DType::f32, 1.0 / 3.0);
   float f = 0;
   std::memcpy(&f, f32.data(), 4);
@@ -235,13 +235,13 @@ struct FakeInit {
     fast.yields = 2;
     fast.max_sleep = std::chrono::microseconds(200);
     try {
-      fullshard::comm::detail::complete_nccl_call(
+      fullshard::comm::complete_nccl_call(
           first, site, timeout_s, [this] { return state(); },
           [this](const std::string& why) {
             ++aborts;
             abort_reason = why;
           },
-          fullshard::comm::detail::kNcclInitTimeoutHint, fast);
+          fullshard::comm::kNcclInitTimeoutHint, fast);
     } catch (const CommError& e) {
       return e.what();
     }
@@ -306,7 +306,7 @@ TEST_CASE("a non-blocking NCCL call is polled until it leaves ncclInProgress") {
     fullshard::WaitSite site{"ncclAllGather", "communicator 'dp'", 0, 2, 7, "1024 x f32"};
     int aborts = 0;
     try {
-      fullshard::comm::detail::complete_nccl_call(
+      fullshard::comm::complete_nccl_call(
           ncclInProgress, site, 0.01, [] { return ncclInProgress; },
           [&](const std::string&) { ++aborts; });
       FAIL("no timeout");

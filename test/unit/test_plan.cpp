@@ -3,6 +3,8 @@
 // peak), determinism, the cost model and its JSON form.
 #include <doctest/doctest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "error_check.hpp"
 
 #include <algorithm>
@@ -27,6 +29,8 @@
 #include "fullshard/schedule/executor.hpp"
 #include "fullshard/schedule/plan.hpp"
 #include "lib/fsdp/group_access.hpp"
+#include "lib/graph/json_forms.hpp"
+#include "lib/schedule/planner_entry.hpp"
 #include "test_support.hpp"
 
 using namespace fullshard;
@@ -327,7 +331,7 @@ TEST_CASE("reshard_after_forward: one form, its JSON and its checks") {
 
 TEST_CASE("a table of typed calls plans as the graph's requests do, and leaves them alone") {
   auto g = load(kMixed);
-  const std::string before = graph::graph_to_json(*g).dump();  // with its requests
+  const std::string before = graph::graph_to_json(*g);  // with its requests
   fsdp::FullyShardOptions defaults;
   defaults.mp_policy.param_dtype = DType::bf16;
   PlanOptions po;
@@ -366,7 +370,7 @@ TEST_CASE("a table of typed calls plans as the graph's requests do, and leaves t
   CHECK(typed.groups[0].name == "<root>");
   CHECK(typed.groups[0].reshard_after_forward == fsdp::ReshardAfterForward::group_size(2));
   CHECK(typed.groups[0].params.size() == g->parameters().size());
-  CHECK(graph::graph_to_json(*g).dump() == before);
+  CHECK(graph::graph_to_json(*g) == before);
 
   detail::RequestTable short_table;
   short_table.calls.assign(2, nullptr);
@@ -1000,7 +1004,7 @@ TEST_CASE("the plan is deterministic") {
 TEST_CASE("Chrome trace: one thread per stream, X events, pool counter") {
   auto g = load(kSeed);
   const Plan p = Scheduler::plan(*g, MeshShape::fsdp(4));
-  const nlohmann::json t = p.to_chrome_trace();
+  const nlohmann::json t = nlohmann::json::parse(p.to_chrome_trace());
   REQUIRE(t.contains("traceEvents"));
   const auto parsed = nlohmann::json::parse(t.dump());
   std::size_t x = 0;
@@ -1049,9 +1053,9 @@ TEST_CASE("cost model: defaults, JSON round trip and errors, one all-gather's ti
   c.set_quant_ns_per_element(2.5);
   CHECK(c.quant_ms(1e6) == doctest::Approx(2.5));
   CHECK(c != d);
-  const CostModel back = CostModel::from_json(nlohmann::json::parse(c.to_json().dump()), d);
+  const CostModel back = CostModel::parse_json(c.to_json(), d);
   CHECK(back == c);
-  CHECK(CostModel::from_json(nlohmann::json::object(), c) == c);
+  CHECK(CostModel::parse_json("{}", c) == c);
   const CostModel partial = CostModel::parse_json(
       R"({"all_gather": {"shard": {"alpha_ms": 0.5}}, "copy_gb_per_s": 20})", d, "cost.json");
   CHECK(partial.collective(CollectiveKind::all_gather, MeshDim::shard).alpha_ms == 0.5);
@@ -1147,9 +1151,9 @@ TEST_CASE("cost model: measured points replace the line between and around them"
   CHECK(ab.points.size() == 3);  // a refused set leaves the points
 
   // JSON: written when present, read back equal; errors name the path.
-  const std::string j = c.to_json().dump();
+  const std::string j = c.to_json();
   CHECK(contains(j, R"("points":[[1000.0,2.0],[2000.0,10.0],[4000.0,12.0]])"));
-  CHECK(!contains(CostModel::defaults(MeshShape::fsdp(4)).to_json().dump(), "points"));
+  CHECK(!contains(CostModel::defaults(MeshShape::fsdp(4)).to_json(), "points"));
   CHECK(CostModel::parse_json(j, CostModel::defaults(MeshShape::fsdp(2))) == c);
   auto err = [](const std::string& text) {
     return error_of<ConfigError>([&] { CostModel::parse_json(text, CostModel(), "cost.json"); });
@@ -1208,11 +1212,11 @@ TEST_CASE("cost model: shared-memory transport, JSON keys and the defaults of ol
   c.set_transport(MeshDim::shard, Transport::shm);
   c.shm_collective(CollectiveKind::all_gather, MeshDim::shard) = {0.25, 3e-7};
   c.shm_collective(CollectiveKind::reduce_scatter, MeshDim::replicate) = {0.5, 5e-7};
-  const nlohmann::json j = c.to_json();
+  const nlohmann::json j = nlohmann::json::parse(c.to_json());
   CHECK(j.at("transport").at("shard") == "shm");
   CHECK(j.at("transport").at("replicate") == "mpi");
   CHECK(j.at("shm").at("all_gather").at("shard").at("alpha_ms") == 0.25);
-  CHECK(CostModel::from_json(nlohmann::json::parse(j.dump()), d) == c);
+  CHECK(CostModel::parse_json(j.dump(), d) == c);
   CHECK(c != d);
   const CostModel partial = CostModel::parse_json(
       R"({"transport": {"shard": "shm"}, "shm": {"reduce_scatter": {"shard": {"alpha_ms": 1}}}})",
@@ -1261,7 +1265,7 @@ TEST_CASE("cost model calibration over MPI") {
   CHECK(c.collective(CollectiveKind::all_reduce, MeshDim::replicate).beta_ms_per_byte ==
         base.collective(CollectiveKind::all_reduce, MeshDim::replicate).beta_ms_per_byte);
   // Every rank got the same model.
-  const std::string j = c.to_json().dump();
+  const std::string j = c.to_json();
   unsigned long long h = fnv1a64(j);
   unsigned long long hmax = 0;
   MPI_Allreduce(&h, &hmax, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
@@ -1304,7 +1308,7 @@ TEST_CASE("cost model calibration on shared memory") {
           base.shm_collective(k, MeshDim::replicate).beta_ms_per_byte);
   }
   // The JSON form round-trips, and every rank got the same model.
-  const std::string j = c.to_json().dump();
+  const std::string j = c.to_json();
   CHECK(CostModel::parse_json(j, CostModel::defaults(MeshShape::fsdp(W))) == c);
   unsigned long long h = fnv1a64(j);
   unsigned long long hmax = 0;
@@ -1380,7 +1384,7 @@ TEST_CASE("cost model calibration of the two-level path (2 pretended nodes of 2 
     CHECK(c.collective(k, MeshDim::shard) != base.collective(k, MeshDim::shard));
     CHECK(c.collective(k, MeshDim::shard).points.size() == 2);
   }
-  const std::string j = c.to_json().dump();
+  const std::string j = c.to_json();
   CHECK(contains(j, "\"shard\":\"shm+mpi\""));
   CHECK(CostModel::parse_json(j, base) == c);
   // Not with the one-node shared memory as well, and only over the shard dim's ranks.

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "error_check.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/format.hpp"
@@ -246,7 +248,7 @@ TEST_CASE("safetensors <-> fullshard checkpoint: streamed, verified, same bytes"
     ck::Reader ckr(step_dir);
     CHECK(ckr.index().step == 4);
     CHECK(ckr.index().files.size() == (kind == ck::Kind::full ? 1u : 3u));
-    CHECK(ckr.index().metadata["safetensors_metadata"]["origin"] == "test");
+    CHECK(nlohmann::json::parse(ckr.index().metadata)["safetensors_metadata"]["origin"] == "test");
     for (const Spec& s : used) {
       const std::vector<char> want = values(s.dtype, s.shape, s.salt);
       std::vector<char> got(want.size());

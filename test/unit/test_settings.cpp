@@ -4,6 +4,7 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/runtime/settings.hpp"
+#include "lib/base/message_of.hpp"
 
 using fullshard::ConfigError;
 using fullshard::HostProgress;

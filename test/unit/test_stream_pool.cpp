@@ -7,7 +7,8 @@
 #include "fake_device.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/tensor/buffer_pool.hpp"
-#include "fullshard/tensor/stream_pool.hpp"
+#include "lib/tensor/pool_label.hpp"
+#include "lib/tensor/stream_pool.hpp"
 
 using fullshard::DType;
 using fullshard::InvalidArgument;

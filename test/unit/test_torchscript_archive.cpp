@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/checkpoint/torchscript_archive.hpp"
+#include "lib/checkpoint/torchscript_archive.hpp"
 
 namespace ck = fullshard::checkpoint;
 

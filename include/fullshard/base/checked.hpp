@@ -17,36 +17,31 @@
 #include "fullshard/base/error.hpp"
 
 namespace fullshard {
-namespace detail {
-
-/// `context` as a string: itself, or what it returns when it is callable.
+/// `context` as a string: itself, or what it returns when it is callable (the context argument
+/// of the checked functions).
 template <class Context>
-std::string context_string(Context&& context) {
+std::string context_text(Context&& context) {
   if constexpr (std::is_invocable_v<Context&&>)
     return std::string(std::forward<Context>(context)());
   else
     return std::string(std::forward<Context>(context));
 }
 
-template <class T>
-const char* type_words() noexcept {
-  return std::is_signed_v<T> ? "a signed 64-bit integer" : "a 64-bit size";
-}
-
+/// Throws E "<context>: <a><op><b> does not fit in a signed 64-bit integer" (or "a 64-bit size"
+/// for unsigned T): the checked functions' error.
 template <class E, class T, class Context>
-[[noreturn]] void overflow(T a, const char* op, T b, Context&& context) {
-  throw E(context_string(std::forward<Context>(context)) + ": " + std::to_string(a) + op +
-          std::to_string(b) + " does not fit in " + type_words<T>());
+[[noreturn]] void throw_overflow(T a, const char* op, T b, Context&& context) {
+  throw E(context_text(std::forward<Context>(context)) + ": " + std::to_string(a) + op +
+          std::to_string(b) + " does not fit in " +
+          (std::is_signed_v<T> ? "a signed 64-bit integer" : "a 64-bit size"));
 }
-
-}  // namespace detail
 
 /// a * b, or throws E "<context>: <a> * <b> does not fit in a signed 64-bit integer".
 template <class E = InvalidArgument, class Context>
 std::int64_t checked_mul(std::int64_t a, std::int64_t b, Context&& context) {
   std::int64_t r = 0;
   if (__builtin_mul_overflow(a, b, &r))
-    detail::overflow<E>(a, " * ", b, std::forward<Context>(context));
+    throw_overflow<E>(a, " * ", b, std::forward<Context>(context));
   return r;
 }
 
@@ -55,7 +50,7 @@ template <class E = InvalidArgument, class Context>
 std::int64_t checked_add(std::int64_t a, std::int64_t b, Context&& context) {
   std::int64_t r = 0;
   if (__builtin_add_overflow(a, b, &r))
-    detail::overflow<E>(a, " + ", b, std::forward<Context>(context));
+    throw_overflow<E>(a, " + ", b, std::forward<Context>(context));
   return r;
 }
 
@@ -64,7 +59,7 @@ template <class E = InvalidArgument, class Context>
 std::size_t checked_mul(std::size_t a, std::size_t b, Context&& context) {
   std::size_t r = 0;
   if (__builtin_mul_overflow(a, b, &r))
-    detail::overflow<E>(a, " * ", b, std::forward<Context>(context));
+    throw_overflow<E>(a, " * ", b, std::forward<Context>(context));
   return r;
 }
 
@@ -73,7 +68,7 @@ template <class E = InvalidArgument, class Context>
 std::size_t checked_add(std::size_t a, std::size_t b, Context&& context) {
   std::size_t r = 0;
   if (__builtin_add_overflow(a, b, &r))
-    detail::overflow<E>(a, " + ", b, std::forward<Context>(context));
+    throw_overflow<E>(a, " + ", b, std::forward<Context>(context));
   return r;
 }
 

@@ -175,9 +175,8 @@ class BoundedWait {
   std::string hint_ = kCollectiveTimeoutHint;
 };
 
-namespace detail {
+// Opaque: the watchdog thread's state (lib/base/deadline.cpp).
 struct WatchdogState;
-}
 
 /// Bounds blocking calls that cannot be polled (a blocking MPI call on the calling thread): a
 /// thread of its own (started with the first arm()) aborts the job with the common timeout
@@ -197,7 +196,7 @@ class Watchdog {
   void disarm() noexcept;
 
  private:
-  std::unique_ptr<detail::WatchdogState> s_;
+  std::unique_ptr<WatchdogState> s_;
 };
 
 }  // namespace fullshard

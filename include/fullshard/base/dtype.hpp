@@ -43,7 +43,8 @@ constexpr double dtype_unit_roundoff(DType t) noexcept {
   return 0.0;
 }
 
-namespace detail {
+/// The bits of a float (IEEE binary32), and the float of 32 bits: what the 16-bit conversions
+/// below work on.
 FULLSHARD_HOST_DEVICE inline std::uint32_t float_bits(float f) noexcept {
   std::uint32_t u;
   std::memcpy(&u, &f, sizeof u);
@@ -54,24 +55,23 @@ FULLSHARD_HOST_DEVICE inline float bits_float(std::uint32_t u) noexcept {
   std::memcpy(&f, &u, sizeof f);
   return f;
 }
-}  // namespace detail
 
 /// float -> bfloat16 bits, round to nearest even; NaN stays a (quiet) NaN, Inf stays Inf.
 FULLSHARD_HOST_DEVICE inline std::uint16_t float_to_bf16(float f) noexcept {
-  const std::uint32_t u = detail::float_bits(f);
+  const std::uint32_t u = float_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
   const std::uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
   return static_cast<std::uint16_t>((u + rounding) >> 16);
 }
 
 FULLSHARD_HOST_DEVICE inline float bf16_to_float(std::uint16_t h) noexcept {
-  return detail::bits_float(static_cast<std::uint32_t>(h) << 16);
+  return bits_float(static_cast<std::uint32_t>(h) << 16);
 }
 
 /// float -> IEEE binary16 bits, round to nearest even, subnormals kept, overflow to Inf,
 /// NaN stays a (quiet) NaN.
 FULLSHARD_HOST_DEVICE inline std::uint16_t float_to_f16(float f) noexcept {
-  const std::uint32_t u = detail::float_bits(f);
+  const std::uint32_t u = float_bits(f);
   const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   const std::uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x1ffu));
@@ -98,18 +98,18 @@ FULLSHARD_HOST_DEVICE inline float f16_to_float(std::uint16_t h) noexcept {
   const std::uint32_t sign = (static_cast<std::uint32_t>(h) & 0x8000u) << 16;
   const std::uint32_t exp = (h >> 10) & 0x1fu;
   std::uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1fu) return detail::bits_float(sign | 0x7f800000u | (mant << 13));  // Inf/NaN
+  if (exp == 0x1fu) return bits_float(sign | 0x7f800000u | (mant << 13));  // Inf/NaN
   if (exp == 0) {
-    if (mant == 0) return detail::bits_float(sign);
+    if (mant == 0) return bits_float(sign);
     // Subnormal: normalise.
     std::uint32_t e = 113;  // 127 - 15 + 1
     while ((mant & 0x400u) == 0) {
       mant <<= 1;
       --e;
     }
-    return detail::bits_float(sign | (e << 23) | ((mant & 0x3ffu) << 13));
+    return bits_float(sign | (e << 23) | ((mant & 0x3ffu) << 13));
   }
-  return detail::bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+  return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
 /// Reads element i of a buffer of dtype t as double (host helper for tests and tools).

@@ -24,14 +24,6 @@ class Error : public std::runtime_error {
   std::size_t prefix_;
 };
 
-namespace detail {
-/// e.what(), without the "fullshard[rank R]: " prefix when `e` is an Error.
-inline std::string message_of(const std::exception& e) {
-  const auto* f = dynamic_cast<const Error*>(&e);
-  return f ? f->message() : e.what();
-}
-}  // namespace detail
-
 /// A bad setting: environment variable, option or argument value.
 class ConfigError : public Error {
  public:
@@ -72,14 +64,4 @@ class CommError : public Error {
   using Error::Error;
 };
 
-namespace detail {
-
-/// World rank of this process, or -1 when MPI is not (or no longer) initialised.
-int world_rank_or_minus_one() noexcept;
-
-/// Prints `message` to stderr and ends the whole job (MPI_Abort when MPI is up, else abort).
-/// Used where a blocked collective cannot be cancelled (timeouts); never returns.
-[[noreturn]] void abort_job(const std::string& message, int code = 3) noexcept;
-
-}  // namespace detail
 }  // namespace fullshard

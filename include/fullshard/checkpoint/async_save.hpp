@@ -17,8 +17,6 @@
 #include <memory>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "fullshard/checkpoint/checkpoint.hpp"
 
 namespace fullshard::checkpoint {
@@ -67,7 +65,7 @@ class AsyncSave {
  private:
   explicit AsyncSave(std::shared_ptr<State> s) : state_(std::move(s)) {}
   friend AsyncSave save_async(const std::string&, graph::Module&, const optim::Optimizer*,
-                              std::int64_t, const nlohmann::json&, const std::string&,
+                              std::int64_t, const std::string&, const std::string&,
                               const SaveOptions&);
   std::shared_ptr<State> state_;
 };
@@ -81,7 +79,7 @@ class AsyncSave {
 /// save()'s.
 AsyncSave save_async(const std::string& dir, graph::Module& model,
                      const optim::Optimizer* optimizer, std::int64_t step,
-                     const nlohmann::json& metadata = nlohmann::json::object(),
+                     const std::string& metadata = std::string(),
                      const std::string& rng_state = std::string(), const SaveOptions& options = {});
 
 /// Allocates and faults in the host staging memory save_async() needs on this rank for `model`

@@ -13,8 +13,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "fullshard/checkpoint/format.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
@@ -46,7 +44,8 @@ struct SaveOptions {
 };
 
 /// Saves the model's parameters (and, with an optimizer, its state and step count), `step`,
-/// `metadata` (any JSON) and `rng_state` (opaque bytes; rank 0's are kept) as a new step
+/// `metadata` (the text of any JSON document, nested at most kMaxMetadataDepth deep; empty:
+/// none, as "{}") and `rng_state` (opaque bytes; rank 0's are kept) as a new step
 /// directory under `dir` (created if needed) and points dir/latest at it. Nothing is visible
 /// until every file is written and fsync'd: a save interrupted at any point leaves the
 /// previous checkpoint in `dir` loadable (see docs/checkpoint-format.md).
@@ -56,7 +55,7 @@ struct SaveOptions {
 /// failing rank's message, after the partial step directory was removed. Returns the new step
 /// directory (the same on every rank). One saver per `dir` at a time.
 std::string save(const std::string& dir, graph::Module& model, const optim::Optimizer* optimizer,
-                 std::int64_t step, const nlohmann::json& metadata = nlohmann::json::object(),
+                 std::int64_t step, const std::string& metadata = std::string(),
                  const std::string& rng_state = std::string(), const SaveOptions& options = {});
 
 /// What check_directory found.
@@ -85,7 +84,8 @@ void check_output_file(const std::string& path, const std::string& what, const D
 /// What load() restored besides the tensors.
 struct Loaded {
   std::int64_t step = 0;
-  nlohmann::json metadata;
+  /// The saved metadata, as JSON text ("{}" when none was given).
+  std::string metadata;
   std::string rng_state;
   /// The step directory loaded from.
   std::string step_dir;

@@ -15,17 +15,14 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/tensor/placement.hpp"
 #include "fullshard/tensor/shape.hpp"
 
 namespace fullshard::checkpoint {
 
-namespace detail {
+// Opaque: an open file of a checkpoint (lib/checkpoint/io.hpp).
 class File;
-}
 
 /// The version this build writes and the only one it reads.
 constexpr int kFormatVersion = 1;
@@ -97,17 +94,17 @@ struct Index {
   /// model_fingerprint() of the saving model's parameters.
   std::string model_fingerprint;
   std::uint64_t block_bytes = kDefaultBlockBytes;
-  /// The caller's metadata (any JSON).
-  nlohmann::json metadata = nlohmann::json::object();
+  /// The caller's metadata: the text of any JSON document, compact.
+  std::string metadata = "{}";
   /// The caller's RNG state bytes (stored as hex).
   std::string rng_state;
   /// Optimizer: saved or not, its step count and its state names.
   bool has_optimizer = false;
   std::int64_t optimizer_step = 0;
   std::vector<std::string> optimizer_state_names;
-  /// Where it was saved: {"world_size": W, "mesh_shape": [...], "mesh_names": [...]}
-  /// (informational).
-  nlohmann::json saved_by = nlohmann::json::object();
+  /// Where it was saved, as JSON text: {"world_size": W, "mesh_shape": [...], "mesh_names":
+  /// [...]}, the saving run and its lineage when claimed (informational).
+  std::string saved_by = "{}";
   std::vector<FileInfo> files;
   std::vector<TensorInfo> tensors;
 
@@ -121,8 +118,6 @@ std::string model_fingerprint(const std::map<std::string, std::pair<DType, Shape
 /// The same for the parameter tensors of an index.
 std::string model_fingerprint(const Index& index);
 
-/// The index as JSON (the schema of docs/checkpoint-format.md).
-nlohmann::json to_json(const Index& index);
 /// Checks every field of an index against the others, with overflow-checked arithmetic,
 /// before anything uses them: format version; block_bytes in [1, kMaxBlockBytes]; file names
 /// plain and distinct; per tensor a known dtype, a non-empty shape whose byte size fits in
@@ -133,10 +128,9 @@ nlohmann::json to_json(const Index& index);
 /// parameters that are present. InvalidArgument naming `where` (the index file) and the
 /// tensor.
 void validate_index(const Index& index, const std::string& where);
-/// Parses an index (types field by field) and validates it (validate_index).
-Index index_from_json(const nlohmann::json& j, const std::string& where);
-/// index_from_json of a JSON text; a syntax error names `where` and the byte, and so does a
-/// text nested deeper than kMaxIndexDepth (refused before it is parsed).
+/// Parses an index text (types field by field) and validates it (validate_index); a syntax error
+/// names `where` and the byte, and so does a text nested deeper than kMaxIndexDepth (refused before
+/// it is parsed).
 Index parse_index(const std::string& text, const std::string& where);
 
 /// The step directory a path designates: `path` itself when it holds index.json, else the
@@ -186,7 +180,7 @@ class Reader {
   std::uint64_t bytes_read() const noexcept { return bytes_read_; }
 
  private:
-  const detail::File& open_file(std::size_t i, const TensorInfo& t);
+  const File& open_file(std::size_t i, const TensorInfo& t);
   struct Files;
   std::string dir_;
   Index index_;

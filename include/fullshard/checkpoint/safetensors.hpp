@@ -30,9 +30,8 @@
 
 namespace fullshard::checkpoint {
 
-namespace detail {
+// Opaque: an open file of a checkpoint (lib/checkpoint/io.hpp).
 class File;
-}
 
 /// The safetensors dtype name of a fullshard dtype: "F32", "F64", "F16", "BF16".
 const char* safetensors_dtype_name(DType t) noexcept;
@@ -103,7 +102,7 @@ class SafetensorsReader {
 
  private:
   std::string path_;
-  std::unique_ptr<detail::File> file_;
+  std::unique_ptr<File> file_;
   std::vector<SafetensorsTensor> tensors_;
   std::map<std::string, std::size_t> by_name_;
   std::map<std::string, std::string> metadata_;
@@ -144,7 +143,7 @@ class SafetensorsWriter {
 
  private:
   std::string path_, tmp_;
-  std::unique_ptr<detail::File> file_;
+  std::unique_ptr<File> file_;
   std::vector<SafetensorsTensor> layout_;
   std::map<std::string, std::size_t> by_name_;
   std::vector<std::uint64_t> written_;

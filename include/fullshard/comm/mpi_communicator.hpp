@@ -12,9 +12,8 @@
 
 namespace fullshard::comm {
 
-namespace detail {
+// Opaque: the MPI operators of the 16-bit types (lib/comm/mpi_reduce_ops.hpp).
 struct MpiReduceOps;
-}
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -66,7 +65,7 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   double timeout_s_ = 0.0;
   std::uint64_t seq_ = 0;
-  std::shared_ptr<const detail::MpiReduceOps> ops_;
+  std::shared_ptr<const MpiReduceOps> ops_;
   // Which worker stream has operations in flight on this communicator (0: none).
   std::mutex owner_mutex_;
   std::uint64_t owner_stream_ = 0;

@@ -28,10 +28,9 @@
 
 namespace fullshard::comm {
 
-namespace detail {
+// Opaque: the shared-memory segments and their synchronisation (lib/comm/shm/shm_comm.cpp).
 struct ShmCommState;
 struct ShmWindowState;
-}  // namespace detail
 
 class ShmWindow;
 
@@ -69,7 +68,7 @@ class ShmComm {
   std::uint64_t window_bytes() const noexcept;
 
  private:
-  std::shared_ptr<detail::ShmCommState> s_;
+  std::shared_ptr<ShmCommState> s_;
 };
 
 /// A shared-memory window: one segment per rank of a ShmComm. Copies share it; the last copy
@@ -106,8 +105,8 @@ class ShmWindow {
 
  private:
   friend class ShmComm;
-  explicit ShmWindow(std::shared_ptr<detail::ShmWindowState> s) : s_(std::move(s)) {}
-  std::shared_ptr<detail::ShmWindowState> s_;
+  explicit ShmWindow(std::shared_ptr<ShmWindowState> s) : s_(std::move(s)) {}
+  std::shared_ptr<ShmWindowState> s_;
 };
 
 }  // namespace fullshard::comm

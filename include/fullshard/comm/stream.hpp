@@ -20,11 +20,11 @@
 
 namespace fullshard::comm {
 
-namespace detail {
+// Opaque: a stream's and a completion's state (lib/comm/stream.cpp), and the library's access to
+// them (lib/comm/device_stream.hpp).
 struct Completion;
 struct StreamImpl;
 struct StreamAccess;
-}  // namespace detail
 
 class Stream;
 
@@ -82,9 +82,9 @@ class StreamEvent {
  private:
   friend class Stream;
   friend class Work;
-  friend struct detail::StreamAccess;
-  explicit StreamEvent(std::shared_ptr<detail::Completion> c) : c_(std::move(c)) {}
-  std::shared_ptr<detail::Completion> c_;
+  friend struct StreamAccess;
+  explicit StreamEvent(std::shared_ptr<Completion> c) : c_(std::move(c)) {}
+  std::shared_ptr<Completion> c_;
 };
 
 /// Handle of one asynchronous operation. Errors raised by the operation are re-thrown by
@@ -119,9 +119,9 @@ class Work {
 
  private:
   friend class Stream;
-  friend struct detail::StreamAccess;
-  explicit Work(std::shared_ptr<detail::Completion> c) : c_(std::move(c)) {}
-  std::shared_ptr<detail::Completion> c_;
+  friend struct StreamAccess;
+  explicit Work(std::shared_ptr<Completion> c) : c_(std::move(c)) {}
+  std::shared_ptr<Completion> c_;
 };
 
 /// An ordered queue of operations. Copies refer to the same stream; the worker thread (if
@@ -182,9 +182,9 @@ class Stream {
   void set_recorder(Recorder recorder);
 
  private:
-  friend struct detail::StreamAccess;
-  explicit Stream(std::shared_ptr<detail::StreamImpl> impl) : impl_(std::move(impl)) {}
-  std::shared_ptr<detail::StreamImpl> impl_;
+  friend struct StreamAccess;
+  explicit Stream(std::shared_ptr<StreamImpl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<StreamImpl> impl_;
 };
 
 }  // namespace fullshard::comm

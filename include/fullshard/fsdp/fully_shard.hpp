@@ -20,11 +20,8 @@
 namespace fullshard::fsdp {
 
 class FSDPModule;
-namespace detail {
+// Opaque: a communication group's parameters, buffers and transport (lib/fsdp/param_group.hpp).
 class ParamGroup;
-struct Key;  // only lib/fsdp constructs FSDPModules
-ParamGroup& group_of(const FSDPModule& st);
-}  // namespace detail
 
 /// Returned by FSDPModule::unshard(true): wait() completes the all-gather and registers the
 /// unsharded parameters.
@@ -35,8 +32,8 @@ class UnshardHandle {
 
  private:
   friend class FSDPModule;
-  explicit UnshardHandle(std::shared_ptr<detail::ParamGroup> g) : group_(std::move(g)) {}
-  std::shared_ptr<detail::ParamGroup> group_;
+  explicit UnshardHandle(std::shared_ptr<ParamGroup> g) : group_(std::move(g)) {}
+  std::shared_ptr<ParamGroup> group_;
 };
 
 /// The FSDP controls of a module fully_shard was applied to (FSDP2's FSDPModule methods).
@@ -101,15 +98,17 @@ class FSDPModule {
   std::size_t pool_peak_bytes() const;
   void reset_pool_peak();
 
-  FSDPModule(const detail::Key& key, graph::Module& module, DeviceMesh mesh,
-             FullyShardOptions options, std::shared_ptr<detail::ParamGroup> group);
+  /// Opaque: only lib/fsdp constructs FSDPModules (fully_shard).
+  struct Key;
+  FSDPModule(const Key& key, graph::Module& module, DeviceMesh mesh, FullyShardOptions options,
+             std::shared_ptr<ParamGroup> group);
 
  private:
-  friend detail::ParamGroup& detail::group_of(const FSDPModule& st);
+  friend ParamGroup& group_of(const FSDPModule& st);
   graph::Module* module_;
   DeviceMesh mesh_;
   FullyShardOptions options_;
-  std::shared_ptr<detail::ParamGroup> group_;
+  std::shared_ptr<ParamGroup> group_;
 };
 
 /// Applies FSDP to `module` over `mesh` (1-D: FSDP; 2-D: HSDP with dims (replicate, shard)).

@@ -64,10 +64,10 @@ enum class ExecTarget { host, device };
 
 class CopyPlan;
 
-namespace detail {
+// Opaque: a stream's execution-space instances and a plan's runs
+// (lib/kernels/exec_stream_impl.hpp).
 struct CopyPlanImpl;
 struct ExecStreamImpl;
-}  // namespace detail
 
 /// An execution-space instance the kernels are enqueued on (kokkos-comm's pairing of a stream
 /// with its work): the host execution space, or the device space's instance over a CUDA
@@ -87,10 +87,9 @@ class ExecStream {
   void fence() const;
 
  private:
-  friend struct detail::ExecStreamImpl;
-  explicit ExecStream(std::shared_ptr<const detail::ExecStreamImpl> impl)
-      : impl_(std::move(impl)) {}
-  std::shared_ptr<const detail::ExecStreamImpl> impl_;
+  friend struct ExecStreamImpl;
+  explicit ExecStream(std::shared_ptr<const ExecStreamImpl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const ExecStreamImpl> impl_;
   friend void run_copies(const CopyPlan&, const void*, DType, void*, DType, const ExecStream&);
   friend void cast_copy(const ExecStream&, const void*, DType, void*, DType, std::int64_t);
   friend void reduce_copy_out(const ExecStream&, const void*, DType, void*, DType, std::int64_t,
@@ -111,8 +110,8 @@ class CopyPlan {
 
  private:
   friend void run_copies(const CopyPlan&, const void*, DType, void*, DType, const ExecStream&);
-  friend struct detail::CopyPlanImpl;
-  std::shared_ptr<const detail::CopyPlanImpl> impl_;
+  friend struct CopyPlanImpl;
+  std::shared_ptr<const CopyPlanImpl> impl_;
 };
 
 /// Executes a plan's runs from `src` (dtype src_t) to `dst` (dtype dst_t). One pass,

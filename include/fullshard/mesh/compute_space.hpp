@@ -32,14 +32,6 @@ inline cudaStream_t compute_cuda_stream(const DeviceMesh& mesh) {
 }
 #endif
 
-#if defined(KOKKOS_ENABLE_CUDA)
-namespace detail {
-inline std::shared_ptr<void> make_compute_cuda_space(void* stream) {
-  return std::make_shared<Kokkos::Cuda>(static_cast<cudaStream_t>(stream));
-}
-}  // namespace detail
-#endif
-
 /// An instance of `ExecSpace` that runs on `mesh`'s compute stream: for Kokkos::Cuda on a
 /// CUDA mesh, a copy of the mesh's Kokkos::Cuda(compute stream) instance, created once per
 /// mesh (creating one allocates Kokkos' scratch memory; a copy is a reference) and kept until
@@ -51,7 +43,9 @@ ExecSpace compute_space(const DeviceMesh& mesh) {
   if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) {
     if (mesh.device_type() == DeviceType::cuda)
       return *static_cast<const Kokkos::Cuda*>(
-          mesh.compute_stream_cache(&detail::make_compute_cuda_space));
+          mesh.compute_stream_cache([](void* stream) -> std::shared_ptr<void> {
+            return std::make_shared<Kokkos::Cuda>(static_cast<cudaStream_t>(stream));
+          }));
   }
 #endif
   (void)mesh;

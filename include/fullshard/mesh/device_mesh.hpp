@@ -28,9 +28,8 @@ namespace fullshard {
 
 class Runtime;
 
-namespace detail {
+// Opaque: a mesh's communicators and streams (lib/mesh/device_mesh.cpp).
 struct MeshState;
-}
 
 /// The stream a communicator is meant for. Every dim has one communicator per channel.
 enum class Channel { main, all_gather, reduce_scatter, all_reduce };
@@ -213,8 +212,8 @@ class DeviceMesh {
   std::string describe() const;
 
  private:
-  explicit DeviceMesh(std::shared_ptr<const detail::MeshState> s) : s_(std::move(s)) {}
-  std::shared_ptr<const detail::MeshState> s_;
+  explicit DeviceMesh(std::shared_ptr<const MeshState> s) : s_(std::move(s)) {}
+  std::shared_ptr<const MeshState> s_;
 };
 
 /// torch's init_device_mesh(device_type, mesh_shape, mesh_dim_names=...): `device_type` is

@@ -26,14 +26,12 @@ struct ShardGroupView;
 
 namespace fullshard::optim {
 
-namespace detail {
-/// The device execution-space instances an optimizer launches on, one per stream, created on
-/// first use and kept (a Kokkos::Cuda instance allocates its scratch memory when created).
+/// Opaque: the device execution-space instances an optimizer launches on, one per stream, created
+/// on first use and kept (a Kokkos::Cuda instance allocates its scratch memory when created).
 /// Defined in lib/optim/optimizer.cpp.
 struct DeviceExec;
-/// The ShardUpdate the FSDP groups of an optimizer inside backward call (optimizer.cpp).
+/// Opaque: the ShardUpdate the FSDP groups of an optimizer inside backward call (optimizer.cpp).
 class InBackward;
-}  // namespace detail
 
 /// Base class: holds the parameters, the step count and per-parameter state tensors (named
 /// by the subclass, allocated on a parameter's first update with its local shard's shape).
@@ -127,13 +125,13 @@ class Optimizer {
   /// During update(): the cudaStream_t device kernels of that parameter go on (the compute
   /// stream of its FSDP mesh; nullptr for host shards and outside FSDP).
   void* stream() const noexcept { return stream_; }
-  /// The instances device kernels are launched on (see detail::DeviceExec).
-  detail::DeviceExec& device_exec() const noexcept { return *exec_; }
+  /// The instances device kernels are launched on (see DeviceExec).
+  DeviceExec& device_exec() const noexcept { return *exec_; }
 
  private:
   std::int64_t checked_step(const std::map<std::string, Tensor>& state,
                             std::vector<bool>* has_state = nullptr) const;
-  friend class detail::InBackward;
+  friend class InBackward;
   /// With `in_backward`: InvalidArgument when a group of these parameters mixes parameters
   /// with and without weight decay.
   void check_group_decay(bool in_backward) const;
@@ -151,9 +149,9 @@ class Optimizer {
   bool updating_no_decay_ = false;          // during update(): the parameter's no_decay_
   std::int64_t step_ = 0;
   void* stream_ = nullptr;
-  std::shared_ptr<detail::DeviceExec> exec_;
-  std::shared_ptr<detail::InBackward> in_backward_;  // null: step() updates everything
-  std::map<const void*, GroupState> groups_;         // by group layout, inside backward
+  std::shared_ptr<DeviceExec> exec_;
+  std::shared_ptr<InBackward> in_backward_;   // null: step() updates everything
+  std::map<const void*, GroupState> groups_;  // by group layout, inside backward
   std::unordered_map<const graph::Parameter*, std::size_t> index_;  // into params_ (all of them)
   std::int64_t base_step_ = 0;        // a group's count starts here (run_in_backward, load)
   bool stepped_in_backward_ = false;  // a group updated since the last step()

@@ -12,8 +12,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "fullshard/base/error.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/schedule/plan.hpp"
@@ -83,8 +81,8 @@ struct AutoPlanChoice {
                      const std::string& defaults_name = "defaults") const;
   /// {"fully_shard": [{"module": "<fqn or <root>>", "fully_shard": request as in a graph
   /// file}, ...], "forward_prefetch_depth": d,
-  ///  "reduce_scatter_max_input_buffers": k}.
-  nlohmann::json to_json() const;
+  ///  "reduce_scatter_max_input_buffers": k}, as text (`indent` < 0: on one line).
+  std::string to_json(int indent = -1) const;
   bool operator==(const AutoPlanChoice& o) const;
   bool operator!=(const AutoPlanChoice& o) const { return !(*this == o); }
 };

@@ -13,8 +13,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "fullshard/graph/module.hpp"
 
 namespace fullshard::schedule {
@@ -119,14 +117,12 @@ struct ComputeRates {
   /// InvalidArgument for another name.
   double optimizer_ms(const std::string& optimizer, double elements) const;
 
-  /// The JSON form (every key written).
-  nlohmann::json to_json() const;
-  /// Reads `j` over `base` (keys present replace base's; "gemm" replaces the whole list).
-  /// ConfigError "<source>: <JSON path>: <problem>" on unknown keys, wrong types, numbers
-  /// that are negative, zero where a rate is meant, or not finite, bad shapes.
-  static ComputeRates from_json(const nlohmann::json& j, const ComputeRates& base,
-                                const std::string& source = "<compute>");
-  /// from_json on text; ConfigError "<source>: invalid JSON ..." when it does not parse.
+  /// The JSON form (every key written), as text (`indent` < 0: on one line).
+  std::string to_json(int indent = -1) const;
+  /// Reads the JSON `text` over `base` (keys present replace base's; "gemm" replaces the whole
+  /// list). ConfigError "<source>: invalid JSON ..." when it does not parse, "<source>: <JSON
+  /// path>: <problem>" on unknown keys, wrong types, numbers that are negative, zero where a
+  /// rate is meant, or not finite, bad shapes.
   static ComputeRates parse_json(const std::string& text, const ComputeRates& base,
                                  const std::string& source = "<compute>");
   /// parse_json on a file; ConfigError naming the path when it cannot be read.

@@ -8,8 +8,6 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "fullshard/transport/fusions.hpp"
 
 namespace fullshard {
@@ -150,14 +148,12 @@ class CostModel {
     return elements * quant_ns_per_element_ * 1e-6;
   }
 
-  /// The JSON form (every key written).
-  nlohmann::json to_json() const;
-  /// Reads `j` over `base`: keys present replace base's values. ConfigError
-  /// "<source>: <JSON path>: <problem>" on unknown keys, wrong types, negative or non-finite
-  /// numbers, a non-positive copy bandwidth.
-  static CostModel from_json(const nlohmann::json& j, const CostModel& base,
-                             const std::string& source = "<cost>");
-  /// from_json on parsed text; ConfigError "<source>: invalid JSON ..." when it does not parse.
+  /// The JSON form (every key written), as text (`indent` < 0: on one line).
+  std::string to_json(int indent = -1) const;
+  /// Reads the JSON `text` over `base`: keys present replace base's values. ConfigError
+  /// "<source>: invalid JSON ..." when it does not parse, "<source>: <JSON path>: <problem>"
+  /// on unknown keys, wrong types, negative or non-finite numbers, a non-positive copy
+  /// bandwidth.
   static CostModel parse_json(const std::string& text, const CostModel& base,
                               const std::string& source = "<cost>");
   /// parse_json on a file's contents; ConfigError naming the path when it cannot be read.
@@ -247,11 +243,12 @@ struct TwoLevelNetwork {
   CostModel cost_model(const MeshShape& mesh, double copy_gb_per_s) const;
 
   /// {"gpus_per_node": 8, "nvlink": {"alpha_ms": ..., "gb_per_s": ...},
-  ///  "infiniband": {...}}; from_json reads it over `base` (keys present replace base's),
-  /// ConfigError "<source>: <JSON path>: <problem>" like CostModel::from_json.
-  nlohmann::json to_json() const;
-  static TwoLevelNetwork from_json(const nlohmann::json& j, const TwoLevelNetwork& base,
-                                   const std::string& source = "<network>");
+  ///  "infiniband": {...}} as text (`indent` < 0: on one line); parse_json reads such a text
+  /// over `base` (keys present replace base's), ConfigError "<source>: <JSON path>:
+  /// <problem>" like CostModel::parse_json.
+  std::string to_json(int indent = -1) const;
+  static TwoLevelNetwork parse_json(const std::string& text, const TwoLevelNetwork& base,
+                                    const std::string& source = "<network>");
   /// Loads a JSON file; ConfigError naming the path when it cannot be read or parsed.
   static TwoLevelNetwork load_json(const std::string& path, const TwoLevelNetwork& base);
 };

@@ -9,8 +9,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/graph/module.hpp"
@@ -42,8 +40,9 @@ class Timeline {
   double busy_us(std::size_t first, bool communication) const;
   void clear();
   /// The same trace-event format as Plan::to_chrome_trace (one thread per stream), as process
-  /// `pid` so that a plan (pid 0) and a measurement can be merged into one file.
-  nlohmann::json to_chrome_trace(int pid = 1, const std::string& name = "fullshard measured") const;
+  /// `pid` so that a plan (pid 0) and a measurement can be merged into one file; the JSON
+  /// text, on one line.
+  std::string to_chrome_trace(int pid = 1, const std::string& name = "fullshard measured") const;
 
  private:
   mutable std::mutex m_;

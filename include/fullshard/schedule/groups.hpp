@@ -100,29 +100,3 @@ PlannedGroups plan_groups(const graph::Module& root, int shard_size,
                           const fsdp::FullyShardOptions& defaults = {});
 
 }  // namespace fullshard::schedule
-
-namespace fullshard::fsdp::detail {
-struct GraphListGroup;  // lib/fsdp/group_rules.hpp (private)
-}
-
-// The scheduler's way in (kept out of the schedule namespace, whose files name
-// fullshard::detail's helpers as detail::...).
-namespace fullshard::detail {
-/// The fully_shard calls a planner forms groups for instead of the graph's requests: per
-/// module in pre-order (the root first), the options of its call, or null for none; and the
-/// graph's list groups, kept as they are (their options: their first module's entry; the
-/// entries of their other modules are not read). The auto-planner's candidates, planned
-/// without changing the user's graph.
-struct RequestTable {
-  std::vector<const std::shared_ptr<const fsdp::FullyShardOptions>*> calls;
-  const std::vector<fsdp::detail::GraphListGroup>* lists = nullptr;
-};
-/// The number of modules with a fully_shard request (true or an object): plan_groups' size.
-std::size_t count_group_requests(const graph::Module& root);
-/// plan_groups into `out` (emptied; its allocator is kept), with room for `requests` groups;
-/// the calls of `table` (one entry per module) instead of the graph's requests when given.
-/// Returns whether a list group was formed (a group with several modules).
-bool plan_groups_into(schedule::PlannedGroups& out, const graph::Module& root, int shard_size,
-                      const fsdp::FullyShardOptions& defaults, std::size_t requests,
-                      const RequestTable* table = nullptr);
-}  // namespace fullshard::detail

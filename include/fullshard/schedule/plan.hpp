@@ -17,8 +17,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "fullshard/base/arena.hpp"
 #include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/options.hpp"
@@ -211,8 +209,9 @@ class Plan {
   /// Groups, then the schedule per stream, the buffer events, step time and peak memory.
   std::string to_text() const;
   /// Chrome / Perfetto trace-event JSON: one thread per stream, "X" events (ts, dur in us)
-  /// with args bytes/group/module/op/deps, "C" counter events of the pool bytes in use.
-  nlohmann::json to_chrome_trace() const;
+  /// with args bytes/group/module/op/deps, "C" counter events of the pool bytes in use; the
+  /// JSON text, on one line.
+  std::string to_chrome_trace() const;
   /// 64-bit FNV-1a over to_text(), for a cross-rank equality check.
   std::uint64_t fingerprint() const;
 };
@@ -233,15 +232,3 @@ class Scheduler {
 std::uint64_t fnv1a64(const std::string& s) noexcept;
 
 }  // namespace fullshard::schedule
-
-namespace fullshard::detail {
-/// Scheduler::replan with the fully_shard calls of `calls` (one entry per module, pre-order)
-/// instead of the graph's requests (null: the graph's). The auto-planner's way in.
-void replan_calls(schedule::Plan& out, const graph::Module& root, schedule::MeshShape mesh,
-                  const schedule::PlanOptions& options, const RequestTable* calls);
-/// Resolves the group names of p.options' policies (no_unshard_in_backward,
-/// backward_prefetch_targets) into p's indices; InvalidArgument "Scheduler::plan: <option>: no
-/// group named '<name>' (groups: ...)". Out of the scheduler's file: its code there would
-/// change how GCC inlines the state machine.
-void resolve_policy_groups(schedule::Plan& p);
-}  // namespace fullshard::detail

@@ -12,8 +12,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/graph/shard_request.hpp"
 
@@ -200,9 +198,9 @@ Config read_config(const DeviceMesh& mesh, const std::string& path);
 Config parse_config(const DeviceMesh& mesh, const std::string& text, const std::string& source,
                     std::string read_error = {});
 
-/// The configuration as the JSON file would state it (every key, defaults included):
-/// parse_config(to_json(c).dump(), ...) gives `c` back.
-nlohmann::ordered_json to_json(const Config& c);
+/// The configuration as the JSON file would state it (every key, defaults included), as text
+/// (`indent` < 0: on one line): parse_config(to_json(c), ...) gives `c` back.
+std::string to_json(const Config& c, int indent = -1);
 
 /// Checks `c` as parse_config checks a file (ranges, combinations; ConfigError naming the
 /// key, with c.source as the source) and returns its "key = value" lines.

@@ -7,8 +7,6 @@
 #include <cstdint>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "fullshard/checkpoint/checkpoint.hpp"
 #include "fullshard/checkpoint/safetensors.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
@@ -59,10 +57,11 @@ class SessionBase {
   /// value; the configuration's identity is not compared (weights of another run of the same
   /// model load), and last_loaded() stays. Collective.
   checkpoint::Loaded load_parameters(const std::string& dir);
-  /// Keys (any JSON object's, but "session") written into every checkpoint's metadata beside
-  /// the session's identity, e.g. what a program needs to continue its data stream; read back
-  /// through last_loaded().metadata.
-  void set_checkpoint_metadata(nlohmann::json extra);
+  /// Keys (the text of a JSON object, any keys but "session") written into every
+  /// checkpoint's metadata beside the session's identity, e.g. what a program needs to
+  /// continue its data stream; read back through last_loaded().metadata (JSON text).
+  /// InvalidArgument for text that is not such an object.
+  void set_checkpoint_metadata(const std::string& extra);
   /// Allocates and faults in the host staging memory of asynchronous saves, so that the first
   /// save_async costs a step no more than later ones; returns its bytes on this rank.
   std::uint64_t reserve_async_staging();

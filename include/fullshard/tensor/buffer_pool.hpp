@@ -47,10 +47,4 @@ class BufferPool {
   std::shared_ptr<State> s_;
 };
 
-namespace detail {
-/// "<pool>", "<pool>:<label>" or "<pool>:<label>:<owner>" (the empty parts left out).
-std::string pool_block_label(const std::string& pool, std::string_view label,
-                             std::string_view owner);
-}  // namespace detail
-
 }  // namespace fullshard

@@ -40,16 +40,15 @@ std::int64_t checked_numel(const Shape& s, Context&& context) {
   bool zero = false;
   for (std::size_t d = 0; d < s.size(); ++d) {
     if (s[d] < 0)
-      throw E(detail::context_string(std::forward<Context>(context)) + ": shape " +
-              shape_string(s) + " has negative extent " + std::to_string(s[d]) + " in dim " +
-              std::to_string(d));
+      throw E(context_text(std::forward<Context>(context)) + ": shape " + shape_string(s) +
+              " has negative extent " + std::to_string(s[d]) + " in dim " + std::to_string(d));
     zero = zero || s[d] == 0;
   }
   if (zero) return 0;  // (0, 2^62, 2^62) has no elements; the other extents must still be >= 0
   for (auto e : s)
     if (__builtin_mul_overflow(n, e, &n))
-      throw E(detail::context_string(std::forward<Context>(context)) + ": shape " +
-              shape_string(s) + " has more than 2^63-1 elements");
+      throw E(context_text(std::forward<Context>(context)) + ": shape " + shape_string(s) +
+              " has more than 2^63-1 elements");
   return n;
 }
 
@@ -60,9 +59,8 @@ std::int64_t checked_nbytes(const Shape& s, DType dtype, Context&& context) {
   const std::int64_t n = checked_numel<E>(s, context);
   std::int64_t bytes = 0;
   if (__builtin_mul_overflow(n, static_cast<std::int64_t>(dtype_size(dtype)), &bytes))
-    throw E(detail::context_string(std::forward<Context>(context)) + ": shape " + shape_string(s) +
-            " of " + dtype_name(dtype) + " has " + std::to_string(n) +
-            " elements, more than 2^63-1 bytes");
+    throw E(context_text(std::forward<Context>(context)) + ": shape " + shape_string(s) + " of " +
+            dtype_name(dtype) + " has " + std::to_string(n) + " elements, more than 2^63-1 bytes");
   return bytes;
 }
 

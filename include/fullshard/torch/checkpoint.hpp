@@ -22,19 +22,20 @@ namespace fullshard::torch {
 /// checkpoint::save). Collective over the model's mesh; call outside forward and backward.
 /// InvalidArgument for another optimizer, parameters the optimizer does not hold, or
 /// parameters that are not f32 (the checkpoint's optimizer state is f32 per shard).
-/// `metadata`: any JSON, kept in the index (checkpoint::Loaded::metadata).
+/// `metadata`: the text of any JSON document, kept in the index (checkpoint::Loaded::metadata).
 std::string save_checkpoint(const std::string& dir, ShardedModel& model,
                             const ::torch::optim::Optimizer* optimizer, std::int64_t step,
                             const checkpoint::SaveOptions& options = {},
-                            const nlohmann::json& metadata = nlohmann::json::object());
+                            const std::string& metadata = std::string());
 
 /// save_checkpoint in the background (checkpoint::save_async): returns once this rank's shards
 /// and optimizer state are copied into host staging memory, so training may go on; the handle's
 /// test() at a step boundary, or wait(), commits. The files are save_checkpoint's.
-checkpoint::AsyncSave save_checkpoint_async(
-    const std::string& dir, ShardedModel& model, const ::torch::optim::Optimizer* optimizer,
-    std::int64_t step, const checkpoint::SaveOptions& options = {},
-    const nlohmann::json& metadata = nlohmann::json::object());
+checkpoint::AsyncSave save_checkpoint_async(const std::string& dir, ShardedModel& model,
+                                            const ::torch::optim::Optimizer* optimizer,
+                                            std::int64_t step,
+                                            const checkpoint::SaveOptions& options = {},
+                                            const std::string& metadata = std::string());
 
 /// Loads a checkpoint of save_checkpoint (saved on any number of ranks) into the model and,
 /// with `optimizer`, its state (replacing what it had). Collective; checked before anything

@@ -46,10 +46,9 @@
 
 namespace fullshard::torch {
 
-namespace detail {
+// Opaque: a sharded model's and a sharded module's state (lib/torch/sharded_model.cpp).
 struct ModelState;
 struct ModuleState;
-}  // namespace detail
 
 /// What ShardedModel::measure_compute recorded over the root's training forwards (each with its
 /// backward): the means over the faster half of them by their measured total (modules and
@@ -159,16 +158,15 @@ class ShardedModel {
   MeasuredCompute measured_compute() const;
 
  private:
-  std::unique_ptr<detail::ModelState> state_;
+  std::unique_ptr<ModelState> state_;
 };
 
-namespace detail {
-
-/// The state of a module fully_shard was applied to, or nullptr (then call() is a plain
+/// The FSDP state of a module fully_shard was applied to, or nullptr (then call() is a plain
 /// forward call).
 ModuleState* module_state(const ::torch::nn::Module* module);
 
-/// One forward call of a sharded module: the pre-forward hook at construction; the
+/// One forward call of a sharded module (what call() does; a front end whose modules take
+/// other argument kinds can use it directly): the pre-forward hook at construction; the
 /// post-backward boundary on the inputs (inputs()), the post-forward hook and the
 /// pre-backward boundary on the outputs (outputs()).
 class ForwardCall {
@@ -189,65 +187,67 @@ class ForwardCall {
   bool finished_ = false;
 };
 
-template <class T>
-struct IsTensorTuple : std::false_type {};
-template <class... T>
-struct IsTensorTuple<std::tuple<T...>>
-    : std::bool_constant<(std::is_same_v<std::decay_t<T>, at::Tensor> && ...)> {};
+/// How call() routes a forward's arguments and results through the autograd boundaries: a
+/// tensor, a vector of tensors and a tuple of tensors cross them; anything else passes as it
+/// is.
+struct ForwardArgs {
+  template <class T>
+  struct IsTensorTuple : std::false_type {};
+  template <class... T>
+  struct IsTensorTuple<std::tuple<T...>>
+      : std::bool_constant<(std::is_same_v<std::decay_t<T>, at::Tensor> && ...)> {};
 
-// Arguments and results that cross the autograd boundaries.
-template <class T>
-inline constexpr bool kCrosses =
-    std::is_same_v<T, at::Tensor> || std::is_same_v<T, std::vector<at::Tensor>> ||
-    IsTensorTuple<T>::value;
+  /// Whether values of type T cross the boundaries.
+  template <class T>
+  static constexpr bool crosses =
+      std::is_same_v<T, at::Tensor> || std::is_same_v<T, std::vector<at::Tensor>> ||
+      IsTensorTuple<T>::value;
 
-// Tensors of one argument or result, in order.
-inline void collect(std::vector<at::Tensor>& out, const at::Tensor& t) {
-  out.push_back(t);
-}
-inline void collect(std::vector<at::Tensor>& out, const std::vector<at::Tensor>& ts) {
-  out.insert(out.end(), ts.begin(), ts.end());
-}
-template <class... T, std::enable_if_t<IsTensorTuple<std::tuple<T...>>::value, int> = 0>
-void collect(std::vector<at::Tensor>& out, const std::tuple<T...>& t) {
-  std::apply([&](const auto&... x) { (out.push_back(x), ...); }, t);
-}
-template <class T, std::enable_if_t<!kCrosses<std::decay_t<T>>, int> = 0>
-void collect(std::vector<at::Tensor>&, const T&) {}
+  /// Appends the tensors of one argument or result to `out`, in order.
+  static void collect(std::vector<at::Tensor>& out, const at::Tensor& t) { out.push_back(t); }
+  static void collect(std::vector<at::Tensor>& out, const std::vector<at::Tensor>& ts) {
+    out.insert(out.end(), ts.begin(), ts.end());
+  }
+  template <class... T, std::enable_if_t<IsTensorTuple<std::tuple<T...>>::value, int> = 0>
+  static void collect(std::vector<at::Tensor>& out, const std::tuple<T...>& t) {
+    std::apply([&](const auto&... x) { (out.push_back(x), ...); }, t);
+  }
+  template <class T, std::enable_if_t<!crosses<std::decay_t<T>>, int> = 0>
+  static void collect(std::vector<at::Tensor>&, const T&) {}
 
-// The same argument or result with its tensors taken from `from`, in order.
-inline at::Tensor replace(const at::Tensor&, const std::vector<at::Tensor>& from, std::size_t& i) {
-  return from[i++];
-}
-inline std::vector<at::Tensor> replace(const std::vector<at::Tensor>& ts,
-                                       const std::vector<at::Tensor>& from, std::size_t& i) {
-  std::vector<at::Tensor> r(from.begin() + static_cast<std::ptrdiff_t>(i),
-                            from.begin() + static_cast<std::ptrdiff_t>(i + ts.size()));
-  i += ts.size();
-  return r;
-}
-template <class... T, std::enable_if_t<IsTensorTuple<std::tuple<T...>>::value, int> = 0>
-std::tuple<T...> replace(const std::tuple<T...>& t, const std::vector<at::Tensor>& from,
-                         std::size_t& i) {
-  std::tuple<T...> r = t;
-  std::apply([&](auto&... x) { ((x = from[i++]), ...); }, r);
-  return r;
-}
-template <class T, std::enable_if_t<!kCrosses<std::decay_t<T>>, int> = 0>
-T&& replace(T&& x, const std::vector<at::Tensor>&, std::size_t&) {
-  return std::forward<T>(x);
-}
+  /// The same argument or result with its tensors taken from `from`, in order from `i`.
+  static at::Tensor replace(const at::Tensor&, const std::vector<at::Tensor>& from,
+                            std::size_t& i) {
+    return from[i++];
+  }
+  static std::vector<at::Tensor> replace(const std::vector<at::Tensor>& ts,
+                                         const std::vector<at::Tensor>& from, std::size_t& i) {
+    std::vector<at::Tensor> r(from.begin() + static_cast<std::ptrdiff_t>(i),
+                              from.begin() + static_cast<std::ptrdiff_t>(i + ts.size()));
+    i += ts.size();
+    return r;
+  }
+  template <class... T, std::enable_if_t<IsTensorTuple<std::tuple<T...>>::value, int> = 0>
+  static std::tuple<T...> replace(const std::tuple<T...>& t, const std::vector<at::Tensor>& from,
+                                  std::size_t& i) {
+    std::tuple<T...> r = t;
+    std::apply([&](auto&... x) { ((x = from[i++]), ...); }, r);
+    return r;
+  }
+  template <class T, std::enable_if_t<!crosses<std::decay_t<T>>, int> = 0>
+  static T&& replace(T&& x, const std::vector<at::Tensor>&, std::size_t&) {
+    return std::forward<T>(x);
+  }
 
-// The module object behind a ModuleHolder, a shared_ptr or a reference.
-template <class M>
-auto* module_ptr(M& m) {
-  if constexpr (std::is_base_of_v<::torch::nn::Module, std::decay_t<M>>)
-    return &m;
-  else
-    return m.get();
-}
-
-}  // namespace detail
+  /// The module object behind a ModuleHolder, a shared_ptr or a reference.
+  template <class M>
+  static auto* module_of(M& m) {
+    if constexpr (std::is_base_of_v<::torch::nn::Module, std::decay_t<M>>)
+      return &m;
+    else
+      return m.get();
+  }
+};
 
 /// Calls `module->forward(args...)` (module: a ModuleHolder, a shared_ptr or the module) with
 /// the FSDP hooks when fully_shard was applied to it: all-gather before, reshard after (by
@@ -258,38 +258,33 @@ auto* module_ptr(M& m) {
 /// reshards every group at its end. A module without FSDP state is called directly.
 template <class M, class... Args>
 auto call(M&& module, Args&&... args) {
-  auto* impl = detail::module_ptr(module);
-  detail::ModuleState* st = detail::module_state(impl);
+  auto* impl = ForwardArgs::module_of(module);
+  ModuleState* st = module_state(impl);
   if (!st) return impl->forward(std::forward<Args>(args)...);
-  detail::ForwardCall fc(*st);
+  ForwardCall fc(*st);
   std::vector<at::Tensor> in;
-  (detail::collect(in, args), ...);
+  (ForwardArgs::collect(in, args), ...);
   in = fc.inputs(std::move(in));
   std::size_t i = 0;
   // Braced initialisation: the arguments are mapped left to right.
-  std::tuple<decltype(detail::replace(std::forward<Args>(args), in, i))...> mapped{
-      detail::replace(std::forward<Args>(args), in, i)...};
+  std::tuple<decltype(ForwardArgs::replace(std::forward<Args>(args), in, i))...> mapped{
+      ForwardArgs::replace(std::forward<Args>(args), in, i)...};
   auto out = std::apply([&](auto&&... a) { return impl->forward(std::forward<decltype(a)>(a)...); },
                         std::move(mapped));
   std::vector<at::Tensor> res;
-  detail::collect(res, out);
+  ForwardArgs::collect(res, out);
   res = fc.outputs(std::move(res));
   std::size_t j = 0;
-  return detail::replace(std::move(out), res, j);
+  return ForwardArgs::replace(std::move(out), res, j);
 }
 
-namespace detail {
 /// A forward over tensors, kept by the checkpoint's autograd node until its backward ran.
 using Recompute = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
-/// Runs `fn` under activation checkpointing: without autograd's saved activations in forward,
-/// and again inside backward (the CPU RNG state of the forward restored, so dropout gives
-/// the same mask) before the module's backward runs on the recomputed graph.
+/// Runs `fn` on `inputs` under activation checkpointing (what checkpoint() does, for a forward
+/// that is not one module's call): without autograd's saved activations in forward, and again
+/// inside backward (the CPU RNG state of the forward restored, so dropout gives the same mask)
+/// before the backward runs on the recomputed graph.
 at::Tensor checkpointed(Recompute fn, std::vector<at::Tensor> inputs);
-template <class M, std::size_t... I>
-at::Tensor call_unpacked(M& module, const std::vector<at::Tensor>& xs, std::index_sequence<I...>) {
-  return call(module, xs[I]...);
-}
-}  // namespace detail
 
 /// Activation checkpointing of one module (LibTorch's C++ API has none): `call(module,
 /// inputs...)` whose activations are not kept; the forward runs again inside backward. With
@@ -303,10 +298,13 @@ at::Tensor checkpoint(M module, const T&... inputs) {
                 "backward)");
   static_assert((std::is_same_v<T, at::Tensor> && ...), "checkpoint takes tensor inputs");
   if (!::torch::GradMode::is_enabled()) return call(module, inputs...);
-  detail::Recompute fn = [module](const std::vector<at::Tensor>& xs) mutable {
-    return detail::call_unpacked(module, xs, std::index_sequence_for<T...>{});
+  Recompute fn = [module](const std::vector<at::Tensor>& xs) mutable {
+    std::size_t k = 0;
+    // Braced initialisation: the inputs are taken left to right.
+    std::tuple<T...> args{(static_cast<void>(sizeof(T)), xs[k++])...};
+    return std::apply([&](auto&... x) { return call(module, x...); }, args);
   };
-  return detail::checkpointed(std::move(fn), {inputs...});
+  return checkpointed(std::move(fn), {inputs...});
 }
 
 }  // namespace fullshard::torch

@@ -7,7 +7,7 @@
 
 #include "fullshard/base/error.hpp"
 
-namespace fullshard::comm::detail {
+namespace fullshard::comm {
 
 /// Throws CommError("<context>: <call> failed: <cudaGetErrorName> (<cudaGetErrorString>)")
 /// unless `e` is cudaSuccess.
@@ -17,4 +17,4 @@ inline void cuda_check(cudaError_t e, const char* call, const std::string& conte
                   cudaGetErrorString(e) + ")");
 }
 
-}  // namespace fullshard::comm::detail
+}  // namespace fullshard::comm

@@ -10,7 +10,7 @@
 #include "lib/comm/cuda/cuda_check.hpp"
 #include "lib/comm/device_stream.hpp"
 
-namespace fullshard::comm::detail {
+namespace fullshard::comm {
 namespace {
 
 using Name = std::shared_ptr<const std::string>;
@@ -100,4 +100,4 @@ std::unique_ptr<DeviceStreamBackend> wrap_cuda_stream_backend(void* native,
   return std::make_unique<CudaStream>(static_cast<cudaStream_t>(native), name, false);
 }
 
-}  // namespace fullshard::comm::detail
+}  // namespace fullshard::comm

@@ -6,7 +6,7 @@
 #include "lib/comm/cuda/cuda_check.hpp"
 #include "lib/comm/cuda/device_divide.hpp"
 
-namespace fullshard::comm::detail {
+namespace fullshard::comm {
 namespace {
 
 struct F32 {
@@ -74,4 +74,4 @@ void device_divide(void* data, std::size_t n, DType dtype, double divisor, void*
              "dividing " + std::to_string(n) + " x " + dtype_name(dtype) + " on a device stream");
 }
 
-}  // namespace fullshard::comm::detail
+}  // namespace fullshard::comm

@@ -1,4 +1,4 @@
-#include "fullshard/comm/nccl_communicator.hpp"
+#include "lib/comm/nccl_communicator.hpp"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -15,7 +15,7 @@
 
 #include "fullshard/base/deadline.hpp"
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/mpi_wait.hpp"
+#include "lib/base/mpi_wait.hpp"
 #include "lib/comm/buffer_checks.hpp"
 #include "lib/comm/cuda/cuda_check.hpp"
 #include "lib/comm/cuda/device_divide.hpp"
@@ -33,8 +33,6 @@ static_assert(NCCL_UNIQUE_ID_BYTES == 128, "ncclUniqueId is expected to be 128 b
 
 namespace {
 
-using detail::mpi_error_string;
-
 void mpi_check(int rc, const char* call, const std::string& context) {
   if (rc != MPI_SUCCESS)
     throw CommError(context + ": " + call + " failed: " + mpi_error_string(rc));
@@ -46,8 +44,6 @@ std::string label(const std::string& name, int rank, int size) {
 }
 
 }  // namespace
-
-namespace detail {
 
 // The ncclComm_t and what every Work of the communicator needs to poll it. Shared by the
 // communicator and its Works' hooks; the mutex serialises NCCL calls on the communicator
@@ -180,7 +176,6 @@ GroupState& group_state() {
 }
 
 }  // namespace
-}  // namespace detail
 
 NcclUniqueId nccl_bootstrap_id(MPI_Comm comm, const std::string& name, double timeout_s) {
   if (comm == MPI_COMM_NULL)
@@ -209,7 +204,7 @@ NcclUniqueId nccl_bootstrap_id(MPI_Comm comm, const std::string& name, double ti
     const auto r = static_cast<ncclResult_t>(status);
     const std::string where = rank == 0 ? "ncclGetUniqueId" : "ncclGetUniqueId on rank 0";
     throw CommError(context + ": " + where +
-                    " failed: " + detail::nccl_error_message(r, "ncclGetUniqueId"));
+                    " failed: " + nccl_error_message(r, "ncclGetUniqueId"));
   }
   bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, "MPI_Ibcast (id)");
   NcclUniqueId out;
@@ -217,8 +212,8 @@ NcclUniqueId nccl_bootstrap_id(MPI_Comm comm, const std::string& name, double ti
   return out;
 }
 
-NcclCommunicator::NcclCommunicator(std::shared_ptr<detail::NcclCommState> state, std::string name,
-                                   int rank, int size, double timeout_s, NcclOptions options)
+NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclCommState> state, std::string name, int rank,
+                                   int size, double timeout_s, NcclOptions options)
     : state_(std::move(state)),
       name_(std::move(name)),
       rank_(rank),
@@ -259,7 +254,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MPI_Comm comm, const 
   MPI_Comm_size(comm, &size);
   ncclUniqueId id;
   std::memcpy(&id, uid.bytes.data(), sizeof(id));
-  auto state = std::make_shared<detail::NcclCommState>();
+  auto state = std::make_shared<NcclCommState>();
   state->blocking = options.blocking;
   state->timeout_s = timeout_s;
   state->name = name;
@@ -276,7 +271,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MPI_Comm comm, const 
       // common timeout message when a peer never joins).
       const std::string what = state->site("ncclCommInitRankConfig (blocking)").describe();
       Watchdog watchdog;
-      watchdog.arm(what, timeout_s, detail::kNcclInitTimeoutHint);
+      watchdog.arm(what, timeout_s, kNcclInitTimeoutHint);
       const ncclResult_t r = ncclCommInitRankConfig(&state->comm, size, id, rank, &config);
       watchdog.disarm();
       state->complete_locked(r, state->comm, state->site("ncclCommInitRankConfig"));
@@ -285,13 +280,12 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MPI_Comm comm, const 
       // under the timeout; an error or the timeout aborts it (ncclCommAbort) and throws.
       const ncclResult_t r = ncclCommInitRankConfig(&state->comm, size, id, rank, &config);
       state->complete_locked(r, state->comm, state->site("ncclCommInitRankConfig"),
-                             detail::kNcclInitTimeoutHint);
+                             kNcclInitTimeoutHint);
     }
   }
-  detail::cuda_check(cudaMalloc(&state->scratch, sizeof(float)), "cudaMalloc",
-                     context + " (barrier word)");
-  detail::cuda_check(cudaMemset(state->scratch, 0, sizeof(float)), "cudaMemset",
-                     context + " (barrier word)");
+  cuda_check(cudaMalloc(&state->scratch, sizeof(float)), "cudaMalloc", context + " (barrier word)");
+  cuda_check(cudaMemset(state->scratch, 0, sizeof(float)), "cudaMemset",
+             context + " (barrier word)");
   return std::unique_ptr<NcclCommunicator>(
       new NcclCommunicator(std::move(state), name, rank, size, timeout_s, options));
 }
@@ -320,7 +314,7 @@ namespace {
 constexpr int kDtypeShift = 56;
 std::string op_label(const char* op, const void* state, std::uint64_t seq,
                      std::uint64_t count_dtype) {
-  const auto& st = *static_cast<const detail::NcclCommState*>(state);
+  const auto& st = *static_cast<const NcclCommState*>(state);
   const auto dtype = static_cast<DType>(count_dtype >> kDtypeShift);
   const std::uint64_t count = count_dtype & ((std::uint64_t{1} << kDtypeShift) - 1);
   return std::string(op) + " on communicator '" + st.name + "' (rank " + std::to_string(st.rank) +
@@ -363,10 +357,10 @@ Work NcclCommunicator::launch(const char* op, std::size_t count, DType dtype, St
                           stream_type_name(stream.kind()) +
                           " stream; NCCL collectives need a device stream (Stream::device)");
   auto state = state_;
-  detail::DeviceWatch watch;
+  DeviceWatch watch;
   watch.check = [state, what] { state->check(what); };
   watch.on_timeout = [state](const std::string& why) { state->abort(why); };
-  detail::GroupState& group = detail::group_state();
+  GroupState& group = group_state();
   const bool in_group = group.depth > 0;
   if (in_group) {  // polled (non-blocking) or aborted (on failure) at the group's end
     bool known = false;
@@ -375,7 +369,7 @@ Work NcclCommunicator::launch(const char* op, std::size_t count, DType dtype, St
     if (!known) group.comms.push_back(state);
   }
   void* native = stream.native_handle();
-  return detail::StreamAccess::submit_device(
+  return StreamAccess::submit_device(
       stream, what,
       [&] {
         std::lock_guard<std::mutex> lock(state->m);
@@ -398,11 +392,11 @@ Work NcclCommunicator::all_gather(const void* send, void* recv, std::size_t coun
   const std::size_t bytes = count * dtype_size(dtype);
   require_buffers(count == 0 || (send && recv), "all_gather", name_);
   const auto* slot = static_cast<const char*>(recv) + static_cast<std::size_t>(rank_) * bytes;
-  if (send != slot && count > 0 && detail::overlaps(send, bytes, recv, bytes * size_))
+  if (send != slot && count > 0 && overlaps(send, bytes, recv, bytes * size_))
     throw InvalidArgument("all_gather on communicator '" + name_ +
                           "': send overlaps recv but is not this rank's slot "
                           "(recv + rank*count) for an in-place all-gather");
-  const ncclDataType_t t = detail::nccl_dtype(dtype);
+  const ncclDataType_t t = nccl_dtype(dtype);
   auto state = state_;
   return launch("all_gather", count, dtype, stream,
                 [=](ncclComm_t c, cudaStream_t s, const LazyLabel& what, bool in_group) {
@@ -420,7 +414,7 @@ void check_reduce_scatter(const void* send, const void* recv, std::size_t recv_c
   require_buffers(recv_count == 0 || (send && recv), "reduce_scatter", name);
   const char* slot = static_cast<const char*>(send) + static_cast<std::size_t>(rank) * bytes;
   if (recv != slot && recv_count > 0 &&
-      detail::overlaps(send, bytes * static_cast<std::size_t>(size), recv, bytes))
+      overlaps(send, bytes * static_cast<std::size_t>(size), recv, bytes))
     throw InvalidArgument("reduce_scatter on communicator '" + name +
                           "': recv overlaps send but is not this rank's chunk "
                           "(send + rank*recv_count) for an in-place reduce-scatter");
@@ -440,17 +434,17 @@ Work NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
                                       DType dtype, ReduceOp op, Stream& stream) {
   check_reduce_scatter(send, recv, recv_count, dtype, rank_, size_, name_);
   bool native_avg = false;
-  const ncclRedOp_t nop = detail::nccl_op(op, &native_avg);
+  const ncclRedOp_t nop = nccl_op(op, &native_avg);
   const bool divide = op == ReduceOp::avg && !native_avg;
   if (divide) require_no_group(NcclGroup::depth() > 0, "reduce_scatter(avg) on '" + name_ + "'");
-  const ncclDataType_t t = detail::nccl_dtype(dtype);
+  const ncclDataType_t t = nccl_dtype(dtype);
   auto state = state_;
   const int size = size_;
   return launch("reduce_scatter", recv_count, dtype, stream,
                 [=](ncclComm_t c, cudaStream_t s, const LazyLabel& what, bool in_group) {
                   state->finish_call_locked(ncclReduceScatter(send, recv, recv_count, t, nop, c, s),
                                             "ncclReduceScatter", what, in_group);
-                  if (divide) detail::device_divide(recv, recv_count, dtype, size, s);
+                  if (divide) device_divide(recv, recv_count, dtype, size, s);
                 });
 }
 
@@ -461,7 +455,7 @@ Work NcclCommunicator::reduce_scatter_divided(const void* send, void* recv, std:
     throw InvalidArgument("reduce_scatter on communicator '" + name_ + "': divide factor " +
                           std::to_string(divide_factor) + " is not a positive finite number");
   check_reduce_scatter(send, recv, recv_count, dtype, rank_, size_, name_);
-  const ncclDataType_t t = detail::nccl_dtype(dtype);
+  const ncclDataType_t t = nccl_dtype(dtype);
   auto state = state_;
 #if FULLSHARD_NCCL_HAS_PREMULSUM
   const bool pre_mul = mode == DivideMode::pre_mul_sum;
@@ -471,7 +465,7 @@ Work NcclCommunicator::reduce_scatter_divided(const void* send, void* recv, std:
 #endif
   if (!pre_mul)
     require_no_group(NcclGroup::depth() > 0, "reduce_scatter(sum_then_scale) on '" + name_ + "'");
-  const auto scalar = detail::nccl_scalar(dtype, 1.0 / divide_factor);
+  const auto scalar = nccl_scalar(dtype, 1.0 / divide_factor);
   return launch(
       pre_mul ? "reduce_scatter(pre_mul_sum)" : "reduce_scatter(sum_then_scale)", recv_count, dtype,
       stream, [=](ncclComm_t c, cudaStream_t s, const LazyLabel& what, bool in_group) {
@@ -492,7 +486,7 @@ Work NcclCommunicator::reduce_scatter_divided(const void* send, void* recv, std:
 #endif
         state->finish_call_locked(ncclReduceScatter(send, recv, recv_count, t, ncclSum, c, s),
                                   "ncclReduceScatter", what, in_group);
-        detail::device_divide(recv, recv_count, dtype, divide_factor, s);
+        device_divide(recv, recv_count, dtype, divide_factor, s);
       });
 }
 
@@ -500,21 +494,21 @@ Work NcclCommunicator::all_reduce(const void* send, void* recv, std::size_t coun
                                   ReduceOp op, Stream& stream) {
   const std::size_t bytes = count * dtype_size(dtype);
   require_buffers(count == 0 || (send && recv), "all_reduce", name_);
-  if (send != recv && count > 0 && detail::overlaps(send, bytes, recv, bytes))
+  if (send != recv && count > 0 && overlaps(send, bytes, recv, bytes))
     throw InvalidArgument("all_reduce on communicator '" + name_ +
                           "': send and recv overlap without being equal");
   bool native_avg = false;
-  const ncclRedOp_t nop = detail::nccl_op(op, &native_avg);
+  const ncclRedOp_t nop = nccl_op(op, &native_avg);
   const bool divide = op == ReduceOp::avg && !native_avg;
   if (divide) require_no_group(NcclGroup::depth() > 0, "all_reduce(avg) on '" + name_ + "'");
-  const ncclDataType_t t = detail::nccl_dtype(dtype);
+  const ncclDataType_t t = nccl_dtype(dtype);
   auto state = state_;
   const int size = size_;
   return launch("all_reduce", count, dtype, stream,
                 [=](ncclComm_t c, cudaStream_t s, const LazyLabel& what, bool in_group) {
                   state->finish_call_locked(ncclAllReduce(send, recv, count, t, nop, c, s),
                                             "ncclAllReduce", what, in_group);
-                  if (divide) detail::device_divide(recv, count, dtype, size, s);
+                  if (divide) device_divide(recv, count, dtype, size, s);
                 });
 }
 
@@ -524,7 +518,7 @@ Work NcclCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, i
     throw InvalidArgument("broadcast on communicator '" + name_ + "': root " +
                           std::to_string(root) + " is not in [0, " + std::to_string(size_) + ")");
   require_buffers(count == 0 || buffer, "broadcast", name_);
-  const ncclDataType_t t = detail::nccl_dtype(dtype);
+  const ncclDataType_t t = nccl_dtype(dtype);
   auto state = state_;
   return launch("broadcast", count, dtype, stream,
                 [=](ncclComm_t c, cudaStream_t s, const LazyLabel& what, bool in_group) {
@@ -538,10 +532,10 @@ Work NcclCommunicator::all_to_all(const void* send, void* recv, std::size_t coun
                                   Stream& stream) {
   const std::size_t bytes = count * dtype_size(dtype);
   require_buffers(count == 0 || (send && recv), "all_to_all", name_);
-  if (count > 0 && detail::overlaps(send, bytes * static_cast<std::size_t>(size_), recv,
-                                    bytes * static_cast<std::size_t>(size_)))
+  if (count > 0 && overlaps(send, bytes * static_cast<std::size_t>(size_), recv,
+                            bytes * static_cast<std::size_t>(size_)))
     throw InvalidArgument("all_to_all on communicator '" + name_ + "': send and recv overlap");
-  const ncclDataType_t t = detail::nccl_dtype(dtype);
+  const ncclDataType_t t = nccl_dtype(dtype);
   const int size = size_;
   auto state = state_;
   return launch("all_to_all", count, dtype, stream,
@@ -577,10 +571,10 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split_impl(int color, int ke
                               "' (color " + std::to_string(color) + ", key " + std::to_string(key) +
                               ")";
   if (!state_) throw InvalidArgument(context + ": the communicator was moved from");
-  if (detail::group_state().depth > 0)
+  if (group_state().depth > 0)
     throw InvalidArgument(context + ": not allowed inside an NCCL group");
 #if FULLSHARD_NCCL_HAS_SPLIT
-  auto child = std::make_shared<detail::NcclCommState>();
+  auto child = std::make_shared<NcclCommState>();
   child->blocking = options_.blocking;
   child->timeout_s = timeout_s_;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -594,8 +588,8 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split_impl(int color, int ke
     const WaitSite at = state_->site("ncclCommSplit", 0, "into '" + name + "'");
     try {
       if (r == ncclInProgress && child->comm)
-        state_->complete_locked(r, child->comm, at, detail::kNcclInitTimeoutHint);
-      state_->complete_locked(r, state_->comm, at, detail::kNcclInitTimeoutHint);
+        state_->complete_locked(r, child->comm, at, kNcclInitTimeoutHint);
+      state_->complete_locked(r, state_->comm, at, kNcclInitTimeoutHint);
     } catch (...) {  // the parent was aborted: so is the child
       if (child->comm) ncclCommAbort(child->comm);
       child->comm = nullptr;
@@ -605,16 +599,15 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split_impl(int color, int ke
   if (color < 0 || !child->comm) return nullptr;
   int rank = 0;
   int size = 1;
-  detail::nccl_check(ncclCommUserRank(child->comm, &rank), "ncclCommUserRank", context);
-  detail::nccl_check(ncclCommCount(child->comm, &size), "ncclCommCount", context);
+  nccl_check(ncclCommUserRank(child->comm, &rank), "ncclCommUserRank", context);
+  nccl_check(ncclCommCount(child->comm, &size), "ncclCommCount", context);
   child->name = name;
   child->rank = rank;
   child->size = size;
   child->what = label(name, rank, size);
-  detail::cuda_check(cudaMalloc(&child->scratch, sizeof(float)), "cudaMalloc",
-                     context + " (barrier word)");
-  detail::cuda_check(cudaMemset(child->scratch, 0, sizeof(float)), "cudaMemset",
-                     context + " (barrier word)");
+  cuda_check(cudaMalloc(&child->scratch, sizeof(float)), "cudaMalloc", context + " (barrier word)");
+  cuda_check(cudaMemset(child->scratch, 0, sizeof(float)), "cudaMemset",
+             context + " (barrier word)");
   return std::unique_ptr<NcclCommunicator>(
       new NcclCommunicator(std::move(child), name, rank, size, timeout_s_, options_));
 #else
@@ -645,8 +638,8 @@ Traffic NcclCommunicator::traffic() const noexcept {
 // ---- NcclGroup --------------------------------------------------------------------------------
 
 NcclGroup::NcclGroup() {
-  detail::nccl_check(ncclGroupStart(), "ncclGroupStart", "opening an NCCL group");
-  ++detail::group_state().depth;
+  nccl_check(ncclGroupStart(), "ncclGroupStart", "opening an NCCL group");
+  ++group_state().depth;
   open_ = true;
 }
 
@@ -662,21 +655,21 @@ NcclGroup::~NcclGroup() {
 }
 
 int NcclGroup::depth() noexcept {
-  return detail::group_state().depth;
+  return group_state().depth;
 }
 
 void NcclGroup::end() {
   if (!open_) return;
   open_ = false;
-  detail::GroupState& g = detail::group_state();
+  GroupState& g = group_state();
   const ncclResult_t r = ncclGroupEnd();
   --g.depth;
   if (g.depth > 0) {  // an inner group: NCCL launches at the outermost end
-    detail::nccl_check(r, "ncclGroupEnd", "closing a nested NCCL group", true);
+    nccl_check(r, "ncclGroupEnd", "closing a nested NCCL group", true);
     return;
   }
-  std::vector<detail::DeferredDevice> ops = std::move(g.ops);
-  std::vector<std::shared_ptr<detail::NcclCommState>> comms = std::move(g.comms);
+  std::vector<DeferredDevice> ops = std::move(g.ops);
+  std::vector<std::shared_ptr<NcclCommState>> comms = std::move(g.comms);
   g.ops.clear();
   g.comms.clear();
   const std::string context = "NCCL group of " + std::to_string(ops.size()) + " operations";
@@ -690,7 +683,7 @@ void NcclGroup::end() {
       }
     } else if (r != ncclSuccess) {
       const std::string why =
-          context + ": ncclGroupEnd failed: " + detail::nccl_error_message(r, "ncclGroupEnd");
+          context + ": ncclGroupEnd failed: " + nccl_error_message(r, "ncclGroupEnd");
       for (const auto& c : comms)
         c->abort(why);
       throw CommError(why);
@@ -699,7 +692,7 @@ void NcclGroup::end() {
     error = std::current_exception();
   }
   for (auto& op : ops)
-    detail::StreamAccess::finish_deferred(op, error);
+    StreamAccess::finish_deferred(op, error);
   if (error) std::rethrow_exception(error);
 }
 

@@ -7,7 +7,7 @@
 
 #include "fullshard/base/error.hpp"
 
-namespace fullshard::comm::detail {
+namespace fullshard::comm {
 
 /// The enumerator name of `r` ("ncclSystemError"), or "ncclResult_t(N)" for an unknown code.
 inline const char* nccl_result_name(ncclResult_t r) noexcept {
@@ -83,4 +83,4 @@ inline void nccl_check(ncclResult_t r, const char* call, const std::string& cont
   throw CommError(context + ": " + call + " failed: " + nccl_error_message(r, call));
 }
 
-}  // namespace fullshard::comm::detail
+}  // namespace fullshard::comm

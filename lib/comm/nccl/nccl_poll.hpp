@@ -20,7 +20,7 @@
 #include "fullshard/base/error.hpp"
 #include "lib/comm/nccl/nccl_error.hpp"
 
-namespace fullshard::comm::detail {
+namespace fullshard::comm {
 
 /// The hint of an init's timeout message.
 inline constexpr const char* kNcclInitTimeoutHint =
@@ -75,4 +75,4 @@ inline ncclResult_t nccl_async_state(ncclComm_t comm) noexcept {
   return st;
 }
 
-}  // namespace fullshard::comm::detail
+}  // namespace fullshard::comm

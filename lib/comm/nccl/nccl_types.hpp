@@ -18,7 +18,7 @@
 #define FULLSHARD_NCCL_HAS_PREMULSUM FULLSHARD_NCCL_AT_LEAST(2, 11)
 #define FULLSHARD_NCCL_HAS_SPLIT FULLSHARD_NCCL_AT_LEAST(2, 18)
 
-namespace fullshard::comm::detail {
+namespace fullshard::comm {
 
 inline ncclDataType_t nccl_dtype(DType t) {
   switch (t) {
@@ -84,4 +84,4 @@ inline std::array<unsigned char, 8> nccl_scalar(DType t, double factor) {
   return out;
 }
 
-}  // namespace fullshard::comm::detail
+}  // namespace fullshard::comm

@@ -9,6 +9,7 @@
 #include "fullshard/base/deadline.hpp"
 #include "fullshard/base/error.hpp"
 #include "fullshard/base/memory_ledger.hpp"
+#include "lib/base/abort.hpp"
 
 namespace fullshard::comm {
 
@@ -40,8 +41,6 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "shared-memory counters need lock-free 64-bit atomics");
 
 }  // namespace
-
-namespace detail {
 
 struct ShmCommState {
   MPI_Comm comm = MPI_COMM_NULL;
@@ -79,8 +78,6 @@ struct ShmWindowState {
   }
 };
 
-}  // namespace detail
-
 bool ShmComm::node_local(MPI_Comm comm) {
   int size = 0;
   int rank = 0;
@@ -99,7 +96,7 @@ bool ShmComm::node_local(MPI_Comm comm) {
 }
 
 ShmComm::ShmComm(MPI_Comm comm, std::string name, double timeout_s)
-    : s_(std::make_shared<detail::ShmCommState>()) {
+    : s_(std::make_shared<ShmCommState>()) {
   check(MPI_Comm_dup(comm, &s_->comm),
         "MPI_Comm_dup for the shared-memory communicator of '" + name + "'");
   MPI_Comm_rank(s_->comm, &s_->rank);
@@ -143,7 +140,7 @@ Traffic ShmComm::traffic() const noexcept {
 
 ShmWindow ShmComm::allocate(std::size_t bytes, const std::string& label,
                             std::size_t shard_bytes) const {
-  auto w = std::make_shared<detail::ShmWindowState>();
+  auto w = std::make_shared<ShmWindowState>();
   w->comm = s_;
   w->bytes = bytes;
   w->label = label;
@@ -226,7 +223,7 @@ void ShmWindow::wait_all(int c, std::uint64_t v, const std::string& operation,
     return true;
   };
   if (ready()) return;
-  const detail::ShmCommState& cs = *s_->comm;
+  const ShmCommState& cs = *s_->comm;
   Deadline deadline(cs.timeout_s);
   // Peers are usually microseconds apart: spin, then yield the core for a few milliseconds
   // (an oversubscribed or busy node runs the peer meanwhile), then sleep (1-50 us). With

@@ -36,9 +36,7 @@ struct NcclUniqueId {
 NcclUniqueId nccl_bootstrap_id(MPI_Comm comm, const std::string& name = "nccl",
                                double timeout_s = 0.0);
 
-namespace detail {
 struct NcclCommState;  // owns the ncclComm_t (defined in lib/comm/nccl)
-}
 
 /// How a communicator is created.
 struct NcclOptions {
@@ -127,13 +125,13 @@ class NcclCommunicator final : public Communicator {
 
  private:
   friend class NcclGroup;
-  NcclCommunicator(std::shared_ptr<detail::NcclCommState> state, std::string name, int rank,
-                   int size, double timeout_s, NcclOptions options);
+  NcclCommunicator(std::shared_ptr<NcclCommState> state, std::string name, int rank, int size,
+                   double timeout_s, NcclOptions options);
   template <class Call>
   Work launch(const char* op, std::size_t count, DType dtype, Stream& stream, Call&& call);
   std::unique_ptr<NcclCommunicator> split_impl(int color, int key, const std::string& name) const;
 
-  std::shared_ptr<detail::NcclCommState> state_;
+  std::shared_ptr<NcclCommState> state_;
   std::string name_;
   int rank_ = 0;
   int size_ = 1;

@@ -24,6 +24,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fullshard/base/text_file.hpp"
+
 namespace fullshard::detail {
 
 struct JsonLimits {
@@ -38,15 +40,6 @@ struct JsonLimits {
   /// '<key>'" (e.g. {"params", "parameter name"}); elsewhere "duplicate key '<key>'".
   std::vector<std::pair<std::string, std::string>> duplicate_words;
 };
-
-/// The largest text file read_text_file reads unless told otherwise.
-inline constexpr std::uint64_t kMaxTextFileBytes = std::uint64_t{1} << 30;
-
-/// The whole of file `path`, which must be a regular file of at most `max_bytes`: a FIFO, a
-/// device or a directory is refused before anything is read (a FIFO would block every rank
-/// forever), and so is a larger file. ConfigError "<path>: cannot read the <what> (<reason>)".
-std::string read_text_file(const std::string& path, const std::string& what,
-                           std::uint64_t max_bytes = kMaxTextFileBytes);
 
 /// Parses `text` (the whole of it) as described above.
 nlohmann::ordered_json parse_json_strict(const std::string& text, const std::string& source,
