@@ -13,7 +13,7 @@ step time of steps 2..N (max over ranks) and `median_step_ms X`. bench/peers/clu
 runs it; by hand, with the cluster up:
   mpirun $(scripts/cluster-local mpi-args) --host fsnode1:2,fsnode2:2 -n 4 \
     -x MASTER_ADDR=10.213.47.1 -x MASTER_PORT=29531 -x GLOO_SOCKET_IFNAME=eth0 \
-    -x OMP_NUM_THREADS=1 /root/.cache/torch-wheel-venv/bin/python \
+    -x OMP_NUM_THREADS=1 .venv-torch/bin/python \
     bench/peers/fsdp2_cluster.py --mesh 2x2 --layers 4 --hidden 512 --batch 256 --steps 30
 """
 import argparse

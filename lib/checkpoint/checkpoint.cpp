@@ -182,7 +182,7 @@ Index base_index(const std::vector<Entry>& entries, const DeviceMesh& mesh,
   x.kind = kind;
   x.step = step;
   x.block_bytes = block;
-  x.metadata = metadata.dump();  // invalid UTF-8 in the metadata fails here, on every rank
+  x.metadata = metadata.dump();
   x.rng_state = rng;
   if (opt) {
     x.has_optimizer = true;
@@ -366,18 +366,7 @@ SaveSetup prepare_save(Comm& c, const DeviceMesh& mesh, graph::Module& model,
       throw InvalidArgument("checkpoint::save: block_bytes must be in [1, " +
                             std::to_string(kMaxBlockBytes) + "], got " +
                             std::to_string(options.block_bytes));
-    json metadata = json::object();
-    if (!metadata_text.empty()) {
-      try {
-        metadata = json::parse(metadata_text);
-      } catch (const json::exception& e) {
-        throw InvalidArgument("checkpoint::save: the metadata is not a JSON text: " +
-                              std::string(e.what()));
-      }
-    }
-    if (json_deeper_than(metadata, kMaxMetadataDepth))
-      throw InvalidArgument("checkpoint::save: the metadata nests arrays and objects deeper than " +
-                            std::to_string(kMaxMetadataDepth) + " levels");
+    const json metadata = parse_metadata(metadata_text, "checkpoint::save");
     if (step < 0)
       throw InvalidArgument("checkpoint::save: step must be >= 0, got " + std::to_string(step));
     if (options.keep_last < 0)

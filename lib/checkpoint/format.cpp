@@ -9,6 +9,7 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/checkpoint/checksum.hpp"
+#include "lib/base/json_reader.hpp"
 #include "lib/checkpoint/checked.hpp"
 #include "lib/checkpoint/index_json.hpp"
 #include "lib/checkpoint/io.hpp"
@@ -234,18 +235,20 @@ void check_shard(const Index& x, const TensorInfo& t, std::size_t i, const Where
 
 }  // namespace
 
-namespace {
-// An index's JSON-text field as a document (the index is written from them).
-json json_text(const std::string& text, const char* field) {
+json parse_metadata(const std::string& text, const std::string& who) {
   if (text.empty()) return json::object();
+  if (detail::json_depth_exceeded(text, kMaxMetadataDepth) != std::string::npos)
+    throw InvalidArgument(who + ": the metadata nests arrays and objects deeper than " +
+                          std::to_string(kMaxMetadataDepth) + " levels");
+  fullshard::detail::JsonLimits limits;
+  limits.max_depth = kMaxMetadataDepth;
   try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    throw InvalidArgument(std::string("checkpoint index: '") + field +
-                          "' is not a JSON text: " + e.what());
+    // The strict reader: a key twice in one object, invalid UTF-8 or trailing text refused.
+    return json(fullshard::detail::parse_json_strict(text, who + ": metadata", limits));
+  } catch (const Error& e) {
+    throw InvalidArgument(who + ": the metadata is not a JSON text: " + e.message());
   }
 }
-}  // namespace
 
 json to_json(const Index& index) {
   json j;
@@ -256,13 +259,13 @@ json to_json(const Index& index) {
   j["model_fingerprint"] = index.model_fingerprint;
   j["checksum"] = "crc32c";
   j["block_bytes"] = index.block_bytes;
-  j["metadata"] = json_text(index.metadata, "metadata");
+  j["metadata"] = parse_metadata(index.metadata, "checkpoint index");
   j["rng_state"] = detail::hex_encode(index.rng_state);
   if (index.has_optimizer)
     j["optimizer"] = {{"step", index.optimizer_step}, {"state_names", index.optimizer_state_names}};
   else
     j["optimizer"] = nullptr;
-  j["saved_by"] = json_text(index.saved_by, "saved_by");
+  j["saved_by"] = parse_metadata(index.saved_by, "checkpoint index saved_by");
   json files = json::array();
   for (const FileInfo& f : index.files)
     files.push_back({{"name", f.name}, {"bytes", f.bytes}});

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "fullshard/base/error.hpp"
+#include "lib/checkpoint/index_json.hpp"
 #include "lib/session/session_core.hpp"
 
 namespace fullshard::session {
@@ -40,13 +41,7 @@ checkpoint::Loaded SessionBase::load_parameters(const std::string& dir) {
   return core_->load_parameters(dir);
 }
 void SessionBase::set_checkpoint_metadata(const std::string& text) {
-  nlohmann::json extra;
-  try {
-    extra = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument("set_checkpoint_metadata: the metadata is not a JSON text: " +
-                          std::string(e.what()));
-  }
+  nlohmann::json extra = checkpoint::parse_metadata(text, "set_checkpoint_metadata");
   if (!extra.is_object() || extra.contains("session"))
     throw InvalidArgument(
         "set_checkpoint_metadata: the metadata must be a JSON object without the key "

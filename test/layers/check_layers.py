@@ -106,6 +106,10 @@ ALLOWED = {
     ("session", "lib/kernels/finite_scan.hpp"): _FINITE_SCAN,
     ("transport", "lib/kernels/multi_source.hpp"): _MULTI_SOURCE,
     ("schedule", "lib/kernels/multi_source.hpp"): _MULTI_SOURCE,
+    ("session", "lib/checkpoint/index_json.hpp"): (
+        "a program's checkpoint metadata (set_checkpoint_metadata) is read the one way "
+        "checkpoint::save reads it (parse_metadata)"
+    ),
     ("session", "lib/checkpoint/torchscript_archive.hpp"): (
         "a TorchScript model file named in a session's configuration is checked before "
         "LibTorch reads it"

@@ -84,8 +84,8 @@ void check_output_file(const std::string& path, const std::string& what, const D
 /// What load() restored besides the tensors.
 struct Loaded {
   std::int64_t step = 0;
-  /// The saved metadata, as JSON text ("{}" when none was given).
-  std::string metadata;
+  /// The saved metadata, as JSON text ("{}" when none was given, and before a load).
+  std::string metadata = "{}";
   std::string rng_state;
   /// The step directory loaded from.
   std::string step_dir;

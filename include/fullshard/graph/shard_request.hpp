@@ -2,7 +2,7 @@
 // "fully_shard" key, docs/graph-format.md) or the code building a graph attaches to a module,
 // and the policy values a request holds. The fsdp layer applies requests
 // (fsdp::apply_fully_shard_requests) and the planner plans them; both read this one typed form
-// (the JSON form is the graph file's: graph::shard_request_from_json / shard_request_json in
+// (the JSON form is the graph file's: parse_graph_json reads it, graph_to_json writes it,
 // json_graph.hpp). fsdp names the policies too (fsdp::ReshardAfterForward, ...:
 // fullshard/fsdp/options.hpp).
 #pragma once
