@@ -11,6 +11,8 @@
 #   - NCCL_INCLUDE_DIR, NCCL_LIBRARY: the wheel's NCCL (site-packages/nvidia/nccl; the library
 #     is only libnccl.so.2). The wheel's libtorch_cuda.so links it, and one process can hold
 #     one NCCL: fullshard links the same one (a newer one than /usr/local/cuda's).
+#   - Caffe2_DIR: the wheel's (Torch's package finds it with find_package; a system
+#     LibTorch's would come first when only Torch_DIR points at the wheel).
 #   - CMAKE_INSTALL_RPATH_USE_LINK_PATH: installed programs find the wheel's NCCL without
 #     LD_LIBRARY_PATH.
 #   - FULLSHARD_TORCH_WHEEL_LIBS: the wheel's CUDA libraries (site-packages/nvidia/*/lib),
@@ -51,6 +53,10 @@ function(fullshard_torch_wheel_hints)
     return()
   endif()
   set(FULLSHARD_TORCH_WHEEL "${_site}" PARENT_SCOPE)
+  # Torch's package finds Caffe2's with find_package: the wheel's, not a system LibTorch's.
+  if(NOT Caffe2_DIR AND EXISTS "${_site}/torch/share/cmake/Caffe2")
+    set(Caffe2_DIR "${_site}/torch/share/cmake/Caffe2" CACHE PATH "Caffe2 (the torch wheel's)")
+  endif()
   # Every library TorchConfig.cmake looks for with find_library (c10_LIBRARY, TORCH_LIBRARY,
   # C10_CUDA_LIBRARY, CAFFE2_NVRTC_LIBRARY, <name>_LIBRARY) is the wheel's: find_library
   # searches the system paths before Torch's hint. A value given stays; one a find left
