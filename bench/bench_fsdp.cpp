@@ -56,7 +56,7 @@ enum class Mode { comm, compute, sequential, worker, iallgather };
 void bench_overlap(benchmark::State& state, const fs::DeviceMesh* mesh, MPI_Comm raw, double mib,
                    Mode mode, int reps) {
   try {
-    auto& c = mesh->comm(mesh->names()[0], fs::Channel::all_gather);
+    auto& c = mesh->comm(mesh->names()[0], fs::comm::StreamKind::all_gather);
     const int W = c.size(), r = c.rank();
     const std::int64_t per_rank = static_cast<std::int64_t>(mib * (1 << 20)) / 4;
     std::vector<float> buf(static_cast<std::size_t>(per_rank * W), 1.0f);
@@ -108,7 +108,7 @@ void bench_overlap(benchmark::State& state, const fs::DeviceMesh* mesh, MPI_Comm
 // Compute repetitions that take about as long as an all-gather of `mib` per rank (measured on
 // rank 0, broadcast so every rank runs the same work).
 int calibrate(const fs::DeviceMesh& mesh, double mib) {
-  auto& c = mesh.comm(mesh.names()[0], fs::Channel::all_gather);
+  auto& c = mesh.comm(mesh.names()[0], fs::comm::StreamKind::all_gather);
   const std::int64_t per_rank = static_cast<std::int64_t>(mib * (1 << 20)) / 4;
   std::vector<float> buf(static_cast<std::size_t>(per_rank * c.size()), 1.0f);
   std::vector<float> work((1 << 20) / 4, 1.0f);

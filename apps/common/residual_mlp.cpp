@@ -41,7 +41,8 @@ double normal01(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) n
 double sum_over_mesh(double value, const DeviceMesh& mesh) {
   double v = value;
   mesh.world_comm()
-      .all_reduce(&v, &v, 1, DType::f64, comm::ReduceOp::sum, mesh.stream(Channel::main))
+      .all_reduce(&v, &v, 1, DType::f64, comm::ReduceOp::sum,
+                  mesh.stream(comm::StreamKind::compute))
       .wait();
   return v;
 }

@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
     }
 
     // --- Collectives --------------------------------------------------------------------
-    auto& shard = mesh.comm("shard", fullshard::Channel::all_gather);
+    auto& shard = mesh.comm("shard", fullshard::comm::StreamKind::all_gather);
     const int W = shard.size();
     const int r = shard.rank();
     Stream caller = Stream::caller();
@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
         good &= gathered[q * n + i] == float(q * 1000 + i % 997);
     ok &= verdict("all_gather (in place) of 64 Ki f32 per rank: every rank's slot arrived", good);
 
-    auto& rs_comm = mesh.comm("shard", fullshard::Channel::reduce_scatter);
+    auto& rs_comm = mesh.comm("shard", fullshard::comm::StreamKind::reduce_scatter);
     std::vector<float> grads(n * W);
     for (std::size_t i = 0; i < grads.size(); ++i)
       grads[i] = float((r + 1) * (i % 13));

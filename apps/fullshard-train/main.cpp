@@ -1032,7 +1032,8 @@ class Trainer {
             : std::numeric_limits<double>::quiet_NaN());
     mesh_.world_comm()
         .all_reduce(sse.data(), sse.data(), sse.size(), fullshard::DType::f64,
-                    fullshard::comm::ReduceOp::sum, mesh_.stream(fullshard::Channel::main))
+                    fullshard::comm::ReduceOp::sum,
+                    mesh_.stream(fullshard::comm::StreamKind::compute))
         .wait();
     // Read here, after the steps were applied: a bad one stops the run (whatever --non-finite
     // says) before a checkpoint holds it (the save points fetch first).

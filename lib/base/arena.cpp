@@ -1,4 +1,4 @@
-#include "fullshard/base/arena.hpp"
+#include "lib/base/arena.hpp"
 
 #include <sys/mman.h>
 
@@ -109,6 +109,10 @@ void* Arena::allocate(std::size_t bytes, std::size_t align) {
   std::byte* p = cur_ + (a - c);
   cur_ = p + bytes;
   return p;
+}
+
+void* arena_allocate(Arena& arena, std::size_t bytes, std::size_t align) {
+  return arena.allocate(bytes, align);
 }
 
 }  // namespace fullshard

@@ -450,20 +450,6 @@ std::size_t json_depth_exceeded(const std::string& text, std::size_t max_depth) 
   return std::string::npos;
 }
 
-bool json_deeper_than(const json& j, std::size_t max_depth) {
-  // Iterative: the value may be deep enough to overflow the stack of a recursive walk.
-  std::vector<std::pair<const json*, std::size_t>> todo{{&j, 0}};
-  while (!todo.empty()) {
-    const auto [v, d] = todo.back();
-    todo.pop_back();
-    if (!v->is_structured()) continue;
-    if (d + 1 > max_depth) return true;
-    for (const json& child : *v)
-      todo.emplace_back(&child, d + 1);
-  }
-  return false;
-}
-
 }  // namespace detail
 
 Index parse_index(const std::string& text, const std::string& where) {

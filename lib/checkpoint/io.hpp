@@ -187,8 +187,6 @@ std::vector<std::string> prune_steps(const std::string& root, int keep_last,
 /// The byte offset of the first '[' or '{' of `text` (JSON) nested deeper than `max_depth`,
 /// or npos (strings skipped; linear, constant stack; a syntax error is left to the parser).
 std::size_t json_depth_exceeded(const std::string& text, std::size_t max_depth) noexcept;
-/// Whether a JSON value nests arrays and objects deeper than `max_depth` (iterative).
-bool json_deeper_than(const nlohmann::json& j, std::size_t max_depth);
 
 std::string hex_encode(const std::string& bytes);
 /// InvalidArgument naming `what` on a bad hex string.

@@ -15,6 +15,20 @@
 
 namespace fullshard::comm {
 
+const char* stream_name(StreamKind s) noexcept {
+  switch (s) {
+    case StreamKind::compute:
+      return "compute";
+    case StreamKind::all_gather:
+      return "all_gather";
+    case StreamKind::reduce_scatter:
+      return "reduce_scatter";
+    case StreamKind::all_reduce:
+      return "all_reduce";
+  }
+  return "?";
+}
+
 const char* stream_type_name(StreamType k) noexcept {
   switch (k) {
     case StreamType::caller:

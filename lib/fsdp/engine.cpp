@@ -1,24 +1,10 @@
 // The engine's vocabulary, and its state machine (lib/fsdp/state_machine.hpp)
 // on the abstract Backend: what fully_shard and the hooks call.
-#include "fullshard/fsdp/engine.hpp"
+#include "lib/fsdp/engine.hpp"
 
 #include "lib/fsdp/state_machine.hpp"
 
 namespace fullshard::fsdp::engine {
-
-const char* stream_name(StreamKind s) noexcept {
-  switch (s) {
-    case StreamKind::compute:
-      return "compute";
-    case StreamKind::all_gather:
-      return "all_gather";
-    case StreamKind::reduce_scatter:
-      return "reduce_scatter";
-    case StreamKind::all_reduce:
-      return "all_reduce";
-  }
-  return "?";
-}
 
 const char* op_kind_name(OpKind k) noexcept {
   switch (k) {

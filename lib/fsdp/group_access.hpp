@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
+#include "lib/fsdp/engine.hpp"
 
 namespace fullshard::fsdp::detail {
 

@@ -1,7 +1,7 @@
 #include "fullshard/fsdp/hooks.hpp"
 
-#include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
+#include "lib/fsdp/engine.hpp"
 #include "lib/fsdp/param_group.hpp"
 #include "lib/fsdp/running_backend.hpp"
 

@@ -189,7 +189,7 @@ void ParamGroup::set_reshard_after_forward(ReshardAfterForward v) {
     // The split is a collective on the all-gather communicator: nothing may be in flight on
     // its stream (every rank makes this call at the same point of the program).
     if (engine_.gather_in_flight) engine::reshard(engine_);
-    mesh_.device_stream(Channel::all_gather).synchronize();
+    mesh_.device_stream(comm::StreamKind::all_gather).synchronize();
     // Consecutive groups of k ranks (e.g. the ranks of a node); collective over the shard
     // group, made here while every rank makes the same call.
     transport_->split_post_forward(k);
@@ -224,7 +224,7 @@ Tensor ParamGroup::gather_full() {
   const Tensor shard = gathered;
   if (W > 1) {
     gathered = Tensor::empty({W * gsn}, od, space, "fsdp.full_gather");
-    comm::Stream& s = mesh_.device_stream(Channel::all_gather);
+    comm::Stream& s = mesh_.device_stream(comm::StreamKind::all_gather);
     transport_->gather_comm()
         .all_gather(shard.data(), gathered.data(), static_cast<std::size_t>(gsn), od, s)
         .wait();
@@ -297,7 +297,7 @@ void ParamGroup::adopt_sharded_storage(Tensor storage) {
     // storage, once the device has finished reading it (a forward's copy-ins on the
     // all-gather stream, copy-outs on the compute stream). A cold path: these two streams are
     // synchronised, not the device.
-    mesh_.device_stream(Channel::all_gather).synchronize();
+    mesh_.device_stream(comm::StreamKind::all_gather).synchronize();
     mesh_.compute_stream().synchronize();
     std::memcpy(sharded_.data(), storage.data(), sharded_.nbytes());
   } else {

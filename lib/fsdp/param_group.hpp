@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/options.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
+#include "lib/fsdp/engine.hpp"
 #include "lib/fsdp/shard_update.hpp"
 #include "lib/transport/group_transport.hpp"
 

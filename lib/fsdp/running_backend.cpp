@@ -15,33 +15,21 @@ using engine::StreamKind;
 
 namespace {
 
-// The engine's streams are the mesh's channels, in the same order.
-static_assert(static_cast<int>(StreamKind::compute) == static_cast<int>(Channel::main));
-static_assert(static_cast<int>(StreamKind::all_gather) == static_cast<int>(Channel::all_gather));
-static_assert(static_cast<int>(StreamKind::reduce_scatter) ==
-              static_cast<int>(Channel::reduce_scatter));
-static_assert(static_cast<int>(StreamKind::all_reduce) == static_cast<int>(Channel::all_reduce));
-static_assert(engine::kNumStreams == transport::kNumChannels);
-
-Channel channel(StreamKind s) {
-  return static_cast<Channel>(static_cast<int>(s));
-}
-
 // The stream whose operation first writes a buffer of this kind (where it is acquired).
-Channel first_user(engine::BufKind k) {
+comm::StreamKind first_user(engine::BufKind k) {
   switch (k) {
     case engine::BufKind::ag_buffer:
-      return Channel::all_gather;
+      return comm::StreamKind::all_gather;
     case engine::BufKind::unsharded:
     case engine::BufKind::post_forward:
     case engine::BufKind::grads:
-      return Channel::main;
+      return comm::StreamKind::compute;
     case engine::BufKind::rs_input:
     case engine::BufKind::rs_output:
     case engine::BufKind::partial_reduce:
       break;
   }
-  return Channel::reduce_scatter;
+  return comm::StreamKind::reduce_scatter;
 }
 
 }  // namespace
@@ -60,8 +48,9 @@ RootContext::~RootContext() {
 // (where a shared-memory or compressed reduce-scatter writes the gradients itself).
 Tensor RunningBackend::reduced_scratch(const ParamGroup& g) {
   const auto ends_on = [this](const ParamGroup& x) {
-    return &device_->stream(
-        x.engine().info.replicate > 1 ? Channel::all_reduce : Channel::reduce_scatter, x.mesh());
+    return &device_->stream(x.engine().info.replicate > 1 ? comm::StreamKind::all_reduce
+                                                          : comm::StreamKind::reduce_scatter,
+                            x.mesh());
   };
   const comm::Stream* s = ends_on(g);
   const std::int64_t gsn = g.layout().shard_numel;
@@ -105,7 +94,7 @@ void RunningBackend::bind(ParamGroup& g) {
 
 Event RunningBackend::done(const OpDesc& d, comm::Work w) {
   if (op_log) op_log->push_back(d);
-  device_->set_last(channel(d.stream), w);
+  device_->set_last(d.stream, w);
   Event e;
   e.op = d.id;
   e.work = std::move(w);
@@ -113,15 +102,15 @@ Event RunningBackend::done(const OpDesc& d, comm::Work w) {
 }
 
 void RunningBackend::used(const OpDesc& d, const Buf& b, const comm::Work& w) {
-  device_->used(mem(b), channel(d.stream), w);
+  device_->used(mem(b), d.stream, w);
 }
 
 void RunningBackend::stream_wait(StreamKind waiter, const Event& e) {
-  if (device_) device_->wait(channel(waiter), e.work);
+  if (device_) device_->wait(waiter, e.work);
 }
 
 void RunningBackend::stream_record(StreamKind s, Event& e) {
-  e.work = device_ ? device_->record(channel(s)) : comm::Work();
+  e.work = device_ ? device_->record(s) : comm::Work();
 }
 
 // ---- memory -------------------------------------------------------------------------------
@@ -186,7 +175,7 @@ transport::Held& RunningBackend::mem(const Buf& b) {
 // ---- operations: each one transport call ----------------------------------------------------
 
 Event RunningBackend::gather_copy_in(const OpDesc& d, engine::Group& g, Buf& dst) {
-  comm::Work w = transport(g).gather_copy_in(*device_, channel(d.stream), mem(dst));
+  comm::Work w = transport(g).gather_copy_in(*device_, d.stream, mem(dst));
   used(d, dst, w);
   return done(d, std::move(w));
 }
@@ -194,7 +183,7 @@ Event RunningBackend::gather_copy_in(const OpDesc& d, engine::Group& g, Buf& dst
 Event RunningBackend::all_gather(const OpDesc& d, engine::Group& g, Buf& dst, bool in_place,
                                  Buf* slices) {
   transport::GroupTransport& t = transport(g);
-  const Channel c = channel(d.stream);
+  const comm::StreamKind c = d.stream;
   comm::Work w = slices ? t.all_gather_slices(*device_, c, mem(dst), mem(*slices), d.k)
                         : t.all_gather(*device_, c, mem(dst), in_place);
   used(d, dst, w);
@@ -206,9 +195,9 @@ Event RunningBackend::gather_copy_out(const OpDesc& d, engine::Group& g, const B
                                       Buf* keep) {
   // A group resharded after forward to k ranks gathers from its kept slices.
   const bool from_slices = g.state == engine::ShardedState::sharded_post_forward;
-  comm::Work w = transport(g).gather_copy_out(
-      *device_, channel(d.stream), src ? &mem(*src) : nullptr, from_slices, mem(arena),
-      keep ? &mem(*keep) : nullptr, g.reshard_after_forward.value());
+  comm::Work w = transport(g).gather_copy_out(*device_, d.stream, src ? &mem(*src) : nullptr,
+                                              from_slices, mem(arena), keep ? &mem(*keep) : nullptr,
+                                              g.reshard_after_forward.value());
   used(d, arena, w);
   if (src) used(d, *src, w);
   if (keep) used(d, *keep, w);
@@ -226,9 +215,9 @@ Event RunningBackend::grad_init(const OpDesc& d, engine::Group& g, Buf& grads) {
     pg(g).ensure_sharded_grads();
     transport::Held sharded;
     sharded.tensor = pg(g).sharded_grads();
-    return done(d, transport(g).zero_grads(*device_, channel(d.stream), sharded));
+    return done(d, transport(g).zero_grads(*device_, d.stream, sharded));
   }
-  comm::Work w = transport(g).zero_grads(*device_, channel(d.stream), mem(grads));
+  comm::Work w = transport(g).zero_grads(*device_, d.stream, mem(grads));
   used(d, grads, w);
   return done(d, std::move(w));
 }
@@ -251,7 +240,7 @@ std::vector<Tensor> RunningBackend::external_grads(const ParamGroup& p) const {
 
 // Without held gradients the parameters' grad() are a front end's (autograd allocated them).
 Event RunningBackend::reduce_copy_in(const OpDesc& d, engine::Group& g, Buf& grads, Buf& input) {
-  const Channel c = channel(d.stream);
+  const comm::StreamKind c = d.stream;
   comm::Work w =
       grads.held ? transport(g).reduce_copy_in(*device_, c, mem(grads), mem(input))
                  : transport(g).external_copy_in(*device_, c, external_grads(pg(g)), mem(input));
@@ -262,21 +251,20 @@ Event RunningBackend::reduce_copy_in(const OpDesc& d, engine::Group& g, Buf& gra
 
 Event RunningBackend::reduce_scatter(const OpDesc& d, engine::Group& g, Buf& input, Buf& output,
                                      const transport::ReduceSpec& spec) {
-  comm::Work w =
-      transport(g).reduce_scatter(*device_, channel(d.stream), mem(input), mem(output), spec);
+  comm::Work w = transport(g).reduce_scatter(*device_, d.stream, mem(input), mem(output), spec);
   used(d, input, w);
   used(d, output, w);
   return done(d, std::move(w));
 }
 
 Event RunningBackend::all_reduce(const OpDesc& d, engine::Group& g, Buf& data) {
-  comm::Work w = transport(g).all_reduce(*device_, channel(d.stream), mem(data));
+  comm::Work w = transport(g).all_reduce(*device_, d.stream, mem(data));
   used(d, data, w);
   return done(d, std::move(w));
 }
 
 Event RunningBackend::accumulate(const OpDesc& d, engine::Group& g, Buf& src, Buf& dst, bool acc) {
-  comm::Work w = transport(g).accumulate(*device_, channel(d.stream), mem(src), mem(dst), acc);
+  comm::Work w = transport(g).accumulate(*device_, d.stream, mem(src), mem(dst), acc);
   used(d, src, w);
   used(d, dst, w);
   return done(d, std::move(w));
@@ -284,7 +272,7 @@ Event RunningBackend::accumulate(const OpDesc& d, engine::Group& g, Buf& src, Bu
 
 Event RunningBackend::reduce_copy_out(const OpDesc& d, engine::Group& g, const Buf& src,
                                       const transport::ReduceSpec& spec) {
-  comm::Work w = transport(g).reduce_copy_out(*device_, channel(d.stream), mem(src), spec);
+  comm::Work w = transport(g).reduce_copy_out(*device_, d.stream, mem(src), spec);
   used(d, src, w);
   return done(d, std::move(w));
 }
@@ -296,7 +284,7 @@ const kernels::ElementUpdate* RunningBackend::prepare_update(engine::Group& g, S
   ShardUpdate* update = p.shard_update();
   if (update == nullptr)
     throw InvalidArgument("fsdp group " + p.name() + ": no update to prepare (internal)");
-  comm::Stream& st = device_->stream(channel(s), p.mesh());
+  comm::Stream& st = device_->stream(s, p.mesh());
   prepared_update_ =
       update->prepare({p.name(), p.params(), p.layout(), p.sharded(),
                        p.space() == MemorySpace::device ? st.native_handle() : nullptr});
@@ -307,7 +295,7 @@ const kernels::ElementUpdate* RunningBackend::prepare_update(engine::Group& g, S
 // shards and the optimizer's state; the next all-gather follows the end of backward's wait.
 // Fused (variant 1): the reduction's last pass ran it; it completes with that pass.
 Event RunningBackend::update_shards(const OpDesc& d, engine::Group& g) {
-  const Channel c = channel(d.stream);
+  const comm::StreamKind c = d.stream;
   if (d.variant == 1) return done(d, device_->last(c));
   ParamGroup& p = pg(g);
   if (!p.sharded_grads().data())
@@ -333,7 +321,7 @@ Event RunningBackend::reshard(const OpDesc& d, engine::Group&) {
 Event RunningBackend::compute(const OpDesc& d, graph::Module& m, engine::Phase phase) {
   const auto& cb = phase == engine::Phase::forward ? m.forward_callback() : m.backward_callback();
   if (!cb) return done(d, comm::Work());
-  device_->host_reads(Channel::main);
+  device_->host_reads(comm::StreamKind::compute);
   const auto t0 = std::chrono::steady_clock::now();
   {
     // Its parameters' gradients hold values once the backward callback returns (or threw:
@@ -400,7 +388,7 @@ void RunningBackend::show_sharded(engine::Group& g) {
 // The host sees the parameters and gradients from here on: the kernels that made them are
 // finished first.
 void RunningBackend::show_unsharded(engine::Group& g) {
-  device_->host_reads(Channel::main);
+  device_->host_reads(comm::StreamKind::compute);
   pg(g).show_unsharded(g.arena.held ? mem(g.arena).tensor : pg(g).sharded());
 }
 void RunningBackend::show_unsharded_grads(engine::Group& g) {
@@ -408,7 +396,7 @@ void RunningBackend::show_unsharded_grads(engine::Group& g) {
     pg(g).show_external_grads(g.external_grads_kept);
     return;
   }
-  device_->host_reads(Channel::main);
+  device_->host_reads(comm::StreamKind::compute);
   pg(g).show_unsharded_grads(g.sharded_grads_live ? pg(g).sharded_grads() : mem(g.grads).tensor);
 }
 void RunningBackend::show_sharded_grads(engine::Group& g) {

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "fullshard/fsdp/engine.hpp"
 #include "fullshard/fsdp/hooks.hpp"
+#include "lib/fsdp/engine.hpp"
 #include "lib/transport/device.hpp"
 #include "lib/transport/group_transport.hpp"
 

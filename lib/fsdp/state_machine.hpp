@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/fsdp/engine.hpp"
+#include "lib/fsdp/engine.hpp"
 
 namespace fullshard::fsdp::engine::detail {
 

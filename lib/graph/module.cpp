@@ -5,6 +5,7 @@
 
 #include "fullshard/base/checked.hpp"
 #include "fullshard/base/error.hpp"
+#include "lib/base/prefetch.hpp"
 
 namespace fullshard::graph {
 
@@ -291,6 +292,19 @@ Parameter& Module::add_param(const std::string& name, Shape shape, DType dtype,
   }
   slot->second = params_.back().get();
   return *params_.back();
+}
+
+void Module::prefetch_child(std::size_t i, int stage) const noexcept {
+  if (i >= children_.size()) return;
+  const Module& c = *children_[i];
+  if (stage == 0) {
+    prefetch_lines<kWalkedBytes>(&c);
+  } else if (stage == 1) {
+    prefetch_lines<1>(c.params_.data());
+  } else {
+    for (const auto& p : c.params_)
+      prefetch_lines<Parameter::kWalkedBytes>(p.get());
+  }
 }
 
 Module& Module::child(std::size_t i) const {

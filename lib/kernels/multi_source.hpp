@@ -1,5 +1,5 @@
 // Kernels that read several source buffers at once: the reduce side of the node-local
-// shared-memory collectives (fullshard/comm/shm.hpp), where the sources are the peers'
+// shared-memory collectives (lib/comm/shm.hpp), where the sources are the peers'
 // segments of a window. Host execution space only (peers' memory is host memory).
 #pragma once
 

@@ -13,25 +13,12 @@
 #include "fullshard/runtime/runtime.hpp"
 #include "lib/base/hash.hpp"
 #include "lib/base/mpi_wait.hpp"
+#include "lib/comm/shm.hpp"
 #if FULLSHARD_HAS_NCCL
 #include "lib/comm/nccl_communicator.hpp"
 #endif
 
 namespace fullshard {
-
-const char* channel_name(Channel c) noexcept {
-  switch (c) {
-    case Channel::main:
-      return "main";
-    case Channel::all_gather:
-      return "all_gather";
-    case Channel::reduce_scatter:
-      return "reduce_scatter";
-    case Channel::all_reduce:
-      return "all_reduce";
-  }
-  return "?";
-}
 
 const char* device_type_name(DeviceType d) noexcept {
   return d == DeviceType::cuda ? "cuda" : "cpu";
@@ -42,8 +29,6 @@ DeviceType parse_device_type(const std::string& s) {
   if (s == "cuda") return DeviceType::cuda;
   throw InvalidArgument("DeviceMesh: unknown device type '" + s + "' (use \"cpu\" or \"cuda\")");
 }
-
-constexpr int kChannels = 4;
 
 struct MeshState {
   std::vector<int> shape;
@@ -57,7 +42,7 @@ struct MeshState {
   int ranks_per_node = 0;
   std::unique_ptr<comm::MpiCommunicator> world;
   // dims[d][channel]
-  std::vector<std::array<std::unique_ptr<comm::MpiCommunicator>, kChannels>> dims;
+  std::vector<std::array<std::unique_ptr<comm::MpiCommunicator>, comm::kNumStreams>> dims;
   // shm[d]: the dim's node-local shared memory, or null (MPI).
   std::vector<std::unique_ptr<comm::ShmComm>> shm;
   // split[d]: the dim's ranks grouped by node (a dim spanning nodes), or null.
@@ -65,14 +50,14 @@ struct MeshState {
   // Declared after the communicators: destroyed (drained) before them. Created on first use
   // (mutable: a const mesh hands out its streams).
   mutable std::mutex stream_mutex;
-  mutable std::array<std::unique_ptr<comm::Stream>, kChannels> streams;
+  mutable std::array<std::unique_ptr<comm::Stream>, comm::kNumStreams> streams;
   mutable std::unique_ptr<comm::Stream> host_compute;  // CPU meshes: a caller stream
 
   // The device's resources (CUDA meshes; created with the mesh). The streams are declared
   // before the NCCL communicators, so the communicators go first (finalized while their
   // streams exist).
   DeviceType device = DeviceType::cpu;
-  std::array<std::unique_ptr<comm::Stream>, kChannels> device_streams;
+  std::array<std::unique_ptr<comm::Stream>, comm::kNumStreams> device_streams;
   std::unique_ptr<comm::Stream> compute;
   // compute_stream_cache(): the compute stream's Kokkos instance (made for the stream
   // compute_cache_of), destroyed before the stream.
@@ -87,7 +72,8 @@ struct MeshState {
   // (device_comm; FSDP uses 3 of them in all: the shard dim's all-gather and reduce-scatter
   // channels and the replicate dim's all-reduce channel). Guarded by device_mutex.
   mutable std::mutex device_mutex;
-  mutable std::vector<std::array<std::unique_ptr<comm::Communicator>, kChannels>> device_dims;
+  mutable std::vector<std::array<std::unique_ptr<comm::Communicator>, comm::kNumStreams>>
+      device_dims;
 };
 
 namespace {
@@ -213,9 +199,10 @@ std::unique_ptr<NodeSplit> split_by_node(MPI_Comm dim_comm, const std::string& d
     dim_ranks.at(static_cast<std::size_t>(places[static_cast<std::size_t>(q)])) = q;
   auto shm = std::make_unique<comm::ShmComm>(local.c, dim_name + ".node", timeout_s);
   std::vector<std::unique_ptr<comm::Communicator>> channels;
-  for (int c = 0; c < kChannels; ++c)
+  for (int c = 0; c < comm::kNumStreams; ++c)
     channels.push_back(comm::MpiCommunicator::duplicate(
-        across.c, dim_name + ".across." + channel_name(static_cast<Channel>(c)), timeout_s));
+        across.c, dim_name + ".across." + comm::stream_name(static_cast<comm::StreamKind>(c)),
+        timeout_s));
   return std::make_unique<NodeSplit>(std::move(shm), std::move(channels), node,
                                      std::move(dim_ranks));
 }
@@ -243,9 +230,9 @@ void build_cuda(MeshState& s, MPI_Comm base, const std::string& mesh_name) {
 #if FULLSHARD_HAS_NCCL && defined(KOKKOS_ENABLE_CUDA)
   std::string failure;
   try {
-    for (int c = 0; c < kChannels; ++c)
+    for (int c = 0; c < comm::kNumStreams; ++c)
       s.device_streams[c] = std::make_unique<comm::Stream>(comm::Stream::device(
-          mesh_name + "." + channel_name(static_cast<Channel>(c)), /*priority=*/-1));
+          mesh_name + "." + comm::stream_name(static_cast<comm::StreamKind>(c)), /*priority=*/-1));
     s.compute = std::make_unique<comm::Stream>(comm::Stream::device(mesh_name + ".compute", 0));
   } catch (const std::exception& e) {
     failure = e.what();
@@ -343,9 +330,9 @@ std::shared_ptr<MeshState> build(MPI_Comm base, std::vector<int> shape,
       throw CommError("DeviceMesh: MPI_Comm_split for dim '" + s->names[d] + "' failed");
     const std::string dim_name = mesh_name + "." + s->names[d];
     s->dims[d][0] = comm::MpiCommunicator::adopt(split, dim_name, timeout_s);
-    for (int c = 1; c < kChannels; ++c)
+    for (int c = 1; c < comm::kNumStreams; ++c)
       s->dims[d][c] = comm::MpiCommunicator::duplicate(
-          split, dim_name + "." + channel_name(static_cast<Channel>(c)), timeout_s);
+          split, dim_name + "." + comm::stream_name(static_cast<comm::StreamKind>(c)), timeout_s);
     // FSDP's host collectives only (a CUDA mesh's go through NCCL).
     if (device == DeviceType::cpu && s->shape[d] > 1 && collectives != HostCollectives::mpi &&
         on_one_node(split, ranks_per_node))
@@ -476,13 +463,13 @@ int DeviceMesh::coordinate(const std::string& dim) const {
   return s_->coords[dim_index(dim)];
 }
 
-comm::Communicator& DeviceMesh::comm(const std::string& dim, Channel channel) const {
-  return *s_->dims[dim_index(dim)][static_cast<int>(channel)];
+comm::Communicator& DeviceMesh::comm(const std::string& dim, comm::StreamKind kind) const {
+  return *s_->dims[dim_index(dim)][static_cast<int>(kind)];
 }
 
-comm::Communicator& DeviceMesh::device_comm(const std::string& dim, Channel channel) const {
+comm::Communicator& DeviceMesh::device_comm(const std::string& dim, comm::StreamKind kind) const {
   const int d = dim_index(dim);
-  const int c = static_cast<int>(channel);
+  const int c = static_cast<int>(kind);
   if (s_->device == DeviceType::cpu) return *s_->dims[d][c];
   const MeshState& st = *s_;
   std::lock_guard<std::mutex> lock(st.device_mutex);
@@ -493,7 +480,7 @@ comm::Communicator& DeviceMesh::device_comm(const std::string& dim, Channel chan
   const auto& mpi = *st.dims[d][c];
   if (comm::NcclGroup::depth() > 0)
     throw InvalidArgument("DeviceMesh " + describe() + ": device_comm('" + dim + "', " +
-                          channel_name(channel) +
+                          comm::stream_name(kind) +
                           ") is used for the first time inside an NCCL "
                           "group; its communicator is created on first use (collective over "
                           "the dim's ranks): use it once outside the group first");
@@ -515,9 +502,9 @@ int DeviceMesh::device_comms_created() const noexcept {
   return n;
 }
 
-comm::Stream& DeviceMesh::device_stream(Channel channel) const {
-  if (s_->device == DeviceType::cpu) return stream(channel);
-  return *s_->device_streams[static_cast<int>(channel)];
+comm::Stream& DeviceMesh::device_stream(comm::StreamKind kind) const {
+  if (s_->device == DeviceType::cpu) return stream(kind);
+  return *s_->device_streams[static_cast<int>(kind)];
 }
 
 comm::Stream& DeviceMesh::compute_stream() const {
@@ -568,13 +555,14 @@ NodeSplit::NodeSplit(std::unique_ptr<comm::ShmComm> local,
       across_(std::move(across)),
       node_(node),
       dim_ranks_(std::move(dim_ranks)) {
-  nodes_ = static_cast<int>(dim_ranks_.size()) / local_->size();
+  ranks_per_node_ = local_->size();
+  nodes_ = static_cast<int>(dim_ranks_.size()) / ranks_per_node_;
 }
 
 NodeSplit::~NodeSplit() = default;
 
-comm::Communicator& NodeSplit::across(Channel channel) const {
-  return *across_.at(static_cast<std::size_t>(channel));
+comm::Communicator& NodeSplit::across(comm::StreamKind kind) const {
+  return *across_.at(static_cast<std::size_t>(kind));
 }
 
 comm::Traffic NodeSplit::traffic() const {
@@ -616,12 +604,12 @@ comm::Traffic DeviceMesh::traffic() const {
   return t;
 }
 
-comm::Stream& DeviceMesh::stream(Channel channel) const {
+comm::Stream& DeviceMesh::stream(comm::StreamKind kind) const {
   const MeshState& st = *s_;
   std::lock_guard<std::mutex> lock(st.stream_mutex);
-  auto& slot = st.streams[static_cast<int>(channel)];
+  auto& slot = st.streams[static_cast<int>(kind)];
   if (!slot)
-    slot = std::make_unique<comm::Stream>(std::string("mesh.") + channel_name(channel),
+    slot = std::make_unique<comm::Stream>(std::string("mesh.") + comm::stream_name(kind),
                                           st.host_progress);
   return *slot;
 }

@@ -667,8 +667,9 @@ double clip_grad_norm(const std::vector<graph::Parameter*>& params, double max_n
   double local = local_sum_squares(params, mesh, Values::gradients);
   const std::string& dim = mesh.names().back();
   double total = 0.0;
-  mesh.comm(dim, Channel::main)
-      .all_reduce(&local, &total, 1, DType::f64, comm::ReduceOp::sum, mesh.stream(Channel::main))
+  mesh.comm(dim, comm::StreamKind::compute)
+      .all_reduce(&local, &total, 1, DType::f64, comm::ReduceOp::sum,
+                  mesh.stream(comm::StreamKind::compute))
       .wait();
   const double norm = std::sqrt(total);
   scale_to_max_norm(params, norm, max_norm, mesh);

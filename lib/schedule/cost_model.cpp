@@ -11,12 +11,12 @@
 
 #include "fullshard/base/error.hpp"
 #include "fullshard/comm/communicator.hpp"
-#include "fullshard/comm/shm.hpp"
 #include "fullshard/comm/stream.hpp"
 #include "fullshard/kernels/quantize.hpp"
 #include "fullshard/kernels/shard_copy.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
 #include "lib/base/json_reader.hpp"
+#include "lib/comm/shm.hpp"
 #include "lib/kernels/multi_source.hpp"
 
 namespace fullshard::schedule {
@@ -465,7 +465,7 @@ CostModel CostModel::calibrate(const comm::Communicator& shard_comm, const CostM
   comm::Stream s = comm::Stream::caller("fullshard.calibrate");
   // Two levels: the shard dim's MPI part runs across nodes, among one rank per node.
   const comm::Communicator& shard_mpi =
-      shard_split ? shard_split->across(Channel::main) : shard_comm;
+      shard_split ? shard_split->across(comm::StreamKind::compute) : shard_comm;
   std::unique_ptr<comm::Communicator> sc = shard_mpi.dup(shard_mpi.name() + ".calibrate");
   std::unique_ptr<comm::Communicator> rc =
       replicate_comm ? replicate_comm->dup(replicate_comm->name() + ".calibrate") : nullptr;

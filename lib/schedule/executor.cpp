@@ -74,10 +74,9 @@ std::string Timeline::to_chrome_trace(int pid, const std::string& name) const {
 
 namespace {
 
-const std::pair<Channel, StreamKind> kChannels[] = {
-    {Channel::all_gather, StreamKind::all_gather},
-    {Channel::reduce_scatter, StreamKind::reduce_scatter},
-    {Channel::all_reduce, StreamKind::all_reduce}};
+// The communication streams, whose work the timeline records.
+const StreamKind kCommStreams[] = {StreamKind::all_gather, StreamKind::reduce_scatter,
+                                   StreamKind::all_reduce};
 
 // Stream bookkeeping tasks (records, waits) are not operations of the plan.
 bool bookkeeping(const std::string& label) {
@@ -138,11 +137,10 @@ std::vector<fsdp::FSDPModule*> apply_plan_policies(graph::Module& root, const Pl
 Executor::Executor(graph::Module& root, const DeviceMesh& mesh, const Plan& plan)
     : root_(&root), mesh_(mesh) {
   apply_plan_policies(root, plan);
-  for (const auto& [channel, kind] : kChannels) {
-    const StreamKind k = kind;
-    mesh_.stream(channel).set_recorder([this, k](const std::string& label,
-                                                 std::chrono::steady_clock::time_point t0,
-                                                 std::chrono::steady_clock::time_point t1) {
+  for (const StreamKind k : kCommStreams) {
+    mesh_.stream(k).set_recorder([this, k](const std::string& label,
+                                           std::chrono::steady_clock::time_point t0,
+                                           std::chrono::steady_clock::time_point t1) {
       if (!bookkeeping(label)) timeline_.record(label, k, t0, t1);
     });
   }
@@ -150,8 +148,8 @@ Executor::Executor(graph::Module& root, const DeviceMesh& mesh, const Plan& plan
 }
 
 Executor::~Executor() {
-  for (const auto& cs : kChannels)
-    mesh_.stream(cs.first).set_recorder(nullptr);
+  for (const StreamKind k : kCommStreams)
+    mesh_.stream(k).set_recorder(nullptr);
 }
 
 void Executor::forward() {

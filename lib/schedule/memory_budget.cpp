@@ -10,8 +10,8 @@
 #include <sstream>
 #include <string>
 
-#include "fullshard/comm/shm.hpp"
 #include "fullshard/schedule/auto_plan.hpp"
+#include "lib/comm/shm.hpp"
 
 namespace fullshard::schedule {
 namespace {

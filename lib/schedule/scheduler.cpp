@@ -13,9 +13,10 @@
 #include <vector>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/base/prefetch.hpp"
-#include "fullshard/fsdp/engine.hpp"
 #include "fullshard/schedule/plan.hpp"
+#include "lib/base/arena.hpp"
+#include "lib/base/prefetch.hpp"
+#include "lib/fsdp/engine.hpp"
 #include "lib/fsdp/state_machine.hpp"
 #include "lib/schedule/planner_entry.hpp"
 #include "lib/transport/charges.hpp"

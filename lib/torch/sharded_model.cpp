@@ -137,8 +137,8 @@ void record_on_copy_in_stream(ModuleState& s) {
 #if FULLSHARD_TORCH_CUDA
   const DeviceMesh& mesh = s.fsdp->mesh();
   if (mesh.device_type() != DeviceType::cuda) return;
-  auto* native =
-      static_cast<cudaStream_t>(mesh.device_stream(Channel::reduce_scatter).native_handle());
+  auto* native = static_cast<cudaStream_t>(
+      mesh.device_stream(comm::StreamKind::reduce_scatter).native_handle());
   for (auto& [param, binding] : s.group) {
     const at::Tensor& g = binding->param().grad();
     if (g.defined() && g.is_cuda())

@@ -11,8 +11,8 @@ std::byte* bytes(const Tensor& t) {
 
 // The shard a kernel on channel c reads: pageable offloaded shards are first copied into
 // `staged` (a device buffer), pinned and device shards are read where they are.
-const void* shard_source(const OffloadedShards* off, Device& dev, Channel c, const Tensor& staged,
-                         const void* from) {
+const void* shard_source(const OffloadedShards* off, Device& dev, comm::StreamKind c,
+                         const Tensor& staged, const void* from) {
   if (!staged.data()) return from;
   off->copy(dev, c, staged.data(), from, "host-to-device copy of the shard");
   return staged.data();
@@ -35,7 +35,7 @@ void CommTransport::attach(Device& dev) {
 // CPUOffloadPolicy: the cast kernel reads pinned host shards in place (the host-to-device copy
 // is fused into the copy-in); pageable ones are copied into a device staging buffer first.
 // A compressed all-gather encodes the shard into its packed slot instead of casting it.
-comm::Work CommTransport::cast_shard(Device& dev, Channel c, void* to) {
+comm::Work CommTransport::cast_shard(Device& dev, comm::StreamKind c, void* to) {
   const Geometry I = geo();
   const void* from = store().shards().data();
   const Tensor staged = offload_ ? offload_->staging(dev, c) : Tensor();
@@ -52,14 +52,14 @@ comm::Work CommTransport::cast_shard(Device& dev, Channel c, void* to) {
   });
 }
 
-comm::Work CommTransport::gather_copy_in(Device& dev, Channel c, Held& dst) {
+comm::Work CommTransport::gather_copy_in(Device& dev, comm::StreamKind c, Held& dst) {
   const Geometry& I = geo();
   const std::size_t slot =
       I.world > 1 ? static_cast<std::size_t>(I.rank) * I.gather_slot_bytes() : 0;
   return cast_shard(dev, c, bytes(dst.tensor) + slot);
 }
 
-comm::Work CommTransport::all_gather(Device& dev, Channel c, Held& dst, bool in_place) {
+comm::Work CommTransport::all_gather(Device& dev, comm::StreamKind c, Held& dst, bool in_place) {
   dev.before_collective(c);  // the copy-in before it (a device orders it by the stream)
   const Geometry& I = geo();
   const auto count = static_cast<std::size_t>(I.gather_slot_numel());  // compressed: packed
@@ -78,7 +78,7 @@ comm::Work CommTransport::all_gather(Device& dev, Channel c, Held& dst, bool in_
 // Copy-out (and the kept slice). Without a gather buffer (one rank, no cast) the kernel reads
 // the shards themselves: pinned host shards (CPUOffloadPolicy) in place, pageable ones after a
 // copy into a device staging buffer.
-comm::Work CommTransport::gather_copy_out(Device& dev, Channel c, const Held* src, bool,
+comm::Work CommTransport::gather_copy_out(Device& dev, comm::StreamKind c, const Held* src, bool,
                                           Held& arena, Held* keep, int k) {
   const Geometry I = geo();
   const void* from = src ? src->tensor.data() : store().shards().data();
@@ -106,7 +106,8 @@ comm::Work CommTransport::gather_copy_out(Device& dev, Channel c, const Held* sr
   });
 }
 
-comm::Work CommTransport::reduce_copy_in(Device& dev, Channel c, Held& grads, Held& input) {
+comm::Work CommTransport::reduce_copy_in(Device& dev, comm::StreamKind c, Held& grads,
+                                         Held& input) {
   const Tensor from = grads.tensor;  // held by the kernel until it ran
   const Tensor to = input.tensor;
   const DType from_t = geo().param_dtype, to_t = geo().reduce_dtype;
@@ -119,12 +120,12 @@ comm::Work CommTransport::reduce_copy_in(Device& dev, Channel c, Held& grads, He
 
 // External gradients (a front end's autograd allocated them): each parameter's grad() is read
 // where it is, the one copy of the reduction's input, straight into the rank-major input.
-comm::Work CommTransport::external_copy_in(Device& dev, Channel c, std::vector<Tensor> grads,
-                                           Held& input) {
+comm::Work CommTransport::external_copy_in(Device& dev, comm::StreamKind c,
+                                           std::vector<Tensor> grads, Held& input) {
   return external_copy(dev, c, std::move(grads), input.tensor.data());
 }
 
-comm::Work CommTransport::reduce_scatter(Device& dev, Channel c, Held& input, Held& output,
+comm::Work CommTransport::reduce_scatter(Device& dev, comm::StreamKind c, Held& input, Held& output,
                                          const ReduceSpec& spec) {
   if (geo().compressed_reduce()) return compressed_reduce_scatter(dev, c, input, output, spec);
   dev.before_collective(c);  // the copy-in before it (a device orders it by the stream)
@@ -146,7 +147,7 @@ comm::Work CommTransport::reduce_scatter(Device& dev, Channel c, Held& input, He
 // and accumulates into the sharded gradients (the copy-out is fused); with HSDP it writes the
 // sum at the start of `output` for the replicate all-reduce. `output`:
 // Geometry::compressed_reduce_bytes.
-comm::Work CommTransport::compressed_reduce_scatter(Device& dev, Channel c, Held& input,
+comm::Work CommTransport::compressed_reduce_scatter(Device& dev, comm::StreamKind c, Held& input,
                                                     Held& output, const ReduceSpec& spec) {
   const Geometry I = geo();
   const int W = I.world;
@@ -187,7 +188,7 @@ comm::Work CommTransport::compressed_reduce_scatter(Device& dev, Channel c, Held
 // CPUOffloadPolicy: the kernel writes (and accumulates into) pinned host gradients in place
 // (the device-to-host copy is fused into the copy-out); pageable ones go through a device
 // staging buffer: the old gradients in (when accumulating), the kernel, the result out.
-comm::Work CommTransport::reduce_copy_out(Device& dev, Channel c, Held& src,
+comm::Work CommTransport::reduce_copy_out(Device& dev, comm::StreamKind c, Held& src,
                                           const ReduceSpec& spec) {
   if (fusions().copy_out_in_reduce) return dev.last(c);  // done by the reduce-scatter
   const Geometry I = geo();

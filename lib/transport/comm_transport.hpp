@@ -15,21 +15,22 @@ class CommTransport : public GroupTransport {
   CommTransport(Kind kind, GroupSpec spec);
 
   void attach(Device& dev) override;
-  comm::Work gather_copy_in(Device& dev, Channel c, Held& dst) override;
-  comm::Work all_gather(Device& dev, Channel c, Held& dst, bool in_place) override;
-  comm::Work gather_copy_out(Device& dev, Channel c, const Held* src, bool from_slices, Held& arena,
-                             Held* keep, int k) override;
-  comm::Work reduce_copy_in(Device& dev, Channel c, Held& grads, Held& input) override;
-  comm::Work external_copy_in(Device& dev, Channel c, std::vector<Tensor> grads,
+  comm::Work gather_copy_in(Device& dev, comm::StreamKind c, Held& dst) override;
+  comm::Work all_gather(Device& dev, comm::StreamKind c, Held& dst, bool in_place) override;
+  comm::Work gather_copy_out(Device& dev, comm::StreamKind c, const Held* src, bool from_slices,
+                             Held& arena, Held* keep, int k) override;
+  comm::Work reduce_copy_in(Device& dev, comm::StreamKind c, Held& grads, Held& input) override;
+  comm::Work external_copy_in(Device& dev, comm::StreamKind c, std::vector<Tensor> grads,
                               Held& input) override;
-  comm::Work reduce_scatter(Device& dev, Channel c, Held& input, Held& output,
+  comm::Work reduce_scatter(Device& dev, comm::StreamKind c, Held& input, Held& output,
                             const ReduceSpec& spec) override;
-  comm::Work reduce_copy_out(Device& dev, Channel c, Held& src, const ReduceSpec& spec) override;
+  comm::Work reduce_copy_out(Device& dev, comm::StreamKind c, Held& src,
+                             const ReduceSpec& spec) override;
 
  protected:
   /// The shards cast to the parameter dtype (compressed: encoded) into `to`, on channel c.
-  comm::Work cast_shard(Device& dev, Channel c, void* to);
-  comm::Work compressed_reduce_scatter(Device& dev, Channel c, Held& input, Held& output,
+  comm::Work cast_shard(Device& dev, comm::StreamKind c, void* to);
+  comm::Work compressed_reduce_scatter(Device& dev, comm::StreamKind c, Held& input, Held& output,
                                        const ReduceSpec& spec);
 
  private:

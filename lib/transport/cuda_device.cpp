@@ -14,15 +14,15 @@ namespace fullshard::transport::detail {
 namespace {
 
 // "record on <stream>": static text, so recording builds no string.
-const char* record_label(Channel c) noexcept {
+const char* record_label(comm::StreamKind c) noexcept {
   switch (c) {
-    case Channel::main:
+    case comm::StreamKind::compute:
       return "record on compute";
-    case Channel::all_gather:
+    case comm::StreamKind::all_gather:
       return "record on all_gather";
-    case Channel::reduce_scatter:
+    case comm::StreamKind::reduce_scatter:
       return "record on reduce_scatter";
-    case Channel::all_reduce:
+    case comm::StreamKind::all_reduce:
       return "record on all_reduce";
   }
   return "record";
@@ -32,23 +32,24 @@ class CudaDevice final : public Device {
  public:
   CudaDevice(const DeviceMesh& mesh, const std::string& group)
       : mesh_(mesh), pool_(MemorySpace::device, "fsdp:" + group) {
-    for (int c = 0; c < kNumChannels; ++c)
-      exec_[c] = kernels::ExecStream::device(cuda(static_cast<Channel>(c)).native_handle());
+    for (int c = 0; c < comm::kNumStreams; ++c)
+      exec_[c] =
+          kernels::ExecStream::device(cuda(static_cast<comm::StreamKind>(c)).native_handle());
   }
 
-  comm::Stream& stream(Channel c, const DeviceMesh&) const override { return cuda(c); }
+  comm::Stream& stream(comm::StreamKind c, const DeviceMesh&) const override { return cuda(c); }
 
-  comm::Work run(Channel c, comm::Stream& s, const comm::LazyLabel& label,
+  comm::Work run(comm::StreamKind c, comm::Stream& s, const comm::LazyLabel& label,
                  std::function<void()> kernel) override {
-    if (c == Channel::all_gather) gather_after_compute();
+    if (c == comm::StreamKind::all_gather) gather_after_compute();
     last(c).test();  // the previous operation must not have failed (known errors only)
     return s.submit(label, std::move(kernel));
   }
-  void before_collective(Channel c) override {
-    if (c == Channel::all_gather) gather_after_compute();
+  void before_collective(comm::StreamKind c) override {
+    if (c == comm::StreamKind::all_gather) gather_after_compute();
   }
 
-  Tensor acquire(Channel first_user, std::int64_t numel, DType dtype, const char* what,
+  Tensor acquire(comm::StreamKind first_user, std::int64_t numel, DType dtype, const char* what,
                  const std::string& group) override {
     // Stream-ordered: a block last used on other streams is handed out after their release
     // events (cudaStreamWaitEvent).
@@ -57,12 +58,12 @@ class CudaDevice final : public Device {
     peak_ = std::max(peak_, in_use_);
     return t;
   }
-  Tensor scratch(Channel c, std::int64_t numel, DType dtype, const char* what,
+  Tensor scratch(comm::StreamKind c, std::int64_t numel, DType dtype, const char* what,
                  const std::string& group) override {
     return pool_.acquire({numel}, dtype, cuda(c), what, group);
   }
   // The pool records a release event on every stream the block was used on: no host wait.
-  void used(Held& h, Channel c, const comm::Work&) override {
+  void used(Held& h, comm::StreamKind c, const comm::Work&) override {
     if (h.tensor.nbytes() > 0) pool_.used_on(h.tensor, cuda(c));
   }
   void release(Held&, std::size_t bytes) override { in_use_ -= std::min(in_use_, bytes); }
@@ -70,10 +71,12 @@ class CudaDevice final : public Device {
   std::size_t peak_bytes_in_use() const override { return peak_; }
   void reset_peak() override { peak_ = in_use_; }
 
-  void wait(Channel waiter, const comm::Work& done) override { cuda(waiter).wait(done.event()); }
+  void wait(comm::StreamKind waiter, const comm::Work& done) override {
+    cuda(waiter).wait(done.event());
+  }
   // An event after everything enqueued on the stream so far (operations that enqueue nothing,
   // such as a reshard, have no event of their own).
-  comm::Work record(Channel c) override {
+  comm::Work record(comm::StreamKind c) override {
     return cuda(c).submit(comm::LazyLabel(record_label(c)), [] {});
   }
 
@@ -90,14 +93,14 @@ class CudaDevice final : public Device {
           w.wait();
         else
           w.test();
-        cuda(Channel::main).wait(w.event());
+        cuda(comm::StreamKind::compute).wait(w.event());
       } catch (...) {
         if (!first) first = std::current_exception();
       }
     }
     if (hold_host_) {
       try {
-        cuda(Channel::all_gather).record().synchronize();
+        cuda(comm::StreamKind::all_gather).record().synchronize();
       } catch (...) {
         if (!first) first = std::current_exception();
       }
@@ -109,12 +112,13 @@ class CudaDevice final : public Device {
   // the compute stream waits instead of the host.
   void host_wait(const comm::Work& done) override {
     done.test();
-    cuda(Channel::main).wait(done.event());
+    cuda(comm::StreamKind::compute).wait(done.event());
   }
-  void host_reads(Channel) override {}  // stream order: a front end reads on the compute stream
+  void host_reads(comm::StreamKind) override {
+  }  // stream order: a front end reads on the compute stream
   // The callback enqueued its kernels on the compute stream: the event after them.
   comm::Work computed(const char* phase, const std::string& module) override {
-    return cuda(Channel::main).submit(std::string(phase) + "(" + module + ")", [] {});
+    return cuda(comm::StreamKind::compute).submit(std::string(phase) + "(" + module + ")", [] {});
   }
   void hold_host_for_shards() override { hold_host_ = true; }
 
@@ -129,13 +133,13 @@ class CudaDevice final : public Device {
   // optimizer step on the shards). Set at the end of backward.
   bool gather_after_compute_ = true;
 
-  comm::Stream& cuda(Channel c) const {
-    return c == Channel::main ? mesh_.compute_stream() : mesh_.device_stream(c);
+  comm::Stream& cuda(comm::StreamKind c) const {
+    return c == comm::StreamKind::compute ? mesh_.compute_stream() : mesh_.device_stream(c);
   }
   void gather_after_compute() {
     if (!gather_after_compute_) return;
     gather_after_compute_ = false;
-    cuda(Channel::all_gather).wait(cuda(Channel::main).record());
+    cuda(comm::StreamKind::all_gather).wait(cuda(comm::StreamKind::compute).record());
   }
 };
 

@@ -5,7 +5,7 @@
 
 namespace fullshard::transport {
 
-comm::Work Device::submit(Channel c, comm::Stream& s, const std::string& label,
+comm::Work Device::submit(comm::StreamKind c, comm::Stream& s, const std::string& label,
                           std::function<void()> op) {
   comm::Work before = last(c);
   return s.submit(label, [before, o = std::move(op)] {
@@ -14,14 +14,15 @@ comm::Work Device::submit(Channel c, comm::Stream& s, const std::string& label,
   });
 }
 
-Tensor Device::scratch(Channel, std::int64_t, DType, const char* what, const std::string& group) {
+Tensor Device::scratch(comm::StreamKind, std::int64_t, DType, const char* what,
+                       const std::string& group) {
   throw InvalidArgument(std::string("fsdp group ") + group + ": scratch device memory for '" +
                         what + "' on a host device (internal)");
 }
 
 Tensor Device::reserve(std::int64_t numel, DType dtype, const char* what,
                        const std::string& group) {
-  return acquire(Channel::main, numel, dtype, what, group);
+  return acquire(comm::StreamKind::compute, numel, dtype, what, group);
 }
 
 std::unique_ptr<Device> make_device(const DeviceMesh& mesh, const std::string& group) {

@@ -14,9 +14,9 @@ GroupTransport::GroupTransport(Kind kind, GroupSpec spec, kernels::ExecTarget ta
   const DeviceMesh& m = mesh();
   const std::string shard_dim = m.names().back();
   // The communicators of the mesh's device: NCCL on a CUDA mesh, MPI on a CPU mesh.
-  ag_comm_ = &m.device_comm(shard_dim, Channel::all_gather);
-  rs_comm_ = &m.device_comm(shard_dim, Channel::reduce_scatter);
-  if (m.ndim() == 2) ar_comm_ = &m.device_comm(m.names()[0], Channel::all_reduce);
+  ag_comm_ = &m.device_comm(shard_dim, comm::StreamKind::all_gather);
+  rs_comm_ = &m.device_comm(shard_dim, comm::StreamKind::reduce_scatter);
+  if (m.ndim() == 2) ar_comm_ = &m.device_comm(m.names()[0], comm::StreamKind::all_reduce);
   // The copy kernels run where the mesh's memory is.
   copy_out_ = kernels::CopyPlan(target, kernels::all_gather_copy_out_runs(layout()));
   copy_in_ = kernels::CopyPlan(target, kernels::reduce_scatter_copy_in_runs(layout()));
@@ -34,8 +34,8 @@ void GroupTransport::split_post_forward(int k) {
       ag_comm_->split(rank / k, rank % k, ag_comm_->name() + ".post_forward" + std::to_string(k));
 }
 
-comm::Work GroupTransport::all_gather_slices(Device& dev, Channel c, Held& dst, Held& slices,
-                                             int k) {
+comm::Work GroupTransport::all_gather_slices(Device& dev, comm::StreamKind c, Held& dst,
+                                             Held& slices, int k) {
   dev.before_collective(c);
   const Geometry& I = geo();
   const std::size_t block =
@@ -44,7 +44,7 @@ comm::Work GroupTransport::all_gather_slices(Device& dev, Channel c, Held& dst, 
                                         I.gather_dtype(), stream(dev, c));
 }
 
-comm::Work GroupTransport::zero_grads(Device& dev, Channel c, Held& grads) {
+comm::Work GroupTransport::zero_grads(Device& dev, comm::StreamKind c, Held& grads) {
   void* ptr = grads.tensor.data();
   const DType t = grads.tensor.dtype();
   const std::int64_t n = grads.tensor.numel();
@@ -72,16 +72,17 @@ comm::Work GroupTransport::zero_grads(Device& dev, Channel c, Held& grads) {
   });
 }
 
-comm::Work GroupTransport::all_reduce(Device& dev, Channel c, Held& data) {
+comm::Work GroupTransport::all_reduce(Device& dev, comm::StreamKind c, Held& data) {
   // What the reduce-scatter stream's kernels wrote into it (a device orders by events).
-  dev.before_collective(Channel::reduce_scatter);
+  dev.before_collective(comm::StreamKind::reduce_scatter);
   const Geometry& I = geo();
   return ar_comm_->all_reduce(data.tensor.data(), data.tensor.data(),
                               static_cast<std::size_t>(I.shard_numel), I.reduce_dtype,
                               comm::ReduceOp::sum, stream(dev, c));
 }
 
-comm::Work GroupTransport::accumulate(Device& dev, Channel c, Held& src, Held& dst, bool acc) {
+comm::Work GroupTransport::accumulate(Device& dev, comm::StreamKind c, Held& src, Held& dst,
+                                      bool acc) {
   const Tensor from = src.tensor;
   const Tensor to = dst.tensor;
   const DType t = geo().reduce_dtype;
@@ -103,7 +104,7 @@ const kernels::CopyPlan& GroupTransport::member_copy_in_plan(std::size_t member,
   return member_copy_in_.at(2 * member + (zeros ? 1 : 0));
 }
 
-comm::Work GroupTransport::external_copy(Device& dev, Channel c, std::vector<Tensor> grads,
+comm::Work GroupTransport::external_copy(Device& dev, comm::StreamKind c, std::vector<Tensor> grads,
                                          void* to) {
   std::vector<const kernels::CopyPlan*> plans;
   plans.reserve(grads.size());

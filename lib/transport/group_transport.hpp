@@ -6,8 +6,8 @@
 // (CPUOffloadPolicy's host shards are a concern of that one alone). What each folds
 // into its collectives is transport::fusions (fusions.hpp), the rule the planner costs by.
 //
-// Each operation is one engine operation (fullshard/fsdp/engine.hpp): it is issued through
-// the root's Device on the operation's channel `c` (the engine's stream) and returns its
+// Each operation is one engine operation (lib/fsdp/engine.hpp): it is issued through
+// the root's Device on the operation's stream `c` (the engine's stream) and returns its
 // completion; the caller marks the buffers it passed as used by it. No state travels from one
 // operation to the next outside the engine's records (the shared-memory rounds are that transport's
 // own protocol).
@@ -70,33 +70,34 @@ class GroupTransport {
 
   /// This rank's shard, cast to the parameter dtype, into its slot of `dst` (W > 1) or all of
   /// it (one rank).
-  virtual comm::Work gather_copy_in(Device& dev, Channel c, Held& dst) = 0;
+  virtual comm::Work gather_copy_in(Device& dev, comm::StreamKind c, Held& dst) = 0;
   /// The all-gather of every rank's shard into `dst`; `in_place`: the copy-in wrote this
   /// rank's slot.
-  virtual comm::Work all_gather(Device& dev, Channel c, Held& dst, bool in_place) = 0;
+  virtual comm::Work all_gather(Device& dev, comm::StreamKind c, Held& dst, bool in_place) = 0;
   /// reshard_after_forward=k: the gather inside the k-rank group from the kept slices.
-  comm::Work all_gather_slices(Device& dev, Channel c, Held& dst, Held& slices, int k);
+  comm::Work all_gather_slices(Device& dev, comm::StreamKind c, Held& dst, Held& slices, int k);
   /// The gathered shards (`src`; null: the shards themselves, one rank without a cast) into
   /// the unsharded parameters `arena`, and with `keep` the W/k slots this rank serves after
   /// forward. `from_slices`: the gather was all_gather_slices.
-  virtual comm::Work gather_copy_out(Device& dev, Channel c, const Held* src, bool from_slices,
-                                     Held& arena, Held* keep, int k) = 0;
+  virtual comm::Work gather_copy_out(Device& dev, comm::StreamKind c, const Held* src,
+                                     bool from_slices, Held& arena, Held* keep, int k) = 0;
   /// Zeroes the unsharded gradients.
-  comm::Work zero_grads(Device& dev, Channel c, Held& grads);
+  comm::Work zero_grads(Device& dev, comm::StreamKind c, Held& grads);
   /// The unsharded gradients into the reduce-scatter's rank-major input (reduce dtype).
-  virtual comm::Work reduce_copy_in(Device& dev, Channel c, Held& grads, Held& input) = 0;
+  virtual comm::Work reduce_copy_in(Device& dev, comm::StreamKind c, Held& grads, Held& input) = 0;
   /// The same from a front end's gradients (each parameter's grad(); undefined: zeros).
-  virtual comm::Work external_copy_in(Device& dev, Channel c, std::vector<Tensor> grads,
+  virtual comm::Work external_copy_in(Device& dev, comm::StreamKind c, std::vector<Tensor> grads,
                                       Held& input) = 0;
   /// The reduce-scatter over the shard group into `output` (fused per fusions()).
-  virtual comm::Work reduce_scatter(Device& dev, Channel c, Held& input, Held& output,
+  virtual comm::Work reduce_scatter(Device& dev, comm::StreamKind c, Held& input, Held& output,
                                     const ReduceSpec& spec) = 0;
   /// HSDP: the all-reduce of the reduced shard over the replicate dim.
-  comm::Work all_reduce(Device& dev, Channel c, Held& data);
+  comm::Work all_reduce(Device& dev, comm::StreamKind c, Held& data);
   /// dst = (accumulate ? dst : 0) + src (the deferred HSDP all-reduce's partial sums).
-  comm::Work accumulate(Device& dev, Channel c, Held& src, Held& dst, bool accumulate);
+  comm::Work accumulate(Device& dev, comm::StreamKind c, Held& src, Held& dst, bool accumulate);
   /// sharded gradients = (accumulate ? them : 0) + cast(src / divisor).
-  virtual comm::Work reduce_copy_out(Device& dev, Channel c, Held& src, const ReduceSpec& spec) = 0;
+  virtual comm::Work reduce_copy_out(Device& dev, comm::StreamKind c, Held& src,
+                                     const ReduceSpec& spec) = 0;
 
   /// The group joins a root whose operations run on `dev`.
   virtual void attach(Device& dev);
@@ -117,13 +118,15 @@ class GroupTransport {
   const kernels::GroupLayout& layout() const noexcept { return *spec_.layout; }
   const DeviceMesh& mesh() const noexcept { return *spec_.mesh; }
   ShardStore& store() const noexcept { return *spec_.store; }
-  comm::Stream& stream(const Device& dev, Channel c) const { return dev.stream(c, mesh()); }
+  comm::Stream& stream(const Device& dev, comm::StreamKind c) const {
+    return dev.stream(c, mesh());
+  }
   comm::LazyLabel label(const char* op) const;
   /// Per member, the copy-in runs from its own gradient and the runs of zeros for a member
   /// without one (external gradients; built on first use).
   const kernels::CopyPlan& member_copy_in_plan(std::size_t member, bool zeros);
   /// Runs the copy-in of external gradients into `to` (rank-major, reduce dtype).
-  comm::Work external_copy(Device& dev, Channel c, std::vector<Tensor> grads, void* to);
+  comm::Work external_copy(Device& dev, comm::StreamKind c, std::vector<Tensor> grads, void* to);
 
   Kind kind_;
   GroupSpec spec_;

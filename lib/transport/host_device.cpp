@@ -14,11 +14,13 @@ class HostDevice final : public Device {
   // `mesh`: the first group's (the engine's stream waits use its channel streams).
   explicit HostDevice(const DeviceMesh& mesh) : mesh_(mesh) {}
 
-  comm::Stream& stream(Channel c, const DeviceMesh& mesh) const override { return mesh.stream(c); }
+  comm::Stream& stream(comm::StreamKind c, const DeviceMesh& mesh) const override {
+    return mesh.stream(c);
+  }
 
-  comm::Work run(Channel c, comm::Stream& s, const comm::LazyLabel& label,
+  comm::Work run(comm::StreamKind c, comm::Stream& s, const comm::LazyLabel& label,
                  std::function<void()> kernel) override {
-    if (c == Channel::main) {
+    if (c == comm::StreamKind::compute) {
       kernel();
       return comm::Work();
     }
@@ -34,16 +36,16 @@ class HostDevice final : public Device {
     });
   }
 
-  void before_collective(Channel c) override { exec(c).fence(); }
+  void before_collective(comm::StreamKind c) override { exec(c).fence(); }
 
-  Tensor acquire(Channel, std::int64_t numel, DType dtype, const char* what,
+  Tensor acquire(comm::StreamKind, std::int64_t numel, DType dtype, const char* what,
                  const std::string& group) override {
     return pool_.acquire({numel}, dtype, what, group);
   }
   Tensor reserve(std::int64_t numel, DType dtype, const char*, const std::string&) override {
     return pool_.reserve({numel}, dtype);
   }
-  void used(Held& h, Channel, const comm::Work& w) override { h.used = w; }
+  void used(Held& h, comm::StreamKind, const comm::Work& w) override { h.used = w; }
   // The bytes go back to the pool with the last view, once the operation using them ran
   // (worker streams run it later).
   void release(Held& h, std::size_t) override { h.used.wait(); }
@@ -51,8 +53,8 @@ class HostDevice final : public Device {
   std::size_t peak_bytes_in_use() const override { return pool_.peak_bytes_in_use(); }
   void reset_peak() override { pool_.reset_peak(); }
 
-  void wait(Channel waiter, const comm::Work& done) override {
-    if (waiter == Channel::main) return;  // the engine waits on the host (host_wait)
+  void wait(comm::StreamKind waiter, const comm::Work& done) override {
+    if (waiter == comm::StreamKind::compute) return;  // the engine waits on the host (host_wait)
     comm::Stream& s = mesh_.stream(waiter);
     if (s.runs_inline())
       done.test();  // finished already (caller streams run at submit): its error, if any
@@ -60,7 +62,7 @@ class HostDevice final : public Device {
       s.wait(done.event());
   }
   // Operations of one stream finish in order: the last one's completion is the stream's.
-  comm::Work record(Channel c) override { return last(c); }
+  comm::Work record(comm::StreamKind c) override { return last(c); }
 
   void host_wait(const std::vector<comm::Work>& done) override {
     for (const auto& e : exec_)
@@ -77,9 +79,9 @@ class HostDevice final : public Device {
   }
   void host_wait(const comm::Work& done) override {
     done.wait();
-    exec(Channel::all_gather).fence();
+    exec(comm::StreamKind::all_gather).fence();
   }
-  void host_reads(Channel c) override { exec(c).fence(); }
+  void host_reads(comm::StreamKind c) override { exec(c).fence(); }
   comm::Work computed(const char*, const std::string&) override { return comm::Work(); }
 
  private:

@@ -14,9 +14,9 @@ class OffloadedShards {
   explicit OffloadedShards(const GroupSpec& spec) : spec_(spec) {}
   /// Pageable shards: a device buffer of one group shard (orig dtype) for channel `c`,
   /// released (an event on c) with the tensor. Pinned: undefined (kernels use them in place).
-  Tensor staging(Device& dev, Channel c) const;
+  Tensor staging(Device& dev, comm::StreamKind c) const;
   /// One group shard (orig dtype) from `src` to `dst` on channel c (cudaMemcpyAsync).
-  void copy(Device& dev, Channel c, void* dst, const void* src, const char* what) const;
+  void copy(Device& dev, comm::StreamKind c, void* dst, const void* src, const char* what) const;
 
  private:
   const GroupSpec& spec_;

@@ -123,7 +123,7 @@ class ShmTransport final : public CommTransport {
 
   // The cast shard goes to this rank's slot, where peers read it (in a window taken for this
   // gather: a window held still is a gather dropped unread).
-  comm::Work gather_copy_in(Device& dev, Channel c, Held&) override {
+  comm::Work gather_copy_in(Device& dev, comm::StreamKind c, Held&) override {
     ensure_gather();
     if (gather_windows_) {
       release_gather();
@@ -136,7 +136,7 @@ class ShmTransport final : public CommTransport {
   // the all-gather across nodes into this rank's segment. Without a cast the shard is
   // published where it is stored; a storage adopted since (checkpoint load) is copied to the
   // slot first.
-  comm::Work all_gather(Device& dev, Channel c, Held&, bool in_place) override {
+  comm::Work all_gather(Device& dev, comm::StreamKind c, Held&, bool in_place) override {
     dev.before_collective(c);
     ensure_gather();
     if (gather_windows_) {  // the copy-in's window (a cast), or one taken now
@@ -175,8 +175,8 @@ class ShmTransport final : public CommTransport {
   }
 
   // The all-gather and its copy-out in one pass: every peer's slot straight into the arena.
-  comm::Work gather_copy_out(Device& dev, Channel c, const Held* src, bool from_slices, Held& arena,
-                             Held* keep, int k) override {
+  comm::Work gather_copy_out(Device& dev, comm::StreamKind c, const Held* src, bool from_slices,
+                             Held& arena, Held* keep, int k) override {
     if (from_slices) {
       release_gather();
       return CommTransport::gather_copy_out(dev, c, src, true, arena, keep, k);
@@ -206,13 +206,14 @@ class ShmTransport final : public CommTransport {
   }
 
   // Nothing to copy: peers read their chunks from the gradient window.
-  comm::Work reduce_copy_in(Device& dev, Channel c, Held&, Held&) override {
+  comm::Work reduce_copy_in(Device& dev, comm::StreamKind c, Held&, Held&) override {
     return dev.run(c, stream(dev, c), label("copy_in of group "), [] {});
   }
 
   // External gradients go into the gradient window, where peers read their chunks; a
   // parameter without a gradient contributes zeros.
-  comm::Work external_copy_in(Device& dev, Channel c, std::vector<Tensor> grads, Held&) override {
+  comm::Work external_copy_in(Device& dev, comm::StreamKind c, std::vector<Tensor> grads,
+                              Held&) override {
     auto* window = static_cast<std::byte*>(writable_grads_window());
     const std::size_t es = dtype_size(geo().param_dtype);
     // The layout lives with the group, as the copy plans do.
@@ -239,7 +240,7 @@ class ShmTransport final : public CommTransport {
   // go to `input`; an all-to-all across the nodes brings each rank the N sums of its own chunk
   // (each crosses the network once, to its owner; MPI's reduce-scatter of 2 ranks sends the
   // whole buffer to one of them), which it sums in node order with the same fusions.
-  comm::Work reduce_scatter(Device& dev, Channel c, Held& input, Held& output,
+  comm::Work reduce_scatter(Device& dev, comm::StreamKind c, Held& input, Held& output,
                             const ReduceSpec& spec) override {
     const Geometry I = geo();
     if (!held_)
@@ -333,7 +334,8 @@ class ShmTransport final : public CommTransport {
     });
   }
 
-  comm::Work reduce_copy_out(Device& dev, Channel c, Held& src, const ReduceSpec& spec) override {
+  comm::Work reduce_copy_out(Device& dev, comm::StreamKind c, Held& src,
+                             const ReduceSpec& spec) override {
     // Done by the reduce-scatter: this operation completes with it.
     if (fusions().copy_out_in_reduce) return dev.last(c);
     return CommTransport::reduce_copy_out(dev, c, src, spec);
@@ -403,7 +405,7 @@ class ShmTransport final : public CommTransport {
   // A window taken for this gather (a cast or two levels), its round the window's next; the
   // stream waits for every peer to have read the window's last round (whichever group's)
   // before this rank writes its slot.
-  void take_gather(Device& dev, Channel c) {
+  void take_gather(Device& dev, comm::StreamKind c) {
     const Geometry& I = geo();
     const std::size_t nodes = split_ ? static_cast<std::size_t>(split_->nodes()) : 1;
     ag_held_ = &gather_windows_->take(nodes * static_cast<std::size_t>(I.shard_numel) *

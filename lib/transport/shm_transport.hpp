@@ -9,7 +9,7 @@
 
 #include <memory>
 
-#include "fullshard/comm/shm.hpp"
+#include "lib/comm/shm.hpp"
 #include "lib/transport/group_transport.hpp"
 
 namespace fullshard::transport::detail {

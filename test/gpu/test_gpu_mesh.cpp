@@ -57,14 +57,14 @@ TEST_CASE("a CUDA mesh: device type, NCCL per dim and channel, streams; a pool o
   CHECK(mesh.compute_stream().is_device());
   // NCCL communicators are created on first use only.
   CHECK(mesh.device_comms_created() == 0);
-  CHECK(mesh.device_comm("dp", Channel::all_gather).size() == W);
+  CHECK(mesh.device_comm("dp", comm::StreamKind::all_gather).size() == W);
   CHECK(mesh.device_comms_created() == 1);
-  CHECK(&mesh.device_comm("dp", Channel::all_gather) ==
-        &mesh.device_comm("dp", Channel::all_gather));  // created once
+  CHECK(&mesh.device_comm("dp", comm::StreamKind::all_gather) ==
+        &mesh.device_comm("dp", comm::StreamKind::all_gather));  // created once
   CHECK(mesh.device_comms_created() == 1);
-  for (Channel c :
-       {Channel::main, Channel::all_gather, Channel::reduce_scatter, Channel::all_reduce}) {
-    CAPTURE(channel_name(c));
+  for (comm::StreamKind c : {comm::StreamKind::compute, comm::StreamKind::all_gather,
+                             comm::StreamKind::reduce_scatter, comm::StreamKind::all_reduce}) {
+    CAPTURE(comm::stream_name(c));
     CHECK(mesh.device_stream(c).is_device());
     CHECK(mesh.device_comm("dp", c).size() == W);
     CHECK(mesh.device_comm("dp", c).rank() == R);
@@ -73,17 +73,17 @@ TEST_CASE("a CUDA mesh: device type, NCCL per dim and channel, streams; a pool o
     CHECK(mesh.comm("dp", c).name().find(".nccl") == std::string::npos);
   }
   CHECK(mesh.device_comms_created() == 4);
-  CHECK(&mesh.device_comm("dp", Channel::all_gather) !=
-        &mesh.device_comm("dp", Channel::reduce_scatter));
+  CHECK(&mesh.device_comm("dp", comm::StreamKind::all_gather) !=
+        &mesh.device_comm("dp", comm::StreamKind::reduce_scatter));
   // Distinct streams per channel and for compute.
-  CHECK(mesh.device_stream(Channel::all_gather).id() !=
-        mesh.device_stream(Channel::reduce_scatter).id());
-  CHECK(mesh.compute_stream().id() != mesh.device_stream(Channel::all_gather).id());
+  CHECK(mesh.device_stream(comm::StreamKind::all_gather).id() !=
+        mesh.device_stream(comm::StreamKind::reduce_scatter).id());
+  CHECK(mesh.compute_stream().id() != mesh.device_stream(comm::StreamKind::all_gather).id());
 
   // An all-gather and a divided reduce-scatter of pool buffers on the channels' streams.
   StreamOrderedPool pool(MemorySpace::device, "test");  // as the FSDP engine keeps one per root
-  comm::Stream& ag = mesh.device_stream(Channel::all_gather);
-  comm::Stream& rs = mesh.device_stream(Channel::reduce_scatter);
+  comm::Stream& ag = mesh.device_stream(comm::StreamKind::all_gather);
+  comm::Stream& rs = mesh.device_stream(comm::StreamKind::reduce_scatter);
   const std::int64_t n = 4096;
   Tensor gathered = pool.acquire({W * n}, DType::f32, ag, "gathered");
   CHECK(gathered.space() == MemorySpace::device);
@@ -91,7 +91,7 @@ TEST_CASE("a CUDA mesh: device type, NCCL per dim and channel, streams; a pool o
   float* slot = gathered.data_as<float>() + static_cast<std::size_t>(R) * n;
   gpu_test::launch_fill(slot, static_cast<std::size_t>(n), static_cast<float>(R + 1),
                         static_cast<cudaStream_t>(ag.native_handle()));
-  mesh.device_comm("dp", Channel::all_gather)
+  mesh.device_comm("dp", comm::StreamKind::all_gather)
       .all_gather(slot, gathered.data(), static_cast<std::size_t>(n), DType::f32, ag)
       .wait();
   const std::vector<float> g = download(gathered);
@@ -105,7 +105,7 @@ TEST_CASE("a CUDA mesh: device type, NCCL per dim and channel, streams; a pool o
   // The reduce-scatter stream reads what the all-gather stream wrote: ordered by its event.
   rs.wait(ag.record());
   pool.used_on(gathered, rs);
-  mesh.device_comm("dp", Channel::reduce_scatter)
+  mesh.device_comm("dp", comm::StreamKind::reduce_scatter)
       .reduce_scatter_divided(gathered.data(), out.data(), static_cast<std::size_t>(n), DType::f32,
                               2.0 * W, rs)
       .wait();

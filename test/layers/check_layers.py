@@ -54,6 +54,11 @@ _FINITE_SCAN = (
     "one finiteness scan of host arrays: the optimizer's check of gradient shards and the "
     "session's check of a step's inputs"
 )
+_SHM_COMM = (
+    "a node's shared memory among a dim's ranks (comm::ShmComm, its windows and flags): the mesh "
+    "makes one per dim, the shared-memory transport runs its collectives on it, the plan counts "
+    "its windows; users reach it only through the mesh"
+)
 _MULTI_SOURCE = (
     "the reduce kernels of the shared-memory collectives: the transport runs them, the cost "
     "model times them"
@@ -105,6 +110,13 @@ ALLOWED = {
     ("optim", "lib/kernels/finite_scan.hpp"): _FINITE_SCAN,
     ("session", "lib/kernels/finite_scan.hpp"): _FINITE_SCAN,
     ("transport", "lib/kernels/multi_source.hpp"): _MULTI_SOURCE,
+    ("mesh", "lib/comm/shm.hpp"): _SHM_COMM,
+    ("transport", "lib/comm/shm.hpp"): _SHM_COMM,
+    ("schedule", "lib/comm/shm.hpp"): _SHM_COMM,
+    ("schedule", "lib/fsdp/engine.hpp"): (
+        "the FSDP engine exists once: the planner builds the engine's groups and implements its "
+        "Backend interface (a plan's operations are the engine's, fullshard/fsdp/operations.hpp)"
+    ),
     ("schedule", "lib/kernels/multi_source.hpp"): _MULTI_SOURCE,
     ("session", "lib/checkpoint/index_json.hpp"): (
         "a program's checkpoint metadata (set_checkpoint_metadata) is read the one way "

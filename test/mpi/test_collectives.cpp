@@ -187,8 +187,8 @@ TEST_CASE("broadcast from every root, and barrier") {
 
 TEST_CASE("traffic counters add the bytes of each collective's whole buffer") {
   DeviceMesh mesh(test::runtime(), {test::world_size()}, {"dp"});
-  auto& ag = mesh.comm("dp", Channel::all_gather);
-  auto& rs = mesh.comm("dp", Channel::reduce_scatter);
+  auto& ag = mesh.comm("dp", comm::StreamKind::all_gather);
+  auto& rs = mesh.comm("dp", comm::StreamKind::reduce_scatter);
   const auto W = static_cast<std::uint64_t>(ag.size());
   const comm::Traffic before = mesh.traffic();
   CHECK(before.total() == 0);

@@ -187,9 +187,9 @@ TEST_CASE_TEMPLATE(
     auto mesh = D::mesh({W()}, {"dp"});
     auto& st = fsdp::fully_shard(m.layer(), mesh, o);
     fsdp::fully_shard(*m.root, mesh);
-    const comm::Traffic before = mesh.device_comm("dp", Channel::all_gather).traffic();
+    const comm::Traffic before = mesh.device_comm("dp", comm::StreamKind::all_gather).traffic();
     st.unshard();
-    const comm::Traffic after = mesh.device_comm("dp", Channel::all_gather).traffic();
+    const comm::Traffic after = mesh.device_comm("dp", comm::StreamKind::all_gather).traffic();
     const std::int64_t gsn = chunk_rows(W()) * kCols;
     // One rank sends nothing; W ranks send W packed slots (codes and scales), not W shards.
     const std::uint64_t expect_bytes =
@@ -242,10 +242,10 @@ TEST_CASE_TEMPLATE("int8 reduce-scatter: the decoded chunks summed in f32, divid
     auto mesh = D::mesh({W()}, {"dp"});
     fsdp::fully_shard(m.layer(), mesh, compressed(std::nullopt, QuantCode::int8, block));
     auto& root = fsdp::fully_shard(*m.root, mesh);
-    const comm::Traffic before = mesh.device_comm("dp", Channel::reduce_scatter).traffic();
+    const comm::Traffic before = mesh.device_comm("dp", comm::StreamKind::reduce_scatter).traffic();
     fsdp::forward(*m.root);
     fsdp::backward(*m.root);
-    const comm::Traffic after = mesh.device_comm("dp", Channel::reduce_scatter).traffic();
+    const comm::Traffic after = mesh.device_comm("dp", comm::StreamKind::reduce_scatter).traffic();
     const std::int64_t gsn = chunk_rows(W()) * kCols;
     if (W() > 1) {  // an all-to-all of W packed chunks; no reduce-scatter
       CHECK(after.all_to_all - before.all_to_all ==

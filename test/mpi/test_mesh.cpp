@@ -33,15 +33,17 @@ TEST_CASE("1-D mesh over the world") {
   CHECK(mesh.size("dp") == W);
   CHECK(mesh.rank() == test::world_rank());
   CHECK(mesh.coordinate("dp") == test::world_rank());
-  for (Channel ch :
-       {Channel::main, Channel::all_gather, Channel::reduce_scatter, Channel::all_reduce}) {
+  for (comm::StreamKind ch : {comm::StreamKind::compute, comm::StreamKind::all_gather,
+                              comm::StreamKind::reduce_scatter, comm::StreamKind::all_reduce}) {
     CHECK(mesh.comm("dp", ch).size() == W);
     CHECK(mesh.comm("dp", ch).rank() == test::world_rank());
     CHECK(rank_sum(mesh.comm("dp", ch)) == W * (W - 1) / 2);
   }
   // Every channel is its own MPI communicator.
-  CHECK(dynamic_cast<comm::MpiCommunicator&>(mesh.comm("dp", Channel::all_gather)).handle() !=
-        dynamic_cast<comm::MpiCommunicator&>(mesh.comm("dp", Channel::reduce_scatter)).handle());
+  CHECK(dynamic_cast<comm::MpiCommunicator&>(mesh.comm("dp", comm::StreamKind::all_gather))
+            .handle() !=
+        dynamic_cast<comm::MpiCommunicator&>(mesh.comm("dp", comm::StreamKind::reduce_scatter))
+            .handle());
 }
 
 TEST_CASE("2-D mesh: coordinates, dim communicators, sub-meshes and flattening") {
@@ -174,8 +176,10 @@ TEST_CASE("device types: CPU by default, torch's strings, a CUDA mesh needs a CU
   CHECK(mesh.device_type() == DeviceType::cpu);
   CHECK(mesh.describe().find("cuda") == std::string::npos);
   // A CPU mesh's device resources are its host ones.
-  CHECK(&mesh.device_comm("dp", Channel::all_gather) == &mesh.comm("dp", Channel::all_gather));
-  CHECK(&mesh.device_stream(Channel::reduce_scatter) == &mesh.stream(Channel::reduce_scatter));
+  CHECK(&mesh.device_comm("dp", comm::StreamKind::all_gather) ==
+        &mesh.comm("dp", comm::StreamKind::all_gather));
+  CHECK(&mesh.device_stream(comm::StreamKind::reduce_scatter) ==
+        &mesh.stream(comm::StreamKind::reduce_scatter));
   CHECK(mesh.compute_stream().kind() == comm::StreamType::caller);
   CHECK_THROWS_WITH_AS(mesh.set_compute_stream(nullptr),
                        doctest::Contains("set_compute_stream needs a CUDA mesh"), InvalidArgument);

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "fullshard/base/error.hpp"
-#include "fullshard/comm/shm.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/mesh/device_mesh.hpp"
+#include "lib/comm/shm.hpp"
 #include "lib/kernels/multi_source.hpp"
 #include "test_support.hpp"
 
@@ -216,7 +216,8 @@ Run run(const DeviceMesh& mesh, const Case& c) {
   fsdp::backward(*root);
   check_shards({2});
   out.traffic = mesh.traffic();
-  for (Channel ch : {Channel::main, Channel::all_gather, Channel::reduce_scatter})
+  for (comm::StreamKind ch :
+       {comm::StreamKind::compute, comm::StreamKind::all_gather, comm::StreamKind::reduce_scatter})
     out.mpi_traffic += mesh.comm(shard_dim, ch).traffic();
   return out;
 }
@@ -238,7 +239,7 @@ void compare(const DeviceMesh& shm_mesh, const DeviceMesh& mpi_mesh, const Case&
   const NodeSplit* split = shm_mesh.node_split(shard_dim);
   auto across = [split] {
     comm::Traffic t;
-    for (Channel ch : {Channel::all_gather, Channel::reduce_scatter})
+    for (comm::StreamKind ch : {comm::StreamKind::all_gather, comm::StreamKind::reduce_scatter})
       t += split->across(ch).traffic();
     return t;
   };

@@ -9,11 +9,11 @@
 #include <cstdint>
 #include <string>
 
-#include "fullshard/comm/shm.hpp"
 #include "fullshard/fsdp/fully_shard.hpp"
 #include "fullshard/fsdp/hooks.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/tensor/sharding.hpp"
+#include "lib/comm/shm.hpp"
 #include "test_support.hpp"
 
 using namespace fullshard;

@@ -20,8 +20,8 @@ TEST_CASE("two streams run collectives concurrently on separate communicators") 
   const int W = test::world_size();
   const int r = test::world_rank();
   DeviceMesh mesh(test::runtime(), {W}, {"dp"});
-  auto& ag = mesh.comm("dp", Channel::all_gather);
-  auto& rs = mesh.comm("dp", Channel::reduce_scatter);
+  auto& ag = mesh.comm("dp", comm::StreamKind::all_gather);
+  auto& rs = mesh.comm("dp", comm::StreamKind::reduce_scatter);
   Stream ag_stream = Stream::worker("all_gather");
   Stream rs_stream = Stream::worker("reduce_scatter");
   const std::size_t n = 1 << 14;
@@ -93,7 +93,7 @@ TEST_CASE("events order a collective after work on another stream") {
   const int W = test::world_size();
   const int r = test::world_rank();
   DeviceMesh mesh(test::runtime(), {W}, {"dp"});
-  auto& c = mesh.comm("dp", Channel::all_reduce);
+  auto& c = mesh.comm("dp", comm::StreamKind::all_reduce);
   Stream compute = Stream::worker("compute");
   Stream comm_stream = Stream::worker("comm");
   std::vector<double> v(100, 0.0);

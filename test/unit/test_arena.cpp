@@ -9,7 +9,7 @@
 #include <numeric>
 #include <vector>
 
-#include "fullshard/base/arena.hpp"
+#include "lib/base/arena.hpp"
 
 using fullshard::Arena;
 using fullshard::ArenaAllocator;

@@ -466,9 +466,11 @@ TEST_CASE("hostile index: nesting deeper than the limit is refused before parsin
   nlohmann::json deep = nlohmann::json::array();
   for (std::size_t i = 1; i < ck::kMaxMetadataDepth; ++i)
     deep = nlohmann::json::array({deep});
-  CHECK_FALSE(ck::detail::json_deeper_than(deep, ck::kMaxMetadataDepth));
+  CHECK(ck::detail::json_depth_exceeded(deep.dump(), ck::kMaxMetadataDepth) == std::string::npos);
   deep = nlohmann::json::object({{"k", deep}});
-  CHECK(ck::detail::json_deeper_than(deep, ck::kMaxMetadataDepth));
+  // {"k":[[...: the innermost [ is the first one deeper than the limit.
+  CHECK(ck::detail::json_depth_exceeded(deep.dump(), ck::kMaxMetadataDepth) ==
+        4 + ck::kMaxMetadataDepth);
 
   TempDir tmp;
   const std::string root = tmp.path + "/c";

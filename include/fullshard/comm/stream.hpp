@@ -28,6 +28,14 @@ struct StreamAccess;
 
 class Stream;
 
+/// The four streams of an FSDP root (FSDP2's compute, all-gather, reduce-scatter and HSDP
+/// all-reduce streams). A mesh has one stream of each kind and, on every dim, one communicator
+/// per kind, used only on that kind's stream (DeviceMesh::comm, DeviceMesh::stream).
+enum class StreamKind : std::uint8_t { compute, all_gather, reduce_scatter, all_reduce };
+constexpr int kNumStreams = 4;
+/// "compute", "all_gather", "reduce_scatter" or "all_reduce".
+const char* stream_name(StreamKind s) noexcept;
+
 /// The label of an operation that is built only when its text is needed (an error, a
 /// timeout, a stream recorder, Work::label()), so that an operation builds no string when it
 /// is submitted.

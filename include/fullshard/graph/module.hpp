@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "fullshard/base/dtype.hpp"
-#include "fullshard/base/prefetch.hpp"
 #include "fullshard/graph/shard_request.hpp"
 #include "fullshard/tensor/shape.hpp"
 #include "fullshard/tensor/tensor.hpp"
@@ -209,18 +208,8 @@ class Module {
   /// (stage 0), the array of its parameters (1, once stage 0 arrived) or the
   /// parameters' extents and dtypes (2, once stage 1 arrived). A walk over a large graph calls
   /// it a few children ahead, one child further per stage. Nothing when out of range.
-  void prefetch_child(std::size_t i, int stage = 0) const noexcept {
-    if (i >= children_.size()) return;
-    const Module& c = *children_[i];
-    if (stage == 0) {
-      prefetch_lines<kWalkedBytes>(&c);
-    } else if (stage == 1) {
-      prefetch_lines<1>(c.params_.data());
-    } else {
-      for (const auto& p : c.params_)
-        prefetch_lines<Parameter::kWalkedBytes>(p.get());
-    }
-  }
+  void prefetch_child(std::size_t i, int stage = 0) const noexcept;
+
   std::size_t num_params() const noexcept { return params_.size(); }
   /// Parameter i in declaration order; InvalidArgument when out of range.
   Parameter& param(std::size_t i) const;

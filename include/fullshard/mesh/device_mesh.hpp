@@ -1,13 +1,13 @@
 // DeviceMesh: an N-D grid of ranks with named dims. Rank r of the mesh's base communicator
 // sits at the row-major coordinates of r in the shape (as torch's init_device_mesh does).
-// Each dim has its own communicators (one per channel, so that all-gather, reduce-scatter
+// Each dim has its own communicators (one per stream kind, so that all-gather, reduce-scatter
 // and all-reduce streams never share an MPI communicator).
 //
 // A mesh has a device type, as torch's init_device_mesh("cuda", ...) does. A CPU mesh runs
 // FSDP's collectives on host memory over MPI (or node-local shared memory). A CUDA mesh
-// (one GPU per rank, the device the Runtime bound) also owns, per dim and channel used, an
+// (one GPU per rank, the device the Runtime bound) also owns, per dim and stream kind used, an
 // NCCL communicator created on first use and bootstrapped over the dim's MPI ranks (the
-// ncclUniqueId is broadcast under the mesh's timeout), one CUDA stream per channel plus a
+// ncclUniqueId is broadcast under the mesh's timeout), one CUDA stream per stream kind plus a
 // compute stream: the FSDP
 // engine's device resources (its buffers come from a stream-ordered device pool per FSDP root
 // on these streams, lib/fsdp; the pool is a tensor-layer type). Both kinds keep the MPI
@@ -21,19 +21,20 @@
 #include <vector>
 
 #include "fullshard/comm/communicator.hpp"
-#include "fullshard/comm/shm.hpp"
 #include "fullshard/runtime/settings.hpp"
 
 namespace fullshard {
 
 class Runtime;
 
+namespace comm {
+// Opaque: a node's shared memory among a dim's ranks (private to the library; the transports
+// use it).
+class ShmComm;
+}  // namespace comm
+
 // Opaque: a mesh's communicators and streams (lib/mesh/device_mesh.cpp).
 struct MeshState;
-
-/// The stream a communicator is meant for. Every dim has one communicator per channel.
-enum class Channel { main, all_gather, reduce_scatter, all_reduce };
-const char* channel_name(Channel c) noexcept;
 
 /// A mesh dim whose ranks span nodes, every node holding the same number (more than one) of
 /// them, grouped by node for the two-level host transport: shared memory among the dim's ranks
@@ -50,12 +51,12 @@ class NodeSplit {
   /// The dim's ranks on this rank's node (local rank: the place on the node).
   const comm::ShmComm& local() const noexcept { return *local_; }
   /// The dim's ranks with this rank's local rank, one per node (rank n: node n), for
-  /// `channel`'s stream.
-  comm::Communicator& across(Channel channel) const;
+  /// `kind`'s stream.
+  comm::Communicator& across(comm::StreamKind kind) const;
   int nodes() const noexcept { return nodes_; }
   /// This rank's node (its rank in across()).
   int node() const noexcept { return node_; }
-  int ranks_per_node() const noexcept { return local_->size(); }
+  int ranks_per_node() const noexcept { return ranks_per_node_; }
   /// The rank in the dim of local rank `local` on node `node`.
   int dim_rank(int node, int local) const {
     return dim_ranks_.at(static_cast<std::size_t>(node * ranks_per_node() + local));
@@ -65,9 +66,10 @@ class NodeSplit {
 
  private:
   std::unique_ptr<comm::ShmComm> local_;
-  std::vector<std::unique_ptr<comm::Communicator>> across_;  // per channel
+  std::vector<std::unique_ptr<comm::Communicator>> across_;  // per stream kind
   int nodes_ = 1;
   int node_ = 0;
+  int ranks_per_node_ = 1;
   std::vector<int> dim_ranks_;  // [node * ranks_per_node + local]
 };
 
@@ -133,23 +135,25 @@ class DeviceMesh {
   /// This rank's coordinate along one dim.
   int coordinate(const std::string& dim) const;
 
-  /// The communicator along `dim` (ranks that differ only in that dim) for `channel`: MPI,
+  /// The communicator along `dim` (ranks that differ only in that dim) for `kind`: MPI,
   /// host memory, on every kind of mesh.
-  comm::Communicator& comm(const std::string& dim, Channel channel = Channel::main) const;
-  /// The communicator of the mesh's device along `dim` for `channel`: NCCL on a CUDA mesh
-  /// (device memory, device_stream(channel)), comm(dim, channel) on a CPU mesh. A CUDA mesh
+  comm::Communicator& comm(const std::string& dim,
+                           comm::StreamKind kind = comm::StreamKind::compute) const;
+  /// The communicator of the mesh's device along `dim` for `kind`: NCCL on a CUDA mesh
+  /// (device memory, device_stream(kind)), comm(dim, kind) on a CPU mesh. A CUDA mesh
   /// creates each NCCL communicator on its first use (FSDP uses 3 in all: the shard dim's
-  /// all-gather and reduce-scatter channels, the replicate dim's all-reduce channel, got when
-  /// fully_shard builds its groups), so the first call for a (dim, channel) is collective over
+  /// all-gather and reduce-scatter kinds, the replicate dim's all-reduce kind, got when
+  /// fully_shard builds its groups), so the first call for a (dim, kind) is collective over
   /// the dim's ranks: every rank makes it, in the same order, outside an NCCL group
   /// (InvalidArgument inside one); a peer that never does ends in a CommError at the timeout.
-  comm::Communicator& device_comm(const std::string& dim, Channel channel = Channel::main) const;
+  comm::Communicator& device_comm(const std::string& dim,
+                                  comm::StreamKind kind = comm::StreamKind::compute) const;
   /// The NCCL communicators device_comm has created so far (0 on a CPU mesh).
   int device_comms_created() const noexcept;
-  /// The stream device_comm(..., channel) runs on: the channel's CUDA stream on a CUDA mesh
-  /// (created with the mesh, high priority, as FSDP2's communication streams), stream(channel)
+  /// The stream device_comm(..., kind) runs on: the kind's CUDA stream on a CUDA mesh
+  /// (created with the mesh, high priority, as FSDP2's communication streams), stream(kind)
   /// on a CPU mesh.
-  comm::Stream& device_stream(Channel channel) const;
+  comm::Stream& device_stream(comm::StreamKind kind) const;
   /// The stream user compute runs on: FSDP's copy-outs into the unsharded parameters are
   /// enqueued on it, and forward / backward callbacks must enqueue their kernels on it (or
   /// order their own streams after it). A CUDA stream on a CUDA mesh (native_handle() is the
@@ -168,12 +172,12 @@ class DeviceMesh {
   /// set_compute_stream); every call returns it. One slot: the compute stream's Kokkos
   /// execution-space instance.
   void* compute_stream_cache(std::shared_ptr<void> (*make)(void* native_stream)) const;
-  /// The stream that the collectives of `channel` run on: one per channel per mesh (copies of
+  /// The stream that the collectives of `kind` run on: one per stream kind per mesh (copies of
   /// a mesh share it), created on first use as a worker or caller stream (host_progress()).
-  /// Using a channel's communicators only on the channel's stream is what keeps two streams
+  /// Using a kind's communicators only on that kind's stream is what keeps two streams
   /// from ever sharing an MPI communicator.
-  comm::Stream& stream(Channel channel) const;
-  /// The node-local shared memory of a dim (fullshard/comm/shm.hpp), over the same ranks in
+  comm::Stream& stream(comm::StreamKind kind) const;
+  /// The node-local shared memory of a dim (private to the library), over the same ranks in
   /// the same order as its communicators; nullptr when the dim's FSDP host collectives go
   /// through MPI or the two-level transport: a dim of size 1, a dim whose ranks span nodes
   /// (node_split), or FULLSHARD_HOST_COLLECTIVES=mpi.
@@ -187,12 +191,12 @@ class DeviceMesh {
   HostCollectives host_collectives() const noexcept;
   /// Communicator over all ranks of the mesh.
   comm::Communicator& world_comm() const;
-  /// The MPI communicator under a dim's main channel and under the whole mesh (MPI
+  /// The MPI communicator under a dim's compute communicator and under the whole mesh (MPI
   /// bootstraps every mesh): for control messages of layers that keep raw MPI (checkpoint
   /// agreement), never for the collectives the mesh's communicators carry.
   MPI_Comm control_comm(const std::string& dim) const;
   MPI_Comm control_world() const;
-  /// Bytes issued by this rank on the mesh's communicators (every dim and channel, and the
+  /// Bytes issued by this rank on the mesh's communicators (every dim and stream kind, and the
   /// world communicator) and its dims' shared memory since the mesh was created; see
   /// comm::Traffic.
   comm::Traffic traffic() const;
@@ -205,7 +209,7 @@ class DeviceMesh {
 
   /// Collective timeout of the mesh's communicators (seconds, 0 = none).
   double timeout_s() const noexcept;
-  /// How the mesh's channel streams run (the Runtime's setting, or the constructor's).
+  /// How the mesh's streams run (the Runtime's setting, or the constructor's).
   HostProgress host_progress() const noexcept;
 
   /// "(replicate=2, shard=2) rank 3 at (1, 1)", with " on cuda" for a CUDA mesh.

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "fullshard/base/arena.hpp"
+#include "fullshard/base/arena_allocator.hpp"
 #include "fullshard/base/dtype.hpp"
 #include "fullshard/fsdp/options.hpp"
 #include "fullshard/graph/module.hpp"

@@ -17,8 +17,8 @@
 #include <string_view>
 #include <vector>
 
-#include "fullshard/base/arena.hpp"
-#include "fullshard/fsdp/engine.hpp"
+#include "fullshard/base/arena_allocator.hpp"
+#include "fullshard/fsdp/operations.hpp"
 #include "fullshard/fsdp/options.hpp"
 #include "fullshard/graph/module.hpp"
 #include "fullshard/schedule/cost_model.hpp"

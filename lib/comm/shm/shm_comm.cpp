@@ -1,4 +1,4 @@
-#include "fullshard/comm/shm.hpp"
+#include "lib/comm/shm.hpp"
 
 #include <algorithm>
 

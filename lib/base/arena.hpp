@@ -2,14 +2,14 @@
 // operations and buffer events (a 100,000-module plan holds over two million records), and
 // the planner's scratch. One allocation per block instead of one per array: a plan's arrays
 // share huge pages, so filling them takes a few faults instead of one per 4 KiB page, and
-// nothing is returned piecemeal. ArenaAllocator puts a standard container in an arena.
+// nothing is returned piecemeal. ArenaAllocator (fullshard/base/arena_allocator.hpp) puts a
+// standard container in an arena.
 #pragma once
 
 #include <cstddef>
-#include <memory>
-#include <new>
-#include <type_traits>
 #include <vector>
+
+#include "fullshard/base/arena_allocator.hpp"
 
 namespace fullshard {
 
@@ -47,49 +47,6 @@ class Arena {
   std::byte* end_ = nullptr;
   std::size_t next_bytes_;
   std::size_t reserved_ = 0;
-};
-
-/// A standard allocator over a shared Arena, or over the heap when it has none (the default,
-/// and what copies of a container get). Containers keep their arena alive; deallocation in an
-/// arena is a no-op (the memory returns when the last container using the arena dies).
-template <class T>
-class ArenaAllocator {
- public:
-  using value_type = T;
-  using propagate_on_container_move_assignment = std::true_type;
-  using propagate_on_container_swap = std::true_type;
-  using propagate_on_container_copy_assignment = std::false_type;
-
-  ArenaAllocator() noexcept = default;
-  explicit ArenaAllocator(std::shared_ptr<Arena> arena) noexcept : arena_(std::move(arena)) {}
-  template <class U>
-  ArenaAllocator(const ArenaAllocator<U>& o) noexcept : arena_(o.arena()) {}  // NOLINT: rebind
-
-  /// A copy of a container lives on the heap: it may outlive the arena's other users.
-  ArenaAllocator select_on_container_copy_construction() const noexcept { return {}; }
-
-  T* allocate(std::size_t n) {
-    if (n > static_cast<std::size_t>(-1) / sizeof(T)) throw std::bad_alloc();
-    if (!arena_) return std::allocator<T>().allocate(n);
-    return static_cast<T*>(arena_->allocate(n * sizeof(T), alignof(T)));
-  }
-  void deallocate(T* p, std::size_t n) noexcept {
-    if (!arena_) std::allocator<T>().deallocate(p, n);
-  }
-
-  const std::shared_ptr<Arena>& arena() const noexcept { return arena_; }
-
-  template <class U>
-  bool operator==(const ArenaAllocator<U>& o) const noexcept {
-    return arena_ == o.arena();
-  }
-  template <class U>
-  bool operator!=(const ArenaAllocator<U>& o) const noexcept {
-    return arena_ != o.arena();
-  }
-
- private:
-  std::shared_ptr<Arena> arena_;
 };
 
 }  // namespace fullshard
