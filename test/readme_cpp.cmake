@@ -1,4 +1,5 @@
-# Every C++ block of README.md and of the documentation (docs/*.md, docs/guide/*.md), compiled:
+# Every C++ block of README.md and of the documentation (docs/*.md, docs/guide/*.md), compiled
+# (and below, their C and Fortran snippets):
 # the examples must compile from the umbrella header. Included from test/CMakeLists.txt: sets _fs_docs (the
 # pages' text, for the marked examples built there) and writes one source per block into
 # the build directory and adds the object library test-readme-cpp (part of the default build,
@@ -109,6 +110,9 @@ extern fullshard_model model;
 extern fullshard_array in, tg;
 extern double loss;
 extern int steps;
+/* docs/guide/in-situ.md's sample store: a solver's fields u[ny][nx], du and a cell (i, j). */
+extern const double *u, *du;
+extern int64_t nx, i, j, step;
 void readme_c_block_${_c_n}(void) {
 ${_block}}
 ")
@@ -121,4 +125,42 @@ ${_block}}
     set_target_properties(test-readme-c PROPERTIES C_STANDARD 99 C_STANDARD_REQUIRED ON)
     target_compile_options(test-readme-c PRIVATE -Wall -Wextra -Werror)
   endif()
+endif()
+
+# The Fortran snippets of the pages (```fortran blocks without a program statement; the README's
+# whole program is built by install.capi_consumer), each the body of a subroutine over the
+# names the pages use (a solver's fields u and du, a cell (i, j) and its id c; n: the samples a
+# draw returned).
+if(TARGET fullshard_fortran)
+  fs_fenced_blocks(fortran _f_blocks)
+  set(_f_sources)
+  set(_f_n 0)
+  foreach(_block IN LISTS _f_blocks)
+    string(REPLACE "@SEMICOLON@" ";" _block "${_block}")
+    if(_block MATCHES "(^|\n) *program ")
+      continue()
+    endif()
+    math(EXPR _f_n "${_f_n} + 1")
+    set(_file ${CMAKE_CURRENT_BINARY_DIR}/readme_fortran/block_${_f_n}.f90)
+    file(WRITE ${_file}.tmp "! docs, Fortran block ${_f_n} (a snippet, in a subroutine)
+subroutine readme_fortran_block_${_f_n}(u, du, i, j, c, nsteps)
+  use mpi_f08
+  use iso_c_binding
+  use fullshard
+  implicit none
+  real(8), intent(in) :: u(:, :), du(:, :)
+  integer, intent(in) :: i, j, c, nsteps
+  integer :: step, n
+${_block}end subroutine
+")
+    configure_file(${_file}.tmp ${_file} COPYONLY)
+    list(APPEND _f_sources ${_file})
+  endforeach()
+  if(_f_n LESS 1)
+    message(FATAL_ERROR "docs/guide: found no Fortran snippet to compile, expected the in-situ one")
+  endif()
+  add_library(test-readme-fortran OBJECT ${_f_sources})
+  target_link_libraries(test-readme-fortran PRIVATE fullshard::fortran)
+  target_compile_options(test-readme-fortran PRIVATE -std=f2018 -Wall -Werror
+                                                     -Wno-unused-dummy-argument)
 endif()

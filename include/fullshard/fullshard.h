@@ -17,6 +17,9 @@
  *   fullshard_train_step(model, 1, &x, 1, &y, &loss);    collective, each rank its batch
  *   fullshard_model_free(&model); fullshard_mesh_free(&mesh); fullshard_finalize();
  *
+ * The in-situ sample store (fullshard_store_create, below) carries samples from the
+ * simulation's ranks to the training ranks' bounded buffers and draws mixed batches.
+ *
  * Errors. Every call returns a fullshard_status; FULLSHARD_OK is 0. After any other status,
  * fullshard_last_error() is a message naming what was wrong (the call, the rank, the
  * handle, argument, configuration key and file). No C++ exception crosses this boundary. A
@@ -27,8 +30,8 @@
  * Collective calls (marked "Collective") must be made by every rank of the mesh's (or
  * init's) communicator, in the same order, with the same configuration.
  *
- * Handles are values: a mesh or model handle holds an id and a generation count, so a freed
- * handle, a handle of another kind, or one never returned by fullshard is an error
+ * Handles are values: a mesh, model or store handle holds an id and a generation count, so a
+ * freed handle, a handle of another kind, or one never returned by fullshard is an error
  * (FULLSHARD_ERR_HANDLE), not a crash. The zero handle ({0}) is the null handle.
  *
  * Threads. fullshard makes every MPI call from the thread that calls it, so the simulation
@@ -92,8 +95,9 @@ const char* fullshard_status_name(int status);
 fullshard_status fullshard_init(MPI_Comm comm);
 /** The same with a Fortran communicator handle (MPI_Comm_f2c). */
 fullshard_status fullshard_init_f(MPI_Fint comm);
-/** Frees every mesh and model still alive and stops what fullshard_init started (Kokkos,
- * when fullshard started it). Collective over init's communicator. After it, calls return
+/** Frees every sample store, mesh and model still alive (a store as fullshard_store_free does,
+ * without its close) and stops what fullshard_init started (Kokkos, when fullshard started
+ * it). Collective over init's communicator. After it, calls return
  * FULLSHARD_ERR_NOT_INITIALIZED until the next fullshard_init (Kokkos cannot start twice in
  * one process: a second init after finalize works only when the simulation owns Kokkos). */
 fullshard_status fullshard_finalize(void);
@@ -296,6 +300,280 @@ fullshard_status fullshard_checkpoint_load(fullshard_model model, const char* di
 /** Writes the full (unsharded) parameters as one safetensors file at `path` (rank 0 writes;
  * PyTorch's safetensors.torch.load_file reads it). Collective. */
 fullshard_status fullshard_export_safetensors(fullshard_model model, const char* path);
+
+/* ---- The in-situ sample store ---------------------------------------------------------- */
+
+/* Producer ranks (the simulation) put samples from their own arrays; consumer ranks (the
+ * training: the same ranks or others of the same communicator) draw mini-batches mixed
+ * across the producers, each from a buffer of bounded memory (C++:
+ * fullshard/store/sample_store.hpp, which these calls adapt; guide: docs/guide/in-situ.md,
+ * "The sample store"). Shapes are in C order (Fortran: the module reverses them). Every wait
+ * of a put, draw or close is bounded by the store's timeout and ends in FULLSHARD_ERR_COMM
+ * naming the store, the rank and the peer waited for (a wait that only this rank's own puts or
+ * draws could end is FULLSHARD_ERR_ARGUMENT at once, saying so); the collectives of create and
+ * global_moments abort the job at the timeout, as fullshard's other collectives do.
+ *
+ *   fullshard_store_field f[2] = {{"x", FULLSHARD_FLOAT32, 1, {3}}, {"y", FULLSHARD_FLOAT32, 0}};
+ *   fullshard_store_options o = fullshard_store_options_default();  reservoir, nonblocking,
+ *   o.n_fields = 2; o.fields = f;                                    min_samples 1
+ *   fullshard_store store;
+ *   fullshard_store_create(MPI_COMM_WORLD, FULLSHARD_STORE_BOTH, &o, &store);  collective
+ *   float xb[32][3], yb[32];
+ *   void* batch[2] = {xb, yb};
+ *   int64_t n;
+ *   for (int64_t step = 0; step < steps; ++step) {
+ *     simulate(step);                                 x[cell][3], y[cell]
+ *     for (int64_t k = 0; k < nsampled; ++k) {        every sampled cell of the step
+ *       const int64_t cell = sampled[k];
+ *       const void* sample[2] = {x[cell], &y[cell]};
+ *       fullshard_store_put(store, step, cell, sample, NULL, NULL);
+ *     }
+ *     fullshard_store_draw(store, 32, batch, NULL, NULL, NULL, &n);  then train on xb, yb
+ *   }
+ *   fullshard_store_end_of_stream(store);
+ *   do fullshard_store_draw(store, 32, batch, NULL, NULL, NULL, &n); while (n > 0);  the rest
+ *   fullshard_store_close(store); fullshard_store_free(&store);                collective
+ *
+ * A reservoir or window draw waits only until the buffer holds min_samples samples (1) and
+ * draws with replacement from them (the trainer replays when the simulation is slower); a FIFO
+ * draw waits for its whole batch. */
+
+/** A sample store (0: none). A value as the mesh and model handles are: a freed handle is
+ * FULLSHARD_ERR_HANDLE. */
+typedef struct fullshard_store {
+  uint64_t id;
+} fullshard_store;
+
+/** What this rank does in the store. */
+typedef enum fullshard_store_role {
+  FULLSHARD_STORE_PRODUCER = 0, /**< puts samples */
+  FULLSHARD_STORE_CONSUMER = 1, /**< draws batches */
+  FULLSHARD_STORE_BOTH = 2      /**< both (a rank that simulates and trains in turn) */
+} fullshard_store_role;
+
+/** Which samples a consumer's buffer keeps and how a draw picks them. */
+typedef enum fullshard_store_policy {
+  /** Vitter's algorithm R: a uniform sample of `capacity` of every sample this consumer
+   * ingested; a draw picks uniformly, with replacement (the default). */
+  FULLSHARD_STORE_RESERVOIR = 0,
+  /** A bounded queue: a draw takes the oldest samples, each once; an arrival into a full
+   * buffer pushes the oldest out (evicted). */
+  FULLSHARD_STORE_FIFO = 1,
+  /** The last `window` samples ingested; a draw picks uniformly, with replacement. */
+  FULLSHARD_STORE_WINDOW = 2
+} fullshard_store_policy;
+
+/** How samples travel from producers to consumers. */
+typedef enum fullshard_store_delivery {
+  /** A put never waits: a sample whose consumer has `in_flight` samples unacknowledged is
+   * dropped (counted); consumers ingest what has arrived, in any order (the default). */
+  FULLSHARD_STORE_NONBLOCKING = 0,
+  /** No sample is lost in transit and a run is reproducible for a seed at the same rank
+   * counts: a put waits for credit; a consumer ingests in a fixed order `ingest_per_draw`
+   * samples before each draw (the producers must together put at least as many as the
+   * consumers ingest). The policy may still evict what arrived (FIFO or window with more
+   * ingested than drawn, e.g. ingest_per_draw > batch; the reservoir's rejections), and close
+   * discards what was never ingested (discarded_at_close). After every producer's end of
+   * stream, draws drain the buffer from the first draw whose ingestion comes up short (every
+   * end marker was waited for): the batches do not depend on timing. */
+  FULLSHARD_STORE_LOSSLESS = 1
+} fullshard_store_delivery;
+
+/** What a put does with a NaN or an infinity in a sample. */
+typedef enum fullshard_store_non_finite {
+  /** FULLSHARD_ERR_ARGUMENT naming the store, field, element, step and rank (the default). */
+  FULLSHARD_STORE_REFUSE = 0,
+  /** The sample is not sent (*sent = 0), counted as dropped and non-finite. */
+  FULLSHARD_STORE_DROP = 1
+} fullshard_store_non_finite;
+
+/** One array of every sample. */
+typedef struct fullshard_store_field {
+  /** The field's name (copied by fullshard_store_create; unique, not empty). */
+  const char* name;
+  /** FULLSHARD_FLOAT32 or FULLSHARD_FLOAT64 (a fullshard_dtype; the store keeps no integers). */
+  int32_t dtype;
+  /** Dims of one sample: 0 (a scalar) to FULLSHARD_MAX_DIMS. */
+  int32_t ndim;
+  /** One sample's shape in C (row-major) order, no batch dim; every extent >= 1. */
+  int64_t shape[FULLSHARD_MAX_DIMS];
+  /** Nonzero: an f64 field kept (sent, buffered, drawn) as f32; puts take f64 (rounded to
+   * nearest) or f32, draws give f32. Only for dtype FULLSHARD_FLOAT64. */
+  int32_t store_as_f32;
+  /** Nonzero: elements must be 0 or 1 (checked at put); such a field has no moments. */
+  int32_t mask;
+} fullshard_store_field;
+
+/** The store's configuration; every rank of the communicator passes the same (compared:
+ * FULLSHARD_ERR_MISMATCH naming the first difference and the rank; bad options on any rank are
+ * FULLSHARD_ERR_ARGUMENT on every rank first). Start from fullshard_store_options_default(). */
+typedef struct fullshard_store_options {
+  /** The fields of a sample (n_fields >= 1 of them), in the order put and draw take them. */
+  const fullshard_store_field* fields;
+  int32_t n_fields;
+  int32_t policy;     /**< fullshard_store_policy (FULLSHARD_STORE_RESERVOIR) */
+  int32_t delivery;   /**< fullshard_store_delivery (FULLSHARD_STORE_NONBLOCKING) */
+  int32_t non_finite; /**< fullshard_store_non_finite (FULLSHARD_STORE_REFUSE) */
+  /** Samples each consumer's buffer holds, >= 1: its memory bound (capacity x sample bytes)
+   * (1024). */
+  int64_t capacity;
+  /** FULLSHARD_STORE_WINDOW: the last `window` samples, 0 (the capacity) to capacity (0). */
+  int64_t window;
+  /** Samples a producer may have in transit to one consumer (unacknowledged), >= 1 (4). */
+  int64_t in_flight;
+  /** FULLSHARD_STORE_LOSSLESS: samples a consumer ingests before each draw (0: the batch). */
+  int64_t ingest_per_draw;
+  /** FULLSHARD_STORE_RESERVOIR and _WINDOW: a draw waits until the buffer holds this many
+   * samples, 1 to the bound (capacity, or the window), then draws its batch with replacement
+   * from them; a FIFO draw waits for its whole batch (checked, not used) (1). */
+  int64_t min_samples;
+  /** Seeds the consumers' random choices (each consumer its own stream) (0). */
+  uint64_t seed;
+  /** Bound on every wait, seconds (0: FULLSHARD_TIMEOUT, default 600). */
+  double timeout_s;
+  /** The store's name in messages (NULL: "store"). */
+  const char* name;
+} fullshard_store_options;
+
+/** The defaults: no fields, reservoir, nonblocking, capacity 1024, window 0, in_flight 4,
+ * ingest_per_draw 0, min_samples 1, seed 0, non-finite values refused, timeout 0
+ * (FULLSHARD_TIMEOUT), name NULL ("store"). */
+fullshard_store_options fullshard_store_options_default(void);
+
+/** Creates a sample store over the ranks of `comm` (duplicated: the store's messages never
+ * meet the simulation's), this rank in `role`. Collective over comm. Each rank checks its own
+ * options first: bad options on any rank (NULL options, an empty or repeated field name, ndim
+ * above FULLSHARD_MAX_DIMS, an extent < 1, a dtype other than FULLSHARD_FLOAT32 or
+ * FULLSHARD_FLOAT64, store_as_f32 on a float32 field, an unknown policy, capacity < 1, ...) are
+ * FULLSHARD_ERR_ARGUMENT on every rank, carrying the first bad rank's problem ("bad options on
+ * rank r: ..."), so that no rank is left waiting. Then the ranks compare their options
+ * (FULLSHARD_ERR_MISMATCH naming the first difference and the rank) and exchange roles; there
+ * must be at least one producer and one consumer. Needs fullshard_init. */
+fullshard_status fullshard_store_create(MPI_Comm comm, fullshard_store_role role,
+                                        const fullshard_store_options* options,
+                                        fullshard_store* store);
+/** The same with a Fortran communicator handle (MPI_Comm_f2c). */
+fullshard_status fullshard_store_create_f(MPI_Fint comm, fullshard_store_role role,
+                                          const fullshard_store_options* options,
+                                          fullshard_store* store);
+
+/** Producer: one sample. `data[f]` is field f's array (in the order of the options' fields),
+ * of the field's shape and dtype (FULLSHARD_FLOAT64 for a store_as_f32 field; use
+ * fullshard_store_put_arrays to pass float32 there). `strides` (may be NULL: every field
+ * contiguous in C order) holds per field NULL (contiguous) or the field's ndim strides in
+ * elements (>= 1). `step`: the producer's simulation step; `tag`: the caller's position or id
+ * of the sample (both come back with a draw's metadata). Nonblocking delivery never waits: a
+ * sample whose consumer has `in_flight` samples unacknowledged is dropped before its values
+ * are read (not checked, not counted as non-finite); lossless delivery waits for credit before
+ * the checks (FULLSHARD_ERR_COMM naming the consumer rank at the timeout; a put whose credit
+ * only this rank's own draws could give is FULLSHARD_ERR_ARGUMENT at once). A consumer in
+ * fullshard_store_close keeps acknowledging (discarding what arrives), so such a put ends. `*sent`
+ * (may be NULL): 1 when the sample was sent, 0 when it was dropped. A NaN or infinity: refused
+ * (FULLSHARD_ERR_ARGUMENT naming the field, element, step and rank) or dropped, as the options
+ * say; a mask element other than 0 or 1 is refused. Not collective. */
+fullshard_status fullshard_store_put(fullshard_store store, int64_t step, int64_t tag,
+                                     const void* const* data, const int64_t* const* strides,
+                                     int* sent);
+/** Producer: the same with one fullshard_array per field (n_fields of them, in the options'
+ * order), whose shape and dtype are checked against the field's (FULLSHARD_ERR_ARGUMENT naming
+ * the field, the expected and the given): any strides (all 0: contiguous), and float32 or
+ * float64 for a store_as_f32 field. The Fortran module's put. Not collective. */
+fullshard_status fullshard_store_put_arrays(fullshard_store store, int64_t step, int64_t tag,
+                                            int n_fields, const fullshard_array* fields, int* sent);
+/** Producer: no more puts from this rank; every consumer learns it. A second call does
+ * nothing. Not collective. */
+fullshard_status fullshard_store_end_of_stream(fullshard_store store);
+
+/** Consumer: `batch` samples. `out[f]` receives field f's batch, contiguous in C order:
+ * batch x the field's shape, in its stored dtype (float32 for a store_as_f32 field). `steps`,
+ * `ranks`, `tags` (each may be NULL; else `batch` elements): each drawn sample's step, producer
+ * rank (in the store's communicator) and tag, as put. A reservoir or window draw waits until
+ * the buffer holds min_samples samples and draws `batch` with replacement from them; a FIFO
+ * draw waits for its whole batch. Nonblocking: it waits (up to the timeout) until the buffer
+ * holds that many; lossless: it ingests `ingest_per_draw` samples in order, then more until it
+ * does. A wait that only this rank's own later puts could end (one rank; the other producers
+ * ended; lossless, the next sample in order is this rank's own) is FULLSHARD_ERR_ARGUMENT at
+ * once, saying so. Once every producer ended and everything was ingested (lossless: from the
+ * first draw whose ingestion comes up short), draws drain the buffer without replacement.
+ * `*drawn`: `batch`, or fewer only once the stream ended (0: nothing is left); rows past it are
+ * left as they were. Not collective. */
+fullshard_status fullshard_store_draw(fullshard_store store, int64_t batch, void* const* out,
+                                      int64_t* steps, int* ranks, int64_t* tags, int64_t* drawn);
+/** Consumer: the same into one fullshard_array per field (n_fields of them), each of shape
+ * (batch, the field's shape...) and the field's stored dtype, checked (FULLSHARD_ERR_ARGUMENT
+ * naming the field, the expected and the given); any strides (all 0: contiguous). The Fortran
+ * module's draw. Not collective. */
+fullshard_status fullshard_store_draw_arrays(fullshard_store store, int64_t batch, int n_fields,
+                                             const fullshard_array* out, int64_t* steps, int* ranks,
+                                             int64_t* tags, int64_t* drawn);
+
+/** `*ended` = 1 once this consumer has every producer's end of stream and ingested everything
+ * they sent (its buffer may still hold samples to draw); on a rank that is only a producer,
+ * once its fullshard_store_end_of_stream was called. Else 0. Not collective. */
+fullshard_status fullshard_store_ended(fullshard_store store, int* ended);
+/** Receives what has arrived without waiting and takes in the acknowledgements. Never needed
+ * for correctness; a consumer that draws rarely calls it to keep samples flowing. Not
+ * collective. */
+fullshard_status fullshard_store_progress(fullshard_store store);
+
+/** This rank's counters (fullshard_store_stats). */
+typedef struct fullshard_store_stats_info {
+  int64_t produced;   /* puts sent (producer) */
+  int64_t dropped;    /* puts not sent: no credit (nonblocking) or non-finite (drop policy) */
+  int64_t non_finite; /* puts with a NaN or an infinity, refused or dropped (a put dropped for
+                         want of credit is not checked) */
+  int64_t ingested;   /* samples taken into this consumer's buffer */
+  int64_t drawn;      /* samples returned by draws */
+  int64_t reused;     /* draws of a sample drawn before */
+  int64_t evicted;    /* samples the policy replaced or pushed out of the buffer */
+  int64_t rejected;   /* reservoir: ingested samples algorithm R did not keep */
+  /* lossless: samples that arrived but were never ingested, discarded (and acknowledged) by
+     fullshard_store_close; not in ingested, evicted or the moments */
+  int64_t discarded_at_close;
+  /* mean over the drawn samples of (the newest step ingested at the draw) - (their step) */
+  double mean_staleness;
+  int64_t bytes; /* what fullshard_store_bytes gives */
+} fullshard_store_stats_info;
+/** This rank's counters. Also after fullshard_store_close. Not collective. */
+fullshard_status fullshard_store_stats(fullshard_store store, fullshard_store_stats_info* stats);
+
+/** Running moments of one field over all its elements (population standard deviation). */
+typedef struct fullshard_field_moments {
+  int64_t count; /* elements seen */
+  double mean;
+  double stddev;
+} fullshard_field_moments;
+/** The mean and standard deviation of field `field` over every element of every sample this
+ * rank ingested (count 0 on a rank that is only a producer): what normalises the inputs. An
+ * unknown field or a mask is FULLSHARD_ERR_ARGUMENT naming it. Also after close. Not
+ * collective. */
+fullshard_status fullshard_store_moments(fullshard_store store, const char* field,
+                                         fullshard_field_moments* moments);
+/** The consumers' moments of `field` merged, the same on every rank. Collective over the
+ * store's communicator. */
+fullshard_status fullshard_store_global_moments(fullshard_store store, const char* field,
+                                                fullshard_field_moments* moments);
+/** `*bytes`: what this rank holds for the store (the buffer's slots, allocated as samples
+ * arrive, the staging of received samples and the producer's send rings); `*sample_bytes` (may be
+ * NULL): one sample, every field in its stored dtype, each 8-byte aligned. Not collective. */
+fullshard_status fullshard_store_bytes(fullshard_store store, int64_t* bytes,
+                                       int64_t* sample_bytes);
+
+/** Ends the store's traffic so that no message is left in flight: producers end their stream,
+ * consumers receive up to every producer's end and acknowledge. A consumer in close keeps
+ * acknowledging what arrives, so producers still putting go on until they close too
+ * (nonblocking: ingested, never drawn; lossless: discarded, counted in discarded_at_close);
+ * samples not drawn are lost. Collective over the store's communicator; every wait bounded by
+ * the timeout.
+ * Afterwards only fullshard_store_stats, fullshard_store_moments, fullshard_store_ended,
+ * fullshard_store_bytes and fullshard_store_free take the handle. */
+fullshard_status fullshard_store_close(fullshard_store store);
+/** Frees the store and sets *store to {0}; the null handle is FULLSHARD_OK. Not collective and
+ * never waits: call fullshard_store_close first (without it, on an error path, sends still in
+ * flight are left to MPI, and the store's communicator is kept until MPI_Finalize so that
+ * messages still on their way never reach a later communicator). fullshard_finalize frees the
+ * stores still alive the same way. */
+fullshard_status fullshard_store_free(fullshard_store* store);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 // fullshard: fully sharded data parallel training for C++ HPC codes. Umbrella header: the
 // runtime and meshes, communication, tensors, the module graph, fully_shard and its hooks,
-// the optimizers, checkpoints and the planner. (LibTorch models: fullshard/torch.hpp; C and
-// Fortran: fullshard.h and the `fullshard` module.)
+// the optimizers, checkpoints, the planner and the in-situ sample store. (LibTorch models:
+// fullshard/torch.hpp; C and Fortran: fullshard.h and the `fullshard` module.)
 #pragma once
 
 #include "fullshard/base/bounded_comm.hpp"
@@ -34,6 +34,7 @@
 #include "fullshard/schedule/memory_account.hpp"
 #include "fullshard/schedule/memory_budget.hpp"
 #include "fullshard/schedule/plan.hpp"
+#include "fullshard/store/sample_store.hpp"
 #include "fullshard/tensor/buffer_pool.hpp"
 #include "fullshard/tensor/placement.hpp"
 #include "fullshard/tensor/shape.hpp"

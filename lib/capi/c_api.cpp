@@ -1,8 +1,8 @@
 // The C API (include/fullshard/fullshard.h): extern "C" functions over the training session
 // (fullshard/session/session.hpp), which does all the work: this file converts arrays and
-// handles and maps exceptions to statuses. Every function runs its body through `guarded`, which
-// turns every exception into a status and the thread's last-error message; no exception crosses the
-// boundary.
+// handles and maps exceptions to statuses. Every function runs its body through `guarded`
+// (lib/capi/status.hpp), which turns every exception into a status and the thread's last-error
+// message; no exception crosses the boundary. The sample store's calls are lib/capi/store_api.cpp.
 #include "fullshard/fullshard.h"
 
 #include <c10/util/Exception.h>
@@ -31,6 +31,7 @@
 #include "fullshard/torch/threads.hpp"
 #include "lib/base/json_reader.hpp"
 #include "lib/capi/handles.hpp"
+#include "lib/capi/status.hpp"
 #include "lib/mesh/agreement.hpp"
 
 namespace fs = fullshard;
@@ -40,11 +41,8 @@ namespace {
 
 thread_local std::string last_error;
 
-// Not a call's fault: the library's state (before init, after finalize).
-class NotInitialized : public fs::Error {
- public:
-  using fs::Error::Error;
-};
+using capi::guarded;
+using capi::NotInitialized;
 
 // A model handle's object: the session and the serial number of its asynchronous saves (a
 // save handle is finished once its model has started no later one and has none in flight).
@@ -79,50 +77,6 @@ State& live() {
         "fullshard is not initialised (call fullshard_init first, and "
         "nothing after fullshard_finalize)");
   return *state;
-}
-
-// The status of an exception; `plain` is the status of a fullshard::Error of no subclass (a
-// file that could not be read or written in the checkpoint calls).
-template <class F>
-fullshard_status guarded(const char* call, F&& body,
-                         fullshard_status plain = FULLSHARD_ERR_INTERNAL) noexcept {
-  auto fail = [&](fullshard_status s, const std::string& message) {
-    last_error = std::string(call) + ": " + message;
-    if (state && state->rank >= 0 && message.rfind("fullshard[rank", 0) != 0)
-      last_error = "fullshard[rank " + std::to_string(state->rank) + "]: " + last_error;
-    return s;
-  };
-  try {
-    body();
-    return FULLSHARD_OK;
-  } catch (const NotInitialized& e) {
-    return fail(FULLSHARD_ERR_NOT_INITIALIZED, e.message());
-  } catch (const capi::HandleError& e) {
-    return fail(FULLSHARD_ERR_HANDLE, e.message());
-  } catch (const fs::schedule::AutoPlanInfeasible& e) {
-    return fail(FULLSHARD_ERR_INFEASIBLE, e.message());
-  } catch (const fs::RankMismatch& e) {
-    return fail(FULLSHARD_ERR_MISMATCH, e.message());
-  } catch (const fs::ConfigError& e) {
-    return fail(FULLSHARD_ERR_CONFIG, e.message());
-  } catch (const fs::InvalidArgument& e) {
-    return fail(FULLSHARD_ERR_ARGUMENT, e.message());
-  } catch (const fs::CommError& e) {
-    return fail(FULLSHARD_ERR_COMM, e.message());
-  } catch (const fs::IoError& e) {
-    return fail(FULLSHARD_ERR_IO, e.message());
-  } catch (const fs::Error& e) {
-    return fail(plain, e.message());
-  } catch (const c10::Error& e) {
-    // LibTorch refused an argument (a shape the model's layers cannot take).
-    return fail(FULLSHARD_ERR_ARGUMENT, std::string("LibTorch: ") + e.what_without_backtrace());
-  } catch (const std::bad_alloc&) {
-    return fail(FULLSHARD_ERR_INTERNAL, "out of memory");
-  } catch (const std::exception& e) {
-    return fail(FULLSHARD_ERR_INTERNAL, e.what());
-  } catch (...) {
-    return fail(FULLSHARD_ERR_INTERNAL, "an unknown exception");
-  }
 }
 
 template <class T>
@@ -269,6 +223,51 @@ fullshard_status create_model(fullshard_mesh mesh, const std::string& text,
 
 }  // namespace
 
+// The status of an exception; `plain` is the status of a fullshard::Error of no subclass (a
+// file that could not be read or written in the checkpoint calls).
+fullshard_status capi::fail_current(const char* call, fullshard_status plain) noexcept {
+  auto fail = [&](fullshard_status s, const std::string& message) {
+    last_error = std::string(call) + ": " + message;
+    if (state && state->rank >= 0 && message.rfind("fullshard[rank", 0) != 0)
+      last_error = "fullshard[rank " + std::to_string(state->rank) + "]: " + last_error;
+    return s;
+  };
+  try {
+    throw;
+  } catch (const NotInitialized& e) {
+    return fail(FULLSHARD_ERR_NOT_INITIALIZED, e.message());
+  } catch (const capi::HandleError& e) {
+    return fail(FULLSHARD_ERR_HANDLE, e.message());
+  } catch (const fs::schedule::AutoPlanInfeasible& e) {
+    return fail(FULLSHARD_ERR_INFEASIBLE, e.message());
+  } catch (const fs::RankMismatch& e) {
+    return fail(FULLSHARD_ERR_MISMATCH, e.message());
+  } catch (const fs::ConfigError& e) {
+    return fail(FULLSHARD_ERR_CONFIG, e.message());
+  } catch (const fs::InvalidArgument& e) {
+    return fail(FULLSHARD_ERR_ARGUMENT, e.message());
+  } catch (const fs::CommError& e) {
+    return fail(FULLSHARD_ERR_COMM, e.message());
+  } catch (const fs::IoError& e) {
+    return fail(FULLSHARD_ERR_IO, e.message());
+  } catch (const fs::Error& e) {
+    return fail(plain, e.message());
+  } catch (const c10::Error& e) {
+    // LibTorch refused an argument (a shape the model's layers cannot take).
+    return fail(FULLSHARD_ERR_ARGUMENT, std::string("LibTorch: ") + e.what_without_backtrace());
+  } catch (const std::bad_alloc&) {
+    return fail(FULLSHARD_ERR_INTERNAL, "out of memory");
+  } catch (const std::exception& e) {
+    return fail(FULLSHARD_ERR_INTERNAL, e.what());
+  } catch (...) {
+    return fail(FULLSHARD_ERR_INTERNAL, "an unknown exception");
+  }
+}
+
+void capi::require_initialized() {
+  live();
+}
+
 extern "C" {
 
 const char* fullshard_last_error(void) {
@@ -340,8 +339,10 @@ fullshard_status fullshard_init_f(MPI_Fint comm) {
 fullshard_status fullshard_finalize(void) {
   return guarded("fullshard_finalize", [&] {
     live();
-    // Saves and models first (they hold meshes), then meshes, then the runtime. A save still
-    // in flight is committed first (collective, as finalize is).
+    // Stores first (they hold only their communicators), then saves and models (they hold
+    // meshes), then meshes, then the runtime. A save still in flight is committed first
+    // (collective, as finalize is).
+    capi::free_stores();
     state->saves.clear();
     for (const std::shared_ptr<Model>& m : state->models.clear())
       commit_pending_save(*m);

@@ -1,6 +1,7 @@
 // Handles of the C API: a handle is a 64-bit value, kind (8 bits) | generation (24 bits) |
 // slot + 1 (32 bits), so that a freed handle (its slot's generation moved on), a handle of
-// another kind and a made-up value are all found out, never dereferenced. Private to lib/capi.
+// another kind and a made-up value are all found out, never dereferenced. The kinds: 1 mesh,
+// 2 model, 3 save (lib/capi/c_api.cpp), 4 store (lib/capi/store_api.cpp). Private to lib/capi.
 #pragma once
 
 #include <cstdint>
@@ -73,7 +74,7 @@ class HandleTable {
     const std::uint64_t slot = (id & 0xFFFFFFFFu) - 1;
     if (kind != kind_)
       throw HandleError(std::string(what) + " is not a " + name_ + " handle" +
-                        (kind >= 1 && kind <= 3 ? " (it is a handle of another kind)"
+                        (kind >= 1 && kind <= 4 ? " (it is a handle of another kind)"
                                                 : " (a value fullshard never returned)"));
     if (slot >= slots_.size() || generation == 0 || slots_[slot].generation < generation)
       throw HandleError(std::string(what) + " is not a " + name_ +

@@ -1,7 +1,8 @@
 /* The Fortran module's view of a Fortran array: a C descriptor (ISO_Fortran_binding.h, the
  * Fortran compiler's own layout: compiled with the C compiler of the same toolchain) becomes
  * a fullshard_array over the same memory, dims reversed (column-major x(f, n) is the
- * row-major (n, f) array) and strides in elements, so sections are used in place. */
+ * row-major (n, f) array) and strides in elements, so sections are used in place. A scalar
+ * (rank 0) is taken only where a sample store's field may be one (describe_sample). */
 #include <ISO_Fortran_binding.h>
 #include <stdio.h>
 
@@ -10,8 +11,8 @@
 /* In lib/capi (not in fullshard.h): records a failed call's message. */
 fullshard_status fullshard_detail_fail(fullshard_status status, const char* message);
 
-fullshard_status fullshard_fortran_describe(const CFI_cdesc_t* d, const char* what,
-                                            fullshard_array* out) {
+static fullshard_status describe(const CFI_cdesc_t* d, const char* what, int min_rank,
+                                 fullshard_array* out) {
   char msg[256];
   int32_t dtype = -1;
   size_t size = 0;
@@ -39,9 +40,9 @@ fullshard_status fullshard_fortran_describe(const CFI_cdesc_t* d, const char* wh
                what);
       return fullshard_detail_fail(FULLSHARD_ERR_ARGUMENT, msg);
   }
-  if (d->rank < 1 || d->rank > FULLSHARD_MAX_DIMS) {
-    snprintf(msg, sizeof msg, "%s: the array has rank %d; fullshard takes rank 1 to %d", what,
-             (int)d->rank, FULLSHARD_MAX_DIMS);
+  if (d->rank < min_rank || d->rank > FULLSHARD_MAX_DIMS) {
+    snprintf(msg, sizeof msg, "%s: the array has rank %d; fullshard takes rank %d to %d", what,
+             (int)d->rank, min_rank, FULLSHARD_MAX_DIMS);
     return fullshard_detail_fail(FULLSHARD_ERR_ARGUMENT, msg);
   }
   out->data = d->base_addr;
@@ -64,4 +65,15 @@ fullshard_status fullshard_fortran_describe(const CFI_cdesc_t* d, const char* wh
     out->strides[i] = (int64_t)((size_t)dim->sm / size);
   }
   return FULLSHARD_OK;
+}
+
+fullshard_status fullshard_fortran_describe(const CFI_cdesc_t* d, const char* what,
+                                            fullshard_array* out) {
+  return describe(d, what, 1, out);
+}
+
+/* The same, a scalar included (ndim 0): a sample of a store's field of shape []. */
+fullshard_status fullshard_fortran_describe_sample(const CFI_cdesc_t* d, const char* what,
+                                                   fullshard_array* out) {
+  return describe(d, what, 0, out);
 }

@@ -6,6 +6,11 @@
 !   sections included (used in place, no copy). Column-major: the Fortran array x(f, n) is the
 !   LibTorch tensor of shape (n, f), so put the samples (batch) in the LAST dimension and the
 !   features in the first: x(features, samples), field(nx, ny, channels, samples).
+! - The in-situ sample store (fullshard_store_*): fields are declared with their shapes in
+!   Fortran order, as the arrays are: a field of shape [n1, n2] is put as a(n1, n2) and drawn as
+!   ab(n1, n2, batch) (the samples in the last dimension); the module reverses the shapes for the
+!   C API (the C shape is [n2, n1], the batch [batch, n2, n1]: the same memory), so a Fortran
+!   array round-trips exactly. Up to 6 fields from Fortran.
 ! - Errors: every procedure has an optional `status`. Present: it receives FULLSHARD_OK or an
 !   error code (fullshard_last_error() says what was wrong). Absent: an error prints the
 !   message and calls MPI_Abort on the communicator given to fullshard_init, so that no rank
@@ -23,6 +28,23 @@ module fullshard
                                 FULLSHARD_ERR_CONFIG = 4, FULLSHARD_ERR_MISMATCH = 5, &
                                 FULLSHARD_ERR_COMM = 6, FULLSHARD_ERR_IO = 7, &
                                 FULLSHARD_ERR_INFEASIBLE = 8, FULLSHARD_ERR_INTERNAL = 9
+  !> Element types (the C API's fullshard_dtype): a store field is FULLSHARD_FLOAT32 or
+  !> FULLSHARD_FLOAT64.
+  integer, parameter, public :: FULLSHARD_FLOAT32 = 0, FULLSHARD_FLOAT64 = 1, &
+                                FULLSHARD_INT32 = 2, FULLSHARD_INT64 = 3
+  !> A rank's role in a sample store.
+  integer, parameter, public :: FULLSHARD_STORE_PRODUCER = 0, FULLSHARD_STORE_CONSUMER = 1, &
+                                FULLSHARD_STORE_BOTH = 2
+  !> A store's buffer policy: algorithm R (uniform over everything ingested), a bounded queue
+  !> (oldest first, each once), the last `window` samples.
+  integer, parameter, public :: FULLSHARD_STORE_RESERVOIR = 0, FULLSHARD_STORE_FIFO = 1, &
+                                FULLSHARD_STORE_WINDOW = 2
+  !> A store's delivery: puts never wait (samples without credit are dropped), or no sample is
+  !> lost in transit and a run is reproducible (puts wait for credit, ingestion in a fixed
+  !> order; the policy may still evict, and close discards what was never ingested).
+  integer, parameter, public :: FULLSHARD_STORE_NONBLOCKING = 0, FULLSHARD_STORE_LOSSLESS = 1
+  !> What a put does with a NaN or an infinity: refuses it (an error) or drops the sample.
+  integer, parameter, public :: FULLSHARD_STORE_REFUSE = 0, FULLSHARD_STORE_DROP = 1
 
   !> A device mesh (0: none).
   type, public :: fullshard_mesh
@@ -53,6 +75,62 @@ module fullshard
     integer(c_int64_t) :: process_peak  !< planned: the sum; measured: the process's share
   end type
 
+  !> A sample store (0: none): fullshard_store_create.
+  type, public :: fullshard_store
+    integer(c_int64_t) :: id = 0
+  end type
+  !> This rank's counters of a sample store (fullshard_store_stats).
+  type, public, bind(C) :: fullshard_store_stats_info
+    integer(c_int64_t) :: produced    !< puts sent
+    integer(c_int64_t) :: dropped     !< puts not sent: no credit (nonblocking) or non-finite
+    integer(c_int64_t) :: non_finite  !< puts with a NaN or an infinity (refused or dropped)
+    integer(c_int64_t) :: ingested    !< samples taken into this consumer's buffer
+    integer(c_int64_t) :: drawn       !< samples returned by draws
+    integer(c_int64_t) :: reused      !< draws of a sample drawn before
+    integer(c_int64_t) :: evicted     !< samples the policy replaced or pushed out
+    integer(c_int64_t) :: rejected    !< reservoir: ingested samples algorithm R did not keep
+    !> lossless: samples that arrived but were never ingested, discarded by close
+    integer(c_int64_t) :: discarded_at_close
+    real(c_double) :: mean_staleness  !< mean (newest step ingested - sample's step) of draws
+    integer(c_int64_t) :: bytes       !< what fullshard_store_bytes gives
+  end type
+  !> Running moments of one field over all its elements (fullshard_store_moments).
+  type, public, bind(C) :: fullshard_field_moments
+    integer(c_int64_t) :: count  !< elements seen
+    real(c_double) :: mean, stddev  !< population standard deviation
+  end type
+
+  ! One field of fullshard_store_options, as declared (its shape in Fortran order).
+  type :: store_field
+    character(:), allocatable :: name
+    integer(c_int64_t), allocatable :: shape(:)
+    integer :: dtype = FULLSHARD_FLOAT32
+    logical :: store_as_f32 = .false., mask = .false.
+  end type
+
+  !> A sample store's options (fullshard_store_create): add the fields in order with
+  !> add_field(name, shape [, dtype] [, store_as_f32] [, mask]), shape in Fortran order (absent:
+  !> a scalar); set the rest as components. Every rank passes the same (compared).
+  type, public :: fullshard_store_options
+    type(store_field), allocatable, private :: fields(:)
+    integer, private :: n_fields = 0
+    integer :: policy = FULLSHARD_STORE_RESERVOIR     !< or FULLSHARD_STORE_FIFO, _WINDOW
+    integer :: delivery = FULLSHARD_STORE_NONBLOCKING !< or FULLSHARD_STORE_LOSSLESS
+    integer :: non_finite = FULLSHARD_STORE_REFUSE    !< or FULLSHARD_STORE_DROP
+    integer(c_int64_t) :: capacity = 1024  !< samples each consumer's buffer holds
+    integer(c_int64_t) :: window = 0       !< FULLSHARD_STORE_WINDOW: last samples (0: capacity)
+    integer(c_int64_t) :: in_flight = 4    !< samples in transit per producer and consumer
+    integer(c_int64_t) :: ingest_per_draw = 0  !< lossless: samples ingested per draw (0: batch)
+    !> reservoir, window: a draw waits until the buffer holds this many (1 to the bound), then
+    !> draws its batch with replacement from them; a FIFO draw waits for its whole batch
+    integer(c_int64_t) :: min_samples = 1
+    integer(c_int64_t) :: seed = 0         !< the consumers' random choices
+    real(c_double) :: timeout_s = 0        !< bound on every wait, s (0: FULLSHARD_TIMEOUT)
+    character(:), allocatable :: name      !< in messages (unset: "store")
+  contains
+    procedure :: add_field => store_options_add_field
+  end type
+
   ! The C structs (fullshard_mesh / fullshard_model are one uint64_t; Fortran has no unsigned
   ! integers: the same 64 bits in an int64).
   type, bind(C) :: c_handle
@@ -62,6 +140,19 @@ module fullshard
     type(c_ptr) :: data
     integer(c_int32_t) :: dtype, ndim
     integer(c_int64_t) :: shape(8), strides(8)
+  end type
+  type, bind(C) :: c_store_field
+    type(c_ptr) :: name
+    integer(c_int32_t) :: dtype, ndim
+    integer(c_int64_t) :: shape(8)
+    integer(c_int32_t) :: store_as_f32, mask
+  end type
+  type, bind(C) :: c_store_options
+    type(c_ptr) :: fields
+    integer(c_int32_t) :: n_fields, policy, delivery, non_finite
+    integer(c_int64_t) :: capacity, window, in_flight, ingest_per_draw, min_samples, seed
+    real(c_double) :: timeout_s
+    type(c_ptr) :: name
   end type
 
   !> Several arrays for one call (models with several inputs or outputs): add them in order;
@@ -83,6 +174,10 @@ module fullshard
   public :: fullshard_model_plan, fullshard_model_memory
   public :: fullshard_checkpoint_save, fullshard_checkpoint_load, fullshard_export_safetensors
   public :: fullshard_checkpoint_save_async, fullshard_save_test, fullshard_save_wait
+  public :: fullshard_store_create, fullshard_store_put, fullshard_store_end_of_stream
+  public :: fullshard_store_draw, fullshard_store_ended, fullshard_store_progress
+  public :: fullshard_store_stats, fullshard_store_moments, fullshard_store_global_moments
+  public :: fullshard_store_bytes, fullshard_store_close, fullshard_store_free
 
   !> fullshard_init(comm [, status]): comm is type(MPI_Comm) or an integer handle. Collective.
   interface fullshard_init
@@ -100,6 +195,18 @@ module fullshard
   !> fullshard_predict(model, x, y [, status]), or with lists. Collective.
   interface fullshard_predict
     module procedure predict_one, predict_list
+  end interface
+
+  !> fullshard_store_create(comm, role, options, store [, status]): comm is type(MPI_Comm) or
+  !> an integer handle; role FULLSHARD_STORE_PRODUCER, _CONSUMER or _BOTH. Collective.
+  interface fullshard_store_create
+    module procedure store_create_f08, store_create_int
+  end interface
+  !> fullshard_store_put(store, step, tag, f1 [, f2, ..., f6] [, sent] [, status]): one sample,
+  !> one array per field in the declared order; step and tag both default integers or both
+  !> integer(c_int64_t).
+  interface fullshard_store_put
+    module procedure store_put_int, store_put_int64
   end interface
 
   ! The communicator MPI_Abort uses when an error has no status argument to go to.
@@ -266,6 +373,109 @@ module fullshard
       import :: c_int, c_handle, c_char
       type(c_handle), value :: model
       character(kind=c_char), intent(in) :: path(*)
+      integer(c_int) :: s
+    end function
+  end interface
+
+  ! The sample store's C functions (include/fullshard/fullshard.h).
+  interface
+    function c_store_create_f(comm, role, options, store) bind(C, name="fullshard_store_create_f") &
+        result(s)
+      import :: c_int, c_handle, c_store_options
+      integer(c_int), value :: comm, role
+      type(c_store_options), intent(in) :: options
+      type(c_handle), intent(out) :: store
+      integer(c_int) :: s
+    end function
+    function c_store_put_arrays(store, step, tag, n, fields, sent) &
+        bind(C, name="fullshard_store_put_arrays") result(s)
+      import :: c_int, c_int64_t, c_handle, c_array
+      type(c_handle), value :: store
+      integer(c_int64_t), value :: step, tag
+      integer(c_int), value :: n
+      type(c_array), intent(in) :: fields(*)
+      integer(c_int), intent(out) :: sent
+      integer(c_int) :: s
+    end function
+    function c_store_draw_arrays(store, batch, n, out, steps, ranks, tags, drawn) &
+        bind(C, name="fullshard_store_draw_arrays") result(s)
+      import :: c_int, c_int64_t, c_handle, c_array
+      type(c_handle), value :: store
+      integer(c_int64_t), value :: batch
+      integer(c_int), value :: n
+      type(c_array), intent(in) :: out(*)
+      integer(c_int64_t), intent(out), optional :: steps(*), tags(*)
+      integer(c_int), intent(out), optional :: ranks(*)
+      integer(c_int64_t), intent(out) :: drawn
+      integer(c_int) :: s
+    end function
+    function c_store_end_of_stream(store) bind(C, name="fullshard_store_end_of_stream") result(s)
+      import :: c_int, c_handle
+      type(c_handle), value :: store
+      integer(c_int) :: s
+    end function
+    function c_store_ended(store, ended) bind(C, name="fullshard_store_ended") result(s)
+      import :: c_int, c_handle
+      type(c_handle), value :: store
+      integer(c_int), intent(out) :: ended
+      integer(c_int) :: s
+    end function
+    function c_store_progress(store) bind(C, name="fullshard_store_progress") result(s)
+      import :: c_int, c_handle
+      type(c_handle), value :: store
+      integer(c_int) :: s
+    end function
+    function c_store_stats(store, stats) bind(C, name="fullshard_store_stats") result(s)
+      import :: c_int, c_handle, fullshard_store_stats_info
+      type(c_handle), value :: store
+      type(fullshard_store_stats_info), intent(out) :: stats
+      integer(c_int) :: s
+    end function
+    function c_store_moments(store, field, moments) bind(C, name="fullshard_store_moments") &
+        result(s)
+      import :: c_int, c_char, c_handle, fullshard_field_moments
+      type(c_handle), value :: store
+      character(kind=c_char), intent(in) :: field(*)
+      type(fullshard_field_moments), intent(out) :: moments
+      integer(c_int) :: s
+    end function
+    function c_store_global_moments(store, field, moments) &
+        bind(C, name="fullshard_store_global_moments") result(s)
+      import :: c_int, c_char, c_handle, fullshard_field_moments
+      type(c_handle), value :: store
+      character(kind=c_char), intent(in) :: field(*)
+      type(fullshard_field_moments), intent(out) :: moments
+      integer(c_int) :: s
+    end function
+    function c_store_bytes(store, bytes, sample_bytes) bind(C, name="fullshard_store_bytes") &
+        result(s)
+      import :: c_int, c_int64_t, c_handle
+      type(c_handle), value :: store
+      integer(c_int64_t), intent(out) :: bytes, sample_bytes
+      integer(c_int) :: s
+    end function
+    function c_store_close(store) bind(C, name="fullshard_store_close") result(s)
+      import :: c_int, c_handle
+      type(c_handle), value :: store
+      integer(c_int) :: s
+    end function
+    function c_store_free(store) bind(C, name="fullshard_store_free") result(s)
+      import :: c_int, c_handle
+      type(c_handle), intent(inout) :: store
+      integer(c_int) :: s
+    end function
+    function c_describe_sample(x, what, out) bind(C, name="fullshard_fortran_describe_sample") &
+        result(s)
+      import :: c_int, c_char, c_array
+      type(*), dimension(..), intent(in) :: x
+      character(kind=c_char), intent(in) :: what(*)
+      type(c_array), intent(out) :: out
+      integer(c_int) :: s
+    end function
+    function c_detail_fail(status, message) bind(C, name="fullshard_detail_fail") result(s)
+      import :: c_int, c_char
+      integer(c_int), value :: status
+      character(kind=c_char), intent(in) :: message(*)
       integer(c_int) :: s
     end function
   end interface
@@ -652,6 +862,347 @@ contains
     character(*), intent(in) :: path
     integer, intent(out), optional :: status
     call finish(c_export_safetensors(c_handle(model%id), cstr(path)), status)
+  end subroutine
+
+  ! ---- the in-situ sample store -----------------------------------------------------------
+
+  !> Adds a field to the options, after those added before (put and draw take the arrays in
+  !> this order): `shape` is one sample's shape in Fortran order, as its arrays have it (absent:
+  !> a scalar); a draw's arrays add the batch as their last dim. dtype: FULLSHARD_FLOAT32
+  !> (default) or FULLSHARD_FLOAT64. store_as_f32: a FULLSHARD_FLOAT64 field kept as float32
+  !> (puts take real(c_double) or real(c_float), draws give real(c_float)). mask: elements 0 or
+  !> 1 (checked at put), no moments.
+  subroutine store_options_add_field(self, name, shape, dtype, store_as_f32, mask)
+    class(fullshard_store_options), intent(inout) :: self
+    character(*), intent(in) :: name
+    integer, intent(in), optional :: shape(:)
+    integer, intent(in), optional :: dtype
+    logical, intent(in), optional :: store_as_f32, mask
+    type(store_field), allocatable :: grown(:)
+    if (.not. allocated(self%fields)) allocate (self%fields(4))
+    if (self%n_fields >= size(self%fields)) then
+      allocate (grown(max(4, 2*self%n_fields)))
+      grown(1:self%n_fields) = self%fields(1:self%n_fields)
+      call move_alloc(grown, self%fields)
+    end if
+    self%n_fields = self%n_fields + 1
+    associate (f => self%fields(self%n_fields))
+      f%name = trim(name)
+      if (present(shape)) then
+        f%shape = int(shape, c_int64_t)
+      else
+        allocate (f%shape(0))
+      end if
+      if (present(dtype)) f%dtype = dtype
+      if (present(store_as_f32)) f%store_as_f32 = store_as_f32
+      if (present(mask)) f%mask = mask
+    end associate
+  end subroutine
+
+  subroutine store_create_f08(comm, role, options, store, status)
+    type(MPI_Comm), intent(in) :: comm
+    integer, intent(in) :: role
+    type(fullshard_store_options), intent(in) :: options
+    type(fullshard_store), intent(out) :: store
+    integer, intent(out), optional :: status
+    call store_create_int(comm%MPI_VAL, role, options, store, status)
+  end subroutine
+
+  !> A sample store over the ranks of comm, this rank in `role`: bad options on any rank are
+  !> FULLSHARD_ERR_ARGUMENT on every rank (the first bad rank's problem); then the ranks compare
+  !> their options (FULLSHARD_ERR_MISMATCH naming the first difference) and there must be a
+  !> producer and a consumer. The field shapes are reversed for the C API (C order). Collective.
+  subroutine store_create_int(comm, role, options, store, status)
+    integer, intent(in) :: comm, role
+    type(fullshard_store_options), intent(in) :: options
+    type(fullshard_store), intent(out) :: store
+    integer, intent(out), optional :: status
+    type(c_store_field), allocatable, target :: cf(:)
+    character(kind=c_char), allocatable, target :: names(:), cname(:)
+    type(c_store_options) :: co
+    type(c_handle) :: h
+    integer :: i, j, at, total, nd, nf
+    integer(c_int) :: code
+    nf = 0
+    if (allocated(options%fields)) nf = min(options%n_fields, size(options%fields))
+    total = 1
+    do i = 1, nf
+      total = total + len(options%fields(i)%name) + 1
+    end do
+    allocate (cf(max(nf, 1)), names(total))
+    at = 1
+    do i = 1, nf
+      associate (f => options%fields(i))
+        cf(i)%name = c_loc(names(at))
+        do j = 1, len(f%name)
+          names(at) = f%name(j:j)
+          at = at + 1
+        end do
+        names(at) = c_null_char
+        at = at + 1
+        nd = size(f%shape)
+        cf(i)%dtype = int(f%dtype, c_int32_t)
+        cf(i)%ndim = int(nd, c_int32_t)
+        cf(i)%shape = 0
+        do j = 1, min(nd, 8)  ! Fortran order, reversed: the C order
+          cf(i)%shape(j) = f%shape(nd + 1 - j)
+        end do
+        cf(i)%store_as_f32 = merge(1_c_int32_t, 0_c_int32_t, f%store_as_f32)
+        cf(i)%mask = merge(1_c_int32_t, 0_c_int32_t, f%mask)
+      end associate
+    end do
+    co%fields = c_null_ptr
+    if (nf > 0) co%fields = c_loc(cf(1))
+    co%n_fields = int(nf, c_int32_t)
+    co%policy = int(options%policy, c_int32_t)
+    co%delivery = int(options%delivery, c_int32_t)
+    co%non_finite = int(options%non_finite, c_int32_t)
+    co%capacity = options%capacity
+    co%window = options%window
+    co%in_flight = options%in_flight
+    co%ingest_per_draw = options%ingest_per_draw
+    co%min_samples = options%min_samples
+    co%seed = options%seed
+    co%timeout_s = options%timeout_s
+    co%name = c_null_ptr
+    if (allocated(options%name)) then
+      allocate (cname(len_trim(options%name) + 1))
+      do j = 1, len_trim(options%name)
+        cname(j) = options%name(j:j)
+      end do
+      cname(size(cname)) = c_null_char
+      co%name = c_loc(cname(1))
+    end if
+    h%id = 0
+    code = c_store_create_f(int(comm, c_int), int(role, c_int), co, h)
+    store%id = h%id
+    call finish(code, status)
+  end subroutine
+
+  function int_text(i) result(t)
+    integer(c_int64_t), intent(in) :: i
+    character(:), allocatable :: t
+    character(24) :: buf
+    write (buf, '(i0)') i
+    t = trim(buf)
+  end function
+
+  ! The arrays f1 .. f6 (the first ones given, in order) as C arrays a(1:n); a scalar only for
+  ! a sample (put).
+  subroutine describe_fields(what, sample, a, n, code, f1, f2, f3, f4, f5, f6)
+    character(*), intent(in) :: what
+    logical, intent(in) :: sample
+    type(c_array), intent(out) :: a(6)
+    integer, intent(out) :: n
+    integer(c_int), intent(out) :: code
+    type(*), dimension(..), intent(in), target :: f1
+    type(*), dimension(..), intent(in), target, optional :: f2, f3, f4, f5, f6
+    logical :: given(6)
+    integer :: gap
+    given = [.true., present(f2), present(f3), present(f4), present(f5), present(f6)]
+    n = count(given)
+    gap = findloc(given, .false., dim=1)
+    if (gap > 0 .and. gap < findloc(given, .true., dim=1, back=.true.)) then
+      code = c_detail_fail(FULLSHARD_ERR_ARGUMENT, cstr(what//': f'//achar(48 + gap + 1)// &
+                           ' is given without f'//achar(48 + gap)// &
+                           ' (the arrays are the fields in their declared order)'))
+      return
+    end if
+    code = one(f1, 1)
+    if (code == FULLSHARD_OK .and. present(f2)) code = one(f2, 2)
+    if (code == FULLSHARD_OK .and. present(f3)) code = one(f3, 3)
+    if (code == FULLSHARD_OK .and. present(f4)) code = one(f4, 4)
+    if (code == FULLSHARD_OK .and. present(f5)) code = one(f5, 5)
+    if (code == FULLSHARD_OK .and. present(f6)) code = one(f6, 6)
+  contains
+    integer(c_int) function one(x, k)
+      type(*), dimension(..), intent(in), target :: x
+      integer, intent(in) :: k
+      if (sample) then
+        one = c_describe_sample(x, cstr(what//': f'//achar(48 + k)), a(k))
+      else
+        one = c_describe(x, cstr(what//': f'//achar(48 + k)), a(k))
+      end if
+    end function
+  end subroutine
+
+  subroutine store_put_int(store, step, tag, f1, f2, f3, f4, f5, f6, sent, status)
+    type(fullshard_store), intent(in) :: store
+    integer, intent(in) :: step, tag
+    type(*), dimension(..), intent(in), target :: f1
+    type(*), dimension(..), intent(in), target, optional :: f2, f3, f4, f5, f6
+    logical, intent(out), optional :: sent
+    integer, intent(out), optional :: status
+    call store_put_int64(store, int(step, c_int64_t), int(tag, c_int64_t), f1, f2, f3, f4, f5, &
+                         f6, sent, status)
+  end subroutine
+
+  !> Producer: one sample, f1 .. f6 the fields' arrays in their declared order (each of the
+  !> field's Fortran shape and type; any section, used in place); step: the simulation's step,
+  !> tag: the sample's position or id (both come back with a draw). sent: .false. when the
+  !> sample was dropped (nonblocking delivery without credit, or a non-finite value with
+  !> FULLSHARD_STORE_DROP). Not collective.
+  subroutine store_put_int64(store, step, tag, f1, f2, f3, f4, f5, f6, sent, status)
+    type(fullshard_store), intent(in) :: store
+    integer(c_int64_t), intent(in) :: step, tag
+    type(*), dimension(..), intent(in), target :: f1
+    type(*), dimension(..), intent(in), target, optional :: f2, f3, f4, f5, f6
+    logical, intent(out), optional :: sent
+    integer, intent(out), optional :: status
+    type(c_array) :: a(6)
+    integer :: n
+    integer(c_int) :: code, s
+    s = 0
+    call describe_fields('fullshard_store_put', .true., a, n, code, f1, f2, f3, f4, f5, f6)
+    if (code == FULLSHARD_OK) &
+      code = c_store_put_arrays(c_handle(store%id), step, tag, int(n, c_int), a, s)
+    if (present(sent)) sent = s /= 0
+    call finish(code, status)
+  end subroutine
+
+  !> Producer: no more puts from this rank (a second call does nothing). Not collective.
+  subroutine fullshard_store_end_of_stream(store, status)
+    type(fullshard_store), intent(in) :: store
+    integer, intent(out), optional :: status
+    call finish(c_store_end_of_stream(c_handle(store%id)), status)
+  end subroutine
+
+  !> Consumer: a batch of samples into f1 .. f6, the fields' arrays in their declared order,
+  !> each of the field's Fortran shape plus the batch as its last dim (a(n1, n2, batch) for a
+  !> field [n1, n2], a(batch) for a scalar one), of the stored type (real(c_float) for a
+  !> store_as_f32 field); sections are filled in place. n: the samples drawn, the batch or
+  !> fewer only once the stream ended (0: nothing left; the columns past n are left as they
+  !> were). steps, ranks, tags (each at least the batch long): each drawn sample's step,
+  !> producer rank and tag. A reservoir or window draw waits until the buffer holds
+  !> min_samples and draws with replacement from them; a FIFO draw waits for its whole batch.
+  !> Not collective.
+  subroutine fullshard_store_draw(store, n, f1, f2, f3, f4, f5, f6, steps, ranks, tags, status)
+    type(fullshard_store), intent(in) :: store
+    integer, intent(out) :: n
+    type(*), dimension(..), intent(inout), target :: f1
+    type(*), dimension(..), intent(inout), target, optional :: f2, f3, f4, f5, f6
+    integer(c_int64_t), intent(out), optional :: steps(:), tags(:)
+    integer(c_int), intent(out), optional :: ranks(:)
+    integer, intent(out), optional :: status
+    type(c_array) :: a(6)
+    integer :: k
+    integer(c_int64_t) :: batch, drawn
+    integer(c_int) :: code
+    n = 0
+    drawn = 0
+    call describe_fields('fullshard_store_draw', .false., a, k, code, f1, f2, f3, f4, f5, f6)
+    batch = 0
+    if (code == FULLSHARD_OK) batch = a(1)%shape(1)  ! the last Fortran dim
+    if (code == FULLSHARD_OK) code = meta_size('steps', present(steps))
+    if (code == FULLSHARD_OK) code = meta_size('ranks', present(ranks))
+    if (code == FULLSHARD_OK) code = meta_size('tags', present(tags))
+    if (code == FULLSHARD_OK) &
+      code = c_store_draw_arrays(c_handle(store%id), batch, int(k, c_int), a, steps, ranks, &
+                                 tags, drawn)
+    n = int(drawn)
+    call finish(code, status)
+  contains
+    integer(c_int) function meta_size(name, given)
+      character(*), intent(in) :: name
+      logical, intent(in) :: given
+      integer(c_int64_t) :: m
+      meta_size = FULLSHARD_OK
+      if (.not. given) return
+      select case (name)
+      case ('steps')
+        m = size(steps)
+      case ('ranks')
+        m = size(ranks)
+      case default
+        m = size(tags)
+      end select
+      if (m < batch) meta_size = c_detail_fail(FULLSHARD_ERR_ARGUMENT, &
+                                               cstr('fullshard_store_draw: '//name//' has '// &
+                                                    int_text(m)//' elements for a batch of '// &
+                                                    int_text(batch)))
+    end function
+  end subroutine
+
+  !> ended: this consumer has every producer's end of stream and ingested everything they sent
+  !> (its buffer may still hold samples to draw); a rank that is only a producer: its
+  !> end_of_stream was called. Not collective.
+  subroutine fullshard_store_ended(store, ended, status)
+    type(fullshard_store), intent(in) :: store
+    logical, intent(out) :: ended
+    integer, intent(out), optional :: status
+    integer(c_int) :: e, code
+    e = 0
+    code = c_store_ended(c_handle(store%id), e)
+    ended = e /= 0
+    call finish(code, status)
+  end subroutine
+
+  !> Receives what has arrived without waiting (a consumer that draws rarely). Not collective.
+  subroutine fullshard_store_progress(store, status)
+    type(fullshard_store), intent(in) :: store
+    integer, intent(out), optional :: status
+    call finish(c_store_progress(c_handle(store%id)), status)
+  end subroutine
+
+  !> This rank's counters. Not collective.
+  subroutine fullshard_store_stats(store, stats, status)
+    type(fullshard_store), intent(in) :: store
+    type(fullshard_store_stats_info), intent(out) :: stats
+    integer, intent(out), optional :: status
+    call finish(c_store_stats(c_handle(store%id), stats), status)
+  end subroutine
+
+  !> The mean and standard deviation of `field` over every element this rank ingested. Not
+  !> collective.
+  subroutine fullshard_store_moments(store, field, moments, status)
+    type(fullshard_store), intent(in) :: store
+    character(*), intent(in) :: field
+    type(fullshard_field_moments), intent(out) :: moments
+    integer, intent(out), optional :: status
+    call finish(c_store_moments(c_handle(store%id), cstr(field), moments), status)
+  end subroutine
+
+  !> The consumers' moments of `field` merged, the same on every rank. Collective.
+  subroutine fullshard_store_global_moments(store, field, moments, status)
+    type(fullshard_store), intent(in) :: store
+    character(*), intent(in) :: field
+    type(fullshard_field_moments), intent(out) :: moments
+    integer, intent(out), optional :: status
+    call finish(c_store_global_moments(c_handle(store%id), cstr(field), moments), status)
+  end subroutine
+
+  !> bytes: what this rank holds for the store; sample_bytes: one sample. Not collective.
+  subroutine fullshard_store_bytes(store, bytes, sample_bytes, status)
+    type(fullshard_store), intent(in) :: store
+    integer(c_int64_t), intent(out) :: bytes
+    integer(c_int64_t), intent(out), optional :: sample_bytes
+    integer, intent(out), optional :: status
+    integer(c_int64_t) :: one
+    integer(c_int) :: code
+    one = 0
+    code = c_store_bytes(c_handle(store%id), bytes, one)
+    if (present(sample_bytes)) sample_bytes = one
+    call finish(code, status)
+  end subroutine
+
+  !> Ends the store's traffic (every rank's stream, the last acknowledgements): afterwards only
+  !> stats, moments, ended, bytes and free. Collective.
+  subroutine fullshard_store_close(store, status)
+    type(fullshard_store), intent(in) :: store
+    integer, intent(out), optional :: status
+    call finish(c_store_close(c_handle(store%id)), status)
+  end subroutine
+
+  !> Frees the store and resets the handle (not collective, never waits: close it first).
+  subroutine fullshard_store_free(store, status)
+    type(fullshard_store), intent(inout) :: store
+    integer, intent(out), optional :: status
+    type(c_handle) :: h
+    integer(c_int) :: code
+    h%id = store%id
+    code = c_store_free(h)
+    store%id = h%id
+    call finish(code, status)
   end subroutine
 
 end module fullshard

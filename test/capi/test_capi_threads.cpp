@@ -1,5 +1,5 @@
 // fullshard_init and OpenMP: prints the intra-op (OpenMP) thread count LibTorch has after
-// fullshard_init. CTest runs it with OMP_NUM_THREADS=3 (the simulation's choice: kept, no
+// fullshard_init. CTest runs it with OMP_NUM_THREADS=1 (the simulation's choice: kept, no
 // line) and without it (fullshard sets the rank's cores and says so in one line).
 #include <ATen/Parallel.h>
 #include <mpi.h>
