@@ -14,43 +14,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fullshard/fullshard.h"
+#define TEST_NAME "test_capi_session"
+#include "test_checks.h"
 
 #define IN 6
 #define OUT 2
 #define GLOBAL 12
 #define STEPS 8
 #define SAVED 6
-
-static int rank = 0, world = 1;
-
-static void fail(const char* what, fullshard_status s) {
-  fprintf(stderr, "test_capi_session[rank %d]: FAIL: %s: %s (%s)\n", rank, what,
-          fullshard_status_name(s), fullshard_last_error());
-  MPI_Abort(MPI_COMM_WORLD, 1);
-}
-
-static void ok(fullshard_status s, const char* what) {
-  if (s != FULLSHARD_OK) fail(what, s);
-}
-
-static void check(int cond, const char* what) {
-  if (!cond) {
-    fprintf(stderr, "test_capi_session[rank %d]: FAIL: %s (last error: %s)\n", rank, what,
-            fullshard_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-}
-
-/* A call expected to fail with `want` and a message containing `text`. */
-static void refused(fullshard_status s, fullshard_status want, const char* text, const char* what) {
-  if (s != want || !strstr(fullshard_last_error(), text)) {
-    fprintf(stderr, "test_capi_session[rank %d]: FAIL: %s: got %s (%s); want %s with '%s'\n", rank,
-            what, fullshard_status_name(s), fullshard_last_error(), fullshard_status_name(want),
-            text);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-}
 
 static void config(char* out, size_t n, const char* checkpoint) {
   snprintf(out, n,
